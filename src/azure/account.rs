@@ -1,0 +1,263 @@
+//! Storage accounts from connection strings, and how requests to them are authorised.
+//!
+//! A connection string can hold an account key or a SAS; both are secrets, so nothing
+//! here ever formats them: `Debug` is written by hand and error messages name only the
+//! field that is wrong, never the string itself.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use base64::Engine;
+use thiserror::Error;
+use url::Url;
+
+/// Account name and key of the local emulator (public, documented by Microsoft).
+pub const DEV_ACCOUNT: &str = "devstoreaccount1";
+/// The emulator's well-known key; not a secret.
+pub const DEV_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+/// Where the emulator's blob service listens by default.
+pub const DEV_BLOB_ENDPOINT: &str = "http://127.0.0.1:10000/devstoreaccount1";
+
+/// Why a connection string or blob URL was refused. Never contains the secret.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum AccountError {
+    #[error("connection string: entry '{0}' is not of the form Name=Value")]
+    Malformed(String),
+    #[error("connection string: {0} is missing")]
+    Missing(&'static str),
+    #[error("connection string: AccountKey is not valid base64")]
+    BadKey,
+    #[error("connection string: {field} is not a valid URL")]
+    BadUrl { field: &'static str },
+    #[error("connection string: DefaultEndpointsProtocol must be http or https, not '{0}'")]
+    BadProtocol(String),
+}
+
+/// How requests are authorised.
+#[derive(Clone)]
+pub enum Credential {
+    /// Shared Key: HMAC-SHA256 over each request with the decoded account key.
+    SharedKey { key: Vec<u8> },
+    /// A SAS token (the query string, without `?`), appended to every URL.
+    Sas(String),
+    /// No authorisation (public containers only).
+    Anonymous,
+}
+
+impl fmt::Debug for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credential::SharedKey { .. } => f.write_str("SharedKey(<redacted>)"),
+            Credential::Sas(_) => f.write_str("Sas(<redacted>)"),
+            Credential::Anonymous => f.write_str("Anonymous"),
+        }
+    }
+}
+
+/// A storage account's blob service: its endpoint and credential.
+#[derive(Clone, Debug)]
+pub struct Account {
+    /// Account name, used in Shared Key signatures.
+    pub name: String,
+    /// Base URL of the blob service; path-style endpoints include the account
+    /// (`http://127.0.0.1:10000/devstoreaccount1`), virtual-host ones do not.
+    pub blob_endpoint: Url,
+    pub credential: Credential,
+}
+
+impl Account {
+    /// The local emulator with its well-known key.
+    pub fn development() -> Account {
+        Account {
+            name: DEV_ACCOUNT.to_string(),
+            blob_endpoint: Url::parse(DEV_BLOB_ENDPOINT).expect("constant URL"),
+            credential: Credential::SharedKey {
+                key: decode_key(DEV_KEY).expect("constant key"),
+            },
+        }
+    }
+
+    /// Parses an Azure Storage connection string. Keys are matched case-insensitively.
+    pub fn from_connection_string(cs: &str) -> Result<Account, AccountError> {
+        let mut name = None;
+        let mut key = None;
+        let mut protocol = None;
+        let mut suffix = None;
+        let mut blob_endpoint = None;
+        let mut sas = None;
+        let mut dev = false;
+        let mut dev_proxy = None;
+        for part in cs.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part.split_once('=').ok_or_else(|| {
+                // Name only what precedes any value: the entry itself may be a secret.
+                AccountError::Malformed(part.chars().take(24).collect::<String>())
+            })?;
+            let v = v.trim().to_string();
+            match k.trim().to_ascii_lowercase().as_str() {
+                "accountname" => name = Some(v),
+                "accountkey" => key = Some(v),
+                "defaultendpointsprotocol" => protocol = Some(v),
+                "endpointsuffix" => suffix = Some(v),
+                "blobendpoint" => blob_endpoint = Some(v),
+                "sharedaccesssignature" => sas = Some(v.trim_start_matches('?').to_string()),
+                "usedevelopmentstorage" => dev = v.eq_ignore_ascii_case("true"),
+                "developmentstorageproxyuri" => dev_proxy = Some(v),
+                // Endpoints of other services are irrelevant to a blob tool.
+                "queueendpoint" | "tableendpoint" | "fileendpoint" => {}
+                _ => {
+                    return Err(AccountError::Malformed(
+                        k.chars().take(24).collect::<String>(),
+                    ))
+                }
+            }
+        }
+        if dev {
+            let mut account = Account::development();
+            if let Some(proxy) = dev_proxy {
+                let mut url = Url::parse(&proxy).map_err(|_| AccountError::BadUrl {
+                    field: "DevelopmentStorageProxyUri",
+                })?;
+                url.set_port(Some(10000)).ok();
+                url.set_path(DEV_ACCOUNT);
+                account.blob_endpoint = url;
+            }
+            return Ok(account);
+        }
+        let credential = match (key, sas) {
+            (Some(k), _) => Credential::SharedKey {
+                key: decode_key(&k)?,
+            },
+            (None, Some(s)) => Credential::Sas(s),
+            (None, None) => Credential::Anonymous,
+        };
+        let blob_endpoint = match blob_endpoint {
+            Some(ep) => Url::parse(ep.trim_end_matches('/')).map_err(|_| AccountError::BadUrl {
+                field: "BlobEndpoint",
+            })?,
+            None => {
+                let account = name
+                    .as_deref()
+                    .ok_or(AccountError::Missing("AccountName"))?;
+                let protocol = protocol.unwrap_or_else(|| "https".to_string());
+                if protocol != "http" && protocol != "https" {
+                    return Err(AccountError::BadProtocol(protocol));
+                }
+                let suffix = suffix.unwrap_or_else(|| "core.windows.net".to_string());
+                Url::parse(&format!("{protocol}://{account}.blob.{suffix}")).map_err(|_| {
+                    AccountError::BadUrl {
+                        field: "AccountName/EndpointSuffix",
+                    }
+                })?
+            }
+        };
+        let name = match name {
+            Some(n) => n,
+            None => {
+                account_from_endpoint(&blob_endpoint).ok_or(AccountError::Missing("AccountName"))?
+            }
+        };
+        if matches!(credential, Credential::SharedKey { .. }) && name.is_empty() {
+            return Err(AccountError::Missing("AccountName"));
+        }
+        Ok(Account {
+            name,
+            blob_endpoint,
+            credential,
+        })
+    }
+}
+
+/// Whether URLs on this host carry the account in the path (emulator, IP addresses)
+/// rather than in the host name.
+pub fn is_path_style(url: &Url) -> bool {
+    match url.host_str() {
+        Some(h) => {
+            let h = h.trim_start_matches('[').trim_end_matches(']');
+            h.eq_ignore_ascii_case("localhost") || h.parse::<IpAddr>().is_ok()
+        }
+        None => false,
+    }
+}
+
+/// The account name an endpoint URL implies: the first path segment for path-style
+/// URLs, the first host label otherwise.
+pub fn account_from_endpoint(url: &Url) -> Option<String> {
+    if is_path_style(url) {
+        url.path_segments()?
+            .find(|s| !s.is_empty())
+            .map(str::to_string)
+    } else {
+        url.host_str()?.split('.').next().map(str::to_string)
+    }
+}
+
+fn decode_key(k: &str) -> Result<Vec<u8>, AccountError> {
+    base64::engine::general_purpose::STANDARD
+        .decode(k.trim())
+        .map_err(|_| AccountError::BadKey)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn development_storage() {
+        let a = Account::from_connection_string("UseDevelopmentStorage=true").unwrap();
+        assert_eq!(a.name, "devstoreaccount1");
+        assert_eq!(
+            a.blob_endpoint.as_str(),
+            "http://127.0.0.1:10000/devstoreaccount1"
+        );
+        assert!(matches!(a.credential, Credential::SharedKey { .. }));
+    }
+
+    #[test]
+    fn real_account_virtual_host() {
+        let a = Account::from_connection_string(
+            "DefaultEndpointsProtocol=https;AccountName=myacct;AccountKey=AAAA;EndpointSuffix=core.windows.net",
+        )
+        .unwrap();
+        assert_eq!(a.name, "myacct");
+        assert_eq!(
+            a.blob_endpoint.as_str(),
+            "https://myacct.blob.core.windows.net/"
+        );
+        assert!(!is_path_style(&a.blob_endpoint));
+    }
+
+    #[test]
+    fn explicit_blob_endpoint_and_sas() {
+        let a = Account::from_connection_string(
+            "BlobEndpoint=http://127.0.0.1:10001/devstoreaccount1/;SharedAccessSignature=?sv=2021&sig=abc",
+        )
+        .unwrap();
+        assert_eq!(a.name, "devstoreaccount1");
+        assert!(is_path_style(&a.blob_endpoint));
+        match a.credential {
+            Credential::Sas(s) => assert_eq!(s, "sv=2021&sig=abc"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_never_echo_secrets() {
+        let e =
+            Account::from_connection_string("AccountName=a;AccountKey=!!notbase64!!").unwrap_err();
+        assert_eq!(e, AccountError::BadKey);
+        assert!(!e.to_string().contains("notbase64"));
+        let e = Account::from_connection_string("AccountKey=AAAA").unwrap_err();
+        assert_eq!(e, AccountError::Missing("AccountName"));
+        let e = Account::from_connection_string("garbage-without-equals").unwrap_err();
+        assert!(matches!(e, AccountError::Malformed(_)));
+    }
+
+    #[test]
+    fn debug_redacts() {
+        let a = Account::development();
+        let d = format!("{a:?}");
+        assert!(!d.contains("Eby8"));
+        assert!(d.contains("redacted"));
+    }
+}

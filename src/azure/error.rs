@@ -1,0 +1,238 @@
+//! Typed errors of the blob service, with messages an operator can act on.
+//!
+//! Every error names the operation and the blob (`container/name`, never a URL, so a
+//! SAS signature can never leak into a message) and keeps the HTTP status and the
+//! `x-ms-error-code` so callers can decide by code rather than by text.
+
+use std::fmt;
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// The REST operation that failed; used in messages and statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    CreateBlob,
+    GetProperties,
+    Read,
+    PutPage,
+    ClearPages,
+    GetPageRanges,
+    AcquireLease,
+    RenewLease,
+    ChangeLease,
+    ReleaseLease,
+    BreakLease,
+    Snapshot,
+    ListBlobs,
+    Delete,
+    SetMetadata,
+    Copy,
+    CreateContainer,
+    ContainerProperties,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Op::CreateBlob => "create",
+            Op::GetProperties => "get properties of",
+            Op::Read => "read",
+            Op::PutPage => "write pages to",
+            Op::ClearPages => "clear pages of",
+            Op::GetPageRanges => "get page ranges of",
+            Op::AcquireLease => "acquire lease on",
+            Op::RenewLease => "renew lease on",
+            Op::ChangeLease => "change lease on",
+            Op::ReleaseLease => "release lease on",
+            Op::BreakLease => "break lease on",
+            Op::Snapshot => "snapshot",
+            Op::ListBlobs => "list blobs in",
+            Op::Delete => "delete",
+            Op::SetMetadata => "set metadata on",
+            Op::Copy => "copy onto",
+            Op::CreateContainer => "create container",
+            Op::ContainerProperties => "get properties of container",
+        };
+        f.write_str(s)
+    }
+}
+
+/// A failure talking to the blob service.
+#[derive(Debug, Error)]
+pub enum AzureError {
+    /// The service answered with an error status.
+    #[error("{}", service_message(*op, target, *status, code.as_deref(), message.as_deref()))]
+    Service {
+        op: Op,
+        target: String,
+        status: u16,
+        code: Option<String>,
+        message: Option<String>,
+    },
+    /// No answer within the retry budget (connection refused, reset, timed out).
+    #[error("cannot {op} {target}: no answer from the storage service after {attempts} attempt(s) in {:.1}s ({detail})", elapsed.as_secs_f64())]
+    Unreachable {
+        op: Op,
+        target: String,
+        detail: String,
+        attempts: u32,
+        elapsed: Duration,
+    },
+    /// The request was refused by the client itself; nothing was sent.
+    #[error("cannot {op} {target}: {reason}")]
+    Invalid {
+        op: Op,
+        target: String,
+        reason: String,
+    },
+    /// The service answered something the client cannot make sense of.
+    #[error("cannot {op} {target}: unexpected response: {detail}")]
+    Protocol {
+        op: Op,
+        target: String,
+        detail: String,
+    },
+}
+
+/// Lease codes meaning "someone else now controls this blob's lease".
+const LEASE_LOST_CODES: [&str; 4] = [
+    "LeaseIdMismatchWithBlobOperation",
+    "LeaseNotPresentWithBlobOperation",
+    "LeaseLost",
+    "LeaseIdMismatchWithLeaseOperation",
+];
+
+impl AzureError {
+    /// HTTP status of a service error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            AzureError::Service { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The service's `x-ms-error-code`, if any.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            AzureError::Service { code, .. } => code.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// True when the lease this client held is gone: writes must stop.
+    pub fn is_lease_lost(&self) -> bool {
+        match self {
+            AzureError::Service {
+                status: 412 | 409,
+                code: Some(c),
+                ..
+            } => LEASE_LOST_CODES.contains(&c.as_str()),
+            _ => false,
+        }
+    }
+
+    /// True for 404 of any kind.
+    pub fn is_not_found(&self) -> bool {
+        self.status() == Some(404)
+    }
+}
+
+fn service_message(
+    op: Op,
+    target: &str,
+    status: u16,
+    code: Option<&str>,
+    message: Option<&str>,
+) -> String {
+    let code_s = code.unwrap_or("");
+    let hint = match (status, code_s) {
+        (403, _) => Some(
+            "access denied: the account key or SAS is wrong, expired or lacks permission, or this machine's clock is off"
+                .to_string(),
+        ),
+        (404, "ContainerNotFound") => {
+            let container = target.split('/').next().unwrap_or(target);
+            Some(format!("container '{container}' does not exist"))
+        }
+        (404, "BlobNotFound") => Some(format!("blob '{target}' does not exist")),
+        (404, "") => Some(format!("'{target}' does not exist")),
+        (409, "LeaseAlreadyPresent") => Some(format!(
+            "the drive is in use: another client holds the lease on '{target}' (mounted elsewhere?); if that host is dead, run `blobdrive lease break {target}`"
+        )),
+        (412, "LeaseIdMissing") => Some(format!(
+            "the drive is in use: '{target}' is leased by another client (mounted?); unmount it first, or if that host is dead run `blobdrive lease break {target}`"
+        )),
+        (409 | 412, c) if LEASE_LOST_CODES.contains(&c) => Some(format!(
+            "the lease on '{target}' was lost ({c}): another client broke or took over the drive; writing stopped"
+        )),
+        (409, "LeaseNotPresentWithLeaseOperation") => {
+            Some(format!("'{target}' has no active lease"))
+        }
+        (409, "BlobAlreadyExists") => Some(format!(
+            "blob '{target}' already exists; blobdrive never replaces an existing blob"
+        )),
+        (409, "ContainerAlreadyExists") => Some(format!("container '{target}' already exists")),
+        (409, "SnapshotsPresent") => Some(format!(
+            "'{target}' has snapshots; add --snapshots to delete them together with the blob"
+        )),
+        (409, "SnapshotOperationRateExceeded") => {
+            Some("too many snapshots taken of this blob in a short time; try again later".to_string())
+        }
+        (413, _) => Some("request body too large (Put Page takes at most 4 MiB)".to_string()),
+        (416, _) => Some("page range not valid (must be 512-byte aligned and inside the blob)".to_string()),
+        (400, "InvalidHeaderValue") => Some(
+            "the service rejected a header (an emulator too old for API version 2021-12-02?)".to_string(),
+        ),
+        _ => None,
+    };
+    let detail = match (code, message) {
+        (Some(c), Some(m)) => format!("HTTP {status} {c}: {}", first_line(m)),
+        (Some(c), None) => format!("HTTP {status} {c}"),
+        (None, Some(m)) => format!("HTTP {status}: {}", first_line(m)),
+        (None, None) => format!("HTTP {status}"),
+    };
+    match hint {
+        Some(h) => format!("cannot {op} {target}: {h} ({detail})"),
+        None => format!("cannot {op} {target}: {detail}"),
+    }
+}
+
+/// Service messages carry a RequestId and Time on further lines; one line is enough.
+fn first_line(m: &str) -> &str {
+    m.lines().next().unwrap_or("").trim()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(status: u16, code: Option<&str>) -> AzureError {
+        AzureError::Service {
+            op: Op::PutPage,
+            target: "disks/a.vhd".into(),
+            status,
+            code: code.map(str::to_string),
+            message: Some("Some text.\nRequestId:1\nTime:2".into()),
+        }
+    }
+
+    #[test]
+    fn messages_are_one_line_and_helpful() {
+        let m = svc(403, Some("AuthenticationFailed")).to_string();
+        assert!(m.contains("account key or SAS"), "{m}");
+        assert!(!m.contains('\n'));
+        let m = svc(404, Some("ContainerNotFound")).to_string();
+        assert!(m.contains("container 'disks' does not exist"), "{m}");
+        let m = svc(409, Some("LeaseAlreadyPresent")).to_string();
+        assert!(m.contains("in use") && m.contains("lease break"), "{m}");
+    }
+
+    #[test]
+    fn lease_lost_classification() {
+        assert!(svc(412, Some("LeaseIdMismatchWithBlobOperation")).is_lease_lost());
+        assert!(svc(412, Some("LeaseNotPresentWithBlobOperation")).is_lease_lost());
+        assert!(!svc(412, Some("LeaseIdMissing")).is_lease_lost());
+        assert!(!svc(500, None).is_lease_lost());
+    }
+}

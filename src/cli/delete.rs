@@ -1,0 +1,46 @@
+//! `blobdrive delete`: remove a drive, or one snapshot of it.
+
+use anyhow::{bail, Result};
+use blobdrive::azure::DeleteSnapshots;
+use blobdrive::drive;
+
+use super::Context;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The drive (container/name.vhd), or BLOB@SNAPSHOT to delete only that snapshot.
+    pub blob: String,
+    /// Also delete the drive's snapshots (required when it has any).
+    #[arg(long)]
+    pub snapshots: bool,
+    /// Confirm: the drive's data is destroyed.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+pub fn run(ctx: &Context, args: Args) -> Result<()> {
+    let (r, blob) = ctx.blob(&args.blob)?;
+    if !args.yes {
+        bail!("refusing to delete {r} without --yes: its data would be gone for good");
+    }
+    if r.snapshot.is_some() && args.snapshots {
+        bail!("--snapshots deletes a drive's snapshots with the drive; it makes no sense with a snapshot ({r})");
+    }
+    ctx.block_on(async {
+        let props = drive::properties(&blob).await?;
+        drive::check_page_blob(&blob, &props)?;
+        let mode = if args.snapshots {
+            DeleteSnapshots::Include
+        } else {
+            DeleteSnapshots::None
+        };
+        blob.delete(mode, None).await?;
+        anyhow::Ok(())
+    })??;
+    if args.snapshots {
+        println!("deleted {r} and its snapshots");
+    } else {
+        println!("deleted {r}");
+    }
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! `blobdrive info`: what a drive is and what state it is in.
+
+use anyhow::Result;
+use blobdrive::azure::ranges;
+use blobdrive::azure::SegmentPlan;
+use blobdrive::drive::Drive;
+use blobdrive::size::human;
+use serde::Serialize;
+
+use super::Context;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The drive (container/name.vhd or BLOB@SNAPSHOT).
+    pub blob: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The `info --json` contract; later fields may be added, none removed.
+#[derive(Debug, Serialize)]
+struct Info {
+    blob: String,
+    snapshot: Option<String>,
+    size_bytes: u64,
+    blob_bytes: u64,
+    allocated_bytes: u64,
+    disk_type: String,
+    lease_state: String,
+    lease_duration: Option<String>,
+    snapshots: usize,
+    etag: Option<String>,
+    last_modified: Option<String>,
+}
+
+pub fn run(ctx: &Context, args: Args) -> Result<()> {
+    let (r, blob) = ctx.blob(&args.blob)?;
+    let info = ctx.block_on(async {
+        let drive = Drive::open(&blob).await?;
+        let written = blob
+            .page_ranges_segmented(drive.props.content_length, SegmentPlan::default())
+            .await?;
+        let listed = blob.container().list_blobs(blob.name(), true).await?;
+        let snapshots = listed
+            .iter()
+            .filter(|b| b.name == blob.name() && b.snapshot.is_some())
+            .count();
+        let lease_state = drive
+            .props
+            .lease_state
+            .clone()
+            .unwrap_or_else(|| "available".to_string());
+        let lease_duration = drive
+            .props
+            .lease_duration
+            .clone()
+            .filter(|_| lease_state == "leased");
+        anyhow::Ok(Info {
+            blob: r.base().to_string(),
+            snapshot: r.snapshot.clone(),
+            size_bytes: drive.disk_size(),
+            blob_bytes: drive.props.content_length,
+            allocated_bytes: ranges::total(&written),
+            disk_type: drive.footer.disk_type.to_string(),
+            lease_state,
+            lease_duration,
+            snapshots,
+            etag: drive.props.etag.clone(),
+            last_modified: drive.props.last_modified.clone(),
+        })
+    })??;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+        return Ok(());
+    }
+    println!("blob:         {}", info.blob);
+    if let Some(s) = &info.snapshot {
+        println!("snapshot:     {s}");
+    }
+    println!(
+        "disk size:    {} ({} bytes)",
+        human(info.size_bytes),
+        info.size_bytes
+    );
+    println!(
+        "blob size:    {} bytes (disk + 512-byte VHD footer)",
+        info.blob_bytes
+    );
+    println!(
+        "allocated:    {} ({} bytes written, footer included)",
+        human(info.allocated_bytes),
+        info.allocated_bytes
+    );
+    println!("disk type:    {} VHD", info.disk_type);
+    match &info.lease_duration {
+        Some(d) => println!("lease:        {} ({d})", info.lease_state),
+        None => println!("lease:        {}", info.lease_state),
+    }
+    println!("snapshots:    {}", info.snapshots);
+    if let Some(e) = &info.etag {
+        println!("etag:         {e}");
+    }
+    if let Some(m) = &info.last_modified {
+        println!("modified:     {m}");
+    }
+    Ok(())
+}

@@ -1,0 +1,90 @@
+//! `blobdrive lease status|break`: the lock a writable mount holds.
+//!
+//! These work on any page blob, valid VHD or not: breaking the lease of a damaged
+//! drive must stay possible.
+
+use anyhow::{bail, Result};
+use blobdrive::drive;
+use serde::Serialize;
+
+use super::Context;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Show whether the drive is leased (mounted writable somewhere).
+    Status {
+        /// The drive (container/name.vhd).
+        blob: String,
+        /// Print {"state":..,"duration":..} instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Break the lease left by a dead host so the drive can be mounted again.
+    ///
+    /// Only do this when the host holding the lease is really gone: a live daemon
+    /// stops writing the moment its lease is broken, and any data it had not yet
+    /// flushed is lost.
+    Break {
+        /// The drive (container/name.vhd).
+        blob: String,
+        /// Seconds (0-60) the current holder keeps the lease before it breaks;
+        /// default: at once.
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(0..=60))]
+        period: Option<u32>,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct Status {
+    state: String,
+    duration: Option<String>,
+}
+
+pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
+    match cmd {
+        Command::Status { blob, json } => {
+            let (r, client) = ctx.blob(&blob)?;
+            if r.snapshot.is_some() {
+                bail!("snapshots have no lease; name the base blob ({})", r.base());
+            }
+            let props = ctx.block_on(async {
+                let p = drive::properties(&client).await?;
+                drive::check_page_blob(&client, &p)?;
+                anyhow::Ok(p)
+            })??;
+            let state = props.lease_state.unwrap_or_else(|| "available".into());
+            let duration = props.lease_duration.filter(|_| state == "leased");
+            if json {
+                println!("{}", serde_json::to_string(&Status { state, duration })?);
+            } else {
+                match duration {
+                    Some(d) => println!("{r}: {state} ({d})"),
+                    None => println!("{r}: {state}"),
+                }
+            }
+            Ok(())
+        }
+        Command::Break { blob, period } => {
+            let (r, client) = ctx.blob(&blob)?;
+            if r.snapshot.is_some() {
+                bail!("snapshots have no lease; name the base blob ({})", r.base());
+            }
+            ctx.block_on(async {
+                let p = drive::properties(&client).await?;
+                drive::check_page_blob(&client, &p)?;
+                let state = p.lease_state.as_deref().unwrap_or("available");
+                if matches!(state, "available" | "broken" | "expired") {
+                    println!("{r}: no active lease (state: {state}); nothing changed");
+                    return Ok(());
+                }
+                let left = client.break_lease(period).await?;
+                if left == 0 {
+                    println!("{r}: lease broken; the drive can be mounted again");
+                } else {
+                    println!("{r}: lease breaking; it will be broken in {left} s");
+                }
+                anyhow::Ok(())
+            })?
+        }
+    }
+}

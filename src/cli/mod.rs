@@ -1,0 +1,74 @@
+//! The command line: clap definitions and dispatch. Each command lives in its own
+//! file and is a thin layer over the library.
+
+mod context;
+mod create;
+mod delete;
+mod info;
+mod lease;
+
+use clap::{Parser, Subcommand};
+
+pub use context::Context;
+
+const AFTER_HELP: &str = "\
+BLOB names a drive: container/name.vhd, or a full https://account.blob.core.windows.net/container/name.vhd[?SAS] URL.
+BLOB@SNAPSHOT names a snapshot of it (e.g. disks/a.vhd@2026-11-22T11:05:54.5810000Z).
+SIZE is bytes, or with a unit: KiB, MiB, GiB, TiB (K, M, G, T mean the same).
+
+The account comes from --connection-string or AZURE_STORAGE_CONNECTION_STRING and
+defaults to the local emulator (UseDevelopmentStorage=true). Prefer the environment
+variable for real keys: a command-line argument is visible to every user in `ps`.
+
+Examples:
+  blobdrive create disks/data.vhd --size 64GiB --create-container
+  blobdrive info disks/data.vhd --json
+  blobdrive lease break disks/data.vhd";
+
+/// Azure page blobs (fixed VHDs) as Linux drives.
+#[derive(Debug, Parser)]
+#[command(name = "blobdrive", version, about, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// Azure Storage connection string [default: UseDevelopmentStorage=true].
+    #[arg(
+        long,
+        global = true,
+        env = "AZURE_STORAGE_CONNECTION_STRING",
+        hide_env_values = true,
+        value_name = "CS"
+    )]
+    pub connection_string: Option<String>,
+
+    /// More log output on stderr (-v info, -vv debug, -vvv trace); BLOBDRIVE_LOG
+    /// takes a full filter instead.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a new empty drive: a page blob holding a fixed VHD of SIZE.
+    Create(create::Args),
+    /// Show a drive's size, allocation, lease and snapshots.
+    Info(info::Args),
+    /// Inspect or break a drive's lease (the lock held by a writable mount).
+    #[command(subcommand)]
+    Lease(lease::Command),
+    /// Delete a drive (or one snapshot of it). Needs --yes.
+    Delete(delete::Args),
+}
+
+impl Cli {
+    pub fn run(self) -> anyhow::Result<()> {
+        let ctx = Context::new(self.connection_string.as_deref())?;
+        match self.command {
+            Command::Create(a) => create::run(&ctx, a),
+            Command::Info(a) => info::run(&ctx, a),
+            Command::Lease(c) => lease::run(&ctx, c),
+            Command::Delete(a) => delete::run(&ctx, a),
+        }
+    }
+}

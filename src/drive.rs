@@ -1,0 +1,100 @@
+//! A page blob that is a valid drive: the checks every command makes before it
+//! trusts a blob, in one place.
+//!
+//! Opening reads only the properties and the last 512 bytes, and writes nothing, so
+//! a refused blob is left exactly as it was.
+
+use thiserror::Error;
+
+use crate::azure::{AzureError, BlobClient, BlobProperties};
+use crate::vhd::{Footer, VhdError, FOOTER_SIZE};
+
+/// Why a blob is not a usable drive.
+#[derive(Debug, Error)]
+pub enum DriveError {
+    #[error(transparent)]
+    Azure(#[from] AzureError),
+    #[error("container '{0}' does not exist")]
+    ContainerMissing(String),
+    #[error("blob '{0}' does not exist")]
+    BlobMissing(String),
+    #[error("'{target}' is a {kind}, not a page blob: blobdrive drives are page blobs holding a fixed VHD (upload images with `blobdrive upload`)")]
+    NotPageBlob { target: String, kind: String },
+    #[error("'{target}' is {len} bytes long: too small for a VHD (at least 1 MiB of disk plus the 512-byte footer)")]
+    TooSmall { target: String, len: u64 },
+    #[error("'{target}': {source}")]
+    Vhd {
+        target: String,
+        #[source]
+        source: VhdError,
+    },
+}
+
+/// A blob checked to be a fixed-VHD drive.
+#[derive(Debug, Clone)]
+pub struct Drive {
+    pub props: BlobProperties,
+    pub footer: Footer,
+}
+
+impl Drive {
+    /// The disk's size in bytes (the footer's current size).
+    pub fn disk_size(&self) -> u64 {
+        self.footer.current_size
+    }
+
+    /// Reads properties and footer of `blob` and checks it is a fixed-VHD page blob.
+    pub async fn open(blob: &BlobClient) -> Result<Drive, DriveError> {
+        let props = properties(blob).await?;
+        check_page_blob(blob, &props)?;
+        let len = props.content_length;
+        if len < FOOTER_SIZE + 1024 * 1024 {
+            return Err(DriveError::TooSmall {
+                target: blob.target(),
+                len,
+            });
+        }
+        let tail = blob.read(len - FOOTER_SIZE, FOOTER_SIZE).await?;
+        let footer =
+            Footer::parse_fixed_for_blob(&tail, len).map_err(|source| DriveError::Vhd {
+                target: blob.target(),
+                source,
+            })?;
+        Ok(Drive { props, footer })
+    }
+}
+
+/// Properties of `blob`, with a 404 turned into "which of container or blob is
+/// missing" (a HEAD answer has no body to say it, and not every server sends the
+/// error code header).
+pub async fn properties(blob: &BlobClient) -> Result<BlobProperties, DriveError> {
+    match blob.properties().await {
+        Ok(p) => Ok(p),
+        Err(e) if e.is_not_found() => {
+            if e.code() == Some("ContainerNotFound") || !blob.container().exists().await? {
+                Err(DriveError::ContainerMissing(
+                    blob.container_name().to_string(),
+                ))
+            } else {
+                Err(DriveError::BlobMissing(blob.target()))
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Refuses block and append blobs by name.
+pub fn check_page_blob(blob: &BlobClient, props: &BlobProperties) -> Result<(), DriveError> {
+    if props.blob_type != "PageBlob" {
+        let kind = match props.blob_type.as_str() {
+            "BlockBlob" => "block blob".to_string(),
+            "AppendBlob" => "append blob".to_string(),
+            other => format!("blob of type '{other}'"),
+        };
+        return Err(DriveError::NotPageBlob {
+            target: blob.target(),
+            kind,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! blobdrive: fixed-VHD Azure page blobs as Linux drives.
+//!
+//! The library is layered so each part can be tested alone: [`azure`] speaks the
+//! Blob REST API and knows nothing of disks, [`vhd`] reads and writes the fixed VHD
+//! footer, [`drive`] combines the two into "a page blob that is a valid drive", and
+//! the `blobdrive` binary's commands are thin wrappers over these.
+
+pub mod azure;
+pub mod blobref;
+pub mod drive;
+pub mod size;
+pub mod vhd;

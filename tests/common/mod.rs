@@ -1,0 +1,4 @@
+//! Shared test scaffolding. Each test binary uses only part of it.
+#![allow(dead_code)]
+
+pub mod azurite;

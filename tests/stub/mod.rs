@@ -1,0 +1,185 @@
+//! A local HTTP/1.1 stub that answers with recorded Azure responses.
+//!
+//! It covers only what Azurite cannot show (real-Azure behaviour); it listens on
+//! 127.0.0.1, records every request it gets, and stops with the test.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A request as the stub received it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    /// Path and query, as sent.
+    pub target: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Recorded {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Decoded query parameter.
+    pub fn query(&self, name: &str) -> Option<String> {
+        let q = self.target.split_once('?')?.1;
+        url::form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+    }
+}
+
+/// What the stub sends back.
+pub enum Reply {
+    Respond {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    },
+    /// Close the connection without answering (a reset as the client sees it).
+    Hangup,
+}
+
+impl Reply {
+    pub fn status(status: u16) -> Reply {
+        Reply::Respond {
+            status,
+            headers: vec![],
+            body: vec![],
+        }
+    }
+
+    pub fn xml(status: u16, body: &str) -> Reply {
+        Reply::Respond {
+            status,
+            headers: vec![("Content-Type".into(), "application/xml".into())],
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    /// An error with its code in `x-ms-error-code` as Azure sends it.
+    pub fn error(status: u16, code: &str, body: &str) -> Reply {
+        Reply::Respond {
+            status,
+            headers: vec![
+                ("x-ms-error-code".into(), code.into()),
+                ("Content-Type".into(), "application/xml".into()),
+            ],
+            body: body.as_bytes().to_vec(),
+        }
+    }
+}
+
+type Handler = dyn Fn(&Recorded, usize) -> Reply + Send + Sync;
+
+/// A running stub.
+pub struct Stub {
+    pub port: u16,
+    requests: Arc<Mutex<Vec<Recorded>>>,
+}
+
+impl Stub {
+    /// Starts a stub; `handler(request, index)` decides each answer (index counts
+    /// requests from 0).
+    pub fn start(handler: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static) -> Stub {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        let port = listener.local_addr().unwrap().port();
+        let requests: Arc<Mutex<Vec<Recorded>>> = Arc::default();
+        let handler: Arc<Handler> = Arc::new(handler);
+        let reqs = requests.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let reqs = reqs.clone();
+                let handler = handler.clone();
+                std::thread::spawn(move || serve(conn, reqs, handler));
+            }
+        });
+        Stub { port, requests }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}/devstoreaccount1", self.port)
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+fn serve(conn: TcpStream, reqs: Arc<Mutex<Vec<Recorded>>>, handler: Arc<Handler>) {
+    conn.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut writer = conn;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or("").to_string();
+        let target = parts.next().unwrap_or("").to_string();
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.push((k.trim().to_string(), v.trim().to_string()));
+            }
+        }
+        let len: usize = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        let mut body = vec![0u8; len];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let rec = Recorded {
+            method: method.clone(),
+            target,
+            headers,
+            body,
+        };
+        let index = {
+            let mut r = reqs.lock().unwrap();
+            r.push(rec.clone());
+            r.len() - 1
+        };
+        match handler(&rec, index) {
+            Reply::Hangup => return,
+            Reply::Respond {
+                status,
+                headers,
+                body,
+            } => {
+                let mut out = format!("HTTP/1.1 {status} Stub\r\n");
+                for (k, v) in &headers {
+                    out.push_str(&format!("{k}: {v}\r\n"));
+                }
+                out.push_str("x-ms-request-id: 00000000-0000-0000-0000-000000000000\r\n");
+                out.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+                let mut bytes = out.into_bytes();
+                if method != "HEAD" {
+                    bytes.extend_from_slice(&body);
+                }
+                if writer.write_all(&bytes).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
