@@ -1,0 +1,941 @@
+//! The write-back page cache between FUSE and the blob.
+//!
+//! Memory is cut into 64 KiB blocks; each block knows, per 512-byte sector, which
+//! bytes are valid (match or supersede the blob) and which are dirty (not yet in the
+//! blob). That granularity is what lets a 4 KiB write cost no read at all, and lets a
+//! flush send exactly the dirty sectors, coalesced across blocks into runs of up to
+//! 4 MiB, several in parallel.
+//!
+//! Rules that keep data safe:
+//! - dirty blocks live apart from the LRU of clean ones and are never evicted;
+//! - a flush copies a snapshot of the dirty sectors, and clears a block's dirty bits
+//!   only if the block was not written again while the copy was in flight;
+//! - writers wait (not fail) while dirty data is at its limit;
+//! - discards and flushes are serialised, so an older run can never land on top of
+//!   a range cleared after it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use lru::LruCache;
+use serde::Serialize;
+use tracing::{debug, warn};
+
+use super::sparse::SparseMap;
+use super::{Backend, DeviceError, MAX_RUN, SECTOR};
+
+/// Cache block size.
+pub const BLOCK: u64 = 64 * 1024;
+const SECTORS: u64 = BLOCK / SECTOR;
+/// How much dirty data one flush batch copies at most, bounding the memory a flush
+/// needs beside the cache itself.
+const FLUSH_BATCH: u64 = 32 * 1024 * 1024;
+
+/// Tuning of a cache.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Most bytes of blocks held, clean and dirty together.
+    pub capacity: u64,
+    /// Most dirty bytes; writers wait above it.
+    pub dirty_limit: u64,
+    /// Largest read-ahead window on sequential reads.
+    pub readahead_max: u64,
+    /// Dirty data older than this is written by the background flusher.
+    pub flush_after: Duration,
+}
+
+impl CacheConfig {
+    /// A config for `capacity` bytes with the other limits derived from it.
+    pub fn with_capacity(capacity: u64) -> CacheConfig {
+        let capacity = capacity.max(8 * MAX_RUN);
+        CacheConfig {
+            capacity,
+            dirty_limit: capacity / 2,
+            readahead_max: (capacity / 16).clamp(BLOCK, 8 * 1024 * 1024),
+            flush_after: Duration::from_secs(3),
+        }
+    }
+}
+
+struct Block {
+    data: Box<[u8]>,
+    valid: u128,
+    dirty: u128,
+    /// Write generation: bumped on every write into the block.
+    gen: u64,
+}
+
+impl Block {
+    fn new() -> Block {
+        Block {
+            data: vec![0u8; BLOCK as usize].into_boxed_slice(),
+            valid: 0,
+            dirty: 0,
+            gen: 0,
+        }
+    }
+}
+
+/// Sectors `[a, b)` of a block as a bit mask.
+fn mask(a: u64, b: u64) -> u128 {
+    if b <= a {
+        0
+    } else if b - a >= 128 {
+        u128::MAX << a
+    } else {
+        ((1u128 << (b - a)) - 1) << a
+    }
+}
+
+/// Counters for `stats`.
+#[derive(Debug, Default)]
+pub struct CacheCounters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub hole_reads: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub flushes: AtomicU64,
+    pub write_waits: AtomicU64,
+}
+
+/// A copy of the cache's state for `stats`.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CacheSnapshot {
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub hole_reads: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub flushes: u64,
+    pub write_waits: u64,
+    pub dirty_bytes: u64,
+    pub cached_bytes: u64,
+    pub cache_size: u64,
+    pub allocated_bytes: u64,
+}
+
+struct State {
+    clean: LruCache<u64, Block>,
+    dirty: BTreeMap<u64, Block>,
+    dirty_sectors: u64,
+    sparse: SparseMap,
+    seq_next: u64,
+    readahead: u64,
+    last_write: Option<Instant>,
+    next_gen: u64,
+    /// Bumped by every discard, so a read that raced one does not cache stale data.
+    discard_epoch: u64,
+}
+
+impl State {
+    fn block(&self, b: u64) -> Option<&Block> {
+        self.dirty.get(&b).or_else(|| self.clean.peek(&b))
+    }
+
+    /// The block for writing: moved out of the clean LRU if needed.
+    fn block_for_write(&mut self, b: u64) -> &mut Block {
+        if !self.dirty.contains_key(&b) {
+            let blk = self.clean.pop(&b).unwrap_or_else(Block::new);
+            self.dirty.insert(b, blk);
+        }
+        self.dirty.get_mut(&b).expect("just inserted")
+    }
+
+    fn len(&self) -> usize {
+        self.clean.len() + self.dirty.len()
+    }
+}
+
+/// The cache over a backend of `size` bytes.
+pub struct Cache<B: Backend> {
+    backend: B,
+    size: u64,
+    read_only: bool,
+    cfg: CacheConfig,
+    state: Mutex<State>,
+    changed: Condvar,
+    flush_lock: Mutex<()>,
+    fenced: Arc<AtomicBool>,
+    closing: AtomicBool,
+    pub counters: CacheCounters,
+}
+
+impl<B: Backend> Cache<B> {
+    /// `sparse` is what the blob holds now; `fenced` is the backend's lease flag
+    /// (writes fail at once when it is set).
+    pub fn new(
+        backend: B,
+        size: u64,
+        sparse: SparseMap,
+        cfg: CacheConfig,
+        read_only: bool,
+        fenced: Arc<AtomicBool>,
+    ) -> Cache<B> {
+        Cache {
+            backend,
+            size,
+            read_only,
+            state: Mutex::new(State {
+                clean: LruCache::unbounded(),
+                dirty: BTreeMap::new(),
+                dirty_sectors: 0,
+                sparse,
+                seq_next: u64::MAX,
+                readahead: 0,
+                last_write: None,
+                next_gen: 1,
+                discard_epoch: 0,
+            }),
+            cfg,
+            changed: Condvar::new(),
+            flush_lock: Mutex::new(()),
+            fenced,
+            closing: AtomicBool::new(false),
+            counters: CacheCounters::default(),
+        }
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn cap_blocks(&self) -> usize {
+        (self.cfg.capacity / BLOCK).max(1) as usize
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        if offset.checked_add(len).is_none_or(|e| e > self.size) {
+            return Err(DeviceError::OutOfRange { offset, len });
+        }
+        Ok(())
+    }
+
+    fn evict(&self, st: &mut State) {
+        let cap = self.cap_blocks();
+        while st.len() > cap {
+            if st.clean.pop_lru().is_none() {
+                break;
+            }
+        }
+    }
+
+    pub fn snapshot(&self) -> CacheSnapshot {
+        let st = self.lock();
+        let c = &self.counters;
+        CacheSnapshot {
+            cache_hits: c.hits.load(Relaxed),
+            cache_misses: c.misses.load(Relaxed),
+            hole_reads: c.hole_reads.load(Relaxed),
+            bytes_read: c.bytes_read.load(Relaxed),
+            bytes_written: c.bytes_written.load(Relaxed),
+            flushes: c.flushes.load(Relaxed),
+            write_waits: c.write_waits.load(Relaxed),
+            dirty_bytes: st.dirty_sectors * SECTOR,
+            cached_bytes: st.len() as u64 * BLOCK,
+            cache_size: self.cfg.capacity,
+            allocated_bytes: st.sparse.total(),
+        }
+    }
+
+    pub fn dirty_bytes(&self) -> u64 {
+        self.lock().dirty_sectors * SECTOR
+    }
+
+    /// Reads `buf.len()` bytes at `offset`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        let len = buf.len() as u64;
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset + len;
+        self.counters.bytes_read.fetch_add(len, Relaxed);
+        let (runs, epoch) = {
+            let mut st = self.lock();
+            if offset == st.seq_next {
+                st.readahead = (st.readahead * 2).clamp(128 * 1024, self.cfg.readahead_max);
+            } else {
+                st.readahead = 0;
+            }
+            st.seq_next = end;
+            let runs = self.plan_fetch(&st, offset, end, st.readahead);
+            if runs.is_empty() {
+                let any_data = st.sparse.any_data(offset, end);
+                self.copy_out(&mut st, offset, buf, &[]);
+                let c = if any_data {
+                    &self.counters.hits
+                } else {
+                    &self.counters.hole_reads
+                };
+                c.fetch_add(1, Relaxed);
+                return Ok(());
+            }
+            (runs, st.discard_epoch)
+        };
+        self.counters.misses.fetch_add(1, Relaxed);
+        let mut fetched = Vec::with_capacity(runs.len());
+        for (s, e) in runs {
+            let mut data = vec![0u8; (e - s) as usize];
+            self.backend.read(s, &mut data)?;
+            fetched.push((s, data));
+        }
+        let mut st = self.lock();
+        self.copy_out(&mut st, offset, buf, &fetched);
+        if st.discard_epoch == epoch {
+            for (s, data) in &fetched {
+                self.insert_clean(&mut st, *s, data);
+            }
+        }
+        self.evict(&mut st);
+        Ok(())
+    }
+
+    /// Block-aligned ranges to fetch for a read of `[offset, end)`: blocks of the
+    /// request that miss data sectors, then read-ahead blocks not cached at all.
+    /// Holes are never fetched.
+    fn plan_fetch(&self, st: &State, offset: u64, end: u64, readahead: u64) -> Vec<(u64, u64)> {
+        let window_end = (end + readahead).div_ceil(BLOCK) * BLOCK;
+        let window_end = window_end.min(self.size);
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut b = offset / BLOCK;
+        while b * BLOCK < window_end {
+            let bs = b * BLOCK;
+            let be = (bs + BLOCK).min(self.size);
+            let need = if bs < end {
+                // Sectors of the request in this block that hold data but are not valid.
+                let rs = offset.max(bs);
+                let re = end.min(be);
+                let want = mask((rs - bs) / SECTOR, (re - bs).div_ceil(SECTOR));
+                let valid = st.block(b).map_or(0, |blk| blk.valid);
+                want & !valid != 0 && {
+                    let data = st.sparse.data_in(rs / SECTOR * SECTOR, (re).div_ceil(SECTOR) * SECTOR);
+                    data.iter().any(|r| {
+                        let m = mask((r.start - bs) / SECTOR, (r.end - bs).div_ceil(SECTOR));
+                        m & want & !valid != 0
+                    })
+                }
+            } else {
+                st.block(b).is_none() && st.sparse.any_data(bs, be)
+            };
+            if need {
+                match runs.last_mut() {
+                    Some(last) if last.1 == bs && last.1 - last.0 < MAX_RUN * 4 => last.1 = be,
+                    _ => runs.push((bs, be)),
+                }
+            } else if bs >= end {
+                // Read-ahead stops at the first block that needs nothing.
+                break;
+            }
+            b += 1;
+        }
+        runs
+    }
+
+    /// Copies `[offset, offset+len)` into `buf`: valid cached sectors first (they may
+    /// be newer than anything fetched), then fetched data, else zeros (a hole).
+    fn copy_out(&self, st: &mut State, offset: u64, buf: &mut [u8], fetched: &[(u64, Vec<u8>)]) {
+        let end = offset + buf.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / BLOCK;
+            let bs = b * BLOCK;
+            let be = (bs + BLOCK).min(end);
+            let blk = st.block(b);
+            while pos < be {
+                let sec = (pos - bs) / SECTOR;
+                let sec_end = (bs + (sec + 1) * SECTOR).min(be);
+                let n = (sec_end - pos) as usize;
+                let out = &mut buf[(pos - offset) as usize..][..n];
+                match blk {
+                    Some(blk) if blk.valid & (1u128 << sec) != 0 => {
+                        out.copy_from_slice(&blk.data[(pos - bs) as usize..][..n]);
+                    }
+                    _ => match fetched
+                        .iter()
+                        .find(|(s, d)| *s <= pos && pos < *s + d.len() as u64)
+                    {
+                        Some((s, d)) => out.copy_from_slice(&d[(pos - s) as usize..][..n]),
+                        None => out.fill(0),
+                    },
+                }
+                pos = sec_end;
+            }
+        }
+        // Touch the blocks so the LRU sees the use.
+        let mut b = offset / BLOCK;
+        while b * BLOCK < end {
+            st.clean.get(&b);
+            b += 1;
+        }
+    }
+
+    /// Adds fetched data to the cache, never overwriting valid sectors.
+    fn insert_clean(&self, st: &mut State, start: u64, data: &[u8]) {
+        let end = start + data.len() as u64;
+        let mut b = start / BLOCK;
+        while b * BLOCK < end {
+            let bs = b * BLOCK;
+            let at = (bs - start) as usize;
+            let fill = |blk: &mut Block| {
+                for sec in 0..SECTORS {
+                    if blk.valid & (1u128 << sec) == 0 {
+                        let o = (sec * SECTOR) as usize;
+                        blk.data[o..o + SECTOR as usize]
+                            .copy_from_slice(&data[at + o..at + o + SECTOR as usize]);
+                    }
+                }
+                blk.valid = u128::MAX;
+            };
+            if let Some(blk) = st.dirty.get_mut(&b) {
+                fill(blk);
+            } else if let Some(blk) = st.clean.get_mut(&b) {
+                fill(blk);
+            } else {
+                let mut blk = Block::new();
+                fill(&mut blk);
+                st.clean.put(b, blk);
+            }
+            b += 1;
+        }
+    }
+
+    /// Writes `data` at `offset` into the cache; durable only after [`Cache::flush`].
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        if self.read_only {
+            return Err(DeviceError::ReadOnly);
+        }
+        let len = data.len() as u64;
+        self.check_range(offset, len)?;
+        if self.is_fenced() {
+            return Err(DeviceError::LeaseLost("fenced".into()));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        self.wait_for_room(len)?;
+        let end = offset + len;
+        // Sectors only partly covered need their old bytes: fetch those (at most two
+        // sectors) unless cached or a hole. Whole-sector writes never read.
+        let edges: Vec<u64> = {
+            let mut v = Vec::new();
+            if offset % SECTOR != 0 {
+                v.push(offset / SECTOR * SECTOR);
+            }
+            if end % SECTOR != 0 {
+                let s = end / SECTOR * SECTOR;
+                if v.last() != Some(&s) {
+                    v.push(s);
+                }
+            }
+            v
+        };
+        let mut edge_data: Vec<(u64, Vec<u8>)> = Vec::new();
+        if !edges.is_empty() {
+            let wanted: Vec<u64> = {
+                let st = self.lock();
+                edges
+                    .iter()
+                    .copied()
+                    .filter(|&s| {
+                        let b = s / BLOCK;
+                        let sec = (s % BLOCK) / SECTOR;
+                        let valid = st.block(b).is_some_and(|blk| blk.valid & (1u128 << sec) != 0);
+                        !valid && st.sparse.any_data(s, s + SECTOR)
+                    })
+                    .collect()
+            };
+            for s in wanted {
+                let mut d = vec![0u8; SECTOR as usize];
+                self.backend.read(s, &mut d)?;
+                edge_data.push((s, d));
+            }
+        }
+        let mut st = self.lock();
+        let mut pos = offset;
+        let mut newly_dirty = 0u64;
+        while pos < end {
+            let b = pos / BLOCK;
+            let bs = b * BLOCK;
+            let be = (bs + BLOCK).min(end);
+            let gen = st.next_gen;
+            st.next_gen += 1;
+            let blk = st.block_for_write(b);
+            // Fill partial edge sectors that are not valid yet.
+            for &s in &edges {
+                if s >= bs && s < bs + BLOCK {
+                    let sec = (s - bs) / SECTOR;
+                    if blk.valid & (1u128 << sec) == 0 {
+                        let o = (s - bs) as usize;
+                        match edge_data.iter().find(|(es, _)| *es == s) {
+                            Some((_, d)) => blk.data[o..o + SECTOR as usize].copy_from_slice(d),
+                            None => blk.data[o..o + SECTOR as usize].fill(0),
+                        }
+                        blk.valid |= 1u128 << sec;
+                    }
+                }
+            }
+            let o = (pos - bs) as usize;
+            let n = (be - pos) as usize;
+            blk.data[o..o + n].copy_from_slice(&data[(pos - offset) as usize..][..n]);
+            let m = mask((pos - bs) / SECTOR, (be - bs).div_ceil(SECTOR));
+            newly_dirty += (m & !blk.dirty).count_ones() as u64;
+            blk.valid |= m;
+            blk.dirty |= m;
+            blk.gen = gen;
+            pos = be;
+        }
+        st.dirty_sectors += newly_dirty;
+        st.sparse
+            .insert(offset / SECTOR * SECTOR, end.div_ceil(SECTOR) * SECTOR);
+        st.last_write = Some(Instant::now());
+        self.evict(&mut st);
+        drop(st);
+        self.counters.bytes_written.fetch_add(len, Relaxed);
+        Ok(())
+    }
+
+    /// Back-pressure: while dirty data is at its limit the writer itself flushes
+    /// (in turn with the background flusher), so it is slowed, never failed, unless
+    /// the blob cannot be written at all.
+    fn wait_for_room(&self, len: u64) -> Result<(), DeviceError> {
+        let mut counted = false;
+        loop {
+            let over = {
+                let st = self.lock();
+                st.dirty_sectors > 0
+                    && st.dirty_sectors * SECTOR + len > self.cfg.dirty_limit.max(len)
+            };
+            if !over {
+                return Ok(());
+            }
+            if !counted {
+                self.counters.write_waits.fetch_add(1, Relaxed);
+                counted = true;
+            }
+            self.changed.notify_all();
+            self.flush()?;
+        }
+    }
+
+    /// Writes every sector that is dirty now; returns when all of it is in the
+    /// backend (fsync, unmount). Data written meanwhile may stay dirty.
+    pub fn flush(&self) -> Result<(), DeviceError> {
+        let _order = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending: BTreeSet<u64> = self.lock().dirty.keys().copied().collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if self.is_fenced() {
+            return Err(DeviceError::LeaseLost(format!(
+                "{} dirty bytes cannot be written",
+                self.dirty_bytes()
+            )));
+        }
+        self.counters.flushes.fetch_add(1, Relaxed);
+        while !pending.is_empty() {
+            let (runs, taken) = self.take_batch(&mut pending);
+            if runs.is_empty() {
+                continue;
+            }
+            let bytes: u64 = runs.iter().map(|(_, d)| d.len() as u64).sum();
+            debug!(runs = runs.len(), bytes, "flushing");
+            let result = self.backend.write_runs(runs);
+            let mut st = self.lock();
+            if result.is_ok() {
+                for (b, gen, m) in taken {
+                    let now_clean = match st.dirty.get_mut(&b) {
+                        Some(blk) if blk.gen == gen => {
+                            let cleared = (blk.dirty & m).count_ones() as u64;
+                            blk.dirty &= !m;
+                            st.dirty_sectors -= cleared;
+                            st.dirty.get(&b).is_some_and(|blk| blk.dirty == 0)
+                        }
+                        _ => false,
+                    };
+                    if now_clean {
+                        let blk = st.dirty.remove(&b).expect("present");
+                        st.clean.put(b, blk);
+                    }
+                }
+            }
+            self.evict(&mut st);
+            drop(st);
+            self.changed.notify_all();
+            result?;
+        }
+        Ok(())
+    }
+
+    /// Copies the next batch of dirty runs (in disk order) out of `pending` blocks.
+    #[allow(clippy::type_complexity)]
+    fn take_batch(&self, pending: &mut BTreeSet<u64>) -> (Vec<(u64, Bytes)>, Vec<(u64, u64, u128)>) {
+        let st = self.lock();
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut taken = Vec::new();
+        let mut total = 0u64;
+        while let Some(&b) = pending.iter().next() {
+            if total >= FLUSH_BATCH {
+                break;
+            }
+            pending.remove(&b);
+            let Some(blk) = st.dirty.get(&b) else { continue };
+            taken.push((b, blk.gen, blk.dirty));
+            let bs = b * BLOCK;
+            let mut sec = 0u64;
+            while sec < SECTORS {
+                if blk.dirty & (1u128 << sec) == 0 {
+                    sec += 1;
+                    continue;
+                }
+                let mut e = sec;
+                while e < SECTORS && blk.dirty & (1u128 << e) != 0 {
+                    e += 1;
+                }
+                let mut off = bs + sec * SECTOR;
+                let mut bytes = &blk.data[(sec * SECTOR) as usize..(e * SECTOR) as usize];
+                total += bytes.len() as u64;
+                while !bytes.is_empty() {
+                    match runs.last_mut() {
+                        Some((s, d)) if *s + d.len() as u64 == off && (d.len() as u64) < MAX_RUN => {
+                            let room = (MAX_RUN as usize - d.len()).min(bytes.len());
+                            d.extend_from_slice(&bytes[..room]);
+                            bytes = &bytes[room..];
+                            off += room as u64;
+                        }
+                        _ => {
+                            let n = bytes.len().min(MAX_RUN as usize);
+                            runs.push((off, bytes[..n].to_vec()));
+                            bytes = &bytes[n..];
+                            off += n as u64;
+                        }
+                    }
+                }
+                sec = e;
+            }
+        }
+        let runs = runs.into_iter().map(|(o, d)| (o, Bytes::from(d))).collect();
+        (runs, taken)
+    }
+
+    /// Discards `[offset, offset+len)`: whole sectors become holes (Clear Pages),
+    /// partial sectors at the edges are written as zeros.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        if self.read_only {
+            return Err(DeviceError::ReadOnly);
+        }
+        self.check_range(offset, len)?;
+        if self.is_fenced() {
+            return Err(DeviceError::LeaseLost("fenced".into()));
+        }
+        let end = offset + len;
+        let s = offset.div_ceil(SECTOR) * SECTOR;
+        let e = end / SECTOR * SECTOR;
+        if s >= e {
+            return self.write(offset, &vec![0u8; len as usize]);
+        }
+        if offset < s {
+            self.write(offset, &vec![0u8; (s - offset) as usize])?;
+        }
+        if e < end {
+            self.write(e, &vec![0u8; (end - e) as usize])?;
+        }
+        let _order = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let mut st = self.lock();
+            st.discard_epoch += 1;
+            let mut b = s / BLOCK;
+            while b * BLOCK < e {
+                let bs = b * BLOCK;
+                let m = mask(
+                    (s.max(bs) - bs) / SECTOR,
+                    (e.min(bs + BLOCK) - bs) / SECTOR,
+                );
+                let mut cleared = 0;
+                let mut drop_dirty = false;
+                if let Some(blk) = st.dirty.get_mut(&b) {
+                    cleared = (blk.dirty & m).count_ones() as u64;
+                    blk.dirty &= !m;
+                    blk.valid &= !m;
+                    drop_dirty = blk.dirty == 0;
+                }
+                st.dirty_sectors -= cleared;
+                if drop_dirty {
+                    let blk = st.dirty.remove(&b).expect("present");
+                    if blk.valid != 0 {
+                        st.clean.put(b, blk);
+                    }
+                }
+                let empty = st.clean.get_mut(&b).map(|blk| {
+                    blk.valid &= !m;
+                    blk.valid == 0
+                });
+                if empty == Some(true) {
+                    st.clean.pop(&b);
+                }
+                b += 1;
+            }
+            st.sparse.remove(s, e);
+        }
+        self.changed.notify_all();
+        self.backend.discard(s, e - s)
+    }
+
+    /// Runs the background flusher until [`Cache::close`]: writes dirty data when it
+    /// passes half its limit, or when no write came for `flush_after`.
+    pub fn run_flusher(&self) {
+        loop {
+            let due = {
+                let st = self.lock();
+                let st = self
+                    .changed
+                    .wait_timeout(st, Duration::from_millis(250))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                if self.closing.load(Relaxed) {
+                    return;
+                }
+                let dirty = st.dirty_sectors * SECTOR;
+                dirty > 0
+                    && (dirty >= self.cfg.dirty_limit / 2
+                        || st
+                            .last_write
+                            .is_none_or(|t| t.elapsed() >= self.cfg.flush_after))
+            };
+            if due && !self.is_fenced() {
+                if let Err(e) = self.flush() {
+                    warn!("background flush failed (will retry): {e}");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Stops the background flusher.
+    pub fn close(&self) {
+        self.closing.store(true, Relaxed);
+        self.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::mem::MemBackend;
+    use super::*;
+
+    const MIB: u64 = 1024 * 1024;
+
+    fn cache(size: u64, capacity: u64) -> Cache<MemBackend> {
+        Cache::new(
+            MemBackend::new(size),
+            size,
+            SparseMap::default(),
+            CacheConfig::with_capacity(capacity),
+            false,
+            Arc::new(AtomicBool::new(false)),
+        )
+    }
+
+    #[test]
+    fn masks() {
+        assert_eq!(mask(0, 128), u128::MAX);
+        assert_eq!(mask(0, 1), 1);
+        assert_eq!(mask(127, 128), 1u128 << 127);
+        assert_eq!(mask(2, 4), 0b1100);
+        assert_eq!(mask(4, 4), 0);
+    }
+
+    #[test]
+    fn whole_page_writes_never_read_and_flush_coalesces() {
+        let c = cache(64 * MIB, 256 * MIB);
+        let data: Vec<u8> = (0..MIB as usize).map(|i| (i % 251) as u8).collect();
+        for i in 0..16u64 {
+            c.write(i * MIB, &data).unwrap();
+        }
+        assert_eq!(c.backend.reads.load(Relaxed), 0);
+        assert_eq!(c.dirty_bytes(), 16 * MIB);
+        c.flush().unwrap();
+        assert_eq!(c.backend.writes.load(Relaxed), 4, "16 MiB in 4 MiB runs");
+        assert_eq!(c.dirty_bytes(), 0);
+        let mut back = vec![0u8; MIB as usize];
+        c.read(5 * MIB, &mut back).unwrap();
+        assert_eq!(back, data);
+        assert_eq!(&c.backend.contents()[3 * MIB as usize..4 * MIB as usize], &data[..]);
+    }
+
+    #[test]
+    fn partial_sector_writes_read_the_old_bytes_once() {
+        let c = cache(4 * MIB, 64 * MIB);
+        c.write(0, &[7u8; 4096]).unwrap();
+        c.flush().unwrap();
+        // Drop the cache's copy by making a fresh cache over the same backend data.
+        let c2 = Cache::new(
+            MemBackend::new(4 * MIB),
+            4 * MIB,
+            SparseMap::from_ranges(&[crate::azure::PageRange::new(0, 4096)]),
+            CacheConfig::with_capacity(64 * MIB),
+            false,
+            Arc::new(AtomicBool::new(false)),
+        );
+        c2.backend.write_runs(vec![(0, Bytes::from(vec![7u8; 4096]))]).unwrap();
+        c2.write(100, &[1u8; 10]).unwrap();
+        assert_eq!(c2.backend.reads.load(Relaxed), 1, "one edge sector fetched");
+        let mut b = vec![0u8; 512];
+        c2.read(0, &mut b).unwrap();
+        assert!(b[..100].iter().all(|&x| x == 7));
+        assert!(b[100..110].iter().all(|&x| x == 1));
+        assert!(b[110..].iter().all(|&x| x == 7));
+        // A partial write into a hole reads nothing.
+        c2.write(MIB + 3, &[9u8; 5]).unwrap();
+        assert_eq!(c2.backend.reads.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn holes_cost_nothing() {
+        let c = cache(64 * MIB, 64 * MIB);
+        let mut b = vec![1u8; MIB as usize];
+        c.read(10 * MIB, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 0));
+        assert_eq!(c.backend.reads.load(Relaxed), 0);
+        assert_eq!(c.snapshot().hole_reads, 1);
+    }
+
+    #[test]
+    fn discard_clears_and_reads_zero() {
+        let c = cache(8 * MIB, 64 * MIB);
+        c.write(0, &vec![5u8; 2 * MIB as usize]).unwrap();
+        c.flush().unwrap();
+        c.write(MIB, &[6u8; 4096]).unwrap(); // dirty data inside the range is dropped
+        c.discard(1000, MIB).unwrap();
+        c.flush().unwrap();
+        let mut b = vec![0u8; 2 * MIB as usize];
+        c.read(0, &mut b).unwrap();
+        assert!(b[..1000].iter().all(|&x| x == 5));
+        assert!(b[1000..(MIB + 1000) as usize].iter().all(|&x| x == 0));
+        assert!(b[(MIB + 1000) as usize..(MIB + 4096) as usize].iter().all(|&x| x == 6));
+        assert!(b[(MIB + 4096) as usize..].iter().all(|&x| x == 5));
+        assert_eq!(c.backend.contents()[..2 * MIB as usize], b[..]);
+        assert_eq!(c.backend.discards.load(Relaxed), 1);
+        assert_eq!(c.snapshot().allocated_bytes, 2 * MIB - (MIB - 512));
+    }
+
+    #[test]
+    fn matches_a_byte_model_under_random_io_and_tiny_cache() {
+        // Random reads, writes (aligned and not), discards and flushes against a plain
+        // byte vector, with a cache much smaller than the disk so eviction happens.
+        let size = 16 * MIB;
+        let cfg = CacheConfig {
+            capacity: 4 * MIB,
+            dirty_limit: 2 * MIB,
+            readahead_max: 512 * 1024,
+            flush_after: Duration::from_secs(3),
+        };
+        let c = Cache::new(
+            MemBackend::new(size),
+            size,
+            SparseMap::default(),
+            cfg,
+            false,
+            Arc::new(AtomicBool::new(false)),
+        );
+        let mut model = vec![0u8; size as usize];
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..3000 {
+            let op = next() % 10;
+            let off = next() % size;
+            let len = (next() % (256 * 1024)).min(size - off).max(1);
+            match op {
+                0..=3 => {
+                    let v = (round % 250 + 1) as u8;
+                    let data = vec![v; len as usize];
+                    c.write(off, &data).unwrap();
+                    model[off as usize..(off + len) as usize].fill(v);
+                }
+                4 => {
+                    c.discard(off, len).unwrap();
+                    model[off as usize..(off + len) as usize].fill(0);
+                }
+                5 => c.flush().unwrap(),
+                _ => {
+                    let mut b = vec![0u8; len as usize];
+                    c.read(off, &mut b).unwrap();
+                    assert_eq!(b, &model[off as usize..(off + len) as usize], "round {round}");
+                }
+            }
+            assert!(c.snapshot().cached_bytes <= 4 * MIB + 512 * 1024, "bounded");
+        }
+        c.flush().unwrap();
+        assert_eq!(c.backend.contents(), model);
+    }
+
+    #[test]
+    fn failed_flush_keeps_data_dirty_and_retries_same_bytes() {
+        let c = cache(4 * MIB, 64 * MIB);
+        c.write(0, &[3u8; 8192]).unwrap();
+        c.backend.fail_writes.store(true, Relaxed);
+        assert!(c.flush().is_err());
+        assert_eq!(c.dirty_bytes(), 8192);
+        c.backend.fail_writes.store(false, Relaxed);
+        c.flush().unwrap();
+        assert_eq!(c.dirty_bytes(), 0);
+        assert_eq!(&c.backend.contents()[..8192], &[3u8; 8192][..]);
+    }
+
+    #[test]
+    fn fenced_cache_refuses_writes_but_reads() {
+        let fence = Arc::new(AtomicBool::new(false));
+        let c = Cache::new(
+            MemBackend::new(4 * MIB),
+            4 * MIB,
+            SparseMap::default(),
+            CacheConfig::with_capacity(64 * MIB),
+            false,
+            fence.clone(),
+        );
+        c.write(0, &[1u8; 512]).unwrap();
+        fence.store(true, Relaxed);
+        assert!(matches!(c.write(0, &[1u8; 512]), Err(DeviceError::LeaseLost(_))));
+        assert!(matches!(c.flush(), Err(DeviceError::LeaseLost(_))));
+        let mut b = [0u8; 512];
+        c.read(0, &mut b).unwrap();
+        assert_eq!(b, [1u8; 512]);
+    }
+
+    #[test]
+    fn writers_wait_for_the_flusher_instead_of_failing() {
+        let c = Arc::new(cache(64 * MIB, 32 * MIB)); // dirty limit 16 MiB
+        let f = c.clone();
+        let flusher = std::thread::spawn(move || f.run_flusher());
+        let data = vec![1u8; MIB as usize];
+        for i in 0..64u64 {
+            c.write(i * MIB, &data).unwrap();
+            assert!(c.dirty_bytes() <= 16 * MIB);
+        }
+        c.flush().unwrap();
+        c.close();
+        flusher.join().unwrap();
+        assert!(c.snapshot().write_waits > 0);
+        assert!(c.backend.contents().iter().all(|&x| x == 1));
+    }
+}

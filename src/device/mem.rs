@@ -1,0 +1,71 @@
+//! An in-memory backend with request counters, for tests of the cache that need
+//! no network and must count what would have been sent.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+
+use super::{Backend, DeviceError, MAX_RUN, SECTOR};
+
+#[derive(Default)]
+pub struct MemBackend {
+    data: Mutex<Vec<u8>>,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub discards: AtomicU64,
+    /// When set, every write fails (a backend that went away).
+    pub fail_writes: std::sync::atomic::AtomicBool,
+}
+
+impl MemBackend {
+    pub fn new(size: u64) -> MemBackend {
+        MemBackend {
+            data: Mutex::new(vec![0; size as usize]),
+            ..Default::default()
+        }
+    }
+
+    pub fn contents(&self) -> Vec<u8> {
+        self.data.lock().unwrap().clone()
+    }
+}
+
+fn check(offset: u64, len: u64, size: usize) -> Result<(), DeviceError> {
+    if offset % SECTOR != 0 || len % SECTOR != 0 || offset + len > size as u64 {
+        return Err(DeviceError::OutOfRange { offset, len });
+    }
+    Ok(())
+}
+
+impl Backend for MemBackend {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        let data = self.data.lock().unwrap();
+        check(offset, buf.len() as u64, data.len())?;
+        self.reads.fetch_add(1, Relaxed);
+        buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+
+    fn write_runs(&self, runs: Vec<(u64, Bytes)>) -> Result<(), DeviceError> {
+        if self.fail_writes.load(Relaxed) {
+            return Err(DeviceError::Io("backend unavailable".into()));
+        }
+        let mut data = self.data.lock().unwrap();
+        for (offset, bytes) in runs {
+            check(offset, bytes.len() as u64, data.len())?;
+            assert!(bytes.len() as u64 <= MAX_RUN, "run over 4 MiB");
+            self.writes.fetch_add(1, Relaxed);
+            data[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
+        }
+        Ok(())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        let mut data = self.data.lock().unwrap();
+        check(offset, len, data.len())?;
+        self.discards.fetch_add(1, Relaxed);
+        data[offset as usize..(offset + len) as usize].fill(0);
+        Ok(())
+    }
+}

@@ -1,0 +1,179 @@
+//! The page blob as a [`Backend`]: ranged reads, parallel Put Page runs carrying the
+//! lease id, Clear Pages for discard, and fencing.
+//!
+//! Fencing: the first answer saying the lease is gone (412/409 lease codes) flips a
+//! flag that no write ever passes again, so nothing is written without the lease,
+//! not even a retry of a run that was in flight.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::runtime::Handle;
+use tokio::sync::Semaphore;
+use tracing::error;
+
+use super::{Backend, DeviceError, MAX_RUN};
+use crate::azure::{AzureError, BlobClient};
+
+/// Put Page calls in flight at once: enough to fill a link, few enough to stay far
+/// below the per-blob request rate.
+const PARALLEL: usize = 8;
+/// Clear Pages is cheap per call but a huge range can time out server-side.
+const MAX_CLEAR: u64 = 1024 * 1024 * 1024;
+
+pub struct RemoteBackend {
+    blob: BlobClient,
+    lease: Option<String>,
+    rt: Handle,
+    fenced: Arc<AtomicBool>,
+}
+
+impl RemoteBackend {
+    /// `lease` is `None` for read-only mounts; every write is then refused.
+    pub fn new(blob: BlobClient, lease: Option<String>, rt: Handle) -> RemoteBackend {
+        RemoteBackend {
+            blob,
+            lease,
+            rt,
+            fenced: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Shared flag: set once the lease is lost.
+    pub fn fence(&self) -> Arc<AtomicBool> {
+        self.fenced.clone()
+    }
+
+    pub fn blob(&self) -> &BlobClient {
+        &self.blob
+    }
+
+    fn check_writable(&self) -> Result<&str, DeviceError> {
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(DeviceError::LeaseLost("fenced after an earlier failure".into()));
+        }
+        self.lease.as_deref().ok_or(DeviceError::ReadOnly)
+    }
+
+    fn map(&self, e: AzureError) -> DeviceError {
+        map_error(&self.fenced, e)
+    }
+}
+
+/// Turns a service error into a device error, fencing on lease loss.
+pub fn map_error(fenced: &AtomicBool, e: AzureError) -> DeviceError {
+    if e.is_lease_lost() {
+        if !fenced.swap(true, Ordering::SeqCst) {
+            error!("LEASE LOST: {e}; no further writes will be sent, reads continue");
+        }
+        DeviceError::LeaseLost(e.to_string())
+    } else {
+        DeviceError::Io(e.to_string())
+    }
+}
+
+impl Backend for RemoteBackend {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        let len = buf.len() as u64;
+        // Large reads go out as parallel ranged GETs of at most 4 MiB.
+        let chunks: Vec<(u64, u64)> = (0..len)
+            .step_by(MAX_RUN as usize)
+            .map(|o| (offset + o, (len - o).min(MAX_RUN)))
+            .collect();
+        let blob = &self.blob;
+        let results = self.rt.block_on(async {
+            let futs = chunks.iter().map(|&(o, l)| blob.read(o, l));
+            futures_join_all(futs).await
+        });
+        for ((o, _), r) in chunks.iter().zip(results) {
+            let data = r.map_err(|e| self.map(e))?;
+            let at = (o - offset) as usize;
+            buf[at..at + data.len()].copy_from_slice(&data);
+        }
+        Ok(())
+    }
+
+    fn write_runs(&self, runs: Vec<(u64, Bytes)>) -> Result<(), DeviceError> {
+        let lease = self.check_writable()?.to_string();
+        let sem = Arc::new(Semaphore::new(PARALLEL));
+        let fenced = self.fenced.clone();
+        let results = self.rt.block_on(async {
+            let mut tasks = Vec::with_capacity(runs.len());
+            for (offset, data) in runs {
+                let blob = self.blob.clone();
+                let lease = lease.clone();
+                let sem = sem.clone();
+                let fenced = fenced.clone();
+                tasks.push(tokio::spawn(async move {
+                    let _permit = sem.acquire_owned().await.expect("semaphore open");
+                    if fenced.load(Ordering::SeqCst) {
+                        return Err(DeviceError::LeaseLost("fenced".into()));
+                    }
+                    blob.put_pages(offset, data, Some(&lease))
+                        .await
+                        .map_err(|e| map_error(&fenced, e))
+                }));
+            }
+            let mut out = Vec::with_capacity(tasks.len());
+            for t in tasks {
+                out.push(
+                    t.await
+                        .unwrap_or_else(|e| Err(DeviceError::Io(format!("write task failed: {e}")))),
+                );
+            }
+            out
+        });
+        // A lost lease outranks any other failure.
+        let mut first = None;
+        for r in results {
+            if let Err(e) = r {
+                if matches!(e, DeviceError::LeaseLost(_)) || first.is_none() {
+                    first = Some(e);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        let lease = self.check_writable()?.to_string();
+        let mut pos = offset;
+        while pos < offset + len {
+            let l = (offset + len - pos).min(MAX_CLEAR);
+            self.rt
+                .block_on(self.blob.clear_pages(pos, l, Some(&lease)))
+                .map_err(|e| self.map(e))?;
+            pos += l;
+        }
+        Ok(())
+    }
+}
+
+/// Awaits all futures concurrently, keeping their order.
+async fn futures_join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    join_pinned(futs.map(Box::pin).collect()).await
+}
+
+async fn join_pinned<F: std::future::Future>(mut futs: Vec<std::pin::Pin<Box<F>>>) -> Vec<F::Output> {
+    use std::task::Poll;
+    let mut done: Vec<Option<F::Output>> = (0..futs.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futs.iter_mut().enumerate() {
+            if done[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => done[i] = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    done.into_iter().map(|v| v.expect("all ready")).collect()
+}
