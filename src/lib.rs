@@ -9,5 +9,7 @@ pub mod azure;
 pub mod blobref;
 pub mod device;
 pub mod drive;
+pub mod fuse;
+pub mod mount;
 pub mod size;
 pub mod vhd;

@@ -6,6 +6,10 @@ mod create;
 mod delete;
 mod info;
 mod lease;
+mod list;
+mod mount;
+mod stats;
+mod unmount;
 
 use clap::{Parser, Subcommand};
 
@@ -23,7 +27,9 @@ variable for real keys: a command-line argument is visible to every user in `ps`
 Examples:
   blobdrive create disks/data.vhd --size 64GiB --create-container
   blobdrive info disks/data.vhd --json
-  blobdrive lease break disks/data.vhd";
+  blobdrive lease break disks/data.vhd
+  sudo blobdrive mount disks/data.vhd /mnt/data --mkfs ext4
+  sudo blobdrive unmount /mnt/data";
 
 /// Azure page blobs (fixed VHDs) as Linux drives.
 #[derive(Debug, Parser)]
@@ -59,6 +65,17 @@ pub enum Command {
     Lease(lease::Command),
     /// Delete a drive (or one snapshot of it). Needs --yes.
     Delete(delete::Args),
+    /// Mount a drive as a filesystem, a block device or a raw file (needs root).
+    Mount(mount::Args),
+    /// Unmount a drive: write everything, release the lease, undo the mount.
+    Unmount(unmount::Args),
+    /// List the drives mounted on this machine.
+    List(list::Args),
+    /// Show a mounted drive's request and cache counters.
+    Stats(stats::Args),
+    /// Internal: the mount daemon, started by `mount`.
+    #[command(name = "__daemon", hide = true)]
+    Daemon,
 }
 
 impl Cli {
@@ -69,6 +86,11 @@ impl Cli {
             Command::Info(a) => info::run(&ctx, a),
             Command::Lease(c) => lease::run(&ctx, c),
             Command::Delete(a) => delete::run(&ctx, a),
+            Command::Mount(a) => mount::run(&ctx, a, self.connection_string.as_deref()),
+            Command::Unmount(a) => unmount::run(a),
+            Command::List(a) => list::run(a),
+            Command::Stats(a) => stats::run(a),
+            Command::Daemon => mount::run_daemon(&ctx),
         }
     }
 }

@@ -324,7 +324,9 @@ impl<B: Backend> Cache<B> {
                 let want = mask((rs - bs) / SECTOR, (re - bs).div_ceil(SECTOR));
                 let valid = st.block(b).map_or(0, |blk| blk.valid);
                 want & !valid != 0 && {
-                    let data = st.sparse.data_in(rs / SECTOR * SECTOR, (re).div_ceil(SECTOR) * SECTOR);
+                    let data = st
+                        .sparse
+                        .data_in(rs / SECTOR * SECTOR, (re).div_ceil(SECTOR) * SECTOR);
                     data.iter().any(|r| {
                         let m = mask((r.start - bs) / SECTOR, (r.end - bs).div_ceil(SECTOR));
                         m & want & !valid != 0
@@ -455,7 +457,9 @@ impl<B: Backend> Cache<B> {
                     .filter(|&s| {
                         let b = s / BLOCK;
                         let sec = (s % BLOCK) / SECTOR;
-                        let valid = st.block(b).is_some_and(|blk| blk.valid & (1u128 << sec) != 0);
+                        let valid = st
+                            .block(b)
+                            .is_some_and(|blk| blk.valid & (1u128 << sec) != 0);
                         !valid && st.sparse.any_data(s, s + SECTOR)
                     })
                     .collect()
@@ -584,7 +588,10 @@ impl<B: Backend> Cache<B> {
 
     /// Copies the next batch of dirty runs (in disk order) out of `pending` blocks.
     #[allow(clippy::type_complexity)]
-    fn take_batch(&self, pending: &mut BTreeSet<u64>) -> (Vec<(u64, Bytes)>, Vec<(u64, u64, u128)>) {
+    fn take_batch(
+        &self,
+        pending: &mut BTreeSet<u64>,
+    ) -> (Vec<(u64, Bytes)>, Vec<(u64, u64, u128)>) {
         let st = self.lock();
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut taken = Vec::new();
@@ -594,7 +601,9 @@ impl<B: Backend> Cache<B> {
                 break;
             }
             pending.remove(&b);
-            let Some(blk) = st.dirty.get(&b) else { continue };
+            let Some(blk) = st.dirty.get(&b) else {
+                continue;
+            };
             taken.push((b, blk.gen, blk.dirty));
             let bs = b * BLOCK;
             let mut sec = 0u64;
@@ -612,7 +621,9 @@ impl<B: Backend> Cache<B> {
                 total += bytes.len() as u64;
                 while !bytes.is_empty() {
                     match runs.last_mut() {
-                        Some((s, d)) if *s + d.len() as u64 == off && (d.len() as u64) < MAX_RUN => {
+                        Some((s, d))
+                            if *s + d.len() as u64 == off && (d.len() as u64) < MAX_RUN =>
+                        {
                             let room = (MAX_RUN as usize - d.len()).min(bytes.len());
                             d.extend_from_slice(&bytes[..room]);
                             bytes = &bytes[room..];
@@ -662,10 +673,7 @@ impl<B: Backend> Cache<B> {
             let mut b = s / BLOCK;
             while b * BLOCK < e {
                 let bs = b * BLOCK;
-                let m = mask(
-                    (s.max(bs) - bs) / SECTOR,
-                    (e.min(bs + BLOCK) - bs) / SECTOR,
-                );
+                let m = mask((s.max(bs) - bs) / SECTOR, (e.min(bs + BLOCK) - bs) / SECTOR);
                 let mut cleared = 0;
                 let mut drop_dirty = false;
                 if let Some(blk) = st.dirty.get_mut(&b) {
@@ -775,7 +783,10 @@ mod tests {
         let mut back = vec![0u8; MIB as usize];
         c.read(5 * MIB, &mut back).unwrap();
         assert_eq!(back, data);
-        assert_eq!(&c.backend.contents()[3 * MIB as usize..4 * MIB as usize], &data[..]);
+        assert_eq!(
+            &c.backend.contents()[3 * MIB as usize..4 * MIB as usize],
+            &data[..]
+        );
     }
 
     #[test]
@@ -792,7 +803,9 @@ mod tests {
             false,
             Arc::new(AtomicBool::new(false)),
         );
-        c2.backend.write_runs(vec![(0, Bytes::from(vec![7u8; 4096]))]).unwrap();
+        c2.backend
+            .write_runs(vec![(0, Bytes::from(vec![7u8; 4096]))])
+            .unwrap();
         c2.write(100, &[1u8; 10]).unwrap();
         assert_eq!(c2.backend.reads.load(Relaxed), 1, "one edge sector fetched");
         let mut b = vec![0u8; 512];
@@ -827,7 +840,9 @@ mod tests {
         c.read(0, &mut b).unwrap();
         assert!(b[..1000].iter().all(|&x| x == 5));
         assert!(b[1000..(MIB + 1000) as usize].iter().all(|&x| x == 0));
-        assert!(b[(MIB + 1000) as usize..(MIB + 4096) as usize].iter().all(|&x| x == 6));
+        assert!(b[(MIB + 1000) as usize..(MIB + 4096) as usize]
+            .iter()
+            .all(|&x| x == 6));
         assert!(b[(MIB + 4096) as usize..].iter().all(|&x| x == 5));
         assert_eq!(c.backend.contents()[..2 * MIB as usize], b[..]);
         assert_eq!(c.backend.discards.load(Relaxed), 1);
@@ -880,7 +895,11 @@ mod tests {
                 _ => {
                     let mut b = vec![0u8; len as usize];
                     c.read(off, &mut b).unwrap();
-                    assert_eq!(b, &model[off as usize..(off + len) as usize], "round {round}");
+                    assert_eq!(
+                        b,
+                        &model[off as usize..(off + len) as usize],
+                        "round {round}"
+                    );
                 }
             }
             assert!(c.snapshot().cached_bytes <= 4 * MIB + 512 * 1024, "bounded");
@@ -915,7 +934,10 @@ mod tests {
         );
         c.write(0, &[1u8; 512]).unwrap();
         fence.store(true, Relaxed);
-        assert!(matches!(c.write(0, &[1u8; 512]), Err(DeviceError::LeaseLost(_))));
+        assert!(matches!(
+            c.write(0, &[1u8; 512]),
+            Err(DeviceError::LeaseLost(_))
+        ));
         assert!(matches!(c.flush(), Err(DeviceError::LeaseLost(_))));
         let mut b = [0u8; 512];
         c.read(0, &mut b).unwrap();

@@ -51,7 +51,9 @@ impl RemoteBackend {
 
     fn check_writable(&self) -> Result<&str, DeviceError> {
         if self.fenced.load(Ordering::SeqCst) {
-            return Err(DeviceError::LeaseLost("fenced after an earlier failure".into()));
+            return Err(DeviceError::LeaseLost(
+                "fenced after an earlier failure".into(),
+            ));
         }
         self.lease.as_deref().ok_or(DeviceError::ReadOnly)
     }
@@ -98,32 +100,32 @@ impl Backend for RemoteBackend {
         let lease = self.check_writable()?.to_string();
         let sem = Arc::new(Semaphore::new(PARALLEL));
         let fenced = self.fenced.clone();
-        let results = self.rt.block_on(async {
-            let mut tasks = Vec::with_capacity(runs.len());
-            for (offset, data) in runs {
-                let blob = self.blob.clone();
-                let lease = lease.clone();
-                let sem = sem.clone();
-                let fenced = fenced.clone();
-                tasks.push(tokio::spawn(async move {
-                    let _permit = sem.acquire_owned().await.expect("semaphore open");
-                    if fenced.load(Ordering::SeqCst) {
-                        return Err(DeviceError::LeaseLost("fenced".into()));
-                    }
-                    blob.put_pages(offset, data, Some(&lease))
-                        .await
-                        .map_err(|e| map_error(&fenced, e))
-                }));
-            }
-            let mut out = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                out.push(
-                    t.await
-                        .unwrap_or_else(|e| Err(DeviceError::Io(format!("write task failed: {e}")))),
-                );
-            }
-            out
-        });
+        let results =
+            self.rt.block_on(async {
+                let mut tasks = Vec::with_capacity(runs.len());
+                for (offset, data) in runs {
+                    let blob = self.blob.clone();
+                    let lease = lease.clone();
+                    let sem = sem.clone();
+                    let fenced = fenced.clone();
+                    tasks.push(tokio::spawn(async move {
+                        let _permit = sem.acquire_owned().await.expect("semaphore open");
+                        if fenced.load(Ordering::SeqCst) {
+                            return Err(DeviceError::LeaseLost("fenced".into()));
+                        }
+                        blob.put_pages(offset, data, Some(&lease))
+                            .await
+                            .map_err(|e| map_error(&fenced, e))
+                    }));
+                }
+                let mut out = Vec::with_capacity(tasks.len());
+                for t in tasks {
+                    out.push(t.await.unwrap_or_else(|e| {
+                        Err(DeviceError::Io(format!("write task failed: {e}")))
+                    }));
+                }
+                out
+            });
         // A lost lease outranks any other failure.
         let mut first = None;
         for r in results {
@@ -155,7 +157,9 @@ async fn futures_join_all<F: std::future::Future>(futs: impl Iterator<Item = F>)
     join_pinned(futs.map(Box::pin).collect()).await
 }
 
-async fn join_pinned<F: std::future::Future>(mut futs: Vec<std::pin::Pin<Box<F>>>) -> Vec<F::Output> {
+async fn join_pinned<F: std::future::Future>(
+    mut futs: Vec<std::pin::Pin<Box<F>>>,
+) -> Vec<F::Output> {
     use std::task::Poll;
     let mut done: Vec<Option<F::Output>> = (0..futs.len()).map(|_| None).collect();
     std::future::poll_fn(|cx| {

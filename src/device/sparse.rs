@@ -138,15 +138,21 @@ mod tests {
         let mut model = vec![false; 256];
         let mut x: u64 = 12345;
         for _ in 0..2000 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let a = (x >> 33) % 256;
             let b = (a + (x >> 20) % 16 + 1).min(256);
             if x & 1 == 0 {
                 m.insert(a * 512, b * 512);
-                model[a as usize..b as usize].iter_mut().for_each(|v| *v = true);
+                model[a as usize..b as usize]
+                    .iter_mut()
+                    .for_each(|v| *v = true);
             } else {
                 m.remove(a * 512, b * 512);
-                model[a as usize..b as usize].iter_mut().for_each(|v| *v = false);
+                model[a as usize..b as usize]
+                    .iter_mut()
+                    .for_each(|v| *v = false);
             }
             for (i, &v) in model.iter().enumerate() {
                 let i = i as u64;

@@ -1,0 +1,243 @@
+//! `blobdrive mount`: start a daemon serving a drive, return once it is usable.
+//!
+//! The daemon is this same program re-executed (`blobdrive __daemon`, hidden), with
+//! its request as JSON in the environment and the connection string in
+//! `AZURE_STORAGE_CONNECTION_STRING`, so no secret ever shows in `ps`. It reports
+//! readiness on its stdout pipe; its log goes to a file beside its mount record.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context as _, Result};
+use blobdrive::blobref::BlobRef;
+use blobdrive::mount::{daemon, record, system, Mode, MountRequest, Ready};
+use blobdrive::size::{human, parse_size};
+
+use super::Context;
+
+/// Env var carrying the daemon's request.
+pub const REQUEST_ENV: &str = "BLOBDRIVE_MOUNT_REQUEST";
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The drive (container/name.vhd), or BLOB@SNAPSHOT for a read-only mount of a
+    /// snapshot.
+    pub blob: String,
+    /// An empty directory: where the filesystem (fs) or the FUSE files `disk` and
+    /// `stats` (block, raw) appear.
+    pub mountpoint: PathBuf,
+    /// fs: mount the disk's filesystem; block: only a loop device (printed);
+    /// raw: only the FUSE file MOUNTPOINT/disk.
+    #[arg(long, value_enum, default_value_t = Mode::Fs)]
+    pub mode: Mode,
+    /// Create this filesystem if the disk holds none (never formats over one).
+    #[arg(long, value_name = "ext4|xfs", value_parser = ["ext4", "xfs"])]
+    pub mkfs: Option<String>,
+    /// Mount read-only: no lease is taken, so any number of hosts can do it, also
+    /// while a writer holds the drive.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Memory for the page cache [default: 1/8 of RAM, at most 1 GiB].
+    #[arg(long, value_name = "SIZE")]
+    pub cache_size: Option<String>,
+    /// Stay in the foreground (for systemd); logs go to stderr. Stop with SIGTERM
+    /// or `blobdrive unmount`.
+    #[arg(long)]
+    pub foreground: bool,
+}
+
+/// 1/8 of RAM, between 64 MiB and 1 GiB.
+fn default_cache_size() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(1 << 30);
+    (total / 8).clamp(64 << 20, 1 << 30)
+}
+
+pub fn run(ctx: &Context, args: Args, connection_string: Option<&str>) -> Result<()> {
+    let r = BlobRef::parse(&args.blob)?;
+    let read_only = args.read_only || r.snapshot.is_some();
+    if args.mkfs.is_some() && read_only {
+        bail!("--mkfs needs a writable mount (not --read-only, not a snapshot)");
+    }
+    if args.mkfs.is_some() && args.mode != Mode::Fs {
+        bail!("--mkfs only makes sense with --mode fs");
+    }
+    let cache_size = match &args.cache_size {
+        Some(s) => parse_size(s)?,
+        None => default_cache_size(),
+    };
+    if cache_size < 32 << 20 {
+        bail!(
+            "--cache-size {} is too small: at least 32 MiB",
+            human(cache_size)
+        );
+    }
+    preflight(&args.mountpoint)?;
+    let mountpoint = args.mountpoint.canonicalize()?;
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let req = MountRequest {
+        blob: args.blob.clone(),
+        mountpoint: mountpoint.clone(),
+        mode: args.mode,
+        mkfs: args.mkfs.clone(),
+        read_only,
+        cache_size,
+        uid,
+        gid,
+    };
+    if args.foreground {
+        // A failure is reported by the returned error; only readiness is printed here.
+        daemon::run(req, ctx.account.clone(), &mut |r| {
+            if let Ok(ready) = r {
+                print_ready(ready, &r_display(&args.blob));
+            }
+        })?;
+        return Ok(());
+    }
+    spawn_daemon(&req, connection_string, &args.blob)
+}
+
+fn r_display(spec: &str) -> String {
+    BlobRef::parse(spec)
+        .map(|r| r.to_string())
+        .unwrap_or_default()
+}
+
+/// Refusals that need no network: root, /dev/fuse, an empty directory that is not
+/// already a mount.
+fn preflight(mountpoint: &Path) -> Result<()> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("mount needs root (it uses FUSE, loop devices and mount(8)); run it with sudo");
+    }
+    if !Path::new("/dev/fuse").exists() {
+        bail!("/dev/fuse is missing: load the fuse module (modprobe fuse) or install fuse3");
+    }
+    let meta = std::fs::metadata(mountpoint)
+        .with_context(|| format!("mountpoint {} does not exist", mountpoint.display()))?;
+    if !meta.is_dir() {
+        bail!("mountpoint {} is not a directory", mountpoint.display());
+    }
+    let canonical = mountpoint.canonicalize()?;
+    if system::is_mountpoint(&canonical) {
+        bail!("{} is already a mount point", canonical.display());
+    }
+    if std::fs::read_dir(&canonical)?.next().is_some() {
+        bail!(
+            "mountpoint {} is not empty; blobdrive mounts only on empty directories",
+            canonical.display()
+        );
+    }
+    Ok(())
+}
+
+fn spawn_daemon(req: &MountRequest, connection_string: Option<&str>, spec: &str) -> Result<()> {
+    record::ensure_dir().context("cannot create the run directory")?;
+    let id = record::id_for(&req.mountpoint);
+    let (_, _, log_path, _) = record::paths(&id);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("cannot open {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("cannot find the blobdrive executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("__daemon")
+        .env(REQUEST_ENV, serde_json::to_string(req)?)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log));
+    match connection_string {
+        Some(cs) => cmd.env("AZURE_STORAGE_CONNECTION_STRING", cs),
+        None => cmd.env_remove("AZURE_STORAGE_CONNECTION_STRING"),
+    };
+    let mut child = cmd.spawn().context("cannot start the mount daemon")?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut answer = String::new();
+    BufReader::new(stdout).read_line(&mut answer)?;
+    if let Some(json) = answer.strip_prefix("READY ") {
+        let ready: Ready = serde_json::from_str(json.trim())?;
+        print_ready(&ready, &r_display(spec));
+        return Ok(());
+    }
+    if let Some(msg) = answer.strip_prefix("ERROR ") {
+        let _ = child.wait();
+        bail!("{}", msg.trim());
+    }
+    let status = child.wait()?;
+    bail!(
+        "the mount daemon exited ({status}) before the drive was ready; see {}",
+        log_path.display()
+    )
+}
+
+fn print_ready(ready: &Ready, blob: &str) {
+    let ro = if ready.read_only { " read-only" } else { "" };
+    match ready.mode {
+        Mode::Fs => {
+            if ready.formatted {
+                eprintln!(
+                    "created a {} filesystem on {blob}",
+                    ready.fstype.as_deref().unwrap_or("")
+                );
+            }
+            println!(
+                "mounted {blob} at {} ({}{ro} on {})",
+                ready.mountpoint.display(),
+                ready.fstype.as_deref().unwrap_or("?"),
+                ready.device.as_deref().unwrap_or("?")
+            );
+        }
+        Mode::Block => {
+            eprintln!(
+                "{blob} attached{ro}; FUSE files in {}",
+                ready.fuse_dir.display()
+            );
+            println!("{}", ready.device.as_deref().unwrap_or("?"));
+        }
+        Mode::Raw => {
+            eprintln!("{blob} served{ro}");
+            println!("{}", ready.fuse_dir.join("disk").display());
+        }
+    }
+}
+
+/// The hidden `__daemon` entry: detach from the terminal's session, run the mount,
+/// report readiness on stdout, then point stdout at /dev/null.
+pub fn run_daemon(ctx: &Context) -> Result<()> {
+    let req: MountRequest = serde_json::from_str(
+        &std::env::var(REQUEST_ENV).context("__daemon is started by `blobdrive mount`")?,
+    )?;
+    // SAFETY: setsid has no memory-safety preconditions.
+    unsafe { libc::setsid() };
+    let result = daemon::run(req, ctx.account.clone(), &mut |r| {
+        use std::io::Write;
+        let line = match r {
+            Ok(ready) => format!("READY {}", serde_json::to_string(ready).unwrap_or_default()),
+            Err(e) => format!("ERROR {}", e.replace('\n', " ")),
+        };
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+        drop(out);
+        detach_stdout();
+    });
+    result.map_err(Into::into)
+}
+
+fn detach_stdout() {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: both descriptors are valid; dup2 atomically replaces stdout.
+        unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    }
+}

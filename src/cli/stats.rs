@@ -1,0 +1,73 @@
+//! `blobdrive stats`: a mounted drive's request and cache counters.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use blobdrive::mount::{daemon, record};
+use blobdrive::size::human;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Where the drive is mounted.
+    pub mountpoint: PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let mp = args
+        .mountpoint
+        .canonicalize()
+        .unwrap_or_else(|_| args.mountpoint.clone());
+    let Some(rec) = record::load(&record::id_for(&mp)) else {
+        bail!("nothing is mounted by blobdrive at {}", mp.display());
+    };
+    if !record::alive(&rec) {
+        bail!(
+            "the daemon of {} (pid {}) is dead; run `blobdrive unmount {}`",
+            mp.display(),
+            rec.pid,
+            mp.display()
+        );
+    }
+    let answer = daemon::control(&rec.socket, "stats", Some(Duration::from_secs(10)))?;
+    let v: serde_json::Value = serde_json::from_str(&answer)
+        .map_err(|_| anyhow::anyhow!("unexpected answer from the daemon: {answer}"))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    println!("drive:          {} at {}", rec.blob, mp.display());
+    println!(
+        "lease:          {}",
+        v["lease_state"].as_str().unwrap_or("?")
+    );
+    println!(
+        "put page calls: {} ({} uploaded)",
+        n("put_page_requests"),
+        human(n("bytes_uploaded"))
+    );
+    println!(
+        "get calls:      {} ({} downloaded)",
+        n("get_requests"),
+        human(n("bytes_downloaded"))
+    );
+    println!("clear calls:    {}", n("clear_requests"));
+    println!("retries:        {}", n("retries"));
+    println!(
+        "cache:          {} hits, {} misses, {} hole reads",
+        n("cache_hits"),
+        n("cache_misses"),
+        n("hole_reads")
+    );
+    println!(
+        "cached:         {} of {}",
+        human(n("cached_bytes")),
+        human(n("cache_size"))
+    );
+    println!("dirty:          {}", human(n("dirty_bytes")));
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! `blobdrive unmount`: ask the daemon to take the drive down, or clean up after a
+//! daemon that died.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use blobdrive::mount::{daemon, record, system, Mode};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Where the drive is mounted (as given to `blobdrive mount`).
+    pub mountpoint: PathBuf,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let mp = args
+        .mountpoint
+        .canonicalize()
+        .unwrap_or_else(|_| args.mountpoint.clone());
+    let Some(rec) = record::load(&record::id_for(&mp)) else {
+        bail!(
+            "nothing is mounted by blobdrive at {} (see `blobdrive list`)",
+            mp.display()
+        );
+    };
+    if record::alive(&rec) {
+        // No timeout: the daemon answers once everything is written, however long
+        // that takes; it answers at once if the filesystem is busy.
+        match daemon::control(&rec.socket, "unmount", None) {
+            Ok(a) if a == "ok" => {
+                wait_gone(rec.pid);
+                println!("unmounted {} ({})", mp.display(), rec.blob);
+                return Ok(());
+            }
+            Ok(a) => bail!("{}", a.strip_prefix("error ").unwrap_or(&a)),
+            Err(e) if record::alive(&rec) => {
+                bail!(
+                    "cannot reach the daemon (pid {}) of {}: {e}",
+                    rec.pid,
+                    mp.display()
+                )
+            }
+            Err(_) => {} // it died just now: clean up below
+        }
+    }
+    clean_dead(
+        &rec.mountpoint,
+        rec.mode,
+        rec.device.as_deref(),
+        &rec.fuse_dir,
+    )?;
+    record::remove(&rec.id);
+    println!(
+        "cleaned up after the dead daemon of {} ({})",
+        mp.display(),
+        rec.blob
+    );
+    if !rec.read_only && rec.snapshot.is_none() {
+        eprintln!(
+            "warning: the lease on {} is still held by the dead mount; writes it had not flushed are lost. Once no other host uses the drive, run `blobdrive lease break {}`",
+            rec.blob, rec.blob
+        );
+    }
+    Ok(())
+}
+
+/// Removes what a dead daemon left: its filesystem mount, loop device and FUSE
+/// mount (whose connection is dead, so nothing can hang on it).
+fn clean_dead(mountpoint: &Path, mode: Mode, device: Option<&str>, fuse_dir: &Path) -> Result<()> {
+    if mode == Mode::Fs && system::is_mountpoint(mountpoint) {
+        if let Err(e) = system::umount(mountpoint, false) {
+            match e {
+                blobdrive::mount::MountError::Busy(_) => return Err(e.into()),
+                _ => system::umount(mountpoint, true)?,
+            }
+        }
+    }
+    if let Some(dev) = device {
+        system::loop_detach(dev)?;
+    }
+    if system::is_mountpoint(fuse_dir) {
+        system::umount(fuse_dir, true)?;
+    }
+    if mode == Mode::Fs {
+        let _ = std::fs::remove_dir(fuse_dir);
+    }
+    Ok(())
+}
+
+fn wait_gone(pid: u32) {
+    for _ in 0..200 {
+        if !system::pid_alive(pid) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

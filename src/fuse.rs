@@ -1,0 +1,342 @@
+//! The FUSE face of a mounted drive: a directory holding `disk` (the disk's bytes,
+//! exactly its size; the VHD footer is not part of it and so can never be written)
+//! and `stats` (the daemon's counters as JSON).
+//!
+//! Thin by design: every data operation goes straight to the [`Cache`]. Files are
+//! opened in direct-I/O mode so the kernel keeps no second copy of the data; the
+//! daemon's cache is the only one below the filesystem's own page cache.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig,
+    LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+use tracing::{debug, warn};
+
+use crate::device::cache::Cache;
+use crate::device::{Backend, DeviceError};
+
+const ROOT: u64 = 1;
+const DISK: u64 = 2;
+const STATS: u64 = 3;
+const TTL: Duration = Duration::from_secs(1);
+/// `fallocate` modes the loop driver sends for discard and write-zeroes.
+const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
+const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
+const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
+
+/// Produces the `stats` file's content on every read.
+pub type StatsFn = Arc<dyn Fn() -> String + Send + Sync>;
+
+pub struct DiskFs<B: Backend> {
+    cache: Arc<Cache<B>>,
+    stats: StatsFn,
+    read_only: bool,
+    uid: u32,
+    gid: u32,
+    started: SystemTime,
+}
+
+impl<B: Backend> DiskFs<B> {
+    /// Files belong to `uid`/`gid` (the mounting user), readable by them alone.
+    pub fn new(cache: Arc<Cache<B>>, stats: StatsFn, read_only: bool, uid: u32, gid: u32) -> Self {
+        DiskFs {
+            cache,
+            stats,
+            read_only,
+            uid,
+            gid,
+            started: SystemTime::now(),
+        }
+    }
+
+    fn attr(&self, ino: u64) -> Option<FileAttr> {
+        let (kind, perm, size, nlink) = match ino {
+            ROOT => (FileType::Directory, 0o700, 0, 2),
+            DISK => (
+                FileType::RegularFile,
+                if self.read_only { 0o400 } else { 0o600 },
+                self.cache.size(),
+                1,
+            ),
+            // Size 0: content is made on read; direct I/O makes readers read to EOF.
+            STATS => (FileType::RegularFile, 0o400, 0, 1),
+            _ => return None,
+        };
+        Some(FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: self.started,
+            mtime: self.started,
+            ctime: self.started,
+            crtime: self.started,
+            kind,
+            perm,
+            nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        })
+    }
+}
+
+fn errno(e: &DeviceError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+impl<B: Backend> Filesystem for DiskFs<B> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Large requests mean fewer round trips through the daemon; the kernel caps
+        // it at what it supports.
+        let _ = config.set_max_write(1024 * 1024);
+        let _ = config.set_max_readahead(1024 * 1024);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let ino = match (u64::from(parent), name.to_str()) {
+            (ROOT, Some("disk")) => DISK,
+            (ROOT, Some("stats")) => STATS,
+            _ => return reply.error(Errno::ENOENT),
+        };
+        let attr = self.attr(ino).expect("known inode");
+        reply.entry(&TTL, &attr, fuser::Generation(0));
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attr(ino.into()) {
+            Some(a) => reply.attr(&TTL, &a),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let Some(attr) = self.attr(ino.into()) else {
+            return reply.error(Errno::ENOENT);
+        };
+        // The disk's size is fixed; truncating it (as `>` redirection would) is refused.
+        if size.is_some_and(|s| s != attr.size) {
+            return reply.error(Errno::EPERM);
+        }
+        reply.attr(&TTL, &attr);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let acc = flags.0 & libc::O_ACCMODE;
+        match u64::from(ino) {
+            DISK => {
+                if self.read_only && acc != libc::O_RDONLY {
+                    return reply.error(Errno::EROFS);
+                }
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
+            }
+            STATS => {
+                if acc != libc::O_RDONLY {
+                    return reply.error(Errno::EACCES);
+                }
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
+            }
+            _ => reply.error(Errno::EISDIR),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match u64::from(ino) {
+            DISK => {
+                let disk = self.cache.size();
+                if offset >= disk {
+                    return reply.data(&[]);
+                }
+                let len = (size as u64).min(disk - offset) as usize;
+                let mut buf = vec![0u8; len];
+                match self.cache.read(offset, &mut buf) {
+                    Ok(()) => reply.data(&buf),
+                    Err(e) => {
+                        warn!("read {len} bytes at {offset} failed: {e}");
+                        reply.error(errno(&e))
+                    }
+                }
+            }
+            STATS => {
+                let text = (self.stats)();
+                let b = text.as_bytes();
+                let start = (offset as usize).min(b.len());
+                let end = (start + size as usize).min(b.len());
+                reply.data(&b[start..end]);
+            }
+            _ => reply.error(Errno::EISDIR),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        if u64::from(ino) != DISK {
+            return reply.error(Errno::EACCES);
+        }
+        if offset.saturating_add(data.len() as u64) > self.cache.size() {
+            return reply.error(Errno::ENOSPC);
+        }
+        match self.cache.write(offset, data) {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => {
+                warn!("write of {} bytes at {offset} failed: {e}", data.len());
+                reply.error(errno(&e))
+            }
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // close(2): like NFS, closing a file makes what was written through it durable.
+        self.sync(ino, reply)
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.sync(ino, reply)
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        if u64::from(ino) != DISK {
+            return reply.error(Errno::EACCES);
+        }
+        if offset.saturating_add(length) > self.cache.size() {
+            return reply.error(Errno::ENOSPC);
+        }
+        let result = if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
+            // Both leave zeros behind; a cleared page reads as zeros and costs nothing.
+            debug!(offset, length, mode, "discard");
+            self.cache.discard(offset, length)
+        } else if mode & !FALLOC_FL_KEEP_SIZE == 0 {
+            // Preallocation inside a fixed-size disk: every byte already exists.
+            Ok(())
+        } else {
+            return reply.error(Errno::EOPNOTSUPP);
+        };
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => {
+                warn!("discard {length} bytes at {offset} failed: {e}");
+                reply.error(errno(&e))
+            }
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if u64::from(ino) == ROOT {
+            reply.opened(FileHandle(0), FopenFlags::empty());
+        } else {
+            reply.error(Errno::ENOTDIR);
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        if u64::from(ino) != ROOT {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let entries = [
+            (ROOT, FileType::Directory, "."),
+            (ROOT, FileType::Directory, ".."),
+            (DISK, FileType::RegularFile, "disk"),
+            (STATS, FileType::RegularFile, "stats"),
+        ];
+        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let blocks = self.cache.size() / 4096;
+        reply.statfs(blocks, 0, 0, 2, 0, 4096, 255, 4096);
+    }
+}
+
+impl<B: Backend> DiskFs<B> {
+    fn sync(&self, ino: INodeNo, reply: ReplyEmpty) {
+        if u64::from(ino) != DISK || self.read_only {
+            return reply.ok();
+        }
+        match self.cache.flush() {
+            Ok(()) => reply.ok(),
+            Err(e) => {
+                warn!("flush failed: {e}");
+                reply.error(errno(&e))
+            }
+        }
+    }
+}

@@ -1,0 +1,567 @@
+//! The mount daemon: sets a drive up layer by layer, serves it, and takes it down in
+//! the reverse order.
+//!
+//! Setup order: check the drive, take the lease, learn the written ranges, start
+//! the cache and FUSE, attach the loop device, mount the filesystem. Any failure
+//! undoes what was done, so a failed mount leaves no FUSE mount, no loop device and
+//! no lease. Teardown (unmount or SIGTERM) goes the other way and stops, keeping
+//! everything that is left mounted, at the first step that cannot be done safely:
+//! a busy filesystem, or dirty data that cannot be written yet.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use serde_json::json;
+use tracing::{error, info, warn};
+
+use super::record::{self, MountRecord};
+use super::system;
+use super::{Mode, MountError, MountRequest, Ready};
+use crate::azure::{Account, BlobClient, BlobService, SegmentPlan};
+use crate::blobref::BlobRef;
+use crate::device::cache::{Cache, CacheConfig};
+use crate::device::remote::RemoteBackend;
+use crate::device::sparse::SparseMap;
+use crate::drive::Drive;
+use crate::fuse::{DiskFs, StatsFn};
+
+/// How often the lease is renewed: a cheap probe that notices a broken or stolen
+/// lease even while nothing is written.
+const LEASE_CHECK: Duration = Duration::from_secs(10);
+
+/// A mounted drive and everything set up for it, in setup order.
+struct Mounted {
+    req: MountRequest,
+    rt: tokio::runtime::Runtime,
+    blob: BlobClient,
+    target: String,
+    lease: Option<String>,
+    fenced: Arc<AtomicBool>,
+    cache: Option<Arc<Cache<RemoteBackend>>>,
+    flusher: Option<JoinHandle<()>>,
+    session: Option<BackgroundSession>,
+    fuse_dir: PathBuf,
+    made_fuse_dir: bool,
+    device: Option<String>,
+    fs_mounted: bool,
+    record_id: String,
+    record_written: bool,
+}
+
+impl Mounted {
+    /// Takes everything down in reverse order. Stops at a busy filesystem or at dirty
+    /// data that cannot be written, leaving the rest in place (call again to retry).
+    fn teardown(&mut self) -> Result<(), MountError> {
+        if self.fs_mounted {
+            system::umount(&self.req.mountpoint, false)?;
+            self.fs_mounted = false;
+            info!("unmounted {}", self.req.mountpoint.display());
+        }
+        if let Some(dev) = self.device.clone() {
+            system::loop_detach(&dev)?;
+            self.device = None;
+            info!("detached {dev}");
+        }
+        if let Some(cache) = &self.cache {
+            if !self.req.read_only {
+                if let Err(e) = cache.flush() {
+                    if self.fenced.load(Ordering::SeqCst) {
+                        // Nothing can ever be written again: say what is lost, go on.
+                        error!(
+                            "{} bytes that were never acknowledged by fsync could not be written: the lease was lost",
+                            cache.dirty_bytes()
+                        );
+                    } else {
+                        return Err(MountError::Data(format!(
+                            "could not write {} bytes of cached data to {}: {e}; the drive stays mounted with the data held in memory: retry `blobdrive unmount {}`",
+                            cache.dirty_bytes(),
+                            self.target,
+                            self.req.mountpoint.display()
+                        )));
+                    }
+                }
+            }
+            cache.close();
+        }
+        if let Some(f) = self.flusher.take() {
+            let _ = f.join();
+        }
+        if let Some(id) = self.lease.take() {
+            if !self.fenced.load(Ordering::SeqCst) {
+                if let Err(e) = self.rt.block_on(self.blob.release_lease(&id)) {
+                    warn!("could not release the lease on {}: {e}", self.target);
+                } else {
+                    info!("released the lease on {}", self.target);
+                }
+            }
+        }
+        if let Some(s) = self.session.take() {
+            if let Err(e) = s.umount_and_join() {
+                warn!("unmounting the FUSE directory: {e}");
+            }
+        }
+        if self.made_fuse_dir {
+            let _ = std::fs::remove_dir(&self.fuse_dir);
+            self.made_fuse_dir = false;
+        }
+        if self.record_written {
+            record::remove(&self.record_id);
+            self.record_written = false;
+        }
+        Ok(())
+    }
+
+    fn stats_json(&self) -> serde_json::Value {
+        stats_value(
+            &self.blob.service().clone(),
+            self.cache.as_deref(),
+            lease_state(
+                self.lease.is_some() || self.fenced.load(Ordering::SeqCst),
+                &self.fenced,
+            ),
+        )
+    }
+}
+
+fn lease_state(had_lease: bool, fenced: &AtomicBool) -> &'static str {
+    if fenced.load(Ordering::SeqCst) {
+        "lost"
+    } else if had_lease {
+        "held"
+    } else {
+        "none"
+    }
+}
+
+fn stats_value(
+    svc: &BlobService,
+    cache: Option<&Cache<RemoteBackend>>,
+    lease: &str,
+) -> serde_json::Value {
+    let s = svc.stats();
+    let c = cache.map(|c| c.snapshot()).unwrap_or_default();
+    json!({
+        "put_page_requests": s.put_page_requests,
+        "bytes_uploaded": s.bytes_uploaded,
+        "get_requests": s.get_requests,
+        "bytes_downloaded": s.bytes_downloaded,
+        "clear_requests": s.clear_requests,
+        "page_range_requests": s.page_range_requests,
+        "other_requests": s.other_requests,
+        "retries": s.retries,
+        "failed_requests": s.failed_requests,
+        "cache_hits": c.cache_hits,
+        "cache_misses": c.cache_misses,
+        "hole_reads": c.hole_reads,
+        "dirty_bytes": c.dirty_bytes,
+        "cached_bytes": c.cached_bytes,
+        "cache_size": c.cache_size,
+        "bytes_read": c.bytes_read,
+        "bytes_written": c.bytes_written,
+        "flushes": c.flushes,
+        "write_waits": c.write_waits,
+        "allocated_bytes": c.allocated_bytes,
+        "lease_state": lease,
+    })
+}
+
+enum Event {
+    Control(String, mpsc::Sender<String>),
+    Signal,
+}
+
+/// Runs a mount until it is unmounted. `ready` is called exactly once: with the
+/// mount's description when it is usable, or with the reason it failed (after
+/// everything was undone).
+pub fn run(
+    req: MountRequest,
+    account: Account,
+    ready: &mut dyn FnMut(Result<&Ready, String>),
+) -> Result<(), MountError> {
+    let blob_ref = match BlobRef::parse(&req.blob) {
+        Ok(b) => b,
+        Err(e) => {
+            ready(Err(e.to_string()));
+            return Err(MountError::System(e.to_string()));
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .thread_name("blobdrive-io")
+        .build()
+        .map_err(|e| MountError::System(format!("cannot start the I/O runtime: {e}")))?;
+    let svc = BlobService::new(blob_ref.account(&account));
+    let blob = blob_ref.client(&svc);
+    let id = record::id_for(&req.mountpoint);
+    let (_, socket_path, log_path, run_fuse_dir) = record::paths(&id);
+    let fuse_dir = match req.mode {
+        Mode::Fs => run_fuse_dir,
+        Mode::Block | Mode::Raw => req.mountpoint.clone(),
+    };
+    let mut m = Mounted {
+        req: req.clone(),
+        rt,
+        blob: blob.clone(),
+        target: blob_ref.to_string(),
+        lease: None,
+        fenced: Arc::new(AtomicBool::new(false)),
+        cache: None,
+        flusher: None,
+        session: None,
+        fuse_dir,
+        made_fuse_dir: false,
+        device: None,
+        fs_mounted: false,
+        record_id: id.clone(),
+        record_written: false,
+    };
+    let rec = MountRecord {
+        id: id.clone(),
+        blob: blob_ref.base().to_string(),
+        snapshot: blob_ref.snapshot.clone(),
+        mountpoint: req.mountpoint.clone(),
+        mode: req.mode,
+        fuse_dir: m.fuse_dir.clone(),
+        device: None,
+        read_only: req.read_only,
+        pid: std::process::id(),
+        socket: socket_path.clone(),
+        log: log_path,
+    };
+    let setup = setup(&mut m, rec);
+    let (ready_info, listener) = match setup {
+        Ok(v) => v,
+        Err(e) => {
+            let msg = e.to_string();
+            if let Err(t) = m.teardown() {
+                error!("cleaning up after a failed mount: {t}");
+            }
+            ready(Err(msg));
+            return Err(e);
+        }
+    };
+    ready(Ok(&ready_info));
+    serve(&mut m, listener)
+}
+
+fn setup(m: &mut Mounted, mut rec: MountRecord) -> Result<(Ready, UnixListener), MountError> {
+    match record::create_exclusive(&rec) {
+        Ok(()) => m.record_written = true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let msg = match record::load(&rec.id) {
+                Some(old) if record::alive(&old) => format!(
+                    "{} is already in use by blobdrive (pid {}, {})",
+                    rec.mountpoint.display(),
+                    old.pid,
+                    old.blob
+                ),
+                _ => format!(
+                    "a previous mount at {} did not end cleanly; run `blobdrive unmount {}` first",
+                    rec.mountpoint.display(),
+                    rec.mountpoint.display()
+                ),
+            };
+            return Err(MountError::System(msg));
+        }
+        Err(e) => {
+            return Err(MountError::System(format!(
+                "cannot write the mount record: {e}"
+            )))
+        }
+    }
+    let drive = m.rt.block_on(Drive::open(&m.blob))?;
+    let size = drive.disk_size();
+    if !m.req.read_only {
+        let id = uuid::Uuid::new_v4().to_string();
+        match m.rt.block_on(m.blob.acquire_lease(&id, None)) {
+            Ok(got) => m.lease = Some(got),
+            Err(e) if e.code() == Some("LeaseAlreadyPresent") => {
+                return Err(MountError::System(format!(
+                    "{} is in use: another mount holds its lease (on this or another host). Mount it --read-only, or if its host is dead run `blobdrive lease break {}`",
+                    m.target, m.target
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        info!("acquired the lease on {}", m.target);
+    }
+    let ranges =
+        m.rt.block_on(m.blob.page_ranges_segmented(size, SegmentPlan::default()))?;
+    info!(
+        "{}: {} bytes disk, {} written ranges",
+        m.target,
+        size,
+        ranges.len()
+    );
+    let backend = RemoteBackend::new(m.blob.clone(), m.lease.clone(), m.rt.handle().clone());
+    m.fenced = backend.fence();
+    let cache = Arc::new(Cache::new(
+        backend,
+        size,
+        SparseMap::from_ranges(&ranges),
+        CacheConfig::with_capacity(m.req.cache_size),
+        m.req.read_only,
+        m.fenced.clone(),
+    ));
+    m.cache = Some(cache.clone());
+    if !m.req.read_only {
+        let c = cache.clone();
+        m.flusher = Some(
+            std::thread::Builder::new()
+                .name("blobdrive-flush".into())
+                .spawn(move || c.run_flusher())
+                .map_err(|e| MountError::System(format!("cannot start the flusher: {e}")))?,
+        );
+        if let Some(id) = m.lease.clone() {
+            spawn_lease_keeper(m, id);
+        }
+    }
+    // FUSE.
+    if m.req.mode == Mode::Fs {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&m.fuse_dir)
+            .map_err(|e| {
+                MountError::System(format!("cannot create {}: {e}", m.fuse_dir.display()))
+            })?;
+        m.made_fuse_dir = true;
+    }
+    let svc = m.blob.service().clone();
+    let stats_cache = cache.clone();
+    let fenced = m.fenced.clone();
+    let had_lease = m.lease.is_some();
+    let stats: StatsFn = Arc::new(move || {
+        let v = stats_value(&svc, Some(&stats_cache), lease_state(had_lease, &fenced));
+        serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
+    });
+    let fs = DiskFs::new(cache.clone(), stats, m.req.read_only, m.req.uid, m.req.gid);
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(format!("blobdrive:{}", m.target)),
+        MountOption::Subtype("blobdrive".into()),
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        if m.req.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
+    ];
+    config.acl = SessionACL::Owner;
+    config.n_threads = Some(4);
+    config.clone_fd = true;
+    m.session = Some(fuser::spawn_mount(fs, &m.fuse_dir, &config).map_err(|e| {
+        MountError::System(format!(
+            "cannot mount FUSE at {}: {e}",
+            m.fuse_dir.display()
+        ))
+    })?);
+    // Loop device and filesystem.
+    let mut fstype = None;
+    let mut formatted = false;
+    if m.req.mode != Mode::Raw {
+        let dev = system::loop_attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
+        m.device = Some(dev.clone());
+        rec.device = Some(dev.clone());
+        info!("attached {dev}");
+    }
+    if m.req.mode == Mode::Fs {
+        let dev = m.device.clone().expect("attached");
+        let found = system::fs_type(&dev)?;
+        let t = match (found, m.req.mkfs.as_deref()) {
+            (Some(t), Some(wanted)) => {
+                warn!("--mkfs {wanted} ignored: the disk already holds a {t} filesystem, which is mounted as it is");
+                t
+            }
+            (Some(t), None) => t,
+            (None, Some(wanted)) => {
+                if m.req.read_only {
+                    return Err(MountError::System("--mkfs needs a writable mount".into()));
+                }
+                system::mkfs(&dev, wanted)?;
+                formatted = true;
+                wanted.to_string()
+            }
+            (None, None) => {
+                return Err(MountError::System(format!(
+                    "{} holds no filesystem: add --mkfs ext4 (or xfs) to create one, or use --mode block or --mode raw",
+                    m.target
+                )))
+            }
+        };
+        system::mount_fs(&dev, &m.req.mountpoint, &t, m.req.read_only)?;
+        m.fs_mounted = true;
+        fstype = Some(t);
+    }
+    // Control socket, then the record with everything in it.
+    let _ = std::fs::remove_file(&rec.socket);
+    let listener = UnixListener::bind(&rec.socket).map_err(|e| {
+        MountError::System(format!("cannot listen on {}: {e}", rec.socket.display()))
+    })?;
+    record::save(&rec)
+        .map_err(|e| MountError::System(format!("cannot write the mount record: {e}")))?;
+    let ready = Ready {
+        mountpoint: m.req.mountpoint.clone(),
+        mode: m.req.mode,
+        device: m.device.clone(),
+        fstype,
+        fuse_dir: m.fuse_dir.clone(),
+        read_only: m.req.read_only,
+        pid: std::process::id(),
+        formatted,
+    };
+    Ok((ready, listener))
+}
+
+/// Renews the lease every [`LEASE_CHECK`]: any lease error means another party
+/// broke or took it, and the drive is fenced at once.
+fn spawn_lease_keeper(m: &Mounted, id: String) {
+    let blob = m.blob.clone();
+    let fenced = m.fenced.clone();
+    let target = m.target.clone();
+    m.rt.spawn(async move {
+        loop {
+            tokio::time::sleep(LEASE_CHECK).await;
+            if fenced.load(Ordering::SeqCst) {
+                return;
+            }
+            match blob.renew_lease(&id).await {
+                Ok(()) => {}
+                Err(e) if matches!(e.status(), Some(409 | 412)) => {
+                    if !fenced.swap(true, Ordering::SeqCst) {
+                        error!("LEASE LOST on {target}: {e}; every further write fails, reads continue");
+                    }
+                    return;
+                }
+                Err(e) => warn!("lease check on {target} failed (will retry): {e}"),
+            }
+        }
+    });
+}
+
+fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), MountError> {
+    let (tx, rx) = mpsc::channel::<Event>();
+    let sig_tx = tx.clone();
+    m.rt.spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
+            }
+            if sig_tx.send(Event::Signal).is_err() {
+                return;
+            }
+        }
+    });
+    std::thread::Builder::new()
+        .name("blobdrive-control".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                handle_conn(conn, &tx);
+            }
+        })
+        .map_err(|e| MountError::System(format!("cannot start the control thread: {e}")))?;
+    info!("serving {} at {}", m.target, m.req.mountpoint.display());
+    loop {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(Event::Control(cmd, reply)) => match cmd.as_str() {
+                "stats" => {
+                    let _ = reply.send(m.stats_json().to_string());
+                }
+                "unmount" => {
+                    info!("unmount requested");
+                    match m.teardown() {
+                        Ok(()) => {
+                            let _ = reply.send("ok".into());
+                            info!("unmounted cleanly");
+                            return Ok(());
+                        }
+                        Err(e) => {
+                            warn!("unmount refused: {e}");
+                            let _ = reply.send(format!("error {e}"));
+                        }
+                    }
+                }
+                other => {
+                    let _ = reply.send(format!("error unknown command '{other}'"));
+                }
+            },
+            Ok(Event::Signal) => {
+                info!("signal received: unmounting");
+                match m.teardown() {
+                    Ok(()) => return Ok(()),
+                    Err(e) => error!("cannot unmount yet: {e}"),
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let gone = m.session.as_ref().is_some_and(|s| s.guard.is_finished());
+                if gone {
+                    error!(
+                        "the FUSE mount went away underneath; writing what is cached and stopping"
+                    );
+                    m.session = None;
+                    return m.teardown();
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return m.teardown(),
+        }
+    }
+}
+
+fn handle_conn(conn: UnixStream, tx: &mpsc::Sender<Event>) {
+    let mut line = String::new();
+    let mut reader = BufReader::new(match conn.try_clone() {
+        Ok(c) => c,
+        Err(_) => return,
+    });
+    if reader.read_line(&mut line).is_err() {
+        return;
+    }
+    let (rtx, rrx) = mpsc::channel();
+    if tx
+        .send(Event::Control(line.trim().to_string(), rtx))
+        .is_err()
+    {
+        return;
+    }
+    if let Ok(answer) = rrx.recv() {
+        let mut conn = conn;
+        let _ = writeln!(conn, "{answer}");
+    }
+}
+
+/// Sends one command to a running daemon and returns its one-line answer.
+pub fn control(
+    socket: &std::path::Path,
+    cmd: &str,
+    timeout: Option<Duration>,
+) -> std::io::Result<String> {
+    let mut s = UnixStream::connect(socket)?;
+    s.set_read_timeout(timeout)?;
+    writeln!(s, "{cmd}")?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the daemon closed the connection without answering",
+        ));
+    }
+    Ok(line.trim_end().to_string())
+}

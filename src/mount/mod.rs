@@ -1,0 +1,78 @@
+//! Mounting a drive: the daemon that serves it, the records that let `unmount`,
+//! `list` and `stats` find it, and the system tools (loop devices, mkfs, mount) it
+//! drives.
+
+pub mod daemon;
+pub mod record;
+pub mod system;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// What a mount exposes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The filesystem on the disk, mounted at MOUNTPOINT (through a loop device).
+    Fs,
+    /// A loop device (`/dev/loopN`) over the disk; MOUNTPOINT holds the FUSE files.
+    Block,
+    /// MOUNTPOINT holds `disk` (the disk's bytes) and `stats`.
+    Raw,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Fs => "fs",
+            Mode::Block => "block",
+            Mode::Raw => "raw",
+        })
+    }
+}
+
+/// Everything the daemon needs, passed from `blobdrive mount` to the daemon process
+/// as JSON in the environment (never on the command line). The account's secret
+/// travels separately, in `AZURE_STORAGE_CONNECTION_STRING`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MountRequest {
+    pub blob: String,
+    pub mountpoint: PathBuf,
+    pub mode: Mode,
+    pub mkfs: Option<String>,
+    pub read_only: bool,
+    pub cache_size: u64,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// What a ready mount reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ready {
+    pub mountpoint: PathBuf,
+    pub mode: Mode,
+    pub device: Option<String>,
+    pub fstype: Option<String>,
+    pub fuse_dir: PathBuf,
+    pub read_only: bool,
+    pub pid: u32,
+    pub formatted: bool,
+}
+
+/// Why a mount or unmount failed.
+#[derive(Debug, Error)]
+pub enum MountError {
+    #[error(transparent)]
+    Drive(#[from] crate::drive::DriveError),
+    #[error(transparent)]
+    Azure(#[from] crate::azure::AzureError),
+    #[error("{0}")]
+    System(String),
+    /// The filesystem is in use; everything stays mounted.
+    #[error("{0} is busy (files open or a process inside it); close them and try again. The drive stays mounted and safe.")]
+    Busy(String),
+    #[error("{0}")]
+    Data(String),
+}

@@ -1,0 +1,197 @@
+//! The Linux side of mounting: loop devices, filesystem detection and creation,
+//! mount and umount. Each failure becomes one line naming the tool and its reason.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::MountError;
+
+/// Runs a tool; `Ok(stdout)` or an error with its first stderr line.
+pub fn run(tool: &str, args: &[&str]) -> Result<String, MountError> {
+    let out = Command::new(tool)
+        .args(args)
+        .output()
+        .map_err(|e| MountError::System(format!("cannot run {tool}: {e}")))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let line = err
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .trim();
+        Err(MountError::System(format!(
+            "{tool} {} failed: {}",
+            args.join(" "),
+            if line.is_empty() { "no message" } else { line }
+        )))
+    }
+}
+
+/// Attaches `file` to a free loop device; returns `/dev/loopN`.
+pub fn loop_attach(file: &Path, read_only: bool) -> Result<String, MountError> {
+    let f = file
+        .to_str()
+        .ok_or_else(|| MountError::System("path is not UTF-8".into()))?;
+    let mut args = vec!["--find", "--show"];
+    if read_only {
+        args.push("--read-only");
+    }
+    args.push(f);
+    // Another process may take the device `--find` chose; losetup then fails: retry.
+    let mut last = None;
+    for _ in 0..5 {
+        match run("losetup", &args) {
+            Ok(dev) => return Ok(dev),
+            Err(e) => {
+                last = Some(e);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+    Err(last.expect("tried"))
+}
+
+/// Detaches a loop device and waits until the kernel let go of its backing file
+/// (until then the FUSE mount below it cannot be unmounted).
+pub fn loop_detach(dev: &str) -> Result<(), MountError> {
+    if !Path::new(dev).exists() {
+        return Ok(());
+    }
+    let name = dev.trim_start_matches("/dev/");
+    let backing = format!("/sys/block/{name}/loop/backing_file");
+    if !Path::new(&backing).exists() {
+        return Ok(());
+    }
+    run("losetup", &["-d", dev])?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Path::new(&backing).exists() {
+        if Instant::now() > deadline {
+            return Err(MountError::System(format!(
+                "{dev} is still attached 20 s after detaching it"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// The filesystem type on a device, if any.
+pub fn fs_type(dev: &str) -> Result<Option<String>, MountError> {
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE", dev])
+        .output()
+        .map_err(|e| MountError::System(format!("cannot run blkid: {e}")))?;
+    match out.status.code() {
+        Some(0) => {
+            let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            Ok((!t.is_empty()).then_some(t))
+        }
+        // 2: nothing found.
+        Some(2) => Ok(None),
+        _ => Err(MountError::System(format!(
+            "blkid {dev} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
+/// Creates a filesystem without discarding the whole disk first (that would be a
+/// Clear Pages over every byte of a drive that is already empty).
+pub fn mkfs(dev: &str, fstype: &str) -> Result<(), MountError> {
+    match fstype {
+        "ext4" => run("mkfs.ext4", &["-q", "-F", "-E", "nodiscard", dev]).map(|_| ()),
+        "xfs" => run("mkfs.xfs", &["-q", "-f", "-K", dev]).map(|_| ()),
+        other => Err(MountError::System(format!(
+            "--mkfs {other}: only ext4 and xfs are supported"
+        ))),
+    }
+}
+
+/// Mounts `dev` at `mountpoint`. A read-only ext4 whose journal needs recovery
+/// (a crash-consistent snapshot) is mounted without replaying it.
+pub fn mount_fs(
+    dev: &str,
+    mountpoint: &Path,
+    fstype: &str,
+    read_only: bool,
+) -> Result<(), MountError> {
+    let mp = mountpoint
+        .to_str()
+        .ok_or_else(|| MountError::System("path is not UTF-8".into()))?;
+    if !read_only {
+        return run("mount", &["-t", fstype, dev, mp]).map(|_| ());
+    }
+    match run("mount", &["-t", fstype, "-o", "ro", dev, mp]) {
+        Ok(_) => Ok(()),
+        Err(e) if fstype == "ext4" => run("mount", &["-t", fstype, "-o", "ro,noload", dev, mp])
+            .map(|_| ())
+            .map_err(|_| e),
+        Err(e) if fstype == "xfs" => run("mount", &["-t", fstype, "-o", "ro,norecovery", dev, mp])
+            .map(|_| ())
+            .map_err(|_| e),
+        Err(e) => Err(e),
+    }
+}
+
+/// Unmounts `path`; a busy filesystem is [`MountError::Busy`] and stays mounted.
+pub fn umount(path: &Path, lazy: bool) -> Result<(), MountError> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| MountError::System("path contains NUL".into()))?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    let rc = unsafe { libc::umount2(c.as_ptr(), flags) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EBUSY) => Err(MountError::Busy(path.display().to_string())),
+        Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(()), // not mounted (any more)
+        _ => Err(MountError::System(format!(
+            "cannot unmount {}: {err}",
+            path.display()
+        ))),
+    }
+}
+
+/// Whether `path` is a mount point (per /proc/self/mountinfo).
+pub fn is_mountpoint(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.to_string_lossy();
+    info.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|mp| unescape_mountinfo(mp) == want)
+    })
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+pub fn pid_alive(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists.
+    let rc = unsafe { libc::kill(pid as i32, 0) };
+    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // A zombie (dead, not yet reaped) is not a running daemon.
+    exists
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+            != Some(true)
+}
