@@ -152,7 +152,10 @@ impl<B: Backend> Filesystem for DiskFs<B> {
                 if self.read_only && acc != libc::O_RDONLY {
                     return reply.error(Errno::EROFS);
                 }
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
+                // The handle says whether it may write: closing a read-only handle
+                // must not flush (nor fail because a flush failed).
+                let fh = u64::from(acc != libc::O_RDONLY);
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             }
             STATS => {
                 if acc != libc::O_RDONLY {

@@ -129,6 +129,10 @@ struct State {
     next_gen: u64,
     /// Bumped by every discard, so a read that raced one does not cache stale data.
     discard_epoch: u64,
+    /// Buffers of evicted blocks, reused for new ones: block memory is allocated up
+    /// to the capacity once and then recycled, instead of churning the allocator
+    /// (whose per-thread arenas would otherwise hold far more than the cache).
+    free: Vec<Box<[u8]>>,
 }
 
 impl State {
@@ -136,10 +140,31 @@ impl State {
         self.dirty.get(&b).or_else(|| self.clean.peek(&b))
     }
 
+    /// A new empty block, with a recycled buffer when there is one. Sector contents
+    /// of a new block are never read before they are marked valid.
+    fn new_block(&mut self) -> Block {
+        match self.free.pop() {
+            Some(data) => Block {
+                data,
+                valid: 0,
+                dirty: 0,
+                gen: 0,
+            },
+            None => Block::new(),
+        }
+    }
+
+    fn recycle(&mut self, blk: Block) {
+        self.free.push(blk.data);
+    }
+
     /// The block for writing: moved out of the clean LRU if needed.
     fn block_for_write(&mut self, b: u64) -> &mut Block {
         if !self.dirty.contains_key(&b) {
-            let blk = self.clean.pop(&b).unwrap_or_else(Block::new);
+            let blk = match self.clean.pop(&b) {
+                Some(blk) => blk,
+                None => self.new_block(),
+            };
             self.dirty.insert(b, blk);
         }
         self.dirty.get_mut(&b).expect("just inserted")
@@ -189,6 +214,7 @@ impl<B: Backend> Cache<B> {
                 last_write: None,
                 next_gen: 1,
                 discard_epoch: 0,
+                free: Vec::new(),
             }),
             cfg,
             changed: Condvar::new(),
@@ -229,10 +255,14 @@ impl<B: Backend> Cache<B> {
     fn evict(&self, st: &mut State) {
         let cap = self.cap_blocks();
         while st.len() > cap {
-            if st.clean.pop_lru().is_none() {
-                break;
+            match st.clean.pop_lru() {
+                Some((_, blk)) => st.recycle(blk),
+                None => break,
             }
         }
+        // Keep the pool within the capacity too.
+        let room = cap.saturating_sub(st.len());
+        st.free.truncate(room);
     }
 
     pub fn snapshot(&self) -> CacheSnapshot {
@@ -409,7 +439,7 @@ impl<B: Backend> Cache<B> {
             } else if let Some(blk) = st.clean.get_mut(&b) {
                 fill(blk);
             } else {
-                let mut blk = Block::new();
+                let mut blk = st.new_block();
                 fill(&mut blk);
                 st.clean.put(b, blk);
             }
@@ -687,6 +717,8 @@ impl<B: Backend> Cache<B> {
                     let blk = st.dirty.remove(&b).expect("present");
                     if blk.valid != 0 {
                         st.clean.put(b, blk);
+                    } else {
+                        st.recycle(blk);
                     }
                 }
                 let empty = st.clean.get_mut(&b).map(|blk| {
@@ -694,7 +726,9 @@ impl<B: Backend> Cache<B> {
                     blk.valid == 0
                 });
                 if empty == Some(true) {
-                    st.clean.pop(&b);
+                    if let Some(blk) = st.clean.pop(&b) {
+                        st.recycle(blk);
+                    }
                 }
                 b += 1;
             }

@@ -1,0 +1,661 @@
+//! End to end, as root: real FUSE mounts, loop devices, mkfs and mount(8) against
+//! Azurite. Every test unmounts what it mounted, also when it fails.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use blobdrive::azure::{Account, BlobClient, BlobService};
+use common::azurite::{unique_container, Azurite};
+use serde_json::Value;
+
+const MIB: u64 = 1024 * 1024;
+
+/// Mount tests need root and /dev/fuse; without them they fail (CI runs as root).
+fn require_root() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "mount tests must run as root"
+    );
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "mount tests need /dev/fuse"
+    );
+}
+
+/// A private run directory for this test binary, so tests never touch real mounts.
+fn run_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-run");
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    })
+    .clone()
+}
+
+fn bd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .args(args)
+        .env(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            Azurite::shared().connection_string(),
+        )
+        .env("BLOBDRIVE_RUN_DIR", run_dir())
+        .env("BLOBDRIVE_RETRY_BUDGET_SECS", "10")
+        .output()
+        .expect("run blobdrive")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = bd(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails(args: &[&str], needle: &str) -> String {
+    let out = bd(args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert!(
+        err.contains(needle),
+        "{args:?}: expected '{needle}' in: {err}"
+    );
+    err
+}
+
+fn json(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+fn sh(script: &str) -> Output {
+    Command::new("bash").arg("-c").arg(script).output().unwrap()
+}
+
+fn sh_ok(script: &str) -> String {
+    let out = sh(script);
+    assert!(
+        out.status.success(),
+        "{script}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn service() -> BlobService {
+    BlobService::new(
+        Account::from_connection_string(&Azurite::shared().connection_string()).unwrap(),
+    )
+}
+
+/// A new drive in a new container; returns its BLOB spec.
+fn new_drive(tag: &str, size: &str) -> String {
+    let c = unique_container(tag);
+    let spec = format!("{c}/disk.vhd");
+    ok(&["create", &spec, "--size", size, "--create-container"]);
+    spec
+}
+
+fn blob_of(spec: &str) -> BlobClient {
+    let (c, n) = spec.split_once('/').unwrap();
+    service().blob(c, n)
+}
+
+/// An empty mountpoint that is unmounted (if still mounted) and removed on drop.
+struct Mp {
+    dir: tempfile::TempDir,
+}
+
+impl Mp {
+    fn new() -> Mp {
+        Mp {
+            dir: tempfile::Builder::new()
+                .prefix("blobdrive-e2e-mnt.")
+                .tempdir()
+                .unwrap(),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn s(&self) -> &str {
+        self.dir.path().to_str().unwrap()
+    }
+
+    fn stats(&self) -> Value {
+        json(&ok(&["stats", self.s(), "--json"]))
+    }
+}
+
+impl Drop for Mp {
+    fn drop(&mut self) {
+        let _ = bd(&["unmount", self.s()]);
+    }
+}
+
+/// Nothing of a failed mount may remain: no record, no FUSE or fs mount, no lease,
+/// no loop device over our run directory.
+fn assert_nothing_left(mp: &Mp, spec: &str) {
+    let list = json(&ok(&["list", "--json"]));
+    assert!(
+        !list
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["mountpoint"] == mp.s()),
+        "record left: {list}"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(mp.s()), "mount left at {}", mp.s());
+    let loops = sh_ok("losetup -a");
+    let id = blobdrive::mount::record::id_for(mp.path());
+    assert!(
+        !loops.contains(mp.s()) && !loops.contains(&format!("{id}.fuse")),
+        "loop device left: {loops}"
+    );
+    let st = json(&ok(&["lease", "status", spec, "--json"]));
+    assert_ne!(st["state"], "leased", "lease left on {spec}");
+}
+
+/// Writes a tree of files of many sizes with random content; returns `sha256sum`
+/// output of all of them (relative paths).
+fn write_tree(root: &Path) -> String {
+    sh_ok(&format!(
+        "set -e; cd '{}'; mkdir -p tree/a/b tree/c
+         for s in 1 4 13 64 1000; do head -c ${{s}}K /dev/urandom > tree/a/k$s; done
+         for s in 1 3 17; do head -c ${{s}}M /dev/urandom > tree/b$s; done
+         head -c 150M /dev/urandom > tree/c/big
+         for i in $(seq 1 50); do head -c $((i * 777)) /dev/urandom > tree/a/b/f$i; done
+         sync -f tree/c/big; sync
+         find tree -type f | sort | xargs sha256sum",
+        root.display()
+    ))
+}
+
+#[test]
+fn filesystem_mode_survives_unmount_and_remount() {
+    require_root();
+    let spec = new_drive("fs", "512MiB");
+    let mp = Mp::new();
+    let out = ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    assert!(out.contains("ext4") && out.contains("/dev/loop"), "{out}");
+    let sums = write_tree(mp.path());
+    let list = json(&ok(&["list", "--json"]));
+    let me = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == mp.s())
+        .expect("listed")
+        .clone();
+    assert_eq!(me["mode"], "fs");
+    assert_eq!(me["blob"], spec.as_str());
+    assert_eq!(me["read_only"], false);
+    assert!(me["device"].as_str().unwrap().starts_with("/dev/loop"));
+    let st = mp.stats();
+    for k in [
+        "put_page_requests",
+        "bytes_uploaded",
+        "get_requests",
+        "bytes_downloaded",
+        "clear_requests",
+        "cache_hits",
+        "cache_misses",
+        "dirty_bytes",
+        "retries",
+    ] {
+        assert!(st[k].is_u64(), "stats lacks {k}: {st}");
+    }
+    assert_eq!(st["lease_state"], "held");
+    assert!(st["bytes_uploaded"].as_u64().unwrap() >= 150 * MIB);
+    let lease = json(&ok(&["lease", "status", &spec, "--json"]));
+    assert_eq!(lease["state"], "leased");
+    let out = ok(&["unmount", mp.s()]);
+    assert!(out.contains("unmounted"), "{out}");
+    // Everything is in the blob and the lease is free.
+    let lease = json(&ok(&["lease", "status", &spec, "--json"]));
+    assert_eq!(lease["state"], "available");
+    assert_nothing_left(&mp, &spec);
+    // Remount (the existing ext4 is found; --mkfs is not needed) and verify.
+    let out = ok(&["mount", &spec, mp.s()]);
+    assert!(out.contains("ext4"), "{out}");
+    let again = sh_ok(&format!(
+        "cd '{}' && find tree -type f | sort | xargs sha256sum",
+        mp.s()
+    ));
+    assert_eq!(sums, again);
+    // The filesystem is clean after its unmount.
+    ok(&["unmount", mp.s()]);
+    let out = ok(&["mount", &spec, mp.s(), "--mode", "block"]);
+    let dev = out.trim().to_string();
+    sh_ok(&format!("e2fsck -fn {dev}"));
+    ok(&["unmount", mp.s()]);
+}
+
+#[test]
+fn blank_disk_is_refused_without_mkfs_and_leaves_nothing_behind() {
+    require_root();
+    let spec = new_drive("blank", "64MiB");
+    let mp = Mp::new();
+    fails(&["mount", &spec, mp.s()], "--mkfs ext4");
+    assert_nothing_left(&mp, &spec);
+    // xfs works as well (xfs needs at least 300 MiB).
+    let spec = new_drive("xfs", "320MiB");
+    ok(&["mount", &spec, mp.s(), "--mkfs", "xfs"]);
+    sh_ok(&format!("echo hello > '{}/x' && sync", mp.s()));
+    ok(&["unmount", mp.s()]);
+    let out = ok(&["mount", &spec, mp.s()]);
+    assert!(out.contains("xfs"), "{out}");
+    assert_eq!(sh_ok(&format!("cat '{}/x'", mp.s())), "hello\n");
+    ok(&["unmount", mp.s()]);
+}
+
+#[test]
+fn raw_mode_coalesces_writes_and_reads_holes_for_free() {
+    require_root();
+    let spec = new_drive("raw", "256MiB");
+    let mp = Mp::new();
+    let out = ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    let disk = out.trim().to_string();
+    assert_eq!(disk, format!("{}/disk", mp.s()));
+    // Exactly the disk's size; the footer is not part of it.
+    let meta = std::fs::metadata(&disk).unwrap();
+    assert_eq!(meta.len(), 256 * MIB);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(mp.path()).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let out = sh(&format!(
+        "printf x | dd of='{disk}' bs=1 seek={} conv=notrunc status=none",
+        256 * MIB
+    ));
+    assert!(!out.status.success(), "writing past the disk must fail");
+    // 64 MiB written sequentially and synced: at most 20 Put Page calls.
+    let before = mp.stats();
+    sh_ok(&format!(
+        "head -c 64M /dev/urandom > /tmp/blobdrive-e2e-64m.$$ && dd if=/tmp/blobdrive-e2e-64m.$$ of='{disk}' bs=1M seek=16 conv=fsync,notrunc status=none; rc=$?; cmp -n 64M -i 0:16M /tmp/blobdrive-e2e-64m.$$ '{disk}'; rc2=$?; rm -f /tmp/blobdrive-e2e-64m.$$; exit $((rc + rc2))"
+    ));
+    let after = mp.stats();
+    let puts = after["put_page_requests"].as_u64().unwrap()
+        - before["put_page_requests"].as_u64().unwrap();
+    assert!(puts <= 20, "64 MiB took {puts} Put Page calls");
+    assert!(
+        after["bytes_uploaded"].as_u64().unwrap() - before["bytes_uploaded"].as_u64().unwrap()
+            >= 64 * MIB
+    );
+    assert_eq!(after["dirty_bytes"], 0);
+    // A never-written region reads as zeros with no request at all.
+    let gets = after["get_requests"].as_u64().unwrap();
+    let zeros = sh_ok(&format!(
+        "dd if='{disk}' bs=1M skip=128 count=100 status=none | tr -d '\\0' | wc -c"
+    ));
+    assert_eq!(zeros.trim(), "0");
+    let st = mp.stats();
+    assert_eq!(
+        st["get_requests"].as_u64().unwrap(),
+        gets,
+        "holes cost no request"
+    );
+    // Unaligned writes read-modify-write correctly.
+    sh_ok(&format!(
+        "printf 'hello' | dd of='{disk}' bs=1 seek=1000003 conv=notrunc,fsync status=none"
+    ));
+    ok(&["unmount", mp.s()]);
+    let data = rt().block_on(blob_of(&spec).read(1000003, 5)).unwrap();
+    assert_eq!(&data[..], b"hello");
+}
+
+#[test]
+fn block_mode_exposes_a_loop_device_of_the_disk_size() {
+    require_root();
+    let spec = new_drive("block", "96MiB");
+    let mp = Mp::new();
+    let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    assert!(dev.starts_with("/dev/loop"), "{dev}");
+    assert_eq!(
+        sh_ok(&format!("blockdev --getsize64 {dev}")).trim(),
+        (96 * MIB).to_string()
+    );
+    sh_ok(&format!(
+        "printf 'block-data' | dd of={dev} bs=512 seek=2048 conv=fsync status=none"
+    ));
+    // blkdiscard reaches the blob as Clear Pages.
+    sh_ok(&format!(
+        "dd if=/dev/urandom of={dev} bs=1M seek=32 count=16 conv=fsync status=none"
+    ));
+    let before = mp.stats()["clear_requests"].as_u64().unwrap();
+    sh_ok(&format!("blkdiscard -o {} -l {} {dev}", 32 * MIB, 16 * MIB));
+    assert!(mp.stats()["clear_requests"].as_u64().unwrap() > before);
+    ok(&["unmount", mp.s()]);
+    assert!(!sh_ok("losetup -a").contains(mp.s()));
+    let blob = blob_of(&spec);
+    let data = rt().block_on(blob.read(2048 * 512, 10)).unwrap();
+    assert_eq!(&data[..], b"block-data");
+    let ranges = rt().block_on(blob.page_ranges(None)).unwrap();
+    assert!(
+        ranges
+            .iter()
+            .all(|r| r.end <= 32 * MIB || r.start >= 48 * MIB),
+        "discarded range still allocated: {ranges:?}"
+    );
+}
+
+#[test]
+fn one_writer_many_readers_and_snapshot_mounts() {
+    require_root();
+    let spec = new_drive("lease", "64MiB");
+    let writer = Mp::new();
+    ok(&["mount", &spec, writer.s(), "--mode", "raw"]);
+    let disk = format!("{}/disk", writer.s());
+    sh_ok(&format!(
+        "printf 'version-1' | dd of='{disk}' conv=notrunc,fsync status=none"
+    ));
+    // A second writable mount, anywhere, is refused and leaves nothing behind.
+    let second = Mp::new();
+    fails(&["mount", &spec, second.s(), "--mode", "raw"], "in use");
+    let list = json(&ok(&["list", "--json"]));
+    assert!(!list
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["mountpoint"] == second.s()));
+    // The same mountpoint cannot be used twice.
+    fails(
+        &["mount", &spec, writer.s(), "--mode", "raw"],
+        "already a mount point",
+    );
+    // Read-only mounts take no lease and run beside the writer.
+    let r1 = Mp::new();
+    let r2 = Mp::new();
+    ok(&["mount", &spec, r1.s(), "--mode", "raw", "--read-only"]);
+    ok(&["mount", &spec, r2.s(), "--mode", "raw", "--read-only"]);
+    assert_eq!(sh_ok(&format!("head -c 9 '{}/disk'", r1.s())), "version-1");
+    assert_eq!(r1.stats()["lease_state"], "none");
+    let out = sh(&format!(
+        "printf x | dd of='{}/disk' conv=notrunc status=none",
+        r2.s()
+    ));
+    assert!(!out.status.success(), "read-only mounts refuse writes");
+    // Snapshots mount read-only, several at once, while the writer goes on.
+    let snap = rt().block_on(blob_of(&spec).create_snapshot()).unwrap();
+    sh_ok(&format!(
+        "printf 'version-2' | dd of='{disk}' conv=notrunc,fsync status=none"
+    ));
+    let at = format!("{spec}@{snap}");
+    let s1 = Mp::new();
+    let s2 = Mp::new();
+    ok(&["mount", &at, s1.s(), "--mode", "raw"]);
+    ok(&["mount", &at, s2.s(), "--mode", "raw"]);
+    assert_eq!(sh_ok(&format!("head -c 9 '{}/disk'", s1.s())), "version-1");
+    assert_eq!(sh_ok(&format!("head -c 9 '{}/disk'", s2.s())), "version-1");
+    assert_eq!(sh_ok(&format!("head -c 9 '{disk}'")), "version-2");
+    let list = json(&ok(&["list", "--json"]));
+    let snap_entry = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == s1.s())
+        .unwrap()
+        .clone();
+    assert_eq!(snap_entry["snapshot"], snap.as_str());
+    assert_eq!(snap_entry["read_only"], true);
+    for m in [&s1, &s2, &r1, &r2, &writer] {
+        ok(&["unmount", m.s()]);
+    }
+}
+
+#[test]
+fn lease_broken_under_a_mounted_drive_fences_all_writes() {
+    require_root();
+    let spec = new_drive("fence", "64MiB");
+    let mp = Mp::new();
+    ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    let disk = format!("{}/disk", mp.s());
+    sh_ok(&format!(
+        "printf 'before' | dd of='{disk}' conv=notrunc,fsync status=none"
+    ));
+    ok(&["lease", "break", &spec]);
+    let blob = blob_of(&spec);
+    let etag = rt().block_on(blob.properties()).unwrap().etag;
+    // The first write after the break fails at flush time; every later one at once.
+    let out = sh(&format!(
+        "printf 'after!' | dd of='{disk}' conv=notrunc,fsync status=none"
+    ));
+    assert!(!out.status.success(), "a write without the lease must fail");
+    let out = sh(&format!(
+        "printf 'again!' | dd of='{disk}' bs=512 seek=10 conv=notrunc status=none"
+    ));
+    assert!(!out.status.success(), "fenced: writes fail at once");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Input/output error"));
+    // Reads keep working, stats and the log say what happened.
+    assert_eq!(sh_ok(&format!("head -c 6 '{disk}' | wc -c")).trim(), "6");
+    assert_eq!(mp.stats()["lease_state"], "lost");
+    // Nothing reached the blob after the break.
+    let props = rt().block_on(blob.properties()).unwrap();
+    assert_eq!(
+        props.etag, etag,
+        "the blob changed after the lease was broken"
+    );
+    assert_eq!(&rt().block_on(blob.read(0, 6)).unwrap()[..], b"before");
+    // Unmount still ends the mount, and says data was lost.
+    ok(&["unmount", mp.s()]);
+    let log = std::fs::read_dir(run_dir().join("mounts"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect::<String>();
+    assert!(log.contains("LEASE LOST"), "log: {log}");
+}
+
+#[test]
+fn fstrim_frees_the_space_of_deleted_files() {
+    require_root();
+    let spec = new_drive("trim", "256MiB");
+    let mp = Mp::new();
+    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    sh_ok(&format!(
+        "head -c 100M /dev/urandom > '{}/big' && sync",
+        mp.s()
+    ));
+    ok(&["unmount", mp.s()]);
+    let before = json(&ok(&["info", &spec, "--json"]))["allocated_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(before >= 100 * MIB);
+    ok(&["mount", &spec, mp.s()]);
+    sh_ok(&format!("rm '{0}/big' && sync && fstrim '{0}'", mp.s()));
+    assert!(mp.stats()["clear_requests"].as_u64().unwrap() > 0);
+    ok(&["unmount", mp.s()]);
+    let after = json(&ok(&["info", &spec, "--json"]))["allocated_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(after < before - 90 * MIB, "allocated {before} -> {after}");
+}
+
+#[test]
+fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
+    require_root();
+    let spec = new_drive("busy", "64MiB");
+    let mp = Mp::new();
+    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    sh_ok(&format!("echo keep > '{}/f'", mp.s()));
+    let mut holder = Command::new("bash")
+        .arg("-c")
+        .arg("sleep 30")
+        .current_dir(mp.path())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    fails(&["unmount", mp.s()], "busy");
+    assert_eq!(
+        sh_ok(&format!("cat '{}/f'", mp.s())),
+        "keep\n",
+        "still mounted and usable"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    // SIGTERM to the daemon unmounts like `unmount` does.
+    let list = json(&ok(&["list", "--json"]));
+    let pid = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == mp.s())
+        .unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    sh_ok(&format!("kill -TERM {pid}"));
+    for _ in 0..200 {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_nothing_left(&mp, &spec);
+    ok(&["mount", &spec, mp.s()]);
+    assert_eq!(sh_ok(&format!("cat '{}/f'", mp.s())), "keep\n");
+    ok(&["unmount", mp.s()]);
+}
+
+#[test]
+fn dead_daemon_is_cleaned_up_and_the_lease_named() {
+    require_root();
+    let spec = new_drive("dead", "64MiB");
+    let mp = Mp::new();
+    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    sh_ok(&format!(
+        "echo durable > '{0}/f' && sync -f '{0}/f'",
+        mp.s()
+    ));
+    let list = json(&ok(&["list", "--json"]));
+    let pid = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == mp.s())
+        .unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    sh_ok(&format!("kill -KILL {pid}"));
+    std::thread::sleep(Duration::from_millis(300));
+    fails(&["mount", &spec, Mp::new().s()], "lease break");
+    let out = bd(&["unmount", mp.s()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lease break"), "{err}");
+    assert!(!std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains(mp.s()));
+    let id = blobdrive::mount::record::id_for(mp.path());
+    assert!(!sh_ok("losetup -a").contains(&format!("{id}.fuse")));
+    ok(&["lease", "break", &spec]);
+    ok(&["mount", &spec, mp.s()]);
+    assert_eq!(sh_ok(&format!("cat '{}/f'", mp.s())), "durable\n");
+    ok(&["unmount", mp.s()]);
+    let out = ok(&["mount", &spec, mp.s(), "--mode", "block"]);
+    sh_ok(&format!("e2fsck -fn {}", out.trim()));
+    ok(&["unmount", mp.s()]);
+}
+
+#[test]
+fn mount_refuses_bad_input_cleanly() {
+    require_root();
+    let spec = new_drive("badmount", "64MiB");
+    let mp = Mp::new();
+    fails(
+        &["mount", &spec, "/nonexistent/blobdrive/mp"],
+        "does not exist",
+    );
+    std::fs::write(mp.path().join("x"), b"x").unwrap();
+    fails(&["mount", &spec, mp.s()], "not empty");
+    std::fs::remove_file(mp.path().join("x")).unwrap();
+    fails(
+        &["mount", &format!("{spec}x"), mp.s(), "--mode", "raw"],
+        "does not exist",
+    );
+    fails(
+        &["mount", &spec, mp.s(), "--read-only", "--mkfs", "ext4"],
+        "writable",
+    );
+    fails(&["mount", &spec, mp.s(), "--cache-size", "1M"], "too small");
+    fails(&["unmount", mp.s()], "nothing is mounted");
+    assert_nothing_left(&mp, &spec);
+}
+
+#[test]
+fn memory_stays_bounded_and_parallel_io_progresses() {
+    require_root();
+    let spec = new_drive("mem", "512MiB");
+    let mp = Mp::new();
+    ok(&[
+        "mount",
+        &spec,
+        mp.s(),
+        "--mode",
+        "raw",
+        "--cache-size",
+        "64MiB",
+    ]);
+    let disk = format!("{}/disk", mp.s());
+    // Two writers and a reader in parallel, 3x the cache size in total.
+    sh_ok(&format!(
+        "set -e
+         dd if=/dev/urandom of='{disk}' bs=1M count=96 conv=notrunc,fsync status=none &
+         a=$!
+         dd if=/dev/urandom of='{disk}' bs=1M seek=200 count=96 conv=notrunc,fsync status=none &
+         b=$!
+         dd if='{disk}' of=/dev/null bs=1M skip=400 count=100 status=none &
+         c=$!
+         wait $a; wait $b; wait $c"
+    ));
+    let list = json(&ok(&["list", "--json"]));
+    let pid = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == mp.s())
+        .unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hwm_kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap();
+    assert!(
+        hwm_kib * 1024 <= 64 * MIB + 100 * MIB,
+        "peak RSS {hwm_kib} KiB"
+    );
+    let st = mp.stats();
+    assert!(st["cached_bytes"].as_u64().unwrap() <= 64 * MIB);
+    ok(&["unmount", mp.s()]);
+}
