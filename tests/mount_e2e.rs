@@ -297,6 +297,10 @@ fn raw_mode_coalesces_writes_and_reads_holes_for_free() {
         "head -c 64M /dev/urandom > /tmp/blobdrive-e2e-64m.$$ && dd if=/tmp/blobdrive-e2e-64m.$$ of='{disk}' bs=1M seek=16 conv=fsync,notrunc status=none; rc=$?; cmp -n 64M -i 0:16M /tmp/blobdrive-e2e-64m.$$ '{disk}'; rc2=$?; rm -f /tmp/blobdrive-e2e-64m.$$; exit $((rc + rc2))"
     ));
     let after = mp.stats();
+    assert_eq!(
+        after["get_requests"], before["get_requests"],
+        "whole-page writes never read from the network"
+    );
     let puts = after["put_page_requests"].as_u64().unwrap()
         - before["put_page_requests"].as_u64().unwrap();
     assert!(puts <= 20, "64 MiB took {puts} Put Page calls");
@@ -657,5 +661,31 @@ fn memory_stays_bounded_and_parallel_io_progresses() {
     );
     let st = mp.stats();
     assert!(st["cached_bytes"].as_u64().unwrap() <= 64 * MIB);
+    ok(&["unmount", mp.s()]);
+}
+
+#[test]
+fn a_sparse_terabyte_drive_mounts_with_few_page_range_calls() {
+    require_root();
+    let spec = new_drive("tera", "1TiB");
+    let blob = blob_of(&spec);
+    rt().block_on(async {
+        for off in [0u64, 300 << 30, 700 << 30, (1 << 40) - MIB] {
+            blob.put_pages(off, bytes::Bytes::from(vec![0xabu8; 65536]), None)
+                .await
+                .unwrap();
+        }
+    });
+    let mp = Mp::new();
+    ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    let st = mp.stats();
+    let calls = st["page_range_requests"].as_u64().unwrap();
+    assert!(calls <= 20, "{calls} Get Page Ranges calls for a sparse 1 TiB drive");
+    assert_eq!(st["allocated_bytes"], 4 * 65536);
+    let disk = format!("{}/disk", mp.s());
+    let got = sh_ok(&format!(
+        "dd if='{disk}' bs=64K skip=$((300 * 16384)) count=1 status=none | od -An -tx1 | head -1"
+    ));
+    assert!(got.trim().starts_with("ab ab"), "{got}");
     ok(&["unmount", mp.s()]);
 }

@@ -186,7 +186,7 @@ fn print_ready(ready: &Ready, blob: &str) {
         Mode::Fs => {
             if ready.formatted {
                 eprintln!(
-                    "created a {} filesystem on {blob}",
+                    "created a new {} filesystem on {blob}",
                     ready.fstype.as_deref().unwrap_or("")
                 );
             }
