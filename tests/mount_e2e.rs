@@ -680,7 +680,10 @@ fn a_sparse_terabyte_drive_mounts_with_few_page_range_calls() {
     ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let st = mp.stats();
     let calls = st["page_range_requests"].as_u64().unwrap();
-    assert!(calls <= 20, "{calls} Get Page Ranges calls for a sparse 1 TiB drive");
+    assert!(
+        calls <= 20,
+        "{calls} Get Page Ranges calls for a sparse 1 TiB drive"
+    );
     assert_eq!(st["allocated_bytes"], 4 * 65536);
     let disk = format!("{}/disk", mp.s());
     let got = sh_ok(&format!(
