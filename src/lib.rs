@@ -12,4 +12,6 @@ pub mod drive;
 pub mod fuse;
 pub mod mount;
 pub mod size;
+pub mod snapshot;
+pub mod transfer;
 pub mod vhd;

@@ -8,7 +8,9 @@ mod info;
 mod lease;
 mod list;
 mod mount;
+mod snapshot;
 mod stats;
+mod transfer;
 mod unmount;
 
 use clap::{Parser, Subcommand};
@@ -73,6 +75,15 @@ pub enum Command {
     List(list::Args),
     /// Show a mounted drive's request and cache counters.
     Stats(stats::Args),
+    /// Take, list, delete and prune snapshots (point-in-time images).
+    #[command(subcommand)]
+    Snapshot(snapshot::Command),
+    /// Upload a raw image or fixed VHD as a new drive (only data is sent).
+    Upload(transfer::UploadArgs),
+    /// Download a drive or snapshot into a sparse local file, or update an older copy.
+    Download(transfer::DownloadArgs),
+    /// Put a snapshot's content back onto its drive (not while mounted).
+    Restore(transfer::RestoreArgs),
     /// Internal: the mount daemon, started by `mount`.
     #[command(name = "__daemon", hide = true)]
     Daemon,
@@ -90,6 +101,10 @@ impl Cli {
             Command::Unmount(a) => unmount::run(a),
             Command::List(a) => list::run(a),
             Command::Stats(a) => stats::run(a),
+            Command::Snapshot(c) => snapshot::run(&ctx, c),
+            Command::Upload(a) => transfer::upload(&ctx, a),
+            Command::Download(a) => transfer::download(&ctx, a),
+            Command::Restore(a) => transfer::restore(&ctx, a),
             Command::Daemon => mount::run_daemon(&ctx),
         }
     }

@@ -118,6 +118,39 @@ impl Mounted {
         Ok(())
     }
 
+    /// A snapshot whose content is what the filesystem had at one moment: freeze it
+    /// (fs mode), write every cached byte, snapshot, thaw (always, also on errors).
+    fn consistent_snapshot(&mut self) -> Result<String, MountError> {
+        if self.req.read_only {
+            return Err(MountError::System(
+                "a read-only mount is not snapshotted through its daemon".into(),
+            ));
+        }
+        let mp = self.req.mountpoint.to_string_lossy().to_string();
+        let frozen = if self.fs_mounted {
+            system::run("fsfreeze", &["-f", &mp])?;
+            true
+        } else {
+            false
+        };
+        let result = (|| {
+            if let Some(c) = &self.cache {
+                c.flush().map_err(|e| {
+                    MountError::Data(format!("cannot flush before the snapshot: {e}"))
+                })?;
+            }
+            Ok::<String, MountError>(self.rt.block_on(self.blob.create_snapshot())?)
+        })();
+        if frozen {
+            if let Err(e) = system::run("fsfreeze", &["-u", &mp]) {
+                error!("could not thaw {mp}: {e}");
+            }
+        }
+        let id = result?;
+        info!("consistent snapshot {id} of {}", self.target);
+        Ok(id)
+    }
+
     fn stats_json(&self) -> serde_json::Value {
         stats_value(
             &self.blob.service().clone(),
@@ -496,6 +529,13 @@ fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), MountError> {
             Ok(Event::Control(cmd, reply)) => match cmd.as_str() {
                 "stats" => {
                     let _ = reply.send(m.stats_json().to_string());
+                }
+                "snapshot" => {
+                    let answer = match m.consistent_snapshot() {
+                        Ok(id) => format!("ok {id}"),
+                        Err(e) => format!("error {e}"),
+                    };
+                    let _ = reply.send(answer);
                 }
                 "unmount" => {
                     info!("unmount requested");

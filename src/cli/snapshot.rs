@@ -1,0 +1,180 @@
+//! `blobdrive snapshot create|list|delete|prune`.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use blobdrive::azure::DeleteSnapshots;
+use blobdrive::mount::{daemon, record};
+use blobdrive::size::human;
+use blobdrive::{drive, snapshot};
+
+use super::Context;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Take a snapshot. If the drive is mounted writable on this machine, the
+    /// snapshot is consistent: the filesystem is frozen and the cache flushed first.
+    Create {
+        /// The drive (container/name.vhd).
+        blob: String,
+        /// Print {"snapshot": ".."}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a drive's snapshots, oldest first.
+    List {
+        blob: String,
+        /// Print a JSON array of {snapshot, time, allocated_bytes}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete one snapshot (BLOB@SNAPSHOT).
+    Delete { blob: String },
+    /// Delete all but the newest N snapshots.
+    Prune {
+        blob: String,
+        /// How many of the newest snapshots to keep.
+        #[arg(long, value_name = "N")]
+        keep: usize,
+        /// Only print what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
+    match cmd {
+        Command::Create { blob, json } => {
+            let (r, client) = ctx.blob(&blob)?;
+            if r.snapshot.is_some() {
+                bail!("cannot snapshot a snapshot ({r})");
+            }
+            let base = r.to_string();
+            let local = record::load_all().into_iter().find(|m| {
+                m.blob == base && m.snapshot.is_none() && !m.read_only && record::alive(m)
+            });
+            let (id, how) = match local {
+                Some(m) => {
+                    let answer =
+                        daemon::control(&m.socket, "snapshot", Some(Duration::from_secs(600)))?;
+                    match answer.strip_prefix("ok ") {
+                        Some(id) => (
+                            id.to_string(),
+                            format!(
+                                "consistent: {} was frozen and flushed",
+                                m.mountpoint.display()
+                            ),
+                        ),
+                        None => bail!("{}", answer.strip_prefix("error ").unwrap_or(&answer)),
+                    }
+                }
+                None => {
+                    let id = ctx.block_on(async {
+                        let p = drive::properties(&client).await?;
+                        drive::check_page_blob(&client, &p)?;
+                        anyhow::Ok(client.create_snapshot().await?)
+                    })??;
+                    (id, "not mounted on this machine".to_string())
+                }
+            };
+            if json {
+                println!("{}", serde_json::json!({ "snapshot": id }));
+            } else {
+                println!("{id}");
+                eprintln!("snapshot of {r} taken ({how}); name it as {r}@{id}");
+            }
+            Ok(())
+        }
+        Command::List { blob, json } => {
+            let (r, client) = ctx.blob(&blob)?;
+            let client = client.at_snapshot(None);
+            let list = ctx.block_on(async {
+                let p = drive::properties(&client).await?;
+                drive::check_page_blob(&client, &p)?;
+                anyhow::Ok(snapshot::list(&client, true).await?)
+            })??;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else if list.is_empty() {
+                println!("{} has no snapshots", r.base());
+            } else {
+                for s in &list {
+                    println!(
+                        "{}@{}  {}",
+                        r.base(),
+                        s.snapshot,
+                        s.allocated_bytes.map(human).unwrap_or_default()
+                    );
+                }
+            }
+            Ok(())
+        }
+        Command::Delete { blob } => {
+            let (r, client) = ctx.blob(&blob)?;
+            let Some(id) = r.snapshot.clone() else {
+                bail!("name the snapshot to delete as BLOB@SNAPSHOT (see `blobdrive snapshot list {r}`)");
+            };
+            refuse_if_mounted(&r.base().to_string(), &id)?;
+            ctx.block_on(async {
+                drive::properties(&client).await?;
+                client.delete(DeleteSnapshots::None, None).await?;
+                anyhow::Ok(())
+            })??;
+            println!("deleted snapshot {r}");
+            Ok(())
+        }
+        Command::Prune {
+            blob,
+            keep,
+            dry_run,
+        } => {
+            let (r, client) = ctx.blob(&blob)?;
+            if r.snapshot.is_some() {
+                bail!("prune takes the drive, not a snapshot ({r})");
+            }
+            let list = ctx.block_on(snapshot::list(&client, false))??;
+            let ids: Vec<String> = list.into_iter().map(|s| s.snapshot).collect();
+            let doomed = snapshot::to_prune(&ids, keep);
+            for id in &doomed {
+                refuse_if_mounted(&r.to_string(), id)?;
+            }
+            if doomed.is_empty() {
+                println!("{r} has {} snapshot(s); nothing to prune", ids.len());
+                return Ok(());
+            }
+            for id in &doomed {
+                if dry_run {
+                    println!("would delete {r}@{id}");
+                } else {
+                    ctx.block_on(
+                        client
+                            .at_snapshot(Some(id))
+                            .delete(DeleteSnapshots::None, None),
+                    )??;
+                    println!("deleted {r}@{id}");
+                }
+            }
+            println!(
+                "{} {} snapshot(s), kept the newest {}",
+                if dry_run { "would delete" } else { "deleted" },
+                doomed.len(),
+                ids.len() - doomed.len()
+            );
+            Ok(())
+        }
+    }
+}
+
+/// A snapshot mounted on this machine is not deleted from under its mount.
+fn refuse_if_mounted(base: &str, id: &str) -> Result<()> {
+    if let Some(m) = record::load_all()
+        .into_iter()
+        .find(|m| m.blob == base && m.snapshot.as_deref() == Some(id) && record::alive(m))
+    {
+        bail!(
+            "{base}@{id} is mounted at {}; unmount it before deleting it",
+            m.mountpoint.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! `blobdrive upload`, `download` and `restore`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use blobdrive::size::human;
+use blobdrive::transfer::download::{self, Format};
+use blobdrive::transfer::upload::{self, UploadOptions};
+use blobdrive::transfer::Report;
+
+use super::Context;
+
+#[derive(Debug, clap::Args)]
+pub struct UploadArgs {
+    /// A raw disk image or a fixed VHD (a raw image is rounded up to a whole MiB).
+    pub file: PathBuf,
+    /// The new drive (container/name.vhd).
+    pub blob: String,
+    /// Continue an interrupted upload of the same file, sending only what is missing.
+    #[arg(long, conflicts_with = "overwrite")]
+    pub resume: bool,
+    /// Replace an existing blob (not one with snapshots, not one in use).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DownloadArgs {
+    /// The drive or snapshot (BLOB@SNAPSHOT) to download.
+    pub blob: String,
+    /// The local file to write (a sparse file; holes stay holes).
+    pub file: PathBuf,
+    /// vhd keeps the footer (default for names ending in .vhd), raw drops it.
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+    /// FILE is a copy of this older snapshot of the same drive: update it in place,
+    /// transferring only what changed.
+    #[arg(long, value_name = "SNAPSHOT")]
+    pub since: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RestoreArgs {
+    /// The drive to restore (container/name.vhd); it must not be mounted.
+    pub blob: String,
+    /// The snapshot whose content the drive gets back.
+    #[arg(long, value_name = "SNAPSHOT")]
+    pub from: String,
+    /// Confirm: the drive's current content is replaced.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+fn summary(verb: &str, what: &str, r: &Report, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+        return Ok(());
+    }
+    let rate = r.bytes_transferred as f64 / r.seconds.max(0.001);
+    println!(
+        "{verb} {what}: {} transferred for a {} image in {} requests, {:.1} s ({}/s){}{}",
+        human(r.bytes_transferred),
+        human(r.image_bytes),
+        r.requests,
+        r.seconds,
+        human(rate as u64),
+        if r.skipped_bytes > 0 {
+            format!(", {} already there", human(r.skipped_bytes))
+        } else {
+            String::new()
+        },
+        r.method
+            .as_ref()
+            .map(|m| format!(", changes found by {m}"))
+            .unwrap_or_default()
+    );
+    Ok(())
+}
+
+pub fn upload(ctx: &Context, a: UploadArgs) -> Result<()> {
+    let (r, blob) = ctx.blob(&a.blob)?;
+    if r.snapshot.is_some() {
+        bail!("cannot upload to a snapshot ({r})");
+    }
+    let opts = UploadOptions {
+        resume: a.resume,
+        overwrite: a.overwrite,
+        quiet: a.json,
+    };
+    let report = ctx.block_on(upload::upload(&a.file, &blob, &opts))??;
+    summary(
+        "uploaded",
+        &format!("{} to {r}", a.file.display()),
+        &report,
+        a.json,
+    )
+}
+
+pub fn download(ctx: &Context, a: DownloadArgs) -> Result<()> {
+    let (r, blob) = ctx.blob(&a.blob)?;
+    let format = a.format.unwrap_or(
+        if a.file
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("vhd"))
+        {
+            Format::Vhd
+        } else {
+            Format::Raw
+        },
+    );
+    let report = match &a.since {
+        None => ctx.block_on(download::download(&blob, &a.file, format, a.json))??,
+        Some(since) => {
+            let old = blob.at_snapshot(Some(since));
+            blobdrive::blobref::BlobRef::parse(&format!("{}@{since}", r.base()))?;
+            ctx.block_on(download::download_since(
+                &blob, &old, &a.file, format, a.json,
+            ))??
+        }
+    };
+    summary(
+        "downloaded",
+        &format!("{r} to {}", a.file.display()),
+        &report,
+        a.json,
+    )
+}
+
+pub fn restore(ctx: &Context, a: RestoreArgs) -> Result<()> {
+    let (r, blob) = ctx.blob(&a.blob)?;
+    if r.snapshot.is_some() {
+        bail!("name the drive as BLOB and the snapshot with --from");
+    }
+    blobdrive::blobref::BlobRef::parse(&format!("{r}@{}", a.from))?;
+    if !a.yes {
+        bail!("refusing to restore {r} without --yes: its current content would be replaced by {r}@{}", a.from);
+    }
+    ctx.block_on(blobdrive::snapshot::restore(&blob, &a.from))??;
+    println!("restored {r} from {r}@{}", a.from);
+    Ok(())
+}
