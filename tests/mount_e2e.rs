@@ -692,3 +692,44 @@ fn a_sparse_terabyte_drive_mounts_with_few_page_range_calls() {
     assert!(got.trim().starts_with("ab ab"), "{got}");
     ok(&["unmount", mp.s()]);
 }
+
+#[test]
+fn consistent_snapshot_of_a_drive_being_written() {
+    require_root();
+    let spec = new_drive("consistent", "256MiB");
+    let mp = Mp::new();
+    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    // A writer keeps creating, appending and deleting files while the snapshot is taken.
+    let mut writer = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "cd '{}' && i=0; while [ $i -lt 400 ]; do head -c $((i * 1000 + 1)) /dev/urandom > f$i; echo $i >> log; rm -f f$((i - 20)); i=$((i + 1)); done",
+            mp.s()
+        ))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let snap = json(&ok(&["snapshot", "create", &spec, "--json"]))["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        writer.wait().unwrap().success(),
+        "the writer must not fail during the snapshot"
+    );
+    // The snapshot mounts read-only and its filesystem is clean.
+    let at = format!("{spec}@{snap}");
+    let smp = Mp::new();
+    let dev = ok(&["mount", &at, smp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    sh_ok(&format!("e2fsck -fn {dev}"));
+    // A mounted snapshot is not deleted from under its mount.
+    fails(&["snapshot", "delete", &at], "unmount it");
+    ok(&["unmount", smp.s()]);
+    let fmp = Mp::new();
+    ok(&["mount", &at, fmp.s()]);
+    assert!(Path::new(&format!("{}/log", fmp.s())).exists());
+    ok(&["unmount", fmp.s()]);
+    ok(&["unmount", mp.s()]);
+}

@@ -306,3 +306,81 @@ fn unreachable_endpoint_fails_within_the_budget() {
     );
     assert!(svc.stats().retries >= 2);
 }
+
+const OLD: &str = "2026-11-22T11:05:54.5810000Z";
+
+#[test]
+fn incremental_plan_uses_a_diff_that_passes_the_self_check() {
+    // Real Azure: the old snapshot against itself has no changes, so the service's
+    // diff (with its ClearRange entries) is trusted.
+    let stub =
+        Stub::start(
+            |req: &Recorded, _| match (req.query("snapshot"), req.query("prevsnapshot")) {
+                (Some(s), None) if s == OLD => Reply::xml(200, &fixture("pagelist-old.xml")),
+                (Some(s), Some(p)) if s == OLD && p == OLD => {
+                    Reply::xml(200, &fixture("pagelist-empty.xml"))
+                }
+                (None, Some(p)) if p == OLD => Reply::xml(200, &fixture("pagelist-diff.xml")),
+                _ => Reply::status(400),
+            },
+        );
+    let svc = service(&stub, fast_policy());
+    let new = svc.blob("disks", "a.vhd");
+    let old = new.at_snapshot(Some(OLD));
+    let plan = rt()
+        .block_on(blobdrive::transfer::download::plan_incremental(
+            &new,
+            &old,
+            64 * 1024 * 1024,
+        ))
+        .unwrap();
+    assert_eq!(plan.method, "diff");
+    assert_eq!(
+        plan.fetch,
+        vec![PageRange::new(0, 512), PageRange::new(8388608, 12582912)]
+    );
+    assert_eq!(
+        plan.zero,
+        vec![
+            PageRange::new(1048576, 2097152),
+            PageRange::new(33554432, 33558528)
+        ]
+    );
+}
+
+#[test]
+fn incremental_plan_falls_back_when_the_service_ignores_prevsnapshot() {
+    // Azurite-like: prevsnapshot is ignored, so the self-diff returns the full list
+    // and the plan compares page lists instead of trusting the "diff".
+    let stub =
+        Stub::start(
+            |req: &Recorded, _| match (req.query("snapshot"), req.query("prevsnapshot")) {
+                (Some(_), _) => Reply::xml(200, &fixture("pagelist-old.xml")),
+                (None, _) => Reply::xml(200, &fixture("pagelist-page2.xml")),
+            },
+        );
+    let svc = service(&stub, fast_policy());
+    let new = svc.blob("disks", "a.vhd");
+    let old = new.at_snapshot(Some(OLD));
+    let plan = rt()
+        .block_on(blobdrive::transfer::download::plan_incremental(
+            &new,
+            &old,
+            64 * 1024 * 1024,
+        ))
+        .unwrap();
+    assert_eq!(plan.method, "full-compare");
+    // Everything the new image holds is fetched; what only the old held is zeroed.
+    assert_eq!(plan.fetch, vec![PageRange::new(4198400, 4202496)]);
+    assert_eq!(
+        plan.zero,
+        vec![
+            PageRange::new(0, 2097152),
+            PageRange::new(33554432, 33558528)
+        ]
+    );
+    assert!(stub
+        .requests()
+        .iter()
+        .all(|r| r.query("prevsnapshot").is_none() || r.query("snapshot").is_some()));
+}
