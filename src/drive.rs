@@ -22,6 +22,8 @@ pub enum DriveError {
     NotPageBlob { target: String, kind: String },
     #[error("'{target}' is {len} bytes long: too small for a VHD (at least 1 MiB of disk plus the 512-byte footer)")]
     TooSmall { target: String, len: u64 },
+    #[error("'{target}' is {len} bytes long, not a multiple of 512: not a page blob drive")]
+    Unaligned { target: String, len: u64 },
     #[error("'{target}': {source}")]
     Vhd {
         target: String,
@@ -48,6 +50,12 @@ impl Drive {
         let props = properties(blob).await?;
         check_page_blob(blob, &props)?;
         let len = props.content_length;
+        if len % 512 != 0 {
+            return Err(DriveError::Unaligned {
+                target: blob.target(),
+                len,
+            });
+        }
         if len < FOOTER_SIZE + 1024 * 1024 {
             return Err(DriveError::TooSmall {
                 target: blob.target(),

@@ -384,3 +384,24 @@ fn incremental_plan_falls_back_when_the_service_ignores_prevsnapshot() {
         .iter()
         .all(|r| r.query("prevsnapshot").is_none() || r.query("snapshot").is_some()));
 }
+
+#[test]
+fn a_blob_whose_length_is_not_whole_pages_is_refused() {
+    // Page blobs cannot have such a length on Azure or Azurite; a broken proxy or
+    // service could still report one, and it must not be taken for a drive.
+    let stub = Stub::start(|req: &Recorded, _| {
+        if req.method == "HEAD" {
+            Reply::status(200)
+                .with("x-ms-blob-type", "PageBlob")
+                .with("Content-Length-Override", "1049000")
+        } else {
+            Reply::status(400)
+        }
+    });
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    let err = rt()
+        .block_on(blobdrive::drive::Drive::open(&blob))
+        .unwrap_err();
+    assert!(err.to_string().contains("not a multiple of 512"), "{err}");
+    assert_eq!(stub.requests().len(), 1, "nothing but the HEAD was sent");
+}

@@ -28,6 +28,8 @@ pub const API_VERSION: &str = "2021-12-02";
 pub const MAX_PUT_PAGE: u64 = 4 * 1024 * 1024;
 /// Page size: every page-blob offset and length is a multiple of it.
 pub const PAGE: u64 = 512;
+/// Metadata name of the token that makes a retried create recognise its own blob.
+pub const CREATE_TOKEN_META: &str = "blobdrivecreate";
 /// Largest page blob.
 pub const MAX_PAGE_BLOB: u64 = 8 * 1024 * 1024 * 1024 * 1024;
 
@@ -575,12 +577,32 @@ impl BlobClient {
                 ),
             ));
         }
+        // A create whose answer was lost may have happened; its retry then meets
+        // `BlobAlreadyExists`. The token in the metadata tells our own blob from
+        // someone else's, so a retried create never replaces, nor wrongly fails.
+        let token = uuid::Uuid::new_v4().simple().to_string();
         let mut req = self.request(Op::CreateBlob, Method::PUT, &[], &[201]);
         req.header("x-ms-blob-type", "PageBlob");
         req.header("x-ms-blob-content-length", size.to_string());
         req.header("if-none-match", "*");
+        req.header(&format!("x-ms-meta-{CREATE_TOKEN_META}"), token.clone());
         self.count(|s| ClientStats::add(&s.other_requests, 1));
-        self.svc.execute(req).await.map(|_| ())
+        match self.svc.execute(req).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("BlobAlreadyExists") => {
+                let ours = self.properties().await.ok().is_some_and(|p| {
+                    p.metadata
+                        .iter()
+                        .any(|(k, v)| k == CREATE_TOKEN_META && *v == token)
+                });
+                if ours {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub async fn properties(&self) -> Result<BlobProperties, AzureError> {

@@ -62,6 +62,13 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
                 .await;
             return Err(footer_failed(e, cleanup.err()));
         }
+        // The create token has done its job; a finished drive carries no metadata.
+        if let Err(e) = blob.set_metadata(&[], None).await {
+            tracing::warn!(
+                "could not remove the create token from {}: {e}",
+                blob.target()
+            );
+        }
         Ok(())
     })??;
     println!(

@@ -76,6 +76,17 @@ impl Reply {
     }
 }
 
+impl Reply {
+    /// Adds a header. `Content-Length-Override` sets the Content-Length of a HEAD
+    /// answer (which has no body to derive it from).
+    pub fn with(mut self, k: &str, v: &str) -> Reply {
+        if let Reply::Respond { headers, .. } = &mut self {
+            headers.push((k.into(), v.into()));
+        }
+        self
+    }
+}
+
 type Handler = dyn Fn(&Recorded, usize) -> Reply + Send + Sync;
 
 /// A running stub.
@@ -167,11 +178,16 @@ fn serve(conn: TcpStream, reqs: Arc<Mutex<Vec<Recorded>>>, handler: Arc<Handler>
                 body,
             } => {
                 let mut out = format!("HTTP/1.1 {status} Stub\r\n");
+                let mut length = body.len().to_string();
                 for (k, v) in &headers {
-                    out.push_str(&format!("{k}: {v}\r\n"));
+                    if k == "Content-Length-Override" {
+                        length = v.clone();
+                    } else {
+                        out.push_str(&format!("{k}: {v}\r\n"));
+                    }
                 }
                 out.push_str("x-ms-request-id: 00000000-0000-0000-0000-000000000000\r\n");
-                out.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+                out.push_str(&format!("Content-Length: {length}\r\n\r\n"));
                 let mut bytes = out.into_bytes();
                 if method != "HEAD" {
                     bytes.extend_from_slice(&body);

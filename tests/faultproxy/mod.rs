@@ -1,0 +1,229 @@
+//! A fault-injecting HTTP proxy on 127.0.0.1, between the daemon and Azurite.
+//!
+//! Each request is, with probability `rate`, answered with a fault instead of (or
+//! after) being forwarded: 503 ServerBusy, 500 InternalError, 408, a reset before
+//! the request reaches the server, a reset after the server applied it (the client
+//! sees a broken response: the ambiguous case), or a stall past the client's
+//! request timeout. Every request also gets a little random latency. Decisions come
+//! from a seeded generator, so a run is reproducible in what it injects. The proxy
+//! can also play dead (every connection reset) to stand for a lost backend.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    Busy503,
+    Internal500,
+    Timeout408,
+    ResetBefore,
+    ResetAfter,
+    Stall,
+}
+
+const ALL: [Fault; 6] = [
+    Fault::Busy503,
+    Fault::Internal500,
+    Fault::Timeout408,
+    Fault::ResetBefore,
+    Fault::ResetAfter,
+    Fault::Stall,
+];
+
+pub struct Config {
+    pub upstream_port: u16,
+    /// Probability (0..1) that a request is faulted.
+    pub rate: f64,
+    pub seed: u64,
+    /// How long a stall lasts (longer than the client's request timeout).
+    pub stall: Duration,
+    /// Upper bound of the latency added to every request.
+    pub max_latency: Duration,
+}
+
+pub struct Proxy {
+    pub port: u16,
+    pub dead: Arc<AtomicBool>,
+    pub faults: Arc<Mutex<Vec<Fault>>>,
+    pub requests: Arc<AtomicU64>,
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+impl Proxy {
+    pub fn start(cfg: Config) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let dead = Arc::new(AtomicBool::new(false));
+        let faults = Arc::new(Mutex::new(Vec::new()));
+        let requests = Arc::new(AtomicU64::new(0));
+        let rng = Arc::new(Mutex::new(Rng(cfg.seed)));
+        let cfg = Arc::new(cfg);
+        let (d, f, r) = (dead.clone(), faults.clone(), requests.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                if d.load(Relaxed) {
+                    drop(conn);
+                    continue;
+                }
+                let (d, f, r, rng, cfg) =
+                    (d.clone(), f.clone(), r.clone(), rng.clone(), cfg.clone());
+                std::thread::spawn(move || serve(conn, &cfg, &d, &f, &r, &rng));
+            }
+        });
+        Proxy {
+            port,
+            dead,
+            faults,
+            requests,
+        }
+    }
+
+    pub fn connection_string(&self) -> String {
+        format!(
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={};BlobEndpoint=http://127.0.0.1:{}/devstoreaccount1;",
+            crate::common::azurite::DEV_KEY,
+            self.port
+        )
+    }
+
+    pub fn injected(&self) -> Vec<Fault> {
+        self.faults.lock().unwrap().clone()
+    }
+}
+
+fn read_request(r: &mut BufReader<TcpStream>) -> Option<(Vec<u8>, Vec<u8>)> {
+    let mut head = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        if r.read_until(b'\n', &mut line).ok()? == 0 {
+            return None;
+        }
+        let end = line == b"\r\n";
+        head.extend_from_slice(&line);
+        if end {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let len = text
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).ok()?;
+    Some((head, body))
+}
+
+/// Forwards one request on a fresh upstream connection; returns the raw response.
+fn forward(port: u16, head: &[u8], body: &[u8]) -> Option<Vec<u8>> {
+    let mut up = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    up.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    let text = String::from_utf8_lossy(head);
+    let mut out = String::new();
+    for line in text.split("\r\n") {
+        if line.to_ascii_lowercase().starts_with("connection:") || line.is_empty() {
+            continue;
+        }
+        out.push_str(line);
+        out.push_str("\r\n");
+    }
+    out.push_str("Connection: close\r\n\r\n");
+    up.write_all(out.as_bytes()).ok()?;
+    up.write_all(body).ok()?;
+    let mut resp = Vec::new();
+    up.read_to_end(&mut resp).ok()?;
+    // Keep the client's connection alive: drop the upstream's close.
+    let split = resp.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&resp[..split]).to_string();
+    let kept: String = head
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+        .collect::<Vec<_>>()
+        .join("\r\n");
+    let mut fixed = kept.into_bytes();
+    fixed.extend_from_slice(&resp[split..]);
+    Some(fixed)
+}
+
+fn error_response(status: u16, code: &str) -> Vec<u8> {
+    let body = format!("<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>{code}</Code><Message>injected by the test proxy</Message></Error>");
+    format!(
+        "HTTP/1.1 {status} Injected\r\nx-ms-error-code: {code}\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn serve(
+    conn: TcpStream,
+    cfg: &Config,
+    dead: &AtomicBool,
+    faults: &Mutex<Vec<Fault>>,
+    requests: &AtomicU64,
+    rng: &Mutex<Rng>,
+) {
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut writer = conn;
+    while let Some((head, body)) = read_request(&mut reader) {
+        if dead.load(Relaxed) {
+            return;
+        }
+        requests.fetch_add(1, Relaxed);
+        let (fault, latency) = {
+            let mut g = rng.lock().unwrap();
+            let fault = (g.unit() < cfg.rate).then(|| ALL[(g.next() % ALL.len() as u64) as usize]);
+            let latency =
+                Duration::from_micros(g.next() % (cfg.max_latency.as_micros() as u64 + 1));
+            (fault, latency)
+        };
+        std::thread::sleep(latency);
+        if let Some(f) = fault {
+            faults.lock().unwrap().push(f);
+        }
+        let resp = match fault {
+            Some(Fault::Busy503) => error_response(503, "ServerBusy"),
+            Some(Fault::Internal500) => error_response(500, "InternalError"),
+            Some(Fault::Timeout408) => error_response(408, "RequestTimeout"),
+            Some(Fault::ResetBefore) => return,
+            Some(Fault::Stall) => {
+                std::thread::sleep(cfg.stall);
+                return;
+            }
+            Some(Fault::ResetAfter) => {
+                // The server applies the request; the client sees half an answer.
+                if let Some(r) = forward(cfg.upstream_port, &head, &body) {
+                    let _ = writer.write_all(&r[..r.len().min(12)]);
+                }
+                return;
+            }
+            None => match forward(cfg.upstream_port, &head, &body) {
+                Some(r) => r,
+                None => return,
+            },
+        };
+        if writer.write_all(&resp).is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,583 @@
+//! Reliability under faults, crashes, lease loss, races and bad input; and secrets
+//! kept out of every output. Runs as root against Azurite, partly through a
+//! fault-injecting proxy.
+
+mod common;
+mod faultproxy;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use blobdrive::azure::{Account, BlobClient, BlobService};
+use common::azurite::{unique_container, Azurite, DEV_KEY};
+use faultproxy::{Config, Fault, Proxy};
+use serde_json::Value;
+
+fn require_root() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "these tests must run as root"
+    );
+}
+
+fn run_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reliability-run");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `blobdrive` with a given connection string and extra environment.
+fn bd_with(cs: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
+    c.args(args)
+        .env("AZURE_STORAGE_CONNECTION_STRING", cs)
+        .env("BLOBDRIVE_RUN_DIR", run_dir());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run blobdrive")
+}
+
+fn az() -> String {
+    Azurite::shared().connection_string()
+}
+
+fn ok_with(cs: &str, env: &[(&str, &str)], args: &[&str]) -> String {
+    let out = bd_with(cs, env, args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    ok_with(&az(), &[], args)
+}
+
+/// Fails with one line naming the problem.
+fn fails_with(cs: &str, env: &[(&str, &str)], args: &[&str], needle: &str) -> String {
+    let out = bd_with(cs, env, args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{args:?} should fail");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("blobdrive: error:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one error line expected: {err}");
+    assert!(
+        lines[0].contains(needle),
+        "{args:?}: expected '{needle}' in: {err}"
+    );
+    err
+}
+
+fn json(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+fn sh(script: &str) -> Output {
+    Command::new("bash").arg("-c").arg(script).output().unwrap()
+}
+
+fn sh_ok(script: &str) -> String {
+    let out = sh(script);
+    assert!(
+        out.status.success(),
+        "{script}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn blob_of(spec: &str) -> BlobClient {
+    let svc = BlobService::new(Account::from_connection_string(&az()).unwrap());
+    let (c, n) = spec.split_once('/').unwrap();
+    svc.blob(c, n)
+}
+
+fn new_drive(tag: &str, size: &str) -> String {
+    let spec = format!("{}/disk.vhd", unique_container(tag));
+    ok(&["create", &spec, "--size", size, "--create-container"]);
+    spec
+}
+
+/// ETag and full content.
+fn fingerprint(spec: &str) -> (Option<String>, Vec<u8>) {
+    let b = blob_of(spec);
+    rt().block_on(async {
+        let p = b.properties().await.unwrap();
+        (p.etag, b.read(0, p.content_length).await.unwrap().to_vec())
+    })
+}
+
+struct Mp {
+    dir: tempfile::TempDir,
+    cs: String,
+}
+
+impl Mp {
+    fn new(cs: &str) -> Mp {
+        Mp {
+            dir: tempfile::Builder::new()
+                .prefix("blobdrive-rel-mnt.")
+                .tempdir()
+                .unwrap(),
+            cs: cs.to_string(),
+        }
+    }
+    fn s(&self) -> &str {
+        self.dir.path().to_str().unwrap()
+    }
+    fn pid(&self) -> u64 {
+        let list = json(&ok_with(&self.cs, &[], &["list", "--json"]));
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["mountpoint"] == self.s())
+            .expect("listed")["pid"]
+            .as_u64()
+            .unwrap()
+    }
+}
+
+impl Drop for Mp {
+    fn drop(&mut self) {
+        let _ = bd_with(&self.cs, &[], &["unmount", self.s()]);
+    }
+}
+
+fn write_files(root: &str, n: usize) -> String {
+    sh_ok(&format!(
+        "set -e; cd '{root}'; mkdir -p w
+         for i in $(seq 1 {n}); do head -c $(( (i * 104729) % 4194304 + 1 )) /dev/urandom > w/f$i; done
+         head -c 48M /dev/urandom > w/big
+         sync
+         find w -type f | sort | xargs sha256sum"
+    ))
+}
+
+#[test]
+fn five_percent_faults_lose_and_corrupt_nothing() {
+    require_root();
+    let spec = new_drive("faults", "512MiB");
+    let proxy = Proxy::start(Config {
+        upstream_port: Azurite::shared().port,
+        rate: 0.05,
+        seed: 20261122,
+        stall: Duration::from_secs(3),
+        max_latency: Duration::from_millis(3),
+    });
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    let mp = Mp::new(&cs);
+    ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let sums = write_files(mp.s(), 40);
+    let stats = json(&ok_with(&cs, &[], &["stats", mp.s(), "--json"]));
+    ok_with(&cs, &env, &["unmount", mp.s()]);
+    ok_with(&cs, &env, &["mount", &spec, mp.s()]);
+    let again = sh_ok(&format!(
+        "cd '{}' && find w -type f | sort | xargs sha256sum",
+        mp.s()
+    ));
+    assert_eq!(sums, again, "data changed under faults");
+    ok_with(&cs, &env, &["unmount", mp.s()]);
+    let injected = proxy.injected();
+    let kinds: HashSet<String> = injected.iter().map(|f| format!("{f:?}")).collect();
+    assert!(
+        injected.len() >= 5,
+        "too few faults to mean anything: {injected:?}"
+    );
+    let total = proxy.requests.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        (injected.len() as u64) * 100 < total * 12,
+        "{} faults in {total} requests is far above the 5% asked for",
+        injected.len()
+    );
+    assert!(kinds.len() >= 3, "fault kinds: {kinds:?}");
+    assert!(
+        stats["retries"].as_u64().unwrap() > 0,
+        "stats show no retries: {stats}"
+    );
+    // The filesystem is consistent too.
+    let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    sh_ok(&format!("e2fsck -fn {dev}"));
+    ok(&["unmount", mp.s()]);
+    assert!(kinds.contains(&format!("{:?}", Fault::ResetAfter)) || injected.len() < 12);
+}
+
+#[test]
+fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
+    require_root();
+    let spec = new_drive("gone", "64MiB");
+    let proxy = Proxy::start(Config {
+        upstream_port: Azurite::shared().port,
+        rate: 0.0,
+        seed: 1,
+        stall: Duration::from_secs(1),
+        max_latency: Duration::from_millis(0),
+    });
+    let cs = proxy.connection_string();
+    let env = [
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2"),
+    ];
+    let mp = Mp::new(&cs);
+    ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let disk = format!("{}/disk", mp.s());
+    sh_ok(&format!(
+        "printf 'safe-1' | dd of='{disk}' conv=notrunc,fsync status=none"
+    ));
+    proxy.dead.store(true, std::sync::atomic::Ordering::SeqCst);
+    let started = Instant::now();
+    let out = sh(&format!(
+        "printf 'risky!' | dd of='{disk}' bs=512 seek=8 conv=notrunc,fsync status=none"
+    ));
+    let took = started.elapsed();
+    assert!(
+        !out.status.success(),
+        "fsync must fail while the backend is gone"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Input/output error"));
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    // The daemon is still up and says what happened.
+    let st = json(&ok_with(&cs, &[], &["stats", mp.s(), "--json"]));
+    assert!(
+        st["dirty_bytes"].as_u64().unwrap() > 0,
+        "unwritten data is kept: {st}"
+    );
+    assert!(st["failed_requests"].as_u64().unwrap() > 0);
+    // Back again: the kept data is written by the next fsync.
+    proxy.dead.store(false, std::sync::atomic::Ordering::SeqCst);
+    sh_ok(&format!(
+        "python3 -c \"import os; fd = os.open('{disk}', os.O_WRONLY); os.fsync(fd)\""
+    ));
+    ok_with(&cs, &env, &["unmount", mp.s()]);
+    let b = blob_of(&spec);
+    assert_eq!(&rt().block_on(b.read(0, 6)).unwrap()[..], b"safe-1");
+    assert_eq!(&rt().block_on(b.read(4096, 6)).unwrap()[..], b"risky!");
+}
+
+#[test]
+fn sigkill_mid_workload_recovers_every_fsynced_file() {
+    require_root();
+    let spec = new_drive("crash", "256MiB");
+    let mp = Mp::new(&az());
+    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let journal = tempfile::NamedTempFile::new().unwrap();
+    let jp = journal.path().to_str().unwrap().to_string();
+    // Each file is recorded (with its checksum) only after fsync returned.
+    let mut writer = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "cd '{}' && i=0; while true; do head -c $(( (i * 7919) % 300000 + 1 )) /dev/urandom > f$i || exit 0; \
+             python3 -c \"import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd)\" f$i || exit 0; \
+             sha256sum f$i >> '{jp}'; i=$((i + 1)); done",
+            mp.s()
+        ))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let pid = mp.pid();
+    sh_ok(&format!("kill -KILL {pid}"));
+    let _ = writer.wait();
+    std::thread::sleep(Duration::from_millis(200));
+    // A new mount names the lease and how to break it; unmount cleans up.
+    let other = Mp::new(&az());
+    fails_with(&az(), &[], &["mount", &spec, other.s()], "lease break");
+    let out = bd_with(&az(), &[], &["unmount", mp.s()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains(mp.s()));
+    ok(&["lease", "break", &spec]);
+    // Journal recovery on mount; every fsync'd file intact.
+    ok(&["mount", &spec, mp.s()]);
+    let recorded = std::fs::read_to_string(&jp).unwrap();
+    assert!(
+        recorded.lines().count() > 3,
+        "the workload did too little: {recorded}"
+    );
+    sh_ok(&format!("cd '{}' && sha256sum -c --quiet '{jp}'", mp.s()));
+    ok(&["unmount", mp.s()]);
+    let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    sh_ok(&format!("e2fsck -fn {dev}"));
+    ok(&["unmount", mp.s()]);
+}
+
+#[test]
+fn racing_mounts_have_exactly_one_winner() {
+    require_root();
+    let spec = new_drive("race", "64MiB");
+    let mps: Vec<Mp> = (0..6).map(|_| Mp::new(&az())).collect();
+    let handles: Vec<_> = mps
+        .iter()
+        .map(|m| {
+            let (cs, spec, mp) = (az(), spec.clone(), m.s().to_string());
+            std::thread::spawn(move || bd_with(&cs, &[], &["mount", &spec, &mp, "--mode", "raw"]))
+        })
+        .collect();
+    let results: Vec<Output> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let winners = results.iter().filter(|o| o.status.success()).count();
+    assert_eq!(
+        winners,
+        1,
+        "{:?}",
+        results
+            .iter()
+            .map(|o| String::from_utf8_lossy(&o.stderr).to_string())
+            .collect::<Vec<_>>()
+    );
+    for (m, o) in mps.iter().zip(&results) {
+        if !o.status.success() {
+            assert!(String::from_utf8_lossy(&o.stderr).contains("in use"));
+            assert!(!std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .contains(m.s()));
+        }
+    }
+    // Many mounts racing for one mountpoint: one wins, the rest leave it alone.
+    let spec2 = new_drive("race2", "64MiB");
+    let spot = Mp::new(&az());
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let spec = if i % 2 == 0 {
+                spec.clone()
+            } else {
+                spec2.clone()
+            };
+            let (cs, mp) = (az(), spot.s().to_string());
+            std::thread::spawn(move || {
+                bd_with(
+                    &cs,
+                    &[],
+                    &["mount", &spec, &mp, "--mode", "raw", "--read-only"],
+                )
+            })
+        })
+        .collect();
+    let results: Vec<Output> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(results.iter().filter(|o| o.status.success()).count(), 1);
+    assert!(
+        Path::new(&format!("{}/disk", spot.s())).exists(),
+        "the winner still serves"
+    );
+    for m in mps.iter().chain(std::iter::once(&spot)) {
+        let _ = bd_with(&az(), &[], &["unmount", m.s()]);
+    }
+    let lease = json(&ok(&["lease", "status", &spec, "--json"]));
+    assert_eq!(lease["state"], "available");
+}
+
+/// An account SAS for the emulator account (Shared Key HMAC of the SAS fields).
+fn account_sas(permissions: &str, expiry: &str) -> String {
+    let version = "2021-12-02";
+    let sts =
+        format!("devstoreaccount1\n{permissions}\nb\nsco\n\n{expiry}\n\nhttp,https\n{version}\n\n");
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(DEV_KEY)
+        .unwrap();
+    let auth = blobdrive::azure::sign::authorization("x", &key, &sts);
+    let sig = auth.rsplit(':').next().unwrap();
+    let sig: String = url::form_urlencoded::byte_serialize(sig.as_bytes()).collect();
+    format!("sv={version}&ss=b&srt=sco&sp={permissions}&se={expiry}&spr=http,https&sig={sig}")
+}
+
+fn sas_cs(sas: &str) -> String {
+    format!(
+        "BlobEndpoint={};SharedAccessSignature={sas}",
+        Azurite::shared().blob_endpoint()
+    )
+}
+
+#[test]
+fn bad_input_matrix_leaves_blobs_unchanged() {
+    require_root();
+    let spec = new_drive("matrix", "64MiB");
+    let before = fingerprint(&spec);
+    let mp = Mp::new(&az());
+    // Wrong account key.
+    let wrong = az().replace(DEV_KEY, &"A".repeat(88));
+    fails_with(&wrong, &[], &["mount", &spec, mp.s()], "account key or SAS");
+    // A SAS that works for reading mounts read-only but not writable; an expired one
+    // mounts nothing.
+    let ro = sas_cs(&account_sas("rl", "2099-01-01T00:00:00Z"));
+    ok_with(&ro, &[], &["info", &spec]);
+    fails_with(
+        &ro,
+        &[],
+        &["mount", &spec, mp.s(), "--mode", "raw"],
+        "account key or SAS",
+    );
+    ok_with(
+        &ro,
+        &[],
+        &["mount", &spec, mp.s(), "--mode", "raw", "--read-only"],
+    );
+    ok_with(&ro, &[], &["unmount", mp.s()]);
+    let expired = sas_cs(&account_sas("rwdlacup", "2001-01-01T00:00:00Z"));
+    fails_with(
+        &expired,
+        &[],
+        &["mount", &spec, mp.s(), "--mode", "raw", "--read-only"],
+        "account key or SAS",
+    );
+    // Missing container and blob.
+    fails_with(
+        &az(),
+        &[],
+        &[
+            "mount",
+            &format!("{}/d.vhd", unique_container("none")),
+            mp.s(),
+        ],
+        "container",
+    );
+    fails_with(
+        &az(),
+        &[],
+        &["mount", &format!("{spec}.missing"), mp.s()],
+        "does not exist",
+    );
+    // Not root.
+    let out = sh(&format!(
+        "setpriv --reuid=65534 --regid=65534 --clear-groups env AZURE_STORAGE_CONNECTION_STRING='{}' '{}' mount {spec} '{}'",
+        az(),
+        env!("CARGO_BIN_EXE_blobdrive"),
+        mp.s()
+    ));
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs root"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // No /dev/fuse (a private mount namespace with an empty /dev).
+    let out = sh(&format!(
+        "unshare -m bash -c \"mount -t tmpfs none /dev && AZURE_STORAGE_CONNECTION_STRING='{}' BLOBDRIVE_RUN_DIR='{}' '{}' mount {spec} '{}'\"",
+        az(),
+        run_dir().display(),
+        env!("CARGO_BIN_EXE_blobdrive"),
+        mp.s()
+    ));
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/dev/fuse"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Unreachable endpoint: fails within the default bound (30 s).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = format!(
+        "AccountName=devstoreaccount1;AccountKey={DEV_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1"
+    );
+    let started = Instant::now();
+    fails_with(
+        &dead,
+        &[],
+        &["mount", &spec, mp.s()],
+        "no answer from the storage service",
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(
+        fingerprint(&spec),
+        before,
+        "a refused mount changed the blob"
+    );
+    let list = json(&ok(&["list", "--json"]));
+    assert!(!list
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["mountpoint"] == mp.s()));
+}
+
+#[test]
+fn secrets_never_reach_logs_outputs_or_the_command_line() {
+    require_root();
+    let spec = new_drive("secret", "64MiB");
+    let sas = account_sas("rwdlacup", "2099-01-01T00:00:00Z");
+    let sig = sas.rsplit("sig=").next().unwrap().to_string();
+    let cs = sas_cs(&sas);
+    let env = [("BLOBDRIVE_LOG", "trace")];
+    let mp = Mp::new(&cs);
+    let mut seen = String::new();
+    for args in [
+        vec!["-vvv", "info", &spec],
+        vec!["-vvv", "mount", &spec, mp.s(), "--mkfs", "ext4"],
+        vec!["list", "--json"],
+        vec!["stats", mp.s(), "--json"],
+    ] {
+        let out = bd_with(&cs, &env, &args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        seen.push_str(&String::from_utf8_lossy(&out.stdout));
+        seen.push_str(&String::from_utf8_lossy(&out.stderr));
+    }
+    sh_ok(&format!("echo data > '{}/f' && sync", mp.s()));
+    let pid = mp.pid();
+    seen.push_str(&std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap());
+    seen.push_str(&sh_ok("ps -eo args"));
+    ok_with(&cs, &[], &["unmount", mp.s()]);
+    // The daemon's log, written at the most verbose level.
+    for e in std::fs::read_dir(run_dir().join("mounts"))
+        .unwrap()
+        .flatten()
+    {
+        if e.path().extension().is_some_and(|x| x == "log") {
+            seen.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+        }
+    }
+    // An error message with a wrong key.
+    let wrong_key = "B".repeat(86) + "==";
+    let wrong = az().replace(DEV_KEY, &wrong_key);
+    let out = bd_with(&wrong, &env, &["-vvv", "info", &spec]);
+    seen.push_str(&String::from_utf8_lossy(&out.stderr));
+    assert!(
+        seen.contains("TRACE") || seen.contains("DEBUG"),
+        "verbose logging was not on"
+    );
+    let decoded_sig = url::form_urlencoded::parse(format!("s={sig}").as_bytes())
+        .next()
+        .unwrap()
+        .1
+        .to_string();
+    for secret in [
+        sig.as_str(),
+        decoded_sig.as_str(),
+        DEV_KEY,
+        wrong_key.as_str(),
+    ] {
+        assert!(!seen.contains(secret), "secret leaked: {secret}");
+    }
+}
