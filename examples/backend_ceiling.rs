@@ -1,0 +1,114 @@
+//! The backend's ceiling, measured with blobdrive's own client and no FUSE: what the
+//! storage endpoint can carry, so every mount figure has its reference in the same
+//! run. Prints one JSON object.
+//!
+//! usage: backend_ceiling CONNECTION_STRING CONTAINER MIB SECONDS_FOR_SMALL_WRITES
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blobdrive::azure::{Account, BlobService};
+use bytes::Bytes;
+use tokio::sync::Semaphore;
+
+const CHUNK: u64 = 4 * 1024 * 1024;
+const PARALLEL: usize = 8;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() != 5 {
+        eprintln!("usage: backend_ceiling CONNECTION_STRING CONTAINER MIB SECONDS");
+        std::process::exit(2);
+    }
+    let svc =
+        BlobService::new(Account::from_connection_string(&args[1]).expect("connection string"));
+    let container = svc.container(&args[2]);
+    container.create().await.expect("container");
+    let mib: u64 = args[3].parse().expect("MIB");
+    let secs: f64 = args[4].parse().expect("SECONDS");
+    let bytes = mib * 1024 * 1024;
+    let blob = svc.blob(
+        &args[2],
+        &format!("ceiling-{}.bin", uuid::Uuid::new_v4().simple()),
+    );
+    blob.create_page_blob(bytes).await.expect("create");
+    let data = Bytes::from(
+        (0..CHUNK as usize)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
+
+    // Large parallel writes.
+    let sem = Arc::new(Semaphore::new(PARALLEL));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for off in (0..bytes).step_by(CHUNK as usize) {
+        let (b, d, p) = (
+            blob.clone(),
+            data.clone(),
+            sem.clone().acquire_owned().await.unwrap(),
+        );
+        tasks.spawn(async move {
+            b.put_pages(off, d, None).await.expect("put");
+            drop(p);
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let write_s = started.elapsed().as_secs_f64();
+
+    // Large parallel ranged reads.
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for off in (0..bytes).step_by(CHUNK as usize) {
+        let (b, p) = (blob.clone(), sem.clone().acquire_owned().await.unwrap());
+        tasks.spawn(async move {
+            b.read(off, CHUNK).await.expect("read");
+            drop(p);
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let read_s = started.elapsed().as_secs_f64();
+
+    // Small (4 KiB) Put Page calls, as many as PARALLEL workers manage in `secs`.
+    let small = Bytes::from(vec![7u8; 4096]);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..PARALLEL as u64 {
+        let (b, d) = (blob.clone(), small.clone());
+        tasks.spawn(async move {
+            let mut n = 0u64;
+            let mut off = w * 4096;
+            while Instant::now() < deadline {
+                b.put_pages(off % bytes, d.clone(), None)
+                    .await
+                    .expect("small put");
+                off += PARALLEL as u64 * 4096 * 7;
+                n += 1;
+            }
+            n
+        });
+    }
+    let mut small_calls = 0;
+    while let Some(n) = tasks.join_next().await {
+        small_calls += n.unwrap();
+    }
+    let small_s = started.elapsed().as_secs_f64();
+    let _ = blob
+        .delete(blobdrive::azure::DeleteSnapshots::None, None)
+        .await;
+    let mib_f = mib as f64;
+    let calls = (bytes / CHUNK) as f64;
+    println!(
+        "{}",
+        serde_json::json!({
+            "put_mib_s": mib_f / write_s,
+            "put_requests_s": calls / write_s,
+            "get_mib_s": mib_f / read_s,
+            "get_requests_s": calls / read_s,
+            "small_put_requests_s": small_calls as f64 / small_s,
+            "bytes": bytes,
+        })
+    );
+}

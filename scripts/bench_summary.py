@@ -1,0 +1,81 @@
+"""Prints a benchmark run's figures next to their ceilings and the targets, and
+fails (exit 1) if any expected figure is missing: the quick run in CI checks that
+the whole pipeline still produces every number, not how fast it is."""
+import json
+import sys
+
+r = json.load(open(sys.argv[1]))
+
+EXPECTED = [
+    "backend_ceiling.put_mib_s", "backend_ceiling.get_mib_s", "backend_ceiling.put_requests_s",
+    "backend_ceiling.get_requests_s", "backend_ceiling.small_put_requests_s",
+    "local.seq_write_mib_s", "local.seq_read_cold_mib_s", "local.seq_read_warm_mib_s",
+    "local.rand_write_iops", "local.rand_read_iops",
+    "blobdrive_fs.seq_write_mib_s", "blobdrive_fs.seq_write_put_page_calls",
+    "blobdrive_fs.seq_read_cold_mib_s", "blobdrive_fs.seq_read_warm_mib_s",
+    "blobdrive_fs.rand_write_iops", "blobdrive_fs.rand_write_put_page_calls_per_mib",
+    "blobdrive_fs.rand_read_iops", "blobdrive_fs.peak_mib", "blobdrive_fs.cache_mib",
+    "blobdrive_raw.seq_write_mib_s", "blobdrive_raw.seq_read_cold_mib_s",
+    "blobdrive_tera.mount_s", "blobdrive_tera.first_byte_s", "blobdrive_tera.page_range_calls",
+    "s3_ceiling.put_mib_s", "s3_ceiling.get_mib_s",
+    "s3backer.seq_write_mib_s", "s3backer.seq_read_cold_mib_s", "s3backer.seq_read_warm_mib_s",
+    "s3backer.rand_write_iops", "s3backer.rand_read_iops", "s3backer.peak_mib",
+]
+
+
+def get(key):
+    node = r
+    for p in key.split("."):
+        if not isinstance(node, dict) or p not in node:
+            return None
+        node = node[p]
+    return node
+
+
+missing = [k for k in EXPECTED if not isinstance(get(k), (int, float))]
+g = lambda k: float(get(k) or 0)
+frac = lambda a, b: (g(a) / g(b)) if g(b) else 0.0
+
+print(f"machine: {r.get('machine')}")
+print()
+print(f"{'figure':<44} {'value':>12} {'ceiling':>12} {'fraction':>9}")
+rows = [
+    ("blobdrive fs seq write MiB/s", "blobdrive_fs.seq_write_mib_s", "backend_ceiling.put_mib_s"),
+    ("blobdrive raw seq write MiB/s", "blobdrive_raw.seq_write_mib_s", "backend_ceiling.put_mib_s"),
+    ("blobdrive fs seq read cold MiB/s", "blobdrive_fs.seq_read_cold_mib_s", "backend_ceiling.get_mib_s"),
+    ("blobdrive raw seq read cold MiB/s", "blobdrive_raw.seq_read_cold_mib_s", "backend_ceiling.get_mib_s"),
+    ("blobdrive fs seq read warm MiB/s", "blobdrive_fs.seq_read_warm_mib_s", "local.seq_read_warm_mib_s"),
+    ("blobdrive fs rand write IOPS", "blobdrive_fs.rand_write_iops", "backend_ceiling.small_put_requests_s"),
+    ("blobdrive fs rand read IOPS", "blobdrive_fs.rand_read_iops", "local.rand_read_iops"),
+    ("local seq write MiB/s", "local.seq_write_mib_s", None),
+    ("local seq read cold MiB/s", "local.seq_read_cold_mib_s", None),
+    ("s3backer seq write MiB/s", "s3backer.seq_write_mib_s", "s3_ceiling.put_mib_s"),
+    ("s3backer seq read cold MiB/s", "s3backer.seq_read_cold_mib_s", "s3_ceiling.get_mib_s"),
+    ("s3backer rand write IOPS", "s3backer.rand_write_iops", None),
+    ("s3backer rand read IOPS", "s3backer.rand_read_iops", None),
+]
+for name, k, c in rows:
+    v = g(k)
+    if c:
+        print(f"{name:<44} {v:>12.1f} {g(c):>12.1f} {frac(k, c):>9.2f}")
+    else:
+        print(f"{name:<44} {v:>12.1f} {'':>12} {'':>9}")
+print()
+targets = [
+    ("seq write >= 80% of the Put Page ceiling", frac("blobdrive_fs.seq_write_mib_s", "backend_ceiling.put_mib_s") >= 0.8),
+    ("cold seq read >= 80% of the ranged-read ceiling", frac("blobdrive_fs.seq_read_cold_mib_s", "backend_ceiling.get_mib_s") >= 0.8),
+    ("rand write <= 1.5 Put Page calls per MiB", 0 < g("blobdrive_fs.rand_write_put_page_calls_per_mib") <= 1.5),
+    ("rand write IOPS many times the 4 KiB Put Page rate", frac("blobdrive_fs.rand_write_iops", "backend_ceiling.small_put_requests_s") >= 3),
+    ("1 TiB sparse mount < 2 s", 0 < g("blobdrive_tera.mount_s") < 2),
+    ("daemon peak <= cache + 100 MiB", 0 < g("blobdrive_fs.peak_mib") <= g("blobdrive_fs.cache_mib") + 100),
+    ("seq write fraction above s3backer's", frac("blobdrive_fs.seq_write_mib_s", "backend_ceiling.put_mib_s") > frac("s3backer.seq_write_mib_s", "s3_ceiling.put_mib_s")),
+    ("cold read fraction above s3backer's", frac("blobdrive_fs.seq_read_cold_mib_s", "backend_ceiling.get_mib_s") > frac("s3backer.seq_read_cold_mib_s", "s3_ceiling.get_mib_s")),
+]
+for name, met in targets:
+    print(f"  [{'met' if met else 'MISSED'}] {name}")
+print(f"  1 TiB mount: {g('blobdrive_tera.mount_s'):.3f} s with {get('blobdrive_tera.page_range_calls')} Get Page Ranges calls; first byte {g('blobdrive_tera.first_byte_s') * 1000:.1f} ms")
+print(f"  seq write: {get('blobdrive_fs.seq_write_put_page_calls')} Put Page calls; rand write: {g('blobdrive_fs.rand_write_put_page_calls_per_mib'):.3f} calls per MiB")
+print(f"  peak memory: blobdrive {g('blobdrive_fs.peak_mib'):.0f} MiB (cache {g('blobdrive_fs.cache_mib'):.0f} MiB), s3backer {g('s3backer.peak_mib'):.0f} MiB")
+if missing:
+    print(f"MISSING FIGURES: {missing}", file=sys.stderr)
+    sys.exit(1)
