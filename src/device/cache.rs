@@ -127,8 +127,10 @@ struct State {
     readahead: u64,
     last_write: Option<Instant>,
     next_gen: u64,
-    /// Bumped by every discard, so a read that raced one does not cache stale data.
-    discard_epoch: u64,
+    /// Bumped whenever the backend's content changes under the cache (a flush
+    /// landed, a discard cleared pages). Data fetched before a bump may be older than
+    /// what the cache has since written and evicted, so it is not cached.
+    mutations: u64,
     /// Buffers of evicted blocks, reused for new ones: block memory is allocated up
     /// to the capacity once and then recycled, instead of churning the allocator
     /// (whose per-thread arenas would otherwise hold far more than the cache).
@@ -213,7 +215,7 @@ impl<B: Backend> Cache<B> {
                 readahead: 0,
                 last_write: None,
                 next_gen: 1,
-                discard_epoch: 0,
+                mutations: 0,
                 free: Vec::new(),
             }),
             cfg,
@@ -296,44 +298,58 @@ impl<B: Backend> Cache<B> {
         }
         let end = offset + len;
         self.counters.bytes_read.fetch_add(len, Relaxed);
-        let (runs, epoch) = {
+        let mut first = true;
+        let mut missed = false;
+        // Fetched data may only fill sectors that the cache did not hold when the
+        // fetch was planned. If a flush or discard lands meanwhile, a block written
+        // before this read may have been flushed and evicted, and the fetched bytes
+        // for it can be older: plan again. After two such rounds the read holds the
+        // flush lock, so no flush or discard can land and it always completes.
+        for attempt in 0u32.. {
+            let _no_flush =
+                (attempt >= 2).then(|| self.flush_lock.lock().unwrap_or_else(|p| p.into_inner()));
+            let (runs, epoch) = {
+                let mut st = self.lock();
+                if first {
+                    first = false;
+                    self.track_stream(&mut st, offset, end);
+                }
+                let runs = self.plan_fetch(&st, offset, end, st.readahead);
+                if runs.is_empty() {
+                    let any_data = st.sparse.any_data(offset, end);
+                    self.copy_out(&mut st, offset, buf, &[]);
+                    let c = if missed {
+                        &self.counters.misses
+                    } else if any_data {
+                        &self.counters.hits
+                    } else {
+                        &self.counters.hole_reads
+                    };
+                    c.fetch_add(1, Relaxed);
+                    return Ok(());
+                }
+                (runs, st.mutations)
+            };
+            missed = true;
+            let mut fetched = Vec::with_capacity(runs.len());
+            for (s, e) in runs {
+                let mut data = vec![0u8; (e - s) as usize];
+                self.backend.read(s, &mut data)?;
+                fetched.push((s, data));
+            }
             let mut st = self.lock();
-            if offset == st.seq_next {
-                st.readahead = (st.readahead * 2).clamp(128 * 1024, self.cfg.readahead_max);
-            } else {
-                st.readahead = 0;
+            if st.mutations != epoch {
+                continue;
             }
-            st.seq_next = end;
-            let runs = self.plan_fetch(&st, offset, end, st.readahead);
-            if runs.is_empty() {
-                let any_data = st.sparse.any_data(offset, end);
-                self.copy_out(&mut st, offset, buf, &[]);
-                let c = if any_data {
-                    &self.counters.hits
-                } else {
-                    &self.counters.hole_reads
-                };
-                c.fetch_add(1, Relaxed);
-                return Ok(());
-            }
-            (runs, st.discard_epoch)
-        };
-        self.counters.misses.fetch_add(1, Relaxed);
-        let mut fetched = Vec::with_capacity(runs.len());
-        for (s, e) in runs {
-            let mut data = vec![0u8; (e - s) as usize];
-            self.backend.read(s, &mut data)?;
-            fetched.push((s, data));
-        }
-        let mut st = self.lock();
-        self.copy_out(&mut st, offset, buf, &fetched);
-        if st.discard_epoch == epoch {
+            self.copy_out(&mut st, offset, buf, &fetched);
             for (s, data) in &fetched {
                 self.insert_clean(&mut st, *s, data);
             }
+            self.evict(&mut st);
+            self.counters.misses.fetch_add(1, Relaxed);
+            return Ok(());
         }
-        self.evict(&mut st);
-        Ok(())
+        unreachable!("the loop returns")
     }
 
     /// Block-aligned ranges to fetch for a read of `[offset, end)`: blocks of the
@@ -377,6 +393,19 @@ impl<B: Backend> Cache<B> {
             b += 1;
         }
         runs
+    }
+
+    /// Follows a sequential stream, tolerating the reordering of parallel kernel
+    /// requests, and grows the read-ahead window while it lasts.
+    fn track_stream(&self, st: &mut State, offset: u64, end: u64) {
+        const SLACK: u64 = 2 * 1024 * 1024;
+        if st.seq_next != u64::MAX && offset.abs_diff(st.seq_next) <= SLACK {
+            st.readahead = (st.readahead * 2).clamp(128 * 1024, self.cfg.readahead_max);
+            st.seq_next = st.seq_next.max(end);
+        } else {
+            st.readahead = 0;
+            st.seq_next = end;
+        }
     }
 
     /// Copies `[offset, offset+len)` into `buf`: valid cached sectors first (they may
@@ -424,12 +453,24 @@ impl<B: Backend> Cache<B> {
         while b * BLOCK < end {
             let bs = b * BLOCK;
             let at = (bs - start) as usize;
+            // Holes are zeros whatever the fetched bytes say.
+            let data_mask = st
+                .sparse
+                .data_in(bs, bs + BLOCK)
+                .iter()
+                .fold(0u128, |m, r| {
+                    m | mask((r.start - bs) / SECTOR, (r.end - bs).div_ceil(SECTOR))
+                });
             let fill = |blk: &mut Block| {
                 for sec in 0..SECTORS {
                     if blk.valid & (1u128 << sec) == 0 {
                         let o = (sec * SECTOR) as usize;
-                        blk.data[o..o + SECTOR as usize]
-                            .copy_from_slice(&data[at + o..at + o + SECTOR as usize]);
+                        let out = &mut blk.data[o..o + SECTOR as usize];
+                        if data_mask & (1u128 << sec) != 0 {
+                            out.copy_from_slice(&data[at + o..at + o + SECTOR as usize]);
+                        } else {
+                            out.fill(0);
+                        }
                     }
                 }
                 blk.valid = u128::MAX;
@@ -477,11 +518,17 @@ impl<B: Backend> Cache<B> {
             }
             v
         };
-        let mut edge_data: Vec<(u64, Vec<u8>)> = Vec::new();
-        if !edges.is_empty() {
-            let wanted: Vec<u64> = {
+        let edge_data: Vec<(u64, Vec<u8>)>;
+        // Old bytes of partly covered sectors, fetched unless cached or a hole. No
+        // flush or discard may land between that fetch and its use (the fetched bytes
+        // could then predate data written and evicted since): holding the flush lock
+        // keeps them out. Whole-sector writes never get here.
+        let _no_flush =
+            (!edges.is_empty()).then(|| self.flush_lock.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut st = loop {
+            let (wanted, seen) = {
                 let st = self.lock();
-                edges
+                let wanted: Vec<u64> = edges
                     .iter()
                     .copied()
                     .filter(|&s| {
@@ -492,15 +539,21 @@ impl<B: Backend> Cache<B> {
                             .is_some_and(|blk| blk.valid & (1u128 << sec) != 0);
                         !valid && st.sparse.any_data(s, s + SECTOR)
                     })
-                    .collect()
+                    .collect();
+                (wanted, st.mutations)
             };
+            let mut fetched = Vec::new();
             for s in wanted {
                 let mut d = vec![0u8; SECTOR as usize];
                 self.backend.read(s, &mut d)?;
-                edge_data.push((s, d));
+                fetched.push((s, d));
             }
-        }
-        let mut st = self.lock();
+            let st = self.lock();
+            if st.mutations == seen {
+                edge_data = fetched;
+                break st;
+            }
+        };
         let mut pos = offset;
         let mut newly_dirty = 0u64;
         while pos < end {
@@ -571,7 +624,7 @@ impl<B: Backend> Cache<B> {
     /// backend (fsync, unmount). Data written meanwhile may stay dirty.
     pub fn flush(&self) -> Result<(), DeviceError> {
         let _order = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let mut pending: BTreeSet<u64> = self.lock().dirty.keys().copied().collect();
+        let pending: BTreeSet<u64> = self.lock().dirty.keys().copied().collect();
         if pending.is_empty() {
             return Ok(());
         }
@@ -582,6 +635,50 @@ impl<B: Backend> Cache<B> {
             )));
         }
         self.counters.flushes.fetch_add(1, Relaxed);
+        self.write_blocks(pending)
+    }
+
+    /// Writes complete 4 MiB runs of fully dirty blocks at once, without waiting for
+    /// fsync: a sequential writer's data then travels while it is still writing,
+    /// and the runs are as large as they can ever be, so no coalescing is lost.
+    /// Returns whether anything was written. Skips if another flush is running.
+    pub fn flush_full_runs(&self) -> Result<bool, DeviceError> {
+        let Ok(_order) = self.flush_lock.try_lock() else {
+            return Ok(false);
+        };
+        if self.is_fenced() {
+            return Ok(false);
+        }
+        let pending = {
+            let st = self.lock();
+            let per_run = MAX_RUN / BLOCK;
+            let mut set = BTreeSet::new();
+            let mut streak: Vec<u64> = Vec::new();
+            for (&b, blk) in st.dirty.iter() {
+                if blk.dirty != u128::MAX || streak.last().is_some_and(|&l| l + 1 != b) {
+                    streak.clear();
+                }
+                if blk.dirty == u128::MAX {
+                    streak.push(b);
+                    if streak.len() as u64 == per_run {
+                        set.extend(streak.drain(..));
+                        if set.len() as u64 * BLOCK >= FLUSH_BATCH {
+                            break;
+                        }
+                    }
+                }
+            }
+            set
+        };
+        if pending.is_empty() {
+            return Ok(false);
+        }
+        self.write_blocks(pending)?;
+        Ok(true)
+    }
+
+    /// Writes the dirty sectors of `pending` blocks; the caller holds `flush_lock`.
+    fn write_blocks(&self, mut pending: BTreeSet<u64>) -> Result<(), DeviceError> {
         while !pending.is_empty() {
             let (runs, taken) = self.take_batch(&mut pending);
             if runs.is_empty() {
@@ -592,6 +689,7 @@ impl<B: Backend> Cache<B> {
             let result = self.backend.write_runs(runs);
             let mut st = self.lock();
             if result.is_ok() {
+                st.mutations += 1;
                 for (b, gen, m) in taken {
                     let now_clean = match st.dirty.get_mut(&b) {
                         Some(blk) if blk.gen == gen => {
@@ -699,7 +797,7 @@ impl<B: Backend> Cache<B> {
         let _order = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
         {
             let mut st = self.lock();
-            st.discard_epoch += 1;
+            st.mutations += 1;
             let mut b = s / BLOCK;
             while b * BLOCK < e {
                 let bs = b * BLOCK;
@@ -735,7 +833,11 @@ impl<B: Backend> Cache<B> {
             st.sparse.remove(s, e);
         }
         self.changed.notify_all();
-        self.backend.discard(s, e - s)
+        let result = self.backend.discard(s, e - s);
+        // A fetch planned between the first bump and the clear may have read the
+        // old bytes: this second bump keeps them out of the cache.
+        self.lock().mutations += 1;
+        result
     }
 
     /// Runs the background flusher until [`Cache::close`]: writes dirty data when it
@@ -746,7 +848,7 @@ impl<B: Backend> Cache<B> {
                 let st = self.lock();
                 let st = self
                     .changed
-                    .wait_timeout(st, Duration::from_millis(250))
+                    .wait_timeout(st, Duration::from_millis(50))
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
                 if self.closing.load(Relaxed) {
@@ -759,11 +861,21 @@ impl<B: Backend> Cache<B> {
                             .last_write
                             .is_none_or(|t| t.elapsed() >= self.cfg.flush_after))
             };
-            if due && !self.is_fenced() {
-                if let Err(e) = self.flush() {
-                    warn!("background flush failed (will retry): {e}");
-                    std::thread::sleep(Duration::from_secs(1));
+            let result = if due && !self.is_fenced() {
+                self.flush()
+            } else {
+                // Drain complete runs while there are any.
+                loop {
+                    match self.flush_full_runs() {
+                        Ok(true) => continue,
+                        Ok(false) => break Ok(()),
+                        Err(e) => break Err(e),
+                    }
                 }
+            };
+            if let Err(e) = result {
+                warn!("background flush failed (will retry): {e}");
+                std::thread::sleep(Duration::from_secs(1));
             }
         }
     }
@@ -894,14 +1006,21 @@ mod tests {
             readahead_max: 512 * 1024,
             flush_after: Duration::from_secs(3),
         };
-        let c = Cache::new(
+        let c = Arc::new(Cache::new(
             MemBackend::new(size),
             size,
             SparseMap::default(),
             cfg,
             false,
             Arc::new(AtomicBool::new(false)),
-        );
+        ));
+        // The background flusher runs all along, as in the daemon.
+        let workers: Vec<_> = (0..1)
+            .map(|_| {
+                let c = c.clone();
+                std::thread::spawn(move || c.run_flusher())
+            })
+            .collect();
         let mut model = vec![0u8; size as usize];
         let mut x: u64 = 0x9e3779b97f4a7c15;
         let mut next = || {
@@ -929,17 +1048,25 @@ mod tests {
                 _ => {
                     let mut b = vec![0u8; len as usize];
                     c.read(off, &mut b).unwrap();
-                    assert_eq!(
-                        b,
-                        &model[off as usize..(off + len) as usize],
-                        "round {round}"
-                    );
+                    let want = &model[off as usize..(off + len) as usize];
+                    if b != want {
+                        let at = b.iter().zip(want).position(|(x, y)| x != y).unwrap();
+                        let last = b.iter().zip(want).rposition(|(x, y)| x != y).unwrap();
+                        panic!(
+                            "round {round}: read {len} at {off}: bytes {at}..={last} differ, first is {} not {}",
+                            b[at], want[at]
+                        );
+                    }
                 }
             }
             assert!(c.snapshot().cached_bytes <= 4 * MIB + 512 * 1024, "bounded");
         }
         c.flush().unwrap();
-        assert_eq!(c.backend.contents(), model);
+        assert!(c.backend.contents() == model, "final contents differ");
+        c.close();
+        for w in workers {
+            w.join().unwrap();
+        }
     }
 
     #[test]
@@ -993,5 +1120,29 @@ mod tests {
         flusher.join().unwrap();
         assert!(c.snapshot().write_waits > 0);
         assert!(c.backend.contents().iter().all(|&x| x == 1));
+    }
+
+    #[test]
+    fn complete_runs_travel_before_fsync_and_whole() {
+        let c = Arc::new(cache(64 * MIB, 256 * MIB));
+        let f = c.clone();
+        let flusher = std::thread::spawn(move || f.run_flusher());
+        let data = vec![2u8; MIB as usize];
+        for i in 0..16u64 {
+            c.write(i * MIB, &data).unwrap();
+        }
+        c.write(16 * MIB, &data[..4096]).unwrap();
+        // Without any fsync, the four complete 4 MiB runs are written by the flusher;
+        // the 4 KiB tail stays cached (it may still grow).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c.dirty_bytes() > 4096 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(c.backend.writes.load(Relaxed), 4);
+        assert_eq!(c.dirty_bytes(), 4096);
+        c.flush().unwrap();
+        assert_eq!(c.backend.writes.load(Relaxed), 5);
+        c.close();
+        flusher.join().unwrap();
     }
 }

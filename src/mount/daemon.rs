@@ -370,6 +370,7 @@ fn setup(m: &mut Mounted, mut rec: MountRecord) -> Result<(Ready, UnixListener),
             spawn_lease_keeper(m, id);
         }
     }
+
     // FUSE.
     if m.req.mode == Mode::Fs {
         use std::os::unix::fs::DirBuilderExt;
