@@ -30,6 +30,8 @@ use super::{Backend, DeviceError, MAX_RUN, SECTOR};
 /// Cache block size.
 pub const BLOCK: u64 = 64 * 1024;
 const SECTORS: u64 = BLOCK / SECTOR;
+/// How long a complete run must go unwritten before it is sent ahead of fsync.
+const SETTLE: Duration = Duration::from_millis(100);
 /// How much dirty data one flush batch copies at most, bounding the memory a flush
 /// needs beside the cache itself.
 const FLUSH_BATCH: u64 = 32 * 1024 * 1024;
@@ -66,6 +68,8 @@ struct Block {
     dirty: u128,
     /// Write generation: bumped on every write into the block.
     gen: u64,
+    /// When it was last written: hot blocks are left for fsync to coalesce.
+    touched: Option<Instant>,
 }
 
 impl Block {
@@ -75,6 +79,7 @@ impl Block {
             valid: 0,
             dirty: 0,
             gen: 0,
+            touched: None,
         }
     }
 }
@@ -151,6 +156,7 @@ impl State {
                 valid: 0,
                 dirty: 0,
                 gen: 0,
+                touched: None,
             },
             None => Block::new(),
         }
@@ -556,6 +562,7 @@ impl<B: Backend> Cache<B> {
         };
         let mut pos = offset;
         let mut newly_dirty = 0u64;
+        let now = Instant::now();
         while pos < end {
             let b = pos / BLOCK;
             let bs = b * BLOCK;
@@ -585,6 +592,7 @@ impl<B: Backend> Cache<B> {
             blk.valid |= m;
             blk.dirty |= m;
             blk.gen = gen;
+            blk.touched = Some(now);
             pos = be;
         }
         st.dirty_sectors += newly_dirty;
@@ -654,11 +662,16 @@ impl<B: Backend> Cache<B> {
             let per_run = MAX_RUN / BLOCK;
             let mut set = BTreeSet::new();
             let mut streak: Vec<u64> = Vec::new();
+            // Complete and cooled down: a block rewritten within the last moment is
+            // part of a hot region that fsync will coalesce better.
+            let settled = |blk: &Block| {
+                blk.dirty == u128::MAX && blk.touched.is_none_or(|t| t.elapsed() >= SETTLE)
+            };
             for (&b, blk) in st.dirty.iter() {
-                if blk.dirty != u128::MAX || streak.last().is_some_and(|&l| l + 1 != b) {
+                if !settled(blk) || streak.last().is_some_and(|&l| l + 1 != b) {
                     streak.clear();
                 }
-                if blk.dirty == u128::MAX {
+                if settled(blk) {
                     streak.push(b);
                     if streak.len() as u64 == per_run {
                         set.extend(streak.drain(..));

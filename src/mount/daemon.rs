@@ -417,6 +417,7 @@ fn setup(m: &mut Mounted, mut rec: MountRecord) -> Result<(Ready, UnixListener),
     let mut formatted = false;
     if m.req.mode != Mode::Raw {
         let dev = system::loop_attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
+        system::loop_readahead(&dev, 4096);
         m.device = Some(dev.clone());
         rec.device = Some(dev.clone());
         info!("attached {dev}");

@@ -54,6 +54,17 @@ pub fn loop_attach(file: &Path, read_only: bool) -> Result<String, MountError> {
     Err(last.expect("tried"))
 }
 
+/// Raises a loop device's read-ahead so the kernel asks for large, overlapping
+/// reads of a sequential stream: each request costs a round trip to the blob, so
+/// reading ahead is what keeps the link busy. Best effort.
+pub fn loop_readahead(dev: &str, kib: u32) {
+    let name = dev.trim_start_matches("/dev/");
+    let _ = std::fs::write(
+        format!("/sys/block/{name}/queue/read_ahead_kb"),
+        kib.to_string(),
+    );
+}
+
 /// Detaches a loop device and waits until the kernel let go of its backing file
 /// (until then the FUSE mount below it cannot be unmounted).
 pub fn loop_detach(dev: &str) -> Result<(), MountError> {
