@@ -1,26 +1,37 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit, integration and end-to-end tests,
-# against one Azurite started here on a free port and stopped (by pid) at exit.
-# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test cli`).
+# The project's test command: formatting, lints, then unit, integration and
+# end-to-end tests against one Azurite started here on a free port and stopped
+# (by pid) on exit. Extra arguments go to `cargo test`, e.g.
+#   scripts/test.sh --test cli
+#   scripts/test.sh -- --nocapture
+# Exits with cargo's status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x scripts/node_modules/.bin/azurite-blob ]; then
+# Node dependencies (Azurite): install when missing or older than the lock file.
+if [ ! -x scripts/node_modules/.bin/azurite-blob ] \
+    || [ scripts/package-lock.json -nt scripts/node_modules/.package-lock.json ]; then
+    echo "== npm ci --prefix scripts"
     npm ci --prefix scripts --no-audit --no-fund --loglevel=error
 fi
+
+STATE="$(mktemp -d "${TMPDIR:-/tmp}/blobdrive-azurite.XXXXXX")"
+cleanup() {
+    scripts/azurite.sh stop "$STATE" >/dev/null || true
+    rm -rf "$STATE"
+}
+trap cleanup EXIT
+# Make sure an interrupt still runs the EXIT trap (and so stops Azurite).
+trap 'exit 130' INT
+trap 'exit 143' TERM
+scripts/azurite.sh start "$STATE" >/dev/null
+BLOBDRIVE_TEST_AZURITE_PORT="$(cat "$STATE/port")"
+export BLOBDRIVE_TEST_AZURITE_PORT
+echo "== Azurite on 127.0.0.1:$BLOBDRIVE_TEST_AZURITE_PORT (pid $(cat "$STATE/pid"))"
 
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy --all-targets -- -D warnings"
-cargo clippy --quiet --all-targets -- -D warnings
-
-STATE="$(mktemp -d /tmp/blobdrive-test.XXXXXX)"
-cleanup() {
-    scripts/azurite.sh stop "$STATE" >/dev/null 2>&1 || true
-    rm -rf "$STATE"
-}
-trap cleanup EXIT
-scripts/azurite.sh start "$STATE" >/dev/null
-export BLOBDRIVE_TEST_AZURITE_PORT="$(cat "$STATE/port")"
-echo "== cargo test (Azurite on 127.0.0.1:$BLOBDRIVE_TEST_AZURITE_PORT)"
+cargo clippy --all-targets -- -D warnings
+echo "== cargo test $*"
 cargo test "$@"

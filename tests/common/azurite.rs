@@ -1,34 +1,65 @@
 //! The Azurite every integration test talks to.
 //!
 //! `scripts/test.sh` starts one emulator for the whole run and exports its port in
-//! `BLOBDRIVE_TEST_AZURITE_PORT`; a test binary run alone (`cargo test --test cli`)
-//! starts its own through `scripts/azurite.sh`, under a guard process that stops it
-//! by pid when the test binary exits, since statics are never dropped.
+//! `BLOBDRIVE_TEST_AZURITE_PORT`. A test binary run on its own (`cargo test --test
+//! cli`) starts its own emulator instead, once, through `scripts/azurite.sh` (same
+//! flags, free port, bounded wait), under a guard shell that stops it by pid when
+//! the test binary exits. Statics are never dropped, so the guard does not wait for
+//! a destructor: it waits for EOF on a pipe whose only write end this process holds,
+//! and the kernel closes that when the process ends, however it ends.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{mpsc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 
 pub const DEV_ACCOUNT: &str = "devstoreaccount1";
 pub const DEV_KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 
+/// Environment variable naming the port of an Azurite that is already running.
+pub const PORT_ENV: &str = "BLOBDRIVE_TEST_AZURITE_PORT";
+
+/// Service version the harness's own requests speak.
+const API_VERSION: &str = "2021-12-02";
+
+/// How long `shared()` waits for an emulator it starts itself (including a first
+/// `npm ci` when scripts/node_modules is missing).
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+
 pub struct Azurite {
     pub port: u16,
+    /// Pid of the emulator when this test binary started it; `None` when it came
+    /// from `BLOBDRIVE_TEST_AZURITE_PORT`.
+    pub own_pid: Option<u32>,
 }
 
 static SHARED: OnceLock<Azurite> = OnceLock::new();
 
 impl Azurite {
+    /// The emulator shared by every test in this binary.
     pub fn shared() -> &'static Azurite {
-        SHARED.get_or_init(|| {
-            if let Some(port) = std::env::var("BLOBDRIVE_TEST_AZURITE_PORT")
-                .ok()
-                .and_then(|p| p.parse().ok())
-            {
-                return Azurite { port };
+        SHARED.get_or_init(|| match std::env::var(PORT_ENV) {
+            Ok(v) if !v.trim().is_empty() => {
+                let port: u16 = v
+                    .trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{PORT_ENV}={v:?} is not a port number"));
+                if let Err(e) = connect(port) {
+                    panic!("{PORT_ENV}={port}, but nothing accepts connections there: {e}");
+                }
+                Azurite {
+                    port,
+                    own_pid: None,
+                }
             }
-            start_own()
+            _ => start_own(),
         })
     }
 
@@ -44,53 +75,179 @@ impl Azurite {
     }
 }
 
-/// Starts an emulator owned by this test process. A small shell guard holds the
-/// read end of a pipe whose write end only this process has: when the test binary
-/// exits (however it exits), the guard's read ends and it stops Azurite by pid.
+fn connect(port: u16) -> std::io::Result<TcpStream> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+}
+
+/// Guard shell. $1 = scripts/azurite.sh, $2 = state directory. It ignores
+/// SIGINT/SIGHUP (a Ctrl-C kills the test binary, which is what ends the guard's
+/// wait) and SIGPIPE (so a vanished reader cannot skip the stop).
+const GUARD: &str = r#"
+trap '' INT HUP PIPE
+"$1" start "$2" >/dev/null || exit 1
+echo ready 2>/dev/null
+cat >/dev/null
+"$1" stop "$2" >/dev/null 2>&1
+rm -rf "$2"
+"#;
+
+/// Starts an emulator owned by this test process and guarded as described at the
+/// top of this file.
 fn start_own() -> Azurite {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let state = tempfile::Builder::new()
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = root.join("scripts/azurite.sh");
+    let state: PathBuf = tempfile::Builder::new()
         .prefix("blobdrive-test-azurite.")
         .tempdir()
-        .expect("temp dir")
+        .expect("temp dir for Azurite state")
         .keep();
-    let state = state.to_str().expect("utf-8 temp path").to_string();
-    let script = format!(
-        "set -e; '{root}/scripts/azurite.sh' start '{state}' >/dev/null; echo ready; \
-         cat >/dev/null || true; '{root}/scripts/azurite.sh' stop '{state}' >/dev/null 2>&1; rm -rf '{state}'"
-    );
+
     let mut guard = Command::new("bash")
         .arg("-c")
-        .arg(script)
+        .arg(GUARD)
+        .arg("azurite-guard")
+        .arg(&script)
+        .arg(&state)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("start the Azurite guard");
-    let mut out = guard.stdout.take().expect("guard stdout");
-    let mut buf = [0u8; 6];
-    out.read_exact(&mut buf)
-        .expect("Azurite did not start (see the output above)");
-    assert_eq!(&buf, b"ready\n");
-    // Keep the guard's stdin open for the life of the process: leak it on purpose.
+        .expect("spawn bash for the Azurite guard");
+
+    // Wait for the guard's "ready" line on a helper thread, so the wait is bounded.
+    let out = guard.stdout.take().expect("guard stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let ready = matches!(rx.recv_timeout(START_TIMEOUT), Ok(line) if line == "ready\n");
+    if !ready {
+        // Closing our end of its stdin makes the guard stop whatever it may still
+        // start (it is not killed: that would orphan the emulator).
+        drop(guard.stdin.take());
+        let tail = log_tail(&state);
+        if let Ok(Some(_)) = guard.try_wait() {
+            let _ = std::fs::remove_dir_all(&state);
+        }
+        panic!(
+            "Azurite did not start (waited up to {} s; see also stderr above).\n\
+             --- last lines of {}/log ---\n{tail}",
+            START_TIMEOUT.as_secs(),
+            state.display(),
+        );
+    }
+
+    // Keep the write end of the guard's stdin open for the rest of the process's
+    // life: leaked on purpose, closed by the kernel at exit.
     std::mem::forget(guard.stdin.take());
     std::mem::forget(guard);
-    let port = std::fs::read_to_string(format!("{state}/port"))
-        .expect("port file")
-        .trim()
-        .parse()
-        .expect("port number");
-    Azurite { port }
+
+    let read_num = |file: &str| -> String {
+        std::fs::read_to_string(state.join(file))
+            .unwrap_or_else(|e| panic!("{}/{file}: {e}", state.display()))
+            .trim()
+            .to_string()
+    };
+    let port = read_num("port").parse().expect("port number in state dir");
+    let pid = read_num("pid").parse().expect("pid in state dir");
+    Azurite {
+        port,
+        own_pid: Some(pid),
+    }
 }
 
-/// A container name unique to this test run: lower-case, 3 to 63 characters.
+fn log_tail(state: &Path) -> String {
+    match std::fs::read_to_string(state.join("log")) {
+        Ok(log) => {
+            let lines: Vec<&str> = log.lines().collect();
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        }
+        Err(e) => format!("(no log: {e})"),
+    }
+}
+
+/// A container name unique to this test run, valid for Azure: lower-case letters,
+/// digits and single hyphens, 3 to 63 characters, e.g. `t-snapshot-list-3f9c0a...`.
 pub fn unique_container(tag: &str) -> String {
-    let tag: String = tag
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .map(|c| c.to_ascii_lowercase())
-        .take(30)
-        .collect();
+    let mut clean = String::new();
+    for c in tag.chars() {
+        if c.is_ascii_alphanumeric() {
+            clean.push(c.to_ascii_lowercase());
+        } else if !clean.is_empty() && !clean.ends_with('-') {
+            clean.push('-');
+        }
+        if clean.len() >= 30 {
+            break;
+        }
+    }
+    let clean = clean.trim_end_matches('-');
     let id = uuid::Uuid::new_v4().simple().to_string();
-    format!("t-{tag}-{}", &id[..16])
+    if clean.is_empty() {
+        format!("t-{}", &id[..16])
+    } else {
+        format!("t-{clean}-{}", &id[..16])
+    }
+}
+
+/// Creates container `name`, panicking unless Azurite answers 201 Created.
+pub fn create_container(az: &Azurite, name: &str) {
+    let (status, body) = put_container(az, name);
+    assert_eq!(
+        status, 201,
+        "create container {name:?}: HTTP {status}\n{body}"
+    );
+}
+
+/// Sends a Shared Key-signed `PUT /devstoreaccount1/<name>?restype=container` over a
+/// plain TCP socket (independent of the project's client) and returns the HTTP
+/// status and body: 201 when created, 409 when it exists already.
+pub fn put_container(az: &Azurite, name: &str) -> (u16, String) {
+    let date = httpdate::fmt_http_date(SystemTime::now());
+    let string_to_sign = format!(
+        "PUT\n\n\n\n\n\n\n\n\n\n\n\n\
+         x-ms-date:{date}\nx-ms-version:{API_VERSION}\n\
+         /{DEV_ACCOUNT}/{DEV_ACCOUNT}/{name}\nrestype:container"
+    );
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(DEV_KEY)
+        .expect("dev key is base64");
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("any key length works");
+    mac.update(string_to_sign.as_bytes());
+    let signature = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+
+    let request = format!(
+        "PUT /{DEV_ACCOUNT}/{name}?restype=container HTTP/1.1\r\n\
+         Host: 127.0.0.1:{port}\r\n\
+         x-ms-date: {date}\r\n\
+         x-ms-version: {API_VERSION}\r\n\
+         Authorization: SharedKey {DEV_ACCOUNT}:{signature}\r\n\
+         Content-Length: 0\r\n\
+         Connection: close\r\n\r\n",
+        port = az.port
+    );
+    let mut stream = connect(az.port).expect("connect to Azurite");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    stream
+        .write_all(request.as_bytes())
+        .expect("send request to Azurite");
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .expect("read Azurite's response");
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
 }

@@ -2,3 +2,8 @@
 #![allow(dead_code)]
 
 pub mod azurite;
+
+#[allow(unused_imports)]
+pub use azurite::{
+    create_container, put_container, unique_container, Azurite, DEV_ACCOUNT, DEV_KEY,
+};
