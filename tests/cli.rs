@@ -4,6 +4,7 @@
 mod common;
 mod raw;
 
+use common::util::{json, rt};
 use std::process::{Command, Output};
 
 use blobdrive::azure::{Account, BlobClient, BlobService};
@@ -63,13 +64,6 @@ fn fails(args: &[&str], needle: &str) -> String {
     err
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn service() -> BlobService {
     BlobService::new(
         Account::from_connection_string(&Azurite::shared().connection_string()).unwrap(),
@@ -89,10 +83,6 @@ fn fingerprint(blob: &BlobClient) -> (Option<String>, Vec<u8>) {
         let data = blob.read(0, p.content_length).await.unwrap();
         (p.etag, data.to_vec())
     })
-}
-
-fn json(s: &str) -> Value {
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
 }
 
 #[test]

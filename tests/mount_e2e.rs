@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::util::{json, rt, sh, sh_ok};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -71,32 +72,6 @@ fn fails(args: &[&str], needle: &str) -> String {
         "{args:?}: expected '{needle}' in: {err}"
     );
     err
-}
-
-fn json(s: &str) -> Value {
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
-}
-
-fn sh(script: &str) -> Output {
-    Command::new("bash").arg("-c").arg(script).output().unwrap()
-}
-
-fn sh_ok(script: &str) -> String {
-    let out = sh(script);
-    assert!(
-        out.status.success(),
-        "{script}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn service() -> BlobService {

@@ -5,6 +5,7 @@
 mod common;
 mod faultproxy;
 
+use common::util::{json, rt, sh, sh_ok};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -14,7 +15,6 @@ use base64::Engine;
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use common::azurite::{unique_container, Azurite, DEV_KEY};
 use faultproxy::{Config, Fault, Proxy};
-use serde_json::Value;
 
 fn require_root() {
     // SAFETY: geteuid cannot fail.
@@ -77,32 +77,6 @@ fn fails_with(cs: &str, env: &[(&str, &str)], args: &[&str], needle: &str) -> St
         "{args:?}: expected '{needle}' in: {err}"
     );
     err
-}
-
-fn json(s: &str) -> Value {
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
-}
-
-fn sh(script: &str) -> Output {
-    Command::new("bash").arg("-c").arg(script).output().unwrap()
-}
-
-fn sh_ok(script: &str) -> String {
-    let out = sh(script);
-    assert!(
-        out.status.success(),
-        "{script}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn blob_of(spec: &str) -> BlobClient {

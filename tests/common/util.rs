@@ -1,0 +1,33 @@
+//! Small helpers every end-to-end test binary uses.
+
+use std::process::{Command, Output};
+
+/// A current-thread runtime for the library calls a test makes directly.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Parses command output as JSON, or fails showing it.
+pub fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+/// Runs a bash script.
+pub fn sh(script: &str) -> Output {
+    Command::new("bash").arg("-c").arg(script).output().unwrap()
+}
+
+/// Runs a bash script that must succeed; returns its stdout.
+pub fn sh_ok(script: &str) -> String {
+    let out = sh(script);
+    assert!(
+        out.status.success(),
+        "{script}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
