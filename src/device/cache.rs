@@ -306,6 +306,7 @@ impl<B: Backend> Cache<B> {
         self.counters.bytes_read.fetch_add(len, Relaxed);
         let mut first = true;
         let mut missed = false;
+        let sectors = ((end.div_ceil(SECTOR)) - offset / SECTOR) as usize;
         // Fetched data may only fill sectors that the cache did not hold when the
         // fetch was planned. If a flush or discard lands meanwhile, a block written
         // before this read may have been flushed and evicted, and the fetched bytes
@@ -314,16 +315,17 @@ impl<B: Backend> Cache<B> {
         for attempt in 0u32.. {
             let _no_flush =
                 (attempt >= 2).then(|| self.flush_lock.lock().unwrap_or_else(|p| p.into_inner()));
-            let (runs, epoch) = {
+            let (runs, epoch, mut filled) = {
                 let mut st = self.lock();
                 if first {
                     first = false;
                     self.track_stream(&mut st, offset, end);
                 }
                 let runs = self.plan_fetch(&st, offset, end, st.readahead);
+                let mut filled = vec![false; sectors];
                 if runs.is_empty() {
                     let any_data = st.sparse.any_data(offset, end);
-                    self.copy_out(&mut st, offset, buf, &[]);
+                    self.copy_out(&mut st, offset, buf, &[], &mut filled, false);
                     let c = if missed {
                         &self.counters.misses
                     } else if any_data {
@@ -334,7 +336,8 @@ impl<B: Backend> Cache<B> {
                     c.fetch_add(1, Relaxed);
                     return Ok(());
                 }
-                (runs, st.mutations)
+                self.copy_out(&mut st, offset, buf, &[], &mut filled, true);
+                (runs, st.mutations, filled)
             };
             missed = true;
             let mut fetched = Vec::with_capacity(runs.len());
@@ -347,7 +350,7 @@ impl<B: Backend> Cache<B> {
             if st.mutations != epoch {
                 continue;
             }
-            self.copy_out(&mut st, offset, buf, &fetched);
+            self.copy_out(&mut st, offset, buf, &fetched, &mut filled, false);
             for (s, data) in &fetched {
                 self.insert_clean(&mut st, *s, data);
             }
@@ -414,10 +417,23 @@ impl<B: Backend> Cache<B> {
         }
     }
 
-    /// Copies `[offset, offset+len)` into `buf`: valid cached sectors first (they may
-    /// be newer than anything fetched), then fetched data, else zeros (a hole).
-    fn copy_out(&self, st: &mut State, offset: u64, buf: &mut [u8], fetched: &[(u64, Vec<u8>)]) {
+    /// Copies `[offset, offset+len)` into `buf`. Valid cached sectors always win
+    /// (they may be newer than anything fetched). In the `planning` pass only those
+    /// are copied, and `filled` remembers them: a block the plan relied on may be
+    /// evicted by another thread before the fetch returns, and its bytes must not
+    /// turn into zeros then. In the final pass the rest comes from `fetched`, or is
+    /// zeros (a hole).
+    fn copy_out(
+        &self,
+        st: &mut State,
+        offset: u64,
+        buf: &mut [u8],
+        fetched: &[(u64, Vec<u8>)],
+        filled: &mut [bool],
+        planning: bool,
+    ) {
         let end = offset + buf.len() as u64;
+        let first_sector = offset / SECTOR;
         let mut pos = offset;
         while pos < end {
             let b = pos / BLOCK;
@@ -428,11 +444,14 @@ impl<B: Backend> Cache<B> {
                 let sec = (pos - bs) / SECTOR;
                 let sec_end = (bs + (sec + 1) * SECTOR).min(be);
                 let n = (sec_end - pos) as usize;
+                let i = (pos / SECTOR - first_sector) as usize;
                 let out = &mut buf[(pos - offset) as usize..][..n];
                 match blk {
                     Some(blk) if blk.valid & (1u128 << sec) != 0 => {
                         out.copy_from_slice(&blk.data[(pos - bs) as usize..][..n]);
+                        filled[i] = true;
                     }
+                    _ if planning || filled[i] => {}
                     _ => match fetched
                         .iter()
                         .find(|(s, d)| *s <= pos && pos < *s + d.len() as u64)
@@ -1157,5 +1176,57 @@ mod tests {
         assert_eq!(c.backend.writes.load(Relaxed), 5);
         c.close();
         flusher.join().unwrap();
+    }
+
+    #[test]
+    fn concurrent_readers_under_eviction_see_only_real_data() {
+        // Regression: a block the read plan relied on was evicted by another
+        // reader's insert before the fetch returned, and its bytes came back as zeros.
+        let size = 8 * MIB;
+        let cfg = CacheConfig {
+            capacity: MIB,
+            dirty_limit: MIB / 2,
+            readahead_max: 256 * 1024,
+            flush_after: Duration::from_secs(3),
+        };
+        let c = Arc::new(Cache::new(
+            MemBackend::new(size),
+            size,
+            SparseMap::default(),
+            cfg,
+            false,
+            Arc::new(AtomicBool::new(false)),
+        ));
+        let pattern = |pos: u64| (pos / SECTOR % 251) as u8 + 1;
+        let data: Vec<u8> = (0..size).map(pattern).collect();
+        for off in (0..size).step_by(MIB as usize) {
+            c.write(off, &data[off as usize..(off + MIB) as usize])
+                .unwrap();
+            c.flush().unwrap();
+        }
+        let readers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0x2545F4914F6CDD1Du64 ^ (t + 1);
+                    for _ in 0..400 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let off = x % (size - 1);
+                        let len = (x >> 32) % (200 * 1024) + 1;
+                        let len = len.min(size - off);
+                        let mut b = vec![0u8; len as usize];
+                        c.read(off, &mut b).unwrap();
+                        if let Some(i) = (0..len).find(|&i| b[i as usize] != pattern(off + i)) {
+                            panic!("read {len} at {off}: byte {i} is {}", b[i as usize]);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for r in readers {
+            r.join().unwrap();
+        }
     }
 }
