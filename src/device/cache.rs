@@ -136,10 +136,6 @@ struct State {
     /// landed, a discard cleared pages). Data fetched before a bump may be older than
     /// what the cache has since written and evicted, so it is not cached.
     mutations: u64,
-    /// End of what was handed to the prefetcher for the current stream.
-    prefetch_until: u64,
-    /// Read-ahead ranges waiting for the prefetcher.
-    prefetch: Vec<(u64, u64)>,
     /// Buffers of evicted blocks, reused for new ones: block memory is allocated up
     /// to the capacity once and then recycled, instead of churning the allocator
     /// (whose per-thread arenas would otherwise hold far more than the cache).
@@ -227,8 +223,6 @@ impl<B: Backend> Cache<B> {
                 next_gen: 1,
                 mutations: 0,
                 free: Vec::new(),
-                prefetch_until: 0,
-                prefetch: Vec::new(),
             }),
             cfg,
             changed: Condvar::new(),
@@ -420,82 +414,6 @@ impl<B: Backend> Cache<B> {
         } else {
             st.readahead = 0;
             st.seq_next = end;
-            st.prefetch_until = 0;
-            st.prefetch.clear();
-            return;
-        }
-        // Keep the prefetcher about two windows ahead of the stream.
-        let ra = st.readahead;
-        let start = st.prefetch_until.max(end + ra);
-        if start < end + 3 * ra && start < self.size && st.prefetch.len() < 4 {
-            let stop = (start + ra).min(self.size);
-            st.prefetch.push((start, stop));
-            st.prefetch_until = stop;
-            self.changed.notify_all();
-        }
-    }
-
-    /// Runs the prefetcher until [`Cache::close`]: fetches read-ahead ranges of a
-    /// sequential stream in the background, so the reader finds them cached instead
-    /// of waiting for each window in turn.
-    ///
-    /// It only ever adds blocks that are absent both when it plans and when its data
-    /// arrives, and only if no flush or discard landed in between: a block present
-    /// meanwhile may hold newer data, and a landed flush or discard may make the
-    /// fetched bytes stale. Readers never wait for it; at worst a block is fetched
-    /// twice.
-    pub fn run_prefetcher(&self) {
-        loop {
-            let (runs, epoch) = {
-                let mut st = self.lock();
-                let range = loop {
-                    if self.closing.load(Relaxed) {
-                        return;
-                    }
-                    if !st.prefetch.is_empty() {
-                        break st.prefetch.remove(0);
-                    }
-                    st = self
-                        .changed
-                        .wait_timeout(st, Duration::from_millis(200))
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
-                };
-                let mut runs: Vec<(u64, u64)> = Vec::new();
-                let mut b = range.0 / BLOCK;
-                while b * BLOCK < range.1 {
-                    let bs = b * BLOCK;
-                    let be = (bs + BLOCK).min(self.size);
-                    if st.block(b).is_none() && st.sparse.any_data(bs, be) {
-                        match runs.last_mut() {
-                            Some(last) if last.1 == bs => last.1 = be,
-                            _ => runs.push((bs, be)),
-                        }
-                    }
-                    b += 1;
-                }
-                (runs, st.mutations)
-            };
-            for (s, e) in runs {
-                let mut data = vec![0u8; (e - s) as usize];
-                if self.backend.read(s, &mut data).is_err() {
-                    break;
-                }
-                let mut st = self.lock();
-                if st.mutations != epoch {
-                    break;
-                }
-                let mut b = s / BLOCK;
-                while b * BLOCK < e {
-                    if st.block(b).is_none() {
-                        let at = ((b * BLOCK) - s) as usize;
-                        let n = (BLOCK as usize).min(data.len() - at);
-                        self.insert_clean(&mut st, b * BLOCK, &data[at..at + n]);
-                    }
-                    b += 1;
-                }
-                self.evict(&mut st);
-            }
         }
     }
 
@@ -1128,17 +1046,11 @@ mod tests {
             false,
             Arc::new(AtomicBool::new(false)),
         ));
-        // The background flusher and prefetcher run all along, as in the daemon.
-        let workers: Vec<_> = (0..2)
-            .map(|i| {
+        // The background flusher runs all along, as in the daemon.
+        let workers: Vec<_> = (0..1)
+            .map(|_| {
                 let c = c.clone();
-                std::thread::spawn(move || {
-                    if i == 0 {
-                        c.run_flusher()
-                    } else {
-                        c.run_prefetcher()
-                    }
-                })
+                std::thread::spawn(move || c.run_flusher())
             })
             .collect();
         let mut model = vec![0u8; size as usize];

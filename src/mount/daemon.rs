@@ -370,13 +370,6 @@ fn setup(m: &mut Mounted, mut rec: MountRecord) -> Result<(Ready, UnixListener),
             spawn_lease_keeper(m, id);
         }
     }
-    for i in 0..2 {
-        let c = cache.clone();
-        std::thread::Builder::new()
-            .name(format!("blobdrive-prefetch-{i}"))
-            .spawn(move || c.run_prefetcher())
-            .map_err(|e| MountError::System(format!("cannot start a prefetcher: {e}")))?;
-    }
 
     // FUSE.
     if m.req.mode == Mode::Fs {
