@@ -34,4 +34,12 @@ cargo fmt --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 echo "== cargo test $*"
-cargo test "$@"
+set +e
+cargo test "$@" 2>&1 | tee "$STATE/cargo-test.log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line over every test binary (the last binary cargo runs is the
+# doc-test pass, which has no tests of its own).
+awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' \
+    "$STATE/cargo-test.log"
+exit "$status"
