@@ -193,6 +193,28 @@ fn raw_images_round_up_and_vhds_from_qemu_upload() {
         "raw",
     ]);
     sh_ok(&format!("cmp '{}' '{}'", raw.display(), back.display()));
+    // ...and mounts: the served disk is byte for byte the image qemu-img converted.
+    let mnt = tempfile::Builder::new()
+        .prefix("blobdrive-qemu-mnt.")
+        .tempdir()
+        .unwrap();
+    let m = mnt.path().to_str().unwrap();
+    ok(&[
+        "mount",
+        &format!("{c}/q.vhd"),
+        m,
+        "--mode",
+        "raw",
+        "--read-only",
+    ]);
+    let same = Command::new("cmp")
+        .arg(&raw)
+        .arg(format!("{m}/disk"))
+        .status()
+        .unwrap()
+        .success();
+    ok(&["unmount", m]);
+    assert!(same, "the mounted qemu-made VHD differs from its source");
     // Dynamic VHDs are refused by name; nothing is created.
     let dynamic = dir.path().join("d.vhd");
     sh_ok(&format!(
