@@ -308,13 +308,7 @@ impl BlobService {
                     sign::authorization(&account.name, key, &sts),
                 ));
             }
-            Credential::Sas(sas) => {
-                let q = match url.query() {
-                    Some(q) if !q.is_empty() => format!("{q}&{sas}"),
-                    _ => sas.clone(),
-                };
-                url.set_query(Some(&q));
-            }
+            Credential::Sas(sas) => append_sas(&mut url, sas),
             Credential::Anonymous => {}
         }
         let mut map = HeaderMap::with_capacity(headers.len());
@@ -359,6 +353,15 @@ impl BlobService {
             message,
         }
     }
+}
+
+/// Appends a SAS token, byte for byte as given, to a URL's query.
+fn append_sas(url: &mut Url, sas: &str) {
+    let q = match url.query() {
+        Some(q) if !q.is_empty() => format!("{q}&{sas}"),
+        _ => sas.to_string(),
+    };
+    url.set_query(Some(&q));
 }
 
 /// A transport error without its URL (which could hold a SAS), with its causes.
@@ -1033,11 +1036,7 @@ impl BlobClient {
             src.query_pairs_mut().append_pair("snapshot", s);
         }
         if let Credential::Sas(sas) = &source.svc.inner.account.credential {
-            let q = match src.query() {
-                Some(q) if !q.is_empty() => format!("{q}&{sas}"),
-                _ => sas.clone(),
-            };
-            src.set_query(Some(&q));
+            append_sas(&mut src, sas);
         }
         let mut req = self.request(Op::Copy, Method::PUT, &[], &[202]);
         req.header("x-ms-copy-source", src.to_string());

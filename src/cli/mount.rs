@@ -96,20 +96,15 @@ pub fn run(ctx: &Context, args: Args, connection_string: Option<&str>) -> Result
     };
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.
-        daemon::run(req, ctx.account.clone(), &mut |r| {
-            if let Ok(ready) = r {
-                print_ready(ready, &r_display(&args.blob));
+        let blob = r.to_string();
+        daemon::run(req, ctx.account.clone(), &mut |outcome| {
+            if let Ok(ready) = outcome {
+                print_ready(ready, &blob);
             }
         })?;
         return Ok(());
     }
-    spawn_daemon(&req, connection_string, &args.blob)
-}
-
-fn r_display(spec: &str) -> String {
-    BlobRef::parse(spec)
-        .map(|r| r.to_string())
-        .unwrap_or_default()
+    spawn_daemon(&req, connection_string, &r.to_string())
 }
 
 /// Refusals that need no network: root, /dev/fuse, an empty directory that is not
@@ -140,7 +135,7 @@ fn preflight(mountpoint: &Path) -> Result<()> {
     Ok(())
 }
 
-fn spawn_daemon(req: &MountRequest, connection_string: Option<&str>, spec: &str) -> Result<()> {
+fn spawn_daemon(req: &MountRequest, connection_string: Option<&str>, blob: &str) -> Result<()> {
     record::ensure_dir().context("cannot create the run directory")?;
     let id = record::id_for(&req.mountpoint);
     let (_, _, log_path, _) = record::paths(&id);
@@ -166,7 +161,7 @@ fn spawn_daemon(req: &MountRequest, connection_string: Option<&str>, spec: &str)
     BufReader::new(stdout).read_line(&mut answer)?;
     if let Some(json) = answer.strip_prefix("READY ") {
         let ready: Ready = serde_json::from_str(json.trim())?;
-        print_ready(&ready, &r_display(spec));
+        print_ready(&ready, blob);
         return Ok(());
     }
     if let Some(msg) = answer.strip_prefix("ERROR ") {

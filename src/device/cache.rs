@@ -927,11 +927,16 @@ mod tests {
     const MIB: u64 = 1024 * 1024;
 
     fn cache(size: u64, capacity: u64) -> Cache<MemBackend> {
+        cache_with(size, CacheConfig::with_capacity(capacity))
+    }
+
+    /// An empty in-memory drive of `size` behind a cache tuned by `cfg`.
+    fn cache_with(size: u64, cfg: CacheConfig) -> Cache<MemBackend> {
         Cache::new(
             MemBackend::new(size),
             size,
             SparseMap::default(),
-            CacheConfig::with_capacity(capacity),
+            cfg,
             false,
             Arc::new(AtomicBool::new(false)),
         )
@@ -1038,14 +1043,7 @@ mod tests {
             readahead_max: 512 * 1024,
             flush_after: Duration::from_secs(3),
         };
-        let c = Arc::new(Cache::new(
-            MemBackend::new(size),
-            size,
-            SparseMap::default(),
-            cfg,
-            false,
-            Arc::new(AtomicBool::new(false)),
-        ));
+        let c = Arc::new(cache_with(size, cfg));
         // The background flusher runs all along, as in the daemon.
         let workers: Vec<_> = (0..1)
             .map(|_| {
@@ -1189,14 +1187,7 @@ mod tests {
             readahead_max: 256 * 1024,
             flush_after: Duration::from_secs(3),
         };
-        let c = Arc::new(Cache::new(
-            MemBackend::new(size),
-            size,
-            SparseMap::default(),
-            cfg,
-            false,
-            Arc::new(AtomicBool::new(false)),
-        ));
+        let c = Arc::new(cache_with(size, cfg));
         let pattern = |pos: u64| (pos / SECTOR % 251) as u8 + 1;
         let data: Vec<u8> = (0..size).map(pattern).collect();
         for off in (0..size).step_by(MIB as usize) {

@@ -83,12 +83,15 @@ impl Backend for RemoteBackend {
             .step_by(MAX_RUN as usize)
             .map(|o| (offset + o, (len - o).min(MAX_RUN)))
             .collect();
-        let blob = &self.blob;
         let results = self.rt.block_on(async {
-            let futs = chunks.iter().map(|&(o, l)| blob.read(o, l));
-            futures_join_all(futs).await
+            let mut tasks = tokio::task::JoinSet::new();
+            for &(o, l) in &chunks {
+                let blob = self.blob.clone();
+                tasks.spawn(async move { (o, blob.read(o, l).await) });
+            }
+            tasks.join_all().await
         });
-        for ((o, _), r) in chunks.iter().zip(results) {
+        for (o, r) in results {
             let data = r.map_err(|e| self.map(e))?;
             let at = (o - offset) as usize;
             buf[at..at + data.len()].copy_from_slice(&data);
@@ -150,34 +153,4 @@ impl Backend for RemoteBackend {
         }
         Ok(())
     }
-}
-
-/// Awaits all futures concurrently, keeping their order.
-async fn futures_join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
-    join_pinned(futs.map(Box::pin).collect()).await
-}
-
-async fn join_pinned<F: std::future::Future>(
-    mut futs: Vec<std::pin::Pin<Box<F>>>,
-) -> Vec<F::Output> {
-    use std::task::Poll;
-    let mut done: Vec<Option<F::Output>> = (0..futs.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in futs.iter_mut().enumerate() {
-            if done[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    Poll::Ready(v) => done[i] = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    done.into_iter().map(|v| v.expect("all ready")).collect()
 }

@@ -31,6 +31,57 @@ pub enum Format {
     Raw,
 }
 
+impl Format {
+    /// Length of a local image of a `disk`-byte drive in this format.
+    fn file_len(self, disk: u64) -> u64 {
+        match self {
+            Format::Vhd => disk + FOOTER_SIZE,
+            Format::Raw => disk,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Format::Vhd => "vhd",
+            Format::Raw => "raw",
+        }
+    }
+}
+
+/// Last steps of every download: the footer (VHD format) and an fsync.
+async fn finish(
+    blob: &BlobClient,
+    file: &File,
+    path: &Path,
+    size: u64,
+    format: Format,
+) -> Result<(), TransferError> {
+    if format == Format::Vhd {
+        let footer = blob.read(size, FOOTER_SIZE).await?;
+        file.write_all_at(&footer, size).map_err(file_err(path))?;
+    }
+    file.sync_all().map_err(file_err(path))
+}
+
+/// The report of a download that started at `started` with counters `before`.
+fn report(
+    blob: &BlobClient,
+    before: crate::azure::StatsSnapshot,
+    size: u64,
+    started: Instant,
+    method: Option<String>,
+) -> Report {
+    let after = blob.service().stats();
+    Report {
+        image_bytes: size,
+        bytes_transferred: after.bytes_downloaded - before.bytes_downloaded,
+        requests: after.get_requests - before.get_requests,
+        skipped_bytes: 0,
+        seconds: started.elapsed().as_secs_f64(),
+        method,
+    }
+}
+
 /// What an incremental update must do to an old copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
@@ -183,20 +234,12 @@ pub async fn download(
         .open(&part)
         .map_err(file_err(&part))?;
     let file = Arc::new(file);
-    let len = match format {
-        Format::Vhd => size + FOOTER_SIZE,
-        Format::Raw => size,
-    };
     let before = blob.service().stats();
     let result = async {
-        file.set_len(len).map_err(file_err(&part))?;
+        file.set_len(format.file_len(size))
+            .map_err(file_err(&part))?;
         fetch_into(blob, &file, &part, &fetch, quiet).await?;
-        if format == Format::Vhd {
-            let footer = blob.read(size, FOOTER_SIZE).await?;
-            file.write_all_at(&footer, size).map_err(file_err(&part))?;
-        }
-        file.sync_all().map_err(file_err(&part))?;
-        Ok::<(), TransferError>(())
+        finish(blob, &file, &part, size, format).await
     }
     .await;
     if let Err(e) = result {
@@ -204,15 +247,7 @@ pub async fn download(
         return Err(e);
     }
     std::fs::rename(&part, path).map_err(file_err(path))?;
-    let after = blob.service().stats();
-    Ok(Report {
-        image_bytes: size,
-        bytes_transferred: after.bytes_downloaded - before.bytes_downloaded,
-        requests: after.get_requests - before.get_requests,
-        skipped_bytes: 0,
-        seconds: started.elapsed().as_secs_f64(),
-        method: None,
-    })
+    Ok(report(blob, before, size, started, None))
 }
 
 /// Updates `path`, a local copy of `old`, in place to `new`.
@@ -234,10 +269,7 @@ pub async fn download_since(
             new.target()
         )));
     }
-    let expected = match format {
-        Format::Vhd => size + FOOTER_SIZE,
-        Format::Raw => size,
-    };
+    let expected = format.file_len(size);
     let file = OpenOptions::new()
         .write(true)
         .open(path)
@@ -247,10 +279,7 @@ pub async fn download_since(
         return Err(TransferError::Refused(format!(
             "{} is {have} bytes, but a {} copy of {} is {expected}: is it the right file and --format?",
             path.display(),
-            match format {
-                Format::Vhd => "vhd",
-                Format::Raw => "raw",
-            },
+            format.name(),
             old.target()
         )));
     }
@@ -262,12 +291,7 @@ pub async fn download_since(
             punch_hole(&file, z.start, z.len()).map_err(file_err(path))?;
         }
         fetch_into(new, &file, path, &plan.fetch, quiet).await?;
-        if format == Format::Vhd {
-            let footer = new.read(size, FOOTER_SIZE).await?;
-            file.write_all_at(&footer, size).map_err(file_err(path))?;
-        }
-        file.sync_all().map_err(file_err(path))?;
-        Ok::<(), TransferError>(())
+        finish(new, &file, path, size, format).await
     }
     .await;
     if let Err(e) = result {
@@ -276,15 +300,13 @@ pub async fn download_since(
             path.display()
         )));
     }
-    let after = new.service().stats();
-    Ok(Report {
-        image_bytes: size,
-        bytes_transferred: after.bytes_downloaded - before.bytes_downloaded,
-        requests: after.get_requests - before.get_requests,
-        skipped_bytes: 0,
-        seconds: started.elapsed().as_secs_f64(),
-        method: Some(plan.method.to_string()),
-    })
+    Ok(report(
+        new,
+        before,
+        size,
+        started,
+        Some(plan.method.to_string()),
+    ))
 }
 
 /// Makes `[offset, offset+len)` of a file a hole (zeros, no space), keeping its size.

@@ -88,7 +88,7 @@ pub fn inspect(path: &Path) -> Result<Source, TransferError> {
         let disk_size = footer.current_size.div_ceil(MIB) * MIB;
         check_size(path, disk_size)?;
         let footer_bytes = if disk_size == footer.current_size {
-            *tail_footer(bytes)
+            *bytes
         } else {
             Footer::new_fixed(disk_size)
                 .map_err(|e| TransferError::Refused(e.to_string()))?
@@ -111,10 +111,6 @@ pub fn inspect(path: &Path) -> Result<Source, TransferError> {
             .to_bytes(),
         kind: "raw image",
     })
-}
-
-fn tail_footer(b: &[u8; 512]) -> &[u8; 512] {
-    b
 }
 
 fn check_size(path: &Path, disk: u64) -> Result<(), TransferError> {
