@@ -4,7 +4,7 @@
 mod common;
 mod raw;
 
-use common::util::{json, rt};
+use common::util::{json, rt, stdout_of_success};
 use std::process::{Command, Output};
 
 use blobdrive::azure::{Account, BlobClient, BlobService};
@@ -32,14 +32,7 @@ fn run(args: &[&str]) -> Output {
 
 /// Runs a command that must succeed; returns stdout.
 fn ok(args: &[&str]) -> String {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    stdout_of_success(&args, run(args))
 }
 
 /// Runs a command that must fail with one clear line on stderr containing `needle`.

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::util::{json, rt, sh, sh_ok};
+use common::util::{json, rt, sh, sh_ok, stdout_of_success};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -53,14 +53,7 @@ fn bd(args: &[&str]) -> Output {
 }
 
 fn ok(args: &[&str]) -> String {
-    let out = bd(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    stdout_of_success(&args, bd(args))
 }
 
 fn fails(args: &[&str], needle: &str) -> String {
@@ -119,6 +112,21 @@ impl Mp {
     fn stats(&self) -> Value {
         json(&ok(&["stats", self.s(), "--json"]))
     }
+
+    /// This mount's entry in `list --json`.
+    fn listed(&self) -> Value {
+        let list = json(&ok(&["list", "--json"]));
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["mountpoint"] == self.s())
+            .expect("listed")
+            .clone()
+    }
+
+    fn pid(&self) -> u64 {
+        self.listed()["pid"].as_u64().unwrap()
+    }
 }
 
 impl Drop for Mp {
@@ -174,14 +182,7 @@ fn filesystem_mode_survives_unmount_and_remount() {
     let out = ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     assert!(out.contains("ext4") && out.contains("/dev/loop"), "{out}");
     let sums = write_tree(mp.path());
-    let list = json(&ok(&["list", "--json"]));
-    let me = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountpoint"] == mp.s())
-        .expect("listed")
-        .clone();
+    let me = mp.listed();
     assert_eq!(me["mode"], "fs");
     assert_eq!(me["blob"], spec.as_str());
     assert_eq!(me["read_only"], false);
@@ -391,14 +392,7 @@ fn one_writer_many_readers_and_snapshot_mounts() {
     assert_eq!(sh_ok(&format!("head -c 9 '{}/disk'", s1.s())), "version-1");
     assert_eq!(sh_ok(&format!("head -c 9 '{}/disk'", s2.s())), "version-1");
     assert_eq!(sh_ok(&format!("head -c 9 '{disk}'")), "version-2");
-    let list = json(&ok(&["list", "--json"]));
-    let snap_entry = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountpoint"] == s1.s())
-        .unwrap()
-        .clone();
+    let snap_entry = s1.listed();
     assert_eq!(snap_entry["snapshot"], snap.as_str());
     assert_eq!(snap_entry["read_only"], true);
     for m in [&s1, &s2, &r1, &r2, &writer] {
@@ -498,15 +492,7 @@ fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
     holder.kill().unwrap();
     holder.wait().unwrap();
     // SIGTERM to the daemon unmounts like `unmount` does.
-    let list = json(&ok(&["list", "--json"]));
-    let pid = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountpoint"] == mp.s())
-        .unwrap()["pid"]
-        .as_u64()
-        .unwrap();
+    let pid = mp.pid();
     sh_ok(&format!("kill -TERM {pid}"));
     for _ in 0..200 {
         if !Path::new(&format!("/proc/{pid}")).exists() {
@@ -530,15 +516,7 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
         "echo durable > '{0}/f' && sync -f '{0}/f'",
         mp.s()
     ));
-    let list = json(&ok(&["list", "--json"]));
-    let pid = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountpoint"] == mp.s())
-        .unwrap()["pid"]
-        .as_u64()
-        .unwrap();
+    let pid = mp.pid();
     sh_ok(&format!("kill -KILL {pid}"));
     std::thread::sleep(Duration::from_millis(300));
     fails(&["mount", &spec, Mp::new().s()], "lease break");
@@ -615,15 +593,7 @@ fn memory_stays_bounded_and_parallel_io_progresses() {
          c=$!
          wait $a; wait $b; wait $c"
     ));
-    let list = json(&ok(&["list", "--json"]));
-    let pid = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountpoint"] == mp.s())
-        .unwrap()["pid"]
-        .as_u64()
-        .unwrap();
+    let pid = mp.pid();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let hwm_kib: u64 = status
         .lines()

@@ -5,7 +5,7 @@
 mod common;
 mod faultproxy;
 
-use common::util::{json, rt, sh, sh_ok};
+use common::util::{json, rt, sh, sh_ok, stdout_of_success};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -48,14 +48,7 @@ fn az() -> String {
 }
 
 fn ok_with(cs: &str, env: &[(&str, &str)], args: &[&str]) -> String {
-    let out = bd_with(cs, env, args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    stdout_of_success(&args, bd_with(cs, env, args))
 }
 
 fn ok(args: &[&str]) -> String {

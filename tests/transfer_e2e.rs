@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::util::{json, rt, sh_ok};
+use common::util::{json, rt, sh_ok, stdout_of_success};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -38,14 +38,7 @@ fn bd(args: &[&str]) -> Output {
 }
 
 fn ok(args: &[&str]) -> String {
-    let out = bd(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    stdout_of_success(&args, bd(args))
 }
 
 fn fails(args: &[&str], needle: &str) {

@@ -15,6 +15,18 @@ pub fn json(s: &str) -> serde_json::Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
 }
 
+/// The stdout of a command that must have succeeded; fails the test with its
+/// output otherwise.
+pub fn stdout_of_success(what: &impl std::fmt::Debug, out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// Runs a bash script.
 pub fn sh(script: &str) -> Output {
     Command::new("bash").arg("-c").arg(script).output().unwrap()
@@ -22,12 +34,5 @@ pub fn sh(script: &str) -> Output {
 
 /// Runs a bash script that must succeed; returns its stdout.
 pub fn sh_ok(script: &str) -> String {
-    let out = sh(script);
-    assert!(
-        out.status.success(),
-        "{script}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    stdout_of_success(&script, sh(script))
 }
