@@ -25,14 +25,7 @@ fi
 say() { printf '\n== %s\n' "$*" >&2; }
 
 say "dependencies"
-need=()
-command -v fio >/dev/null || need+=(fio)
-command -v s3backer >/dev/null || need+=(s3backer)
-command -v fusermount3 >/dev/null || need+=(fuse3)
-if [ "${#need[@]}" -gt 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
-fi
+scripts/install-deps.sh >&2
 VENV="$ROOT/target/bench-venv"
 if [ ! -x "$VENV/bin/moto_server" ]; then
     python3 -m venv "$VENV"

@@ -14,14 +14,8 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-say "installing system packages if missing (fuse3, e2fsprogs)"
-need=()
-command -v fusermount3 >/dev/null || need+=(fuse3)
-command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
-if [ "${#need[@]}" -gt 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
-fi
+say "installing system packages if missing"
+scripts/install-deps.sh
 
 say "installing test dependencies (Azurite from scripts/package-lock.json)"
 if [ ! -x scripts/node_modules/.bin/azurite-blob ]; then

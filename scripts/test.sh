@@ -8,6 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# System packages (fuse3, e2fsprogs, qemu-utils, ...) when missing; needs root.
+scripts/install-deps.sh
+
 # Node dependencies (Azurite): install when missing or older than the lock file.
 if [ ! -x scripts/node_modules/.bin/azurite-blob ] \
     || [ scripts/package-lock.json -nt scripts/node_modules/.package-lock.json ]; then
