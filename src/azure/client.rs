@@ -134,6 +134,8 @@ struct Response {
     status: u16,
     headers: HeaderMap,
     body: Bytes,
+    /// Bytes streamed into the caller's buffer (see `execute_into`).
+    streamed: usize,
 }
 
 impl Request {
@@ -229,6 +231,17 @@ impl BlobService {
 
     /// Sends `req`, retrying what is worth retrying within the policy's limits.
     async fn execute(&self, req: Request) -> Result<Response, AzureError> {
+        self.execute_into(req, None).await
+    }
+
+    /// [`Self::execute`], with a successful response's body streamed into `sink`
+    /// instead of collected (`Response::streamed` says how much came), which saves
+    /// a copy and a fresh allocation per large read. Every attempt starts over.
+    async fn execute_into(
+        &self,
+        req: Request,
+        mut sink: Option<&mut [u8]>,
+    ) -> Result<Response, AzureError> {
         let policy = &self.inner.policy;
         let max_attempts = req.max_attempts.unwrap_or(policy.max_attempts).max(1);
         let started = Instant::now();
@@ -241,7 +254,7 @@ impl BlobService {
             let timeout = policy
                 .request_timeout
                 .min(remaining.max(Duration::from_secs(2)));
-            let failure = match self.attempt(&req, timeout).await {
+            let failure = match self.attempt(&req, timeout, sink.as_deref_mut()).await {
                 Ok(resp) if req.ok.contains(&resp.status) => {
                     debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
                     return Ok(resp);
@@ -288,7 +301,12 @@ impl BlobService {
 
     /// One signed attempt. `Err` carries a description of a transport failure, free
     /// of URLs.
-    async fn attempt(&self, req: &Request, timeout: Duration) -> Result<Response, String> {
+    async fn attempt(
+        &self,
+        req: &Request,
+        timeout: Duration,
+        sink: Option<&mut [u8]>,
+    ) -> Result<Response, String> {
         let account = &self.inner.account;
         let date = httpdate::fmt_http_date(SystemTime::now());
         let mut headers: Vec<(String, String)> = Vec::with_capacity(req.headers.len() + 4);
@@ -329,11 +347,26 @@ impl BlobService {
                 .map_err(describe)?;
             let status = resp.status().as_u16();
             let headers = resp.headers().clone();
-            let body = resp.bytes().await.map_err(describe)?;
+            let mut streamed = 0;
+            let body = match sink {
+                Some(sink) if req.ok.contains(&status) => {
+                    let mut resp = resp;
+                    while let Some(chunk) = resp.chunk().await.map_err(describe)? {
+                        // More than asked for is kept out of the buffer but counted.
+                        if let Some(out) = sink.get_mut(streamed..streamed + chunk.len()) {
+                            out.copy_from_slice(&chunk);
+                        }
+                        streamed += chunk.len();
+                    }
+                    Bytes::new()
+                }
+                _ => resp.bytes().await.map_err(describe)?,
+            };
             Ok(Response {
                 status,
                 headers,
                 body,
+                streamed,
             })
         };
         match tokio::time::timeout(timeout, send).await {
@@ -648,6 +681,36 @@ impl BlobClient {
 
     /// Reads `len` bytes at `offset`; a short answer is an error, never silently
     /// padded.
+    /// Reads `buf.len()` bytes at `offset` straight into `buf`.
+    pub async fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<(), AzureError> {
+        let len = buf.len() as u64;
+        if len == 0 {
+            return Ok(());
+        }
+        let mut req = self.request(Op::Read, Method::GET, &[], &[200, 206]);
+        req.header(
+            "x-ms-range",
+            format!("bytes={}-{}", offset, offset + len - 1),
+        );
+        self.count(|s| ClientStats::add(&s.get_requests, 1));
+        let resp = self.svc.execute_into(req, Some(buf)).await?;
+        self.count(|s| ClientStats::add(&s.bytes_downloaded, resp.streamed as u64));
+        if resp.streamed as u64 != len {
+            return Err(self.short_read(offset, len, resp.streamed as u64));
+        }
+        Ok(())
+    }
+
+    fn short_read(&self, offset: u64, len: u64, got: u64) -> AzureError {
+        AzureError::Protocol {
+            op: Op::Read,
+            target: self.target(),
+            detail: format!(
+                "asked for {len} bytes at offset {offset}, got {got} (past the end of the blob?)"
+            ),
+        }
+    }
+
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, AzureError> {
         if len == 0 {
             return Ok(Bytes::new());
@@ -661,14 +724,7 @@ impl BlobClient {
         let resp = self.svc.execute(req).await?;
         self.count(|s| ClientStats::add(&s.bytes_downloaded, resp.body.len() as u64));
         if resp.body.len() as u64 != len {
-            return Err(AzureError::Protocol {
-                op: Op::Read,
-                target: self.target(),
-                detail: format!(
-                    "asked for {len} bytes at offset {offset}, got {} (past the end of the blob?)",
-                    resp.body.len()
-                ),
-            });
+            return Err(self.short_read(offset, len, resp.body.len() as u64));
         }
         Ok(resp.body)
     }

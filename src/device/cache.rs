@@ -4,7 +4,13 @@
 //! bytes are valid (match or supersede the blob) and which are dirty (not yet in the
 //! blob). That granularity is what lets a 4 KiB write cost no read at all, and lets a
 //! flush send exactly the dirty sectors, coalesced across blocks into runs of up to
-//! 4 MiB, several in parallel.
+//! 4 MiB, several in parallel, each marked clean as soon as it lands.
+//!
+//! Sequential reads are served by read-ahead: the stream's next 4 MiB runs are
+//! queued for prefetch workers, which keep several ranged reads in flight. A reader
+//! never fetches a block that another fetch is already bringing in; it waits for
+//! it (or takes over queued read-ahead it needs now), so every byte of a stream
+//! crosses the network once.
 //!
 //! Rules that keep data safe:
 //! - dirty blocks live apart from the LRU of clean ones and are never evicted;
@@ -12,10 +18,12 @@
 //!   only if the block was not written again while the copy was in flight;
 //! - writers wait (not fail) while dirty data is at its limit;
 //! - discards and flushes are serialised, so an older run can never land on top of
-//!   a range cleared after it.
+//!   a range cleared after it, and a block is never in two runs in flight;
+//! - fetched data is cached only if no flush or discard landed while it travelled
+//!   (it could be older than what the cache wrote and evicted meanwhile).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -24,6 +32,7 @@ use lru::LruCache;
 use serde::Serialize;
 use tracing::{debug, warn};
 
+use super::bufpool::BufPool;
 use super::sparse::SparseMap;
 use super::{Backend, DeviceError, MAX_RUN, SECTOR};
 
@@ -35,6 +44,16 @@ const SETTLE: Duration = Duration::from_millis(100);
 /// How much dirty data one flush batch copies at most, bounding the memory a flush
 /// needs beside the cache itself.
 const FLUSH_BATCH: u64 = 32 * 1024 * 1024;
+/// Flush units (each at most 4 MiB) in flight at once.
+const FLUSH_PARALLEL: usize = 8;
+/// Idle 4 MiB buffers kept for flushes and read-ahead: the pages of a kept buffer
+/// stay mapped, while a fresh one costs page faults and zeroing for every use.
+const POOL_KEEP: usize = 12;
+/// The largest read-ahead window: eight 4 MiB ranged reads in flight.
+const READAHEAD_MAX: u64 = 8 * MAX_RUN;
+/// The round from which a read stops waiting for other fetches and fetches all it
+/// needs itself, under the flush lock: a bound on how often it can be sent back.
+const DESPERATE: u32 = 3;
 
 /// Tuning of a cache.
 #[derive(Debug, Clone)]
@@ -56,7 +75,7 @@ impl CacheConfig {
         CacheConfig {
             capacity,
             dirty_limit: capacity / 2,
-            readahead_max: (capacity / 16).clamp(BLOCK, 8 * 1024 * 1024),
+            readahead_max: (capacity / 8).clamp(BLOCK, READAHEAD_MAX),
             flush_after: Duration::from_secs(3),
         }
     }
@@ -136,6 +155,14 @@ struct State {
     /// landed, a discard cleared pages). Data fetched before a bump may be older than
     /// what the cache has since written and evicted, so it is not cached.
     mutations: u64,
+    /// Blocks a started fetch (a reader's own or a prefetch) is bringing in:
+    /// readers that need one wait for it instead of fetching it again.
+    fetching: BTreeSet<u64>,
+    /// Read-ahead not started yet, as block ranges `start -> end`. Never overlaps
+    /// `fetching`: a reader needing a queued block takes the whole job over.
+    queued: BTreeMap<u64, u64>,
+    /// The block up to which the current stream's read-ahead was queued.
+    ra_next: u64,
     /// Buffers of evicted blocks, reused for new ones: block memory is allocated up
     /// to the capacity once and then recycled, instead of churning the allocator
     /// (whose per-thread arenas would otherwise hold far more than the cache).
@@ -162,16 +189,37 @@ impl State {
         }
     }
 
+    /// A new block holding `content` (one whole block), all of it valid. Built by
+    /// copying, so a fresh buffer is never zeroed first only to be overwritten.
+    fn new_block_from(&mut self, content: &[u8]) -> Block {
+        let data = match self.free.pop() {
+            Some(mut data) => {
+                data.copy_from_slice(content);
+                data
+            }
+            None => Box::from(content),
+        };
+        Block {
+            data,
+            valid: u128::MAX,
+            dirty: 0,
+            gen: 0,
+            touched: None,
+        }
+    }
+
     fn recycle(&mut self, blk: Block) {
         self.free.push(blk.data);
     }
 
-    /// The block for writing: moved out of the clean LRU if needed.
-    fn block_for_write(&mut self, b: u64) -> &mut Block {
+    /// The block for writing: moved out of the clean LRU if needed. `whole` is the
+    /// block's new content when the write covers all of it.
+    fn block_for_write(&mut self, b: u64, whole: Option<&[u8]>) -> &mut Block {
         if !self.dirty.contains_key(&b) {
-            let blk = match self.clean.pop(&b) {
-                Some(blk) => blk,
-                None => self.new_block(),
+            let blk = match (self.clean.pop(&b), whole) {
+                (Some(blk), _) => blk,
+                (None, Some(content)) => self.new_block_from(content),
+                (None, None) => self.new_block(),
             };
             self.dirty.insert(b, blk);
         }
@@ -180,6 +228,86 @@ impl State {
 
     fn len(&self) -> usize {
         self.clean.len() + self.dirty.len()
+    }
+
+    fn is_queued(&self, b: u64) -> bool {
+        self.queued
+            .range(..=b)
+            .next_back()
+            .is_some_and(|(_, &e)| e > b)
+    }
+
+    /// Removes and returns the queued read-ahead job holding block `b`.
+    fn take_queued(&mut self, b: u64) -> Option<(u64, u64)> {
+        let (&s, &e) = self.queued.range(..=b).next_back()?;
+        if e <= b {
+            return None;
+        }
+        self.queued.remove(&s);
+        Some((s, e))
+    }
+}
+
+/// Dirty data being written by [`Cache::write_blocks`]'s workers.
+struct FlushQueue {
+    pending: BTreeSet<u64>,
+    /// Blocks of units in flight: never taken again until their unit has landed.
+    in_flight: BTreeSet<u64>,
+    error: Option<DeviceError>,
+}
+
+/// Dirty data copied out for one backend write: the runs, and per block the write
+/// generation and dirty mask they hold (cleared on success only if unchanged).
+struct FlushUnit {
+    runs: Vec<(u64, Bytes)>,
+    taken: Vec<(u64, u64, u128)>,
+}
+
+/// What one round of a read fetches itself and what it waits for.
+#[derive(Default)]
+struct FetchPlan {
+    /// Byte ranges to fetch, block-aligned.
+    runs: Vec<(u64, u64)>,
+    /// Blocks this round marked as coming (released when its fetch ends).
+    claimed: Vec<u64>,
+    /// Blocks another fetch is bringing in.
+    waits: Vec<u64>,
+}
+
+/// Blocks marked in `fetching` by one fetch. Released explicitly under the lock
+/// when the fetch ends; if the fetch fails or panics first, dropping the claim
+/// releases it, so no reader waits forever for a fetch that will never end.
+struct Claim<'a, B: Backend> {
+    cache: &'a Cache<B>,
+    blocks: Vec<u64>,
+}
+
+impl<'a, B: Backend> Claim<'a, B> {
+    fn new(cache: &'a Cache<B>, blocks: Vec<u64>) -> Self {
+        Claim { cache, blocks }
+    }
+
+    fn release(mut self, st: &mut State) {
+        self.release_in(st);
+    }
+
+    fn release_in(&mut self, st: &mut State) {
+        if self.blocks.is_empty() {
+            return;
+        }
+        for b in self.blocks.drain(..) {
+            st.fetching.remove(&b);
+        }
+        self.cache.fetched.notify_all();
+    }
+}
+
+impl<B: Backend> Drop for Claim<'_, B> {
+    fn drop(&mut self) {
+        if !self.blocks.is_empty() {
+            let mut st = self.cache.lock();
+            self.release_in(&mut st);
+        }
     }
 }
 
@@ -191,7 +319,15 @@ pub struct Cache<B: Backend> {
     cfg: CacheConfig,
     state: Mutex<State>,
     changed: Condvar,
+    /// Signalled when claimed blocks are released (their fetch ended).
+    fetched: Condvar,
+    /// Signalled when read-ahead is queued for the prefetch workers.
+    jobs: Condvar,
     flush_lock: Mutex<()>,
+    /// Threads waiting for `flush_lock` in [`Cache::order_lock`].
+    order_waiters: AtomicUsize,
+    /// Buffers that flushes copy dirty data into and read-ahead fetches into.
+    pool: Arc<BufPool>,
     fenced: Arc<AtomicBool>,
     closing: AtomicBool,
     pub counters: CacheCounters,
@@ -222,11 +358,18 @@ impl<B: Backend> Cache<B> {
                 last_write: None,
                 next_gen: 1,
                 mutations: 0,
+                fetching: BTreeSet::new(),
+                queued: BTreeMap::new(),
+                ra_next: 0,
                 free: Vec::new(),
             }),
             cfg,
             changed: Condvar::new(),
+            fetched: Condvar::new(),
+            jobs: Condvar::new(),
             flush_lock: Mutex::new(()),
+            order_waiters: AtomicUsize::new(0),
+            pool: BufPool::new(MAX_RUN as usize, POOL_KEEP),
             fenced,
             closing: AtomicBool::new(false),
             counters: CacheCounters::default(),
@@ -296,6 +439,16 @@ impl<B: Backend> Cache<B> {
     }
 
     /// Reads `buf.len()` bytes at `offset`.
+    ///
+    /// Each round plans under the lock: cached sectors are copied at once, blocks
+    /// another fetch is already bringing in are waited for (never fetched twice),
+    /// queued read-ahead for the request is taken over, and the rest is fetched
+    /// here. Fetched data may only fill sectors that the cache did not hold when the
+    /// round was planned: if a flush or discard lands meanwhile, a block written
+    /// before this read may have been flushed and evicted, and the fetched bytes for
+    /// it can be older, so the round is planned again. From round [`DESPERATE`] on,
+    /// the read holds the flush lock (nothing can land) and fetches everything it
+    /// needs itself (nothing to wait for), so it always completes.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
         let len = buf.len() as u64;
         self.check_range(offset, len)?;
@@ -304,26 +457,20 @@ impl<B: Backend> Cache<B> {
         }
         let end = offset + len;
         self.counters.bytes_read.fetch_add(len, Relaxed);
-        let mut first = true;
         let mut missed = false;
         let sectors = ((end.div_ceil(SECTOR)) - offset / SECTOR) as usize;
-        // Fetched data may only fill sectors that the cache did not hold when the
-        // fetch was planned. If a flush or discard lands meanwhile, a block written
-        // before this read may have been flushed and evicted, and the fetched bytes
-        // for it can be older: plan again. After two such rounds the read holds the
-        // flush lock, so no flush or discard can land and it always completes.
-        for attempt in 0u32.. {
-            let _no_flush =
-                (attempt >= 2).then(|| self.flush_lock.lock().unwrap_or_else(|p| p.into_inner()));
-            let (runs, epoch, mut filled) = {
+        for round in 0u32.. {
+            let desperate = round >= DESPERATE;
+            let _no_flush = desperate.then(|| self.order_lock());
+            let mut filled = vec![false; sectors];
+            let (plan, epoch, claim) = {
                 let mut st = self.lock();
-                if first {
-                    first = false;
+                if round == 0 {
                     self.track_stream(&mut st, offset, end);
+                    self.plan_readahead(&mut st, end);
                 }
-                let runs = self.plan_fetch(&st, offset, end, st.readahead);
-                let mut filled = vec![false; sectors];
-                if runs.is_empty() {
+                let plan = self.plan_fetch(&mut st, offset, end, desperate);
+                if plan.runs.is_empty() && plan.waits.is_empty() {
                     let any_data = st.sparse.any_data(offset, end);
                     self.copy_out(&mut st, offset, buf, &[], &mut filled, false);
                     let c = if missed {
@@ -337,71 +484,139 @@ impl<B: Backend> Cache<B> {
                     return Ok(());
                 }
                 self.copy_out(&mut st, offset, buf, &[], &mut filled, true);
-                (runs, st.mutations, filled)
+                let claim = Claim::new(self, plan.claimed.clone());
+                (plan, st.mutations, claim)
             };
             missed = true;
-            let mut fetched = Vec::with_capacity(runs.len());
-            for (s, e) in runs {
+            let mut fetched = Vec::with_capacity(plan.runs.len());
+            for &(s, e) in &plan.runs {
                 let mut data = vec![0u8; (e - s) as usize];
                 self.backend.read(s, &mut data)?;
                 fetched.push((s, data));
             }
             let mut st = self.lock();
+            claim.release(&mut st);
             if st.mutations != epoch {
                 continue;
             }
-            self.copy_out(&mut st, offset, buf, &fetched, &mut filled, false);
+            if plan.waits.is_empty() {
+                self.copy_out(&mut st, offset, buf, &fetched, &mut filled, false);
+            }
             for (s, data) in &fetched {
                 self.insert_clean(&mut st, *s, data);
             }
             self.evict(&mut st);
-            self.counters.misses.fetch_add(1, Relaxed);
-            return Ok(());
+            if plan.waits.is_empty() {
+                self.counters.misses.fetch_add(1, Relaxed);
+                return Ok(());
+            }
+            // Blocks another fetch is bringing in: wait for it, then plan again
+            // (they are cached by then, unless evicted or outdated meanwhile).
+            while plan.waits.iter().any(|b| st.fetching.contains(b)) {
+                st = self.fetched.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
         }
         unreachable!("the loop returns")
     }
 
-    /// Block-aligned ranges to fetch for a read of `[offset, end)`: blocks of the
-    /// request that miss data sectors, then read-ahead blocks not cached at all.
-    /// Holes are never fetched.
-    fn plan_fetch(&self, st: &State, offset: u64, end: u64, readahead: u64) -> Vec<(u64, u64)> {
-        let window_end = (end + readahead).div_ceil(BLOCK) * BLOCK;
-        let window_end = window_end.min(self.size);
-        let mut runs: Vec<(u64, u64)> = Vec::new();
+    /// What a read of `[offset, end)` must fetch or wait for: blocks of the request
+    /// that miss data sectors. Holes are never fetched. Blocks it fetches are claimed
+    /// (other readers wait for them), and queued read-ahead covering them is taken
+    /// over whole. A `desperate` read claims and waits for nothing.
+    fn plan_fetch(&self, st: &mut State, offset: u64, end: u64, desperate: bool) -> FetchPlan {
+        let mut plan = FetchPlan::default();
+        let mut mine: Vec<u64> = Vec::new();
         let mut b = offset / BLOCK;
-        while b * BLOCK < window_end {
+        while b * BLOCK < end {
             let bs = b * BLOCK;
             let be = (bs + BLOCK).min(self.size);
-            let need = if bs < end {
-                // Sectors of the request in this block that hold data but are not valid.
-                let rs = offset.max(bs);
-                let re = end.min(be);
-                let want = mask((rs - bs) / SECTOR, (re - bs).div_ceil(SECTOR));
-                let valid = st.block(b).map_or(0, |blk| blk.valid);
-                want & !valid != 0 && {
-                    let data = st
-                        .sparse
-                        .data_in(rs / SECTOR * SECTOR, (re).div_ceil(SECTOR) * SECTOR);
-                    data.iter().any(|r| {
-                        let m = mask((r.start - bs) / SECTOR, (r.end - bs).div_ceil(SECTOR));
-                        m & want & !valid != 0
-                    })
-                }
-            } else {
-                st.block(b).is_none() && st.sparse.any_data(bs, be)
+            // Sectors of the request in this block that hold data but are not valid.
+            let rs = offset.max(bs);
+            let re = end.min(be);
+            let want = mask((rs - bs) / SECTOR, (re - bs).div_ceil(SECTOR));
+            let valid = st.block(b).map_or(0, |blk| blk.valid);
+            let need = want & !valid != 0 && {
+                let data = st
+                    .sparse
+                    .data_in(rs / SECTOR * SECTOR, re.div_ceil(SECTOR) * SECTOR);
+                data.iter().any(|r| {
+                    let m = mask((r.start - bs) / SECTOR, (r.end - bs).div_ceil(SECTOR));
+                    m & want & !valid != 0
+                })
             };
-            if need {
-                match runs.last_mut() {
-                    Some(last) if last.1 == bs && last.1 - last.0 < MAX_RUN * 4 => last.1 = be,
-                    _ => runs.push((bs, be)),
+            if need && !mine.contains(&b) {
+                if desperate {
+                    mine.push(b);
+                } else if st.fetching.contains(&b) {
+                    plan.waits.push(b);
+                } else if let Some((qs, qe)) = st.take_queued(b) {
+                    mine.extend(qs..qe);
+                } else {
+                    mine.push(b);
                 }
-            } else if bs >= end {
-                // Read-ahead stops at the first block that needs nothing.
-                break;
             }
             b += 1;
         }
-        runs
+        mine.sort_unstable();
+        mine.dedup();
+        for &b in &mine {
+            let (bs, be) = (b * BLOCK, (b * BLOCK + BLOCK).min(self.size));
+            match plan.runs.last_mut() {
+                Some(last) if last.1 == bs && last.1 - last.0 < MAX_RUN * 4 => last.1 = be,
+                _ => plan.runs.push((bs, be)),
+            }
+            if !desperate && st.fetching.insert(b) {
+                plan.claimed.push(b);
+            }
+        }
+        plan
+    }
+
+    /// Queues read-ahead of a sequential stream, up to its window past `end`, for
+    /// the prefetch workers: blocks not cached, not already coming, holding data, in
+    /// runs of 4 MiB, nearest first. A shorter run is queued only where something
+    /// ends it (cached data, a hole, the disk's end); one cut short by the window is
+    /// left for the next read to complete, so the stream's fetches stay large.
+    fn plan_readahead(&self, st: &mut State, end: u64) {
+        if st.readahead == 0 {
+            return;
+        }
+        const RUN: u64 = MAX_RUN / BLOCK;
+        let last = self.size.div_ceil(BLOCK);
+        let window_end = (end + st.readahead).div_ceil(BLOCK).min(last);
+        let mut b = end.div_ceil(BLOCK).max(st.ra_next);
+        let mut run: Option<(u64, u64)> = None;
+        let mut queued = false;
+        while b < window_end {
+            let bs = b * BLOCK;
+            let free = st.block(b).is_none()
+                && !st.fetching.contains(&b)
+                && !st.is_queued(b)
+                && st.sparse.any_data(bs, (bs + BLOCK).min(self.size));
+            match run {
+                Some((s, e)) if free && e == b && e - s < RUN => run = Some((s, b + 1)),
+                _ => {
+                    if let Some((s, e)) = run.take() {
+                        st.queued.insert(s, e);
+                        queued = true;
+                    }
+                    run = free.then_some((b, b + 1));
+                }
+            }
+            b += 1;
+        }
+        st.ra_next = window_end;
+        if let Some((s, e)) = run {
+            if e - s == RUN || e == last {
+                st.queued.insert(s, e);
+                queued = true;
+            } else {
+                st.ra_next = s;
+            }
+        }
+        if queued {
+            self.jobs.notify_all();
+        }
     }
 
     /// Follows a sequential stream, tolerating the reordering of parallel kernel
@@ -414,6 +629,9 @@ impl<B: Backend> Cache<B> {
         } else {
             st.readahead = 0;
             st.seq_next = end;
+            // A new stream: read-ahead not started yet is for an old one.
+            st.queued.clear();
+            st.ra_next = 0;
         }
     }
 
@@ -504,6 +722,9 @@ impl<B: Backend> Cache<B> {
                 fill(blk);
             } else if let Some(blk) = st.clean.get_mut(&b) {
                 fill(blk);
+            } else if data_mask == u128::MAX {
+                let blk = st.new_block_from(&data[at..at + BLOCK as usize]);
+                st.clean.put(b, blk);
             } else {
                 let mut blk = st.new_block();
                 fill(&mut blk);
@@ -548,8 +769,7 @@ impl<B: Backend> Cache<B> {
         // flush or discard may land between that fetch and its use (the fetched bytes
         // could then predate data written and evicted since): holding the flush lock
         // keeps them out. Whole-sector writes never get here.
-        let _no_flush =
-            (!edges.is_empty()).then(|| self.flush_lock.lock().unwrap_or_else(|p| p.into_inner()));
+        let _no_flush = (!edges.is_empty()).then(|| self.order_lock());
         let mut st = loop {
             let (wanted, seen) = {
                 let st = self.lock();
@@ -588,7 +808,9 @@ impl<B: Backend> Cache<B> {
             let be = (bs + BLOCK).min(end);
             let gen = st.next_gen;
             st.next_gen += 1;
-            let blk = st.block_for_write(b);
+            let whole = (pos == bs && be == bs + BLOCK)
+                .then(|| &data[(pos - offset) as usize..][..BLOCK as usize]);
+            let blk = st.block_for_write(b, whole);
             // Fill partial edge sectors that are not valid yet.
             for &s in &edges {
                 if s >= bs && s < bs + BLOCK {
@@ -650,7 +872,7 @@ impl<B: Backend> Cache<B> {
     /// Writes every sector that is dirty now; returns when all of it is in the
     /// backend (fsync, unmount). Data written meanwhile may stay dirty.
     pub fn flush(&self) -> Result<(), DeviceError> {
-        let _order = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _order = self.order_lock();
         let pending: BTreeSet<u64> = self.lock().dirty.keys().copied().collect();
         if pending.is_empty() {
             return Ok(());
@@ -662,12 +884,14 @@ impl<B: Backend> Cache<B> {
             )));
         }
         self.counters.flushes.fetch_add(1, Relaxed);
-        self.write_blocks(pending)
+        self.write_blocks(pending, false)
     }
 
     /// Writes complete 4 MiB runs of fully dirty blocks at once, without waiting for
     /// fsync: a sequential writer's data then travels while it is still writing,
-    /// and the runs are as large as they can ever be, so no coalescing is lost.
+    /// and the runs are as large as they can ever be, so no coalescing is lost. Runs
+    /// that settle while it works are taken too, so a steady writer keeps the
+    /// uploads busy; it yields as soon as a flush or discard waits for its turn.
     /// Returns whether anything was written. Skips if another flush is running.
     pub fn flush_full_runs(&self) -> Result<bool, DeviceError> {
         let Ok(_order) = self.flush_lock.try_lock() else {
@@ -676,94 +900,168 @@ impl<B: Backend> Cache<B> {
         if self.is_fenced() {
             return Ok(false);
         }
-        let pending = {
-            let st = self.lock();
-            let per_run = MAX_RUN / BLOCK;
-            let mut set = BTreeSet::new();
-            let mut streak: Vec<u64> = Vec::new();
-            // Complete and cooled down: a block rewritten within the last moment is
-            // part of a hot region that fsync will coalesce better.
-            let settled = |blk: &Block| {
-                blk.dirty == u128::MAX && blk.touched.is_none_or(|t| t.elapsed() >= SETTLE)
-            };
-            for (&b, blk) in st.dirty.iter() {
-                if !settled(blk) || streak.last().is_some_and(|&l| l + 1 != b) {
-                    streak.clear();
-                }
-                if settled(blk) {
-                    streak.push(b);
-                    if streak.len() as u64 == per_run {
-                        set.extend(streak.drain(..));
-                        if set.len() as u64 * BLOCK >= FLUSH_BATCH {
-                            break;
-                        }
-                    }
-                }
-            }
-            set
-        };
+        let pending = self.settled_runs(&self.lock(), &BTreeSet::new());
         if pending.is_empty() {
             return Ok(false);
         }
-        self.write_blocks(pending)?;
+        self.write_blocks(pending, true)?;
         Ok(true)
     }
 
-    /// Writes the dirty sectors of `pending` blocks; the caller holds `flush_lock`.
-    fn write_blocks(&self, mut pending: BTreeSet<u64>) -> Result<(), DeviceError> {
-        while !pending.is_empty() {
-            let (runs, taken) = self.take_batch(&mut pending);
-            if runs.is_empty() {
-                continue;
+    /// The flush lock, for those who must wait for it (not the background flusher,
+    /// which only tries): counted, so a long background flush gives way to them.
+    fn order_lock(&self) -> MutexGuard<'_, ()> {
+        self.order_waiters.fetch_add(1, Relaxed);
+        let guard = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.order_waiters.fetch_sub(1, Relaxed);
+        guard
+    }
+
+    /// Blocks of complete 4 MiB runs that are fully dirty, not written within
+    /// [`SETTLE`] (a block rewritten within the last moment is part of a hot region
+    /// that fsync will coalesce better) and not in flight; at most [`FLUSH_BATCH`].
+    fn settled_runs(&self, st: &State, in_flight: &BTreeSet<u64>) -> BTreeSet<u64> {
+        let per_run = MAX_RUN / BLOCK;
+        let mut set = BTreeSet::new();
+        let mut streak: Vec<u64> = Vec::new();
+        let settled = |b: u64, blk: &Block| {
+            blk.dirty == u128::MAX
+                && blk.touched.is_none_or(|t| t.elapsed() >= SETTLE)
+                && !in_flight.contains(&b)
+        };
+        for (&b, blk) in st.dirty.iter() {
+            let ok = settled(b, blk);
+            if !ok || streak.last().is_some_and(|&l| l + 1 != b) {
+                streak.clear();
             }
-            let bytes: u64 = runs.iter().map(|(_, d)| d.len() as u64).sum();
-            debug!(runs = runs.len(), bytes, "flushing");
-            let result = self.backend.write_runs(runs);
-            let mut st = self.lock();
-            if result.is_ok() {
-                st.mutations += 1;
-                for (b, gen, m) in taken {
-                    let now_clean = match st.dirty.get_mut(&b) {
-                        Some(blk) if blk.gen == gen => {
-                            let cleared = (blk.dirty & m).count_ones() as u64;
-                            blk.dirty &= !m;
-                            st.dirty_sectors -= cleared;
-                            st.dirty.get(&b).is_some_and(|blk| blk.dirty == 0)
-                        }
-                        _ => false,
-                    };
-                    if now_clean {
-                        let blk = st.dirty.remove(&b).expect("present");
-                        st.clean.put(b, blk);
+            if ok {
+                streak.push(b);
+                if streak.len() as u64 == per_run {
+                    set.extend(streak.drain(..));
+                    if set.len() as u64 * BLOCK >= FLUSH_BATCH {
+                        break;
                     }
                 }
             }
-            self.evict(&mut st);
-            drop(st);
-            self.changed.notify_all();
-            result?;
         }
-        Ok(())
+        set
     }
 
-    /// Copies the next batch of dirty runs (in disk order) out of `pending` blocks.
-    #[allow(clippy::type_complexity)]
-    fn take_batch(
-        &self,
-        pending: &mut BTreeSet<u64>,
-    ) -> (Vec<(u64, Bytes)>, Vec<(u64, u64, u128)>) {
-        let st = self.lock();
-        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+    /// Writes the dirty sectors of `pending` blocks, in units of at most 4 MiB with
+    /// up to [`FLUSH_PARALLEL`] in flight, each unit marked clean as soon as it
+    /// lands. With `refill`, settled runs are added as the pending ones run out.
+    /// The caller holds `flush_lock`, so no other flush or discard interleaves, and
+    /// a block is never in two units in flight at once.
+    fn write_blocks(&self, pending: BTreeSet<u64>, refill: bool) -> Result<(), DeviceError> {
+        let units = (pending.len() as u64 * BLOCK).div_ceil(MAX_RUN) as usize;
+        let workers = if refill {
+            FLUSH_PARALLEL
+        } else {
+            units.clamp(1, FLUSH_PARALLEL)
+        };
+        let queue = Mutex::new(FlushQueue {
+            pending,
+            in_flight: BTreeSet::new(),
+            error: None,
+        });
+        if workers == 1 {
+            self.flush_worker(&queue, refill);
+        } else {
+            std::thread::scope(|s| {
+                for _ in 1..workers {
+                    s.spawn(|| self.flush_worker(&queue, refill));
+                }
+                self.flush_worker(&queue, refill);
+            });
+        }
+        let queue = queue.into_inner().unwrap_or_else(|p| p.into_inner());
+        queue.error.map_or(Ok(()), Err)
+    }
+
+    /// One of [`Cache::write_blocks`]'s workers: takes units until none are left or
+    /// a unit failed.
+    fn flush_worker(&self, queue: &Mutex<FlushQueue>, refill: bool) {
+        let lock_queue = || queue.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let unit = {
+                let st = self.lock();
+                let mut q = lock_queue();
+                if q.error.is_some() {
+                    return;
+                }
+                if q.pending.is_empty()
+                    && refill
+                    && self.order_waiters.load(Relaxed) == 0
+                    && !self.is_fenced()
+                {
+                    q.pending = self.settled_runs(&st, &q.in_flight);
+                }
+                let unit = self.take_unit(&st, &mut q.pending);
+                q.in_flight.extend(unit.taken.iter().map(|&(b, _, _)| b));
+                unit
+            };
+            if unit.taken.is_empty() {
+                return;
+            }
+            let bytes: u64 = unit.runs.iter().map(|(_, d)| d.len() as u64).sum();
+            debug!(runs = unit.runs.len(), bytes, "flushing");
+            let result = self.backend.write_runs(unit.runs);
+            {
+                let mut st = self.lock();
+                if result.is_ok() {
+                    st.mutations += 1;
+                    for &(b, gen, m) in &unit.taken {
+                        let now_clean = match st.dirty.get_mut(&b) {
+                            Some(blk) if blk.gen == gen => {
+                                let cleared = (blk.dirty & m).count_ones() as u64;
+                                blk.dirty &= !m;
+                                st.dirty_sectors -= cleared;
+                                st.dirty.get(&b).is_some_and(|blk| blk.dirty == 0)
+                            }
+                            _ => false,
+                        };
+                        if now_clean {
+                            let blk = st.dirty.remove(&b).expect("present");
+                            st.clean.put(b, blk);
+                        }
+                    }
+                }
+                self.evict(&mut st);
+            }
+            {
+                let mut q = lock_queue();
+                for (b, _, _) in &unit.taken {
+                    q.in_flight.remove(b);
+                }
+                if let Err(e) = result {
+                    // A lost lease outranks any other failure.
+                    if q.error.is_none() || matches!(e, DeviceError::LeaseLost(_)) {
+                        q.error = Some(e);
+                    }
+                }
+            }
+            self.changed.notify_all();
+        }
+    }
+
+    /// Copies the next unit of dirty data (in disk order, whole blocks, at most
+    /// 4 MiB) out of `pending` blocks into one pooled buffer, as runs of adjacent
+    /// sectors.
+    fn take_unit(&self, st: &State, pending: &mut BTreeSet<u64>) -> FlushUnit {
+        let mut buf = self.pool.take();
+        // (offset, start in buf, length) of each run.
+        let mut spans: Vec<(u64, usize, usize)> = Vec::new();
         let mut taken = Vec::new();
-        let mut total = 0u64;
-        while let Some(&b) = pending.iter().next() {
-            if total >= FLUSH_BATCH {
+        while let Some(&b) = pending.first() {
+            let Some(blk) = st.dirty.get(&b) else {
+                pending.remove(&b);
+                continue;
+            };
+            let bytes = blk.dirty.count_ones() as u64 * SECTOR;
+            if !taken.is_empty() && buf.len() as u64 + bytes > MAX_RUN {
                 break;
             }
             pending.remove(&b);
-            let Some(blk) = st.dirty.get(&b) else {
-                continue;
-            };
             taken.push((b, blk.gen, blk.dirty));
             let bs = b * BLOCK;
             let mut sec = 0u64;
@@ -776,32 +1074,22 @@ impl<B: Backend> Cache<B> {
                 while e < SECTORS && blk.dirty & (1u128 << e) != 0 {
                     e += 1;
                 }
-                let mut off = bs + sec * SECTOR;
-                let mut bytes = &blk.data[(sec * SECTOR) as usize..(e * SECTOR) as usize];
-                total += bytes.len() as u64;
-                while !bytes.is_empty() {
-                    match runs.last_mut() {
-                        Some((s, d))
-                            if *s + d.len() as u64 == off && (d.len() as u64) < MAX_RUN =>
-                        {
-                            let room = (MAX_RUN as usize - d.len()).min(bytes.len());
-                            d.extend_from_slice(&bytes[..room]);
-                            bytes = &bytes[room..];
-                            off += room as u64;
-                        }
-                        _ => {
-                            let n = bytes.len().min(MAX_RUN as usize);
-                            runs.push((off, bytes[..n].to_vec()));
-                            bytes = &bytes[n..];
-                            off += n as u64;
-                        }
-                    }
+                let off = bs + sec * SECTOR;
+                let data = &blk.data[(sec * SECTOR) as usize..(e * SECTOR) as usize];
+                match spans.last_mut() {
+                    Some(last) if last.0 + last.2 as u64 == off => last.2 += data.len(),
+                    _ => spans.push((off, buf.len(), data.len())),
                 }
+                buf.extend_from_slice(data);
                 sec = e;
             }
         }
-        let runs = runs.into_iter().map(|(o, d)| (o, Bytes::from(d))).collect();
-        (runs, taken)
+        let data = self.pool.freeze(buf);
+        let runs = spans
+            .into_iter()
+            .map(|(off, start, len)| (off, data.slice(start..start + len)))
+            .collect();
+        FlushUnit { runs, taken }
     }
 
     /// Discards `[offset, offset+len)`: whole sectors become holes (Clear Pages),
@@ -826,7 +1114,7 @@ impl<B: Backend> Cache<B> {
         if e < end {
             self.write(e, &vec![0u8; (end - e) as usize])?;
         }
-        let _order = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _order = self.order_lock();
         {
             let mut st = self.lock();
             st.mutations += 1;
@@ -912,10 +1200,57 @@ impl<B: Backend> Cache<B> {
         }
     }
 
-    /// Stops the background flusher.
+    /// Runs one prefetch worker until [`Cache::close`]: takes queued read-ahead,
+    /// nearest first, and caches it, unless a flush or discard landed while it was
+    /// fetched (the bytes may then be older than what the cache wrote since).
+    /// Several run at once, so a sequential reader finds its next blocks cached or
+    /// on their way, with as many ranged reads in flight as there are workers.
+    pub fn run_prefetcher(&self) {
+        loop {
+            let (start, end, epoch, claim) = {
+                let mut st = self.lock();
+                loop {
+                    if self.closing.load(Relaxed) {
+                        return;
+                    }
+                    if let Some((s, e)) = st.queued.pop_first() {
+                        st.fetching.extend(s..e);
+                        break (
+                            s * BLOCK,
+                            (e * BLOCK).min(self.size),
+                            st.mutations,
+                            (s..e).collect(),
+                        );
+                    }
+                    st = self.jobs.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let claim = Claim::new(self, claim);
+            let mut data = self.pool.take();
+            data.resize((end - start) as usize, 0);
+            let result = self.backend.read(start, &mut data);
+            let mut st = self.lock();
+            claim.release(&mut st);
+            match result {
+                Ok(()) if st.mutations == epoch => {
+                    self.insert_clean(&mut st, start, &data);
+                    self.evict(&mut st);
+                }
+                Ok(()) => {}
+                // The reader that needs these blocks fetches them and reports it.
+                Err(e) => debug!("read-ahead at {start} failed: {e}"),
+            }
+            drop(st);
+            self.pool.give(data);
+        }
+    }
+
+    /// Stops the background flusher and the prefetch workers.
     pub fn close(&self) {
         self.closing.store(true, Relaxed);
+        let _st = self.lock();
         self.changed.notify_all();
+        self.jobs.notify_all();
     }
 }
 
@@ -940,6 +1275,20 @@ mod tests {
             false,
             Arc::new(AtomicBool::new(false)),
         )
+    }
+
+    /// Starts the flusher and `prefetchers` prefetch workers, as the daemon does.
+    fn background(
+        c: &Arc<Cache<MemBackend>>,
+        prefetchers: usize,
+    ) -> Vec<std::thread::JoinHandle<()>> {
+        let f = c.clone();
+        let mut v = vec![std::thread::spawn(move || f.run_flusher())];
+        for _ in 0..prefetchers {
+            let p = c.clone();
+            v.push(std::thread::spawn(move || p.run_prefetcher()));
+        }
+        v
     }
 
     #[test]
@@ -1044,13 +1393,12 @@ mod tests {
             flush_after: Duration::from_secs(3),
         };
         let c = Arc::new(cache_with(size, cfg));
-        // The background flusher runs all along, as in the daemon.
-        let workers: Vec<_> = (0..1)
-            .map(|_| {
-                let c = c.clone();
-                std::thread::spawn(move || c.run_flusher())
-            })
-            .collect();
+        // The background flusher and prefetch workers run all along, as in the
+        // daemon; backend calls take a moment, so read-ahead and flush units are
+        // caught in flight.
+        c.backend.read_delay_us.store(50, Relaxed);
+        c.backend.write_delay_us.store(200, Relaxed);
+        let workers = background(&c, 3);
         let mut model = vec![0u8; size as usize];
         let mut x: u64 = 0x9e3779b97f4a7c15;
         let mut next = || {
@@ -1093,6 +1441,10 @@ mod tests {
         }
         c.flush().unwrap();
         assert!(c.backend.contents() == model, "final contents differ");
+        assert!(
+            c.backend.reads.load(Relaxed) > 0,
+            "the model test reads the backend"
+        );
         c.close();
         for w in workers {
             w.join().unwrap();
@@ -1195,16 +1547,25 @@ mod tests {
                 .unwrap();
             c.flush().unwrap();
         }
+        c.backend.read_delay_us.store(100, Relaxed);
+        let workers = background(&c, 4);
         let readers: Vec<_> = (0..4u64)
             .map(|t| {
                 let c = c.clone();
                 std::thread::spawn(move || {
                     let mut x = 0x2545F4914F6CDD1Du64 ^ (t + 1);
-                    for _ in 0..400 {
+                    let mut off = 0;
+                    for i in 0..400 {
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
-                        let off = x % (size - 1);
+                        // Runs of sequential reads (which start read-ahead) between
+                        // random jumps.
+                        off = if i % 8 == 0 {
+                            x % (size - 1)
+                        } else {
+                            off % (size - 1)
+                        };
                         let len = (x >> 32) % (200 * 1024) + 1;
                         let len = len.min(size - off);
                         let mut b = vec![0u8; len as usize];
@@ -1212,6 +1573,7 @@ mod tests {
                         if let Some(i) = (0..len).find(|&i| b[i as usize] != pattern(off + i)) {
                             panic!("read {len} at {off}: byte {i} is {}", b[i as usize]);
                         }
+                        off += len;
                     }
                 })
             })
@@ -1219,5 +1581,57 @@ mod tests {
         for r in readers {
             r.join().unwrap();
         }
+        c.close();
+        for w in workers {
+            w.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn sequential_reads_fetch_each_block_once_with_read_ahead_in_flight() {
+        let size = 64 * MIB;
+        let c = Arc::new(cache(size, 256 * MIB));
+        let data: Vec<u8> = (0..size).map(|p| (p / SECTOR % 249) as u8 + 1).collect();
+        c.backend
+            .write_runs(
+                (0..size)
+                    .step_by(MAX_RUN as usize)
+                    .map(|o| {
+                        (
+                            o,
+                            Bytes::copy_from_slice(&data[o as usize..(o + MAX_RUN) as usize]),
+                        )
+                    })
+                    .collect(),
+            )
+            .unwrap();
+        c.lock().sparse.insert(0, size);
+        c.backend.read_delay_us.store(2000, Relaxed);
+        let workers = background(&c, 8);
+        let mut b = vec![0u8; MIB as usize];
+        for off in (0..size).step_by(MIB as usize) {
+            c.read(off, &mut b).unwrap();
+            assert!(
+                b == data[off as usize..(off + MIB) as usize],
+                "bytes at {off}"
+            );
+        }
+        c.close();
+        for w in workers {
+            w.join().unwrap();
+        }
+        // Readers waited for read-ahead already on its way instead of fetching it
+        // again: every byte came from the backend exactly once.
+        assert_eq!(c.backend.bytes_read.load(Relaxed), size);
+        let reads = c.backend.reads.load(Relaxed);
+        assert!(
+            reads < 64,
+            "{reads} backend reads: read-ahead runs are large"
+        );
+        let s = c.snapshot();
+        assert!(
+            s.cache_hits > 0,
+            "some reads found read-ahead already cached"
+        );
     }
 }

@@ -12,6 +12,11 @@ use super::{Backend, DeviceError, MAX_RUN, SECTOR};
 pub struct MemBackend {
     data: Mutex<Vec<u8>>,
     pub reads: AtomicU64,
+    pub bytes_read: AtomicU64,
+    /// Latency added to every read, so tests can catch fetches in flight.
+    pub read_delay_us: AtomicU64,
+    /// Latency added to every write call, so tests can catch flushes in flight.
+    pub write_delay_us: AtomicU64,
     pub writes: AtomicU64,
     pub discards: AtomicU64,
     /// When set, every write fails (a backend that went away).
@@ -40,9 +45,14 @@ fn check(offset: u64, len: u64, size: usize) -> Result<(), DeviceError> {
 
 impl Backend for MemBackend {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        let delay = self.read_delay_us.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
         let data = self.data.lock().unwrap();
         check(offset, buf.len() as u64, data.len())?;
         self.reads.fetch_add(1, Relaxed);
+        self.bytes_read.fetch_add(buf.len() as u64, Relaxed);
         buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
         Ok(())
     }
@@ -50,6 +60,10 @@ impl Backend for MemBackend {
     fn write_runs(&self, runs: Vec<(u64, Bytes)>) -> Result<(), DeviceError> {
         if self.fail_writes.load(Relaxed) {
             return Err(DeviceError::Io("backend unavailable".into()));
+        }
+        let delay = self.write_delay_us.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
         }
         let mut data = self.data.lock().unwrap();
         for (offset, bytes) in runs {

@@ -16,8 +16,8 @@ use tracing::error;
 use super::{Backend, DeviceError, MAX_RUN};
 use crate::azure::{AzureError, BlobClient};
 
-/// Put Page calls in flight at once: enough to fill a link, few enough to stay far
-/// below the per-blob request rate.
+/// Put Page calls in flight at once, over all concurrent flush units: enough to
+/// fill a link, few enough to stay far below the per-blob request rate.
 const PARALLEL: usize = 8;
 /// Clear Pages is cheap per call but a huge range can time out server-side.
 const MAX_CLEAR: u64 = 1024 * 1024 * 1024;
@@ -27,6 +27,7 @@ pub struct RemoteBackend {
     lease: Option<String>,
     rt: Handle,
     fenced: Arc<AtomicBool>,
+    puts: Arc<Semaphore>,
 }
 
 impl RemoteBackend {
@@ -37,6 +38,7 @@ impl RemoteBackend {
             lease,
             rt,
             fenced: Arc::new(AtomicBool::new(false)),
+            puts: Arc::new(Semaphore::new(PARALLEL)),
         }
     }
 
@@ -77,31 +79,41 @@ pub fn map_error(fenced: &AtomicBool, e: AzureError) -> DeviceError {
 
 impl Backend for RemoteBackend {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
-        let len = buf.len() as u64;
-        // Large reads go out as parallel ranged GETs of at most 4 MiB.
-        let chunks: Vec<(u64, u64)> = (0..len)
-            .step_by(MAX_RUN as usize)
-            .map(|o| (offset + o, (len - o).min(MAX_RUN)))
-            .collect();
-        let results = self.rt.block_on(async {
-            let mut tasks = tokio::task::JoinSet::new();
-            for &(o, l) in &chunks {
-                let blob = self.blob.clone();
-                tasks.spawn(async move { (o, blob.read(o, l).await) });
-            }
-            tasks.join_all().await
-        });
-        for (o, r) in results {
-            let data = r.map_err(|e| self.map(e))?;
-            let at = (o - offset) as usize;
-            buf[at..at + data.len()].copy_from_slice(&data);
+        // Bodies stream straight into `buf`. Large reads go out as parallel ranged
+        // GETs of at most 4 MiB, each waited for by its own thread.
+        if buf.len() as u64 <= MAX_RUN {
+            return self
+                .rt
+                .block_on(self.blob.read_into(offset, buf))
+                .map_err(|e| self.map(e));
         }
-        Ok(())
+        let results: Vec<Result<(), DeviceError>> = std::thread::scope(|s| {
+            let tasks: Vec<_> = buf
+                .chunks_mut(MAX_RUN as usize)
+                .enumerate()
+                .map(|(i, chunk)| {
+                    let at = offset + i as u64 * MAX_RUN;
+                    s.spawn(move || {
+                        self.rt
+                            .block_on(self.blob.read_into(at, chunk))
+                            .map_err(|e| self.map(e))
+                    })
+                })
+                .collect();
+            tasks
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err(DeviceError::Io("read thread failed".into())))
+                })
+                .collect()
+        });
+        results.into_iter().collect()
     }
 
     fn write_runs(&self, runs: Vec<(u64, Bytes)>) -> Result<(), DeviceError> {
         let lease = self.check_writable()?.to_string();
-        let sem = Arc::new(Semaphore::new(PARALLEL));
+        let sem = self.puts.clone();
         let fenced = self.fenced.clone();
         let results =
             self.rt.block_on(async {

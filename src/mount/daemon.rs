@@ -35,6 +35,9 @@ use crate::fuse::{DiskFs, StatsFn};
 /// How often the lease is renewed: a cheap probe that notices a broken or stolen
 /// lease even while nothing is written.
 const LEASE_CHECK: Duration = Duration::from_secs(10);
+/// Read-ahead threads: as many ranged reads in flight as the widest read-ahead
+/// window holds (eight 4 MiB runs), the parallelism the ceiling is measured with.
+const PREFETCH_WORKERS: usize = 8;
 
 /// A mounted drive and everything set up for it, in setup order.
 struct Mounted {
@@ -46,6 +49,7 @@ struct Mounted {
     fenced: Arc<AtomicBool>,
     cache: Option<Arc<Cache<RemoteBackend>>>,
     flusher: Option<JoinHandle<()>>,
+    prefetchers: Vec<JoinHandle<()>>,
     session: Option<BackgroundSession>,
     fuse_dir: PathBuf,
     made_fuse_dir: bool,
@@ -92,6 +96,9 @@ impl Mounted {
         }
         if let Some(f) = self.flusher.take() {
             let _ = f.join();
+        }
+        for p in self.prefetchers.drain(..) {
+            let _ = p.join();
         }
         if let Some(id) = self.lease.take() {
             if !self.fenced.load(Ordering::SeqCst) {
@@ -249,6 +256,7 @@ pub fn run(
         fenced: Arc::new(AtomicBool::new(false)),
         cache: None,
         flusher: None,
+        prefetchers: Vec::new(),
         session: None,
         fuse_dir,
         made_fuse_dir: false,
@@ -358,6 +366,14 @@ fn setup(m: &mut Mounted, mut rec: MountRecord) -> Result<(Ready, UnixListener),
         m.fenced.clone(),
     ));
     m.cache = Some(cache.clone());
+    for i in 0..PREFETCH_WORKERS {
+        let c = cache.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("blobdrive-ra{i}"))
+            .spawn(move || c.run_prefetcher())
+            .map_err(|e| MountError::System(format!("cannot start read-ahead: {e}")))?;
+        m.prefetchers.push(worker);
+    }
     if !m.req.read_only {
         let c = cache.clone();
         m.flusher = Some(

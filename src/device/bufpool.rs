@@ -1,0 +1,110 @@
+//! Reusable 4 MiB buffers for flushes and read-ahead.
+//!
+//! A flush copies dirty data out of the cache (so a block rewritten while its run
+//! is in flight is never sent half old, half new), and read-ahead needs a buffer
+//! to receive into. A fresh allocation each time costs more than the copy: a
+//! 4 MiB buffer is served by new pages that the kernel must fault in and zero, and
+//! profiles of sequential writes showed that as a quarter of the daemon's CPU. A
+//! pooled buffer's pages stay mapped.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+/// Buffers of one fixed capacity, handed out and returned.
+pub struct BufPool {
+    free: Mutex<Vec<Vec<u8>>>,
+    capacity: usize,
+    keep: usize,
+}
+
+impl BufPool {
+    /// A pool of `capacity`-byte buffers that keeps at most `keep` idle ones.
+    pub fn new(capacity: usize, keep: usize) -> Arc<BufPool> {
+        Arc::new(BufPool {
+            free: Mutex::new(Vec::new()),
+            capacity,
+            keep,
+        })
+    }
+
+    /// An empty buffer with room for the pool's capacity.
+    pub fn take(&self) -> Vec<u8> {
+        let idle = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        idle.unwrap_or_else(|| Vec::with_capacity(self.capacity))
+    }
+
+    /// Freezes `buf` into [`Bytes`] that give the buffer back to the pool when the
+    /// last clone is dropped (after a request, and its retries, are done with it).
+    pub fn freeze(self: &Arc<Self>, buf: Vec<u8>) -> Bytes {
+        Bytes::from_owner(Pooled {
+            buf,
+            pool: self.clone(),
+        })
+    }
+
+    /// Returns a buffer taken with [`BufPool::take`] and not frozen.
+    pub fn give(&self, mut buf: Vec<u8>) {
+        buf.clear();
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() < self.keep && buf.capacity() >= self.capacity {
+            free.push(buf);
+        }
+    }
+
+    /// Idle buffers held now.
+    #[cfg(test)]
+    pub fn idle(&self) -> usize {
+        self.free.lock().unwrap().len()
+    }
+}
+
+struct Pooled {
+    buf: Vec<u8>,
+    pool: Arc<BufPool>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.pool.give(std::mem::take(&mut self.buf));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_come_back_when_the_last_clone_drops_and_are_reused() {
+        let pool = BufPool::new(4096, 2);
+        let mut b = pool.take();
+        b.extend_from_slice(&[7u8; 4096]);
+        let ptr = b.as_ptr();
+        let bytes = pool.freeze(b);
+        let part = bytes.slice(100..200);
+        drop(bytes);
+        assert_eq!(pool.idle(), 0, "a slice still holds the buffer");
+        assert_eq!(&part[..], &[7u8; 100][..]);
+        drop(part);
+        assert_eq!(pool.idle(), 1);
+        let again = pool.take();
+        assert!(again.is_empty());
+        assert_eq!(again.as_ptr(), ptr, "the same allocation is reused");
+    }
+
+    #[test]
+    fn keeps_no_more_than_asked() {
+        let pool = BufPool::new(16, 1);
+        let a = pool.freeze(pool.take());
+        let b = pool.freeze(pool.take());
+        drop(a);
+        drop(b);
+        assert_eq!(pool.idle(), 1);
+    }
+}
