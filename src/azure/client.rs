@@ -679,26 +679,31 @@ impl BlobClient {
         })
     }
 
-    /// Reads `len` bytes at `offset`; a short answer is an error, never silently
-    /// padded.
-    /// Reads `buf.len()` bytes at `offset` straight into `buf`.
+    /// Reads `buf.len()` bytes at `offset` straight into `buf`; a short answer is
+    /// an error.
     pub async fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<(), AzureError> {
         let len = buf.len() as u64;
         if len == 0 {
             return Ok(());
         }
-        let mut req = self.request(Op::Read, Method::GET, &[], &[200, 206]);
-        req.header(
-            "x-ms-range",
-            format!("bytes={}-{}", offset, offset + len - 1),
-        );
-        self.count(|s| ClientStats::add(&s.get_requests, 1));
+        let req = self.range_get(offset, len);
         let resp = self.svc.execute_into(req, Some(buf)).await?;
         self.count(|s| ClientStats::add(&s.bytes_downloaded, resp.streamed as u64));
         if resp.streamed as u64 != len {
             return Err(self.short_read(offset, len, resp.streamed as u64));
         }
         Ok(())
+    }
+
+    /// A counted ranged GET of `len > 0` bytes at `offset`.
+    fn range_get(&self, offset: u64, len: u64) -> Request {
+        let mut req = self.request(Op::Read, Method::GET, &[], &[200, 206]);
+        req.header(
+            "x-ms-range",
+            format!("bytes={}-{}", offset, offset + len - 1),
+        );
+        self.count(|s| ClientStats::add(&s.get_requests, 1));
+        req
     }
 
     fn short_read(&self, offset: u64, len: u64, got: u64) -> AzureError {
@@ -711,17 +716,13 @@ impl BlobClient {
         }
     }
 
+    /// Reads `len` bytes at `offset`; a short answer is an error, never silently
+    /// padded.
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, AzureError> {
         if len == 0 {
             return Ok(Bytes::new());
         }
-        let mut req = self.request(Op::Read, Method::GET, &[], &[200, 206]);
-        req.header(
-            "x-ms-range",
-            format!("bytes={}-{}", offset, offset + len - 1),
-        );
-        self.count(|s| ClientStats::add(&s.get_requests, 1));
-        let resp = self.svc.execute(req).await?;
+        let resp = self.svc.execute(self.range_get(offset, len)).await?;
         self.count(|s| ClientStats::add(&s.bytes_downloaded, resp.body.len() as u64));
         if resp.body.len() as u64 != len {
             return Err(self.short_read(offset, len, resp.body.len() as u64));
