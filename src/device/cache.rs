@@ -33,6 +33,7 @@ use serde::Serialize;
 use tracing::{debug, warn};
 
 use super::bufpool::BufPool;
+use super::sectors::{self, mask};
 use super::sparse::SparseMap;
 use super::{Backend, DeviceError, MAX_RUN, SECTOR};
 
@@ -100,17 +101,6 @@ impl Block {
             gen: 0,
             touched: None,
         }
-    }
-}
-
-/// Sectors `[a, b)` of a block as a bit mask.
-fn mask(a: u64, b: u64) -> u128 {
-    if b <= a {
-        0
-    } else if b - a >= 128 {
-        u128::MAX << a
-    } else {
-        ((1u128 << (b - a)) - 1) << a
     }
 }
 
@@ -261,6 +251,14 @@ struct FlushQueue {
 struct FlushUnit {
     runs: Vec<(u64, Bytes)>,
     taken: Vec<(u64, u64, u128)>,
+}
+
+/// The sectors of block `b` that hold data on the blob (the rest are holes).
+fn data_mask(sparse: &SparseMap, b: u64) -> u128 {
+    let bs = b * BLOCK;
+    sparse.data_in(bs, bs + BLOCK).iter().fold(0u128, |m, r| {
+        m | mask((r.start - bs) / SECTOR, (r.end - bs).div_ceil(SECTOR))
+    })
 }
 
 /// What one round of a read fetches itself and what it waits for.
@@ -697,13 +695,7 @@ impl<B: Backend> Cache<B> {
             let bs = b * BLOCK;
             let at = (bs - start) as usize;
             // Holes are zeros whatever the fetched bytes say.
-            let data_mask = st
-                .sparse
-                .data_in(bs, bs + BLOCK)
-                .iter()
-                .fold(0u128, |m, r| {
-                    m | mask((r.start - bs) / SECTOR, (r.end - bs).div_ceil(SECTOR))
-                });
+            let data_mask = data_mask(&st.sparse, b);
             let fill = |blk: &mut Block| {
                 for sec in 0..SECTORS {
                     if blk.valid & (1u128 << sec) == 0 {
@@ -1046,42 +1038,62 @@ impl<B: Backend> Cache<B> {
 
     /// Copies the next unit of dirty data (in disk order, whole blocks, at most
     /// 4 MiB) out of `pending` blocks into one pooled buffer, as runs of adjacent
-    /// sectors.
+    /// sectors. Clean gaps between dirty sectors are sent along where the cache
+    /// holds them and the blob has them (see [`sectors`]): gaps inside a block, and
+    /// gaps across the edge of two adjacent blocks of the unit. Only blocks of the
+    /// unit itself are read, so no other unit in flight can hold the same sectors.
     fn take_unit(&self, st: &State, pending: &mut BTreeSet<u64>) -> FlushUnit {
-        let mut buf = self.pool.take();
-        // (offset, start in buf, length) of each run.
-        let mut spans: Vec<(u64, usize, usize)> = Vec::new();
-        let mut taken = Vec::new();
+        // Per taken block: (block, generation, dirty mask, sectors to send).
+        let mut taken: Vec<(u64, u64, u128, u128)> = Vec::new();
+        let mut sectors_total = 0u64;
+        let mut prev_bridgeable = 0u128;
         while let Some(&b) = pending.first() {
             let Some(blk) = st.dirty.get(&b) else {
                 pending.remove(&b);
                 continue;
             };
-            let bytes = blk.dirty.count_ones() as u64 * SECTOR;
-            if !taken.is_empty() && buf.len() as u64 + bytes > MAX_RUN {
+            let bridgeable = blk.valid & !blk.dirty & data_mask(&st.sparse, b);
+            let mut send = sectors::bridge_inner(blk.dirty, bridgeable);
+            // Bridge the edge with the previous block when both sides are held.
+            let mut prev_extra = 0u128;
+            if let Some(&(pb, _, _, psend)) = taken.last() {
+                let tail = sectors::trailing_gap(psend);
+                let lead = sectors::leading_gap(send);
+                if pb + 1 == b
+                    && psend != 0
+                    && send != 0
+                    && tail & prev_bridgeable == tail
+                    && lead & bridgeable == lead
+                {
+                    prev_extra = tail;
+                    send |= lead;
+                }
+            }
+            let cost = u64::from(send.count_ones() + prev_extra.count_ones());
+            if !taken.is_empty() && (sectors_total + cost) * SECTOR > MAX_RUN {
                 break;
             }
             pending.remove(&b);
-            taken.push((b, blk.gen, blk.dirty));
-            let bs = b * BLOCK;
-            let mut sec = 0u64;
-            while sec < SECTORS {
-                if blk.dirty & (1u128 << sec) == 0 {
-                    sec += 1;
-                    continue;
-                }
-                let mut e = sec;
-                while e < SECTORS && blk.dirty & (1u128 << e) != 0 {
-                    e += 1;
-                }
-                let off = bs + sec * SECTOR;
-                let data = &blk.data[(sec * SECTOR) as usize..(e * SECTOR) as usize];
+            sectors_total += cost;
+            if let Some(last) = taken.last_mut() {
+                last.3 |= prev_extra;
+            }
+            taken.push((b, blk.gen, blk.dirty, send));
+            prev_bridgeable = bridgeable;
+        }
+        let mut buf = self.pool.take();
+        // (offset, start in buf, length) of each run.
+        let mut spans: Vec<(u64, usize, usize)> = Vec::new();
+        for &(b, _, _, send) in &taken {
+            let blk = st.dirty.get(&b).expect("taken under the same lock");
+            for (sa, se) in sectors::runs(send) {
+                let off = b * BLOCK + sa * SECTOR;
+                let data = &blk.data[(sa * SECTOR) as usize..(se * SECTOR) as usize];
                 match spans.last_mut() {
                     Some(last) if last.0 + last.2 as u64 == off => last.2 += data.len(),
                     _ => spans.push((off, buf.len(), data.len())),
                 }
                 buf.extend_from_slice(data);
-                sec = e;
             }
         }
         let data = self.pool.freeze(buf);
@@ -1089,7 +1101,10 @@ impl<B: Backend> Cache<B> {
             .into_iter()
             .map(|(off, start, len)| (off, data.slice(start..start + len)))
             .collect();
-        FlushUnit { runs, taken }
+        FlushUnit {
+            runs,
+            taken: taken.into_iter().map(|(b, g, d, _)| (b, g, d)).collect(),
+        }
     }
 
     /// Discards `[offset, offset+len)`: whole sectors become holes (Clear Pages),
@@ -1289,15 +1304,6 @@ mod tests {
             v.push(std::thread::spawn(move || p.run_prefetcher()));
         }
         v
-    }
-
-    #[test]
-    fn masks() {
-        assert_eq!(mask(0, 128), u128::MAX);
-        assert_eq!(mask(0, 1), 1);
-        assert_eq!(mask(127, 128), 1u128 << 127);
-        assert_eq!(mask(2, 4), 0b1100);
-        assert_eq!(mask(4, 4), 0);
     }
 
     #[test]
@@ -1502,6 +1508,67 @@ mod tests {
         flusher.join().unwrap();
         assert!(c.snapshot().write_waits > 0);
         assert!(c.backend.contents().iter().all(|&x| x == 1));
+    }
+
+    /// Every other 4 KiB page of `[0, len)` rewritten with `fill`.
+    fn scatter(c: &Cache<MemBackend>, len: u64, fill: u8) {
+        for p in (0..len / 4096).step_by(2) {
+            c.write(p * 4096, &[fill; 4096]).unwrap();
+        }
+    }
+
+    #[test]
+    fn scattered_writes_over_cached_data_bridge_their_gaps() {
+        let c = cache(16 * MIB, 256 * MIB);
+        let base: Vec<u8> = (0..8 * MIB as usize).map(|i| (i % 253) as u8).collect();
+        c.write(0, &base).unwrap();
+        c.flush().unwrap();
+        assert_eq!(c.backend.writes.load(Relaxed), 2);
+        scatter(&c, 8 * MIB, 0xAB);
+        c.flush().unwrap();
+        // 1024 dirty pages with clean pages between: two 4 MiB calls, not 1024.
+        assert_eq!(c.backend.writes.load(Relaxed), 4);
+        let mut want = base.clone();
+        for p in (0..8 * MIB as usize / 4096).step_by(2) {
+            want[p * 4096..(p + 1) * 4096].fill(0xAB);
+        }
+        assert_eq!(&c.backend.contents()[..8 * MIB as usize], &want[..]);
+        assert_eq!(c.dirty_bytes(), 0);
+    }
+
+    #[test]
+    fn gaps_the_cache_does_not_hold_or_that_are_holes_stay_gaps() {
+        // The blob has data the cache never saw: the gaps cannot be re-sent.
+        let c = cache(4 * MIB, 64 * MIB);
+        c.backend
+            .write_runs(vec![(0, Bytes::from(vec![5u8; MIB as usize]))])
+            .unwrap();
+        c.lock().sparse.insert(0, MIB);
+        let before = c.backend.writes.load(Relaxed);
+        scatter(&c, MIB, 1);
+        c.flush().unwrap();
+        assert_eq!(c.backend.writes.load(Relaxed) - before, 128);
+        let got = c.backend.contents();
+        assert!(got[4096..8192].iter().all(|&x| x == 5));
+        assert!(got[..4096].iter().all(|&x| x == 1));
+        // Holes the cache holds as zeros (it fetched their block for the page of
+        // data in it) are not written either.
+        c.backend
+            .write_runs(vec![(2 * MIB, Bytes::from(vec![3u8; 4096]))])
+            .unwrap();
+        c.lock().sparse.insert(2 * MIB, 2 * MIB + 4096);
+        let mut back = vec![0u8; BLOCK as usize];
+        c.read(2 * MIB, &mut back).unwrap();
+        let before = c.backend.writes.load(Relaxed);
+        for p in [2, 4, 6] {
+            c.write(2 * MIB + p * 4096, &[2u8; 4096]).unwrap();
+        }
+        c.flush().unwrap();
+        assert_eq!(c.backend.writes.load(Relaxed) - before, 3);
+        assert!(!c
+            .lock()
+            .sparse
+            .any_data(2 * MIB + 3 * 4096, 2 * MIB + 4 * 4096));
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod bufpool;
 pub mod cache;
 pub mod mem;
 pub mod remote;
+pub mod sectors;
 pub mod sparse;
 
 use bytes::Bytes;
