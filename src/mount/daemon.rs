@@ -213,8 +213,21 @@ fn stats_value(
 }
 
 enum Event {
-    Control(String, mpsc::Sender<String>),
+    Control(String, Reply),
     Signal,
+}
+
+/// The connection a command came on. The thread that carries the command out
+/// writes the answer itself before it goes on: after `unmount` the process exits
+/// right away, and an answer handed to another thread could be lost with it (the
+/// client would then see the connection close with no answer).
+struct Reply(UnixStream);
+
+impl Reply {
+    fn send(mut self, answer: &str) {
+        let _ = self.0.set_write_timeout(Some(Duration::from_secs(5)));
+        let _ = writeln!(self.0, "{answer}");
+    }
 }
 
 /// Runs a mount until it is unmounted. `ready` is called exactly once: with the
@@ -546,31 +559,31 @@ fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), MountError> {
         match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(Event::Control(cmd, reply)) => match cmd.as_str() {
                 "stats" => {
-                    let _ = reply.send(m.stats_json().to_string());
+                    reply.send(&m.stats_json().to_string());
                 }
                 "snapshot" => {
                     let answer = match m.consistent_snapshot() {
                         Ok(id) => format!("ok {id}"),
                         Err(e) => format!("error {e}"),
                     };
-                    let _ = reply.send(answer);
+                    reply.send(&answer);
                 }
                 "unmount" => {
                     info!("unmount requested");
                     match m.teardown() {
                         Ok(()) => {
-                            let _ = reply.send("ok".into());
+                            reply.send("ok");
                             info!("unmounted cleanly");
                             return Ok(());
                         }
                         Err(e) => {
                             warn!("unmount refused: {e}");
-                            let _ = reply.send(format!("error {e}"));
+                            reply.send(&format!("error {e}"));
                         }
                     }
                 }
                 other => {
-                    let _ = reply.send(format!("error unknown command '{other}'"));
+                    reply.send(&format!("error unknown command '{other}'"));
                 }
             },
             Ok(Event::Signal) => {
@@ -595,7 +608,10 @@ fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), MountError> {
     }
 }
 
+/// Reads one command line and hands it, with its connection, to the main thread.
 fn handle_conn(conn: UnixStream, tx: &mpsc::Sender<Event>) {
+    // A client that never sends its line must not hold up the commands after it.
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let mut line = String::new();
     let mut reader = BufReader::new(match conn.try_clone() {
         Ok(c) => c,
@@ -604,17 +620,7 @@ fn handle_conn(conn: UnixStream, tx: &mpsc::Sender<Event>) {
     if reader.read_line(&mut line).is_err() {
         return;
     }
-    let (rtx, rrx) = mpsc::channel();
-    if tx
-        .send(Event::Control(line.trim().to_string(), rtx))
-        .is_err()
-    {
-        return;
-    }
-    if let Ok(answer) = rrx.recv() {
-        let mut conn = conn;
-        let _ = writeln!(conn, "{answer}");
-    }
+    let _ = tx.send(Event::Control(line.trim().to_string(), Reply(conn)));
 }
 
 /// Sends one command to a running daemon and returns its one-line answer.
