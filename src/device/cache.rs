@@ -32,6 +32,7 @@ use lru::LruCache;
 use serde::Serialize;
 use tracing::{debug, warn};
 
+use super::blockmem::{self, BlockMem};
 use super::bufpool::BufPool;
 use super::sectors::{self, mask};
 use super::sparse::SparseMap;
@@ -83,25 +84,13 @@ impl CacheConfig {
 }
 
 struct Block {
-    data: Box<[u8]>,
+    data: BlockMem,
     valid: u128,
     dirty: u128,
     /// Write generation: bumped on every write into the block.
     gen: u64,
     /// When it was last written: hot blocks are left for fsync to coalesce.
     touched: Option<Instant>,
-}
-
-impl Block {
-    fn new() -> Block {
-        Block {
-            data: vec![0u8; BLOCK as usize].into_boxed_slice(),
-            valid: 0,
-            dirty: 0,
-            gen: 0,
-            touched: None,
-        }
-    }
 }
 
 /// Counters for `stats`.
@@ -156,7 +145,7 @@ struct State {
     /// Buffers of evicted blocks, reused for new ones: block memory is allocated up
     /// to the capacity once and then recycled, instead of churning the allocator
     /// (whose per-thread arenas would otherwise hold far more than the cache).
-    free: Vec<Box<[u8]>>,
+    free: Vec<BlockMem>,
 }
 
 impl State {
@@ -164,31 +153,33 @@ impl State {
         self.dirty.get(&b).or_else(|| self.clean.peek(&b))
     }
 
-    /// A new empty block, with a recycled buffer when there is one. Sector contents
-    /// of a new block are never read before they are marked valid.
+    /// Block memory: a recycled buffer, or one of a new batch (see [`blockmem`]).
+    /// Freed buffers are kept, never dropped, so the memory in use is at most the
+    /// peak number of blocks ever held (bounded by the capacity) plus one batch.
+    fn take_mem(&mut self) -> BlockMem {
+        if self.free.is_empty() {
+            self.free
+                .extend(BlockMem::batch(blockmem::BATCH, BLOCK as usize));
+        }
+        self.free.pop().expect("just refilled")
+    }
+
+    /// A new empty block. Sector contents of a new block are never read before
+    /// they are marked valid.
     fn new_block(&mut self) -> Block {
-        match self.free.pop() {
-            Some(data) => Block {
-                data,
-                valid: 0,
-                dirty: 0,
-                gen: 0,
-                touched: None,
-            },
-            None => Block::new(),
+        Block {
+            data: self.take_mem(),
+            valid: 0,
+            dirty: 0,
+            gen: 0,
+            touched: None,
         }
     }
 
-    /// A new block holding `content` (one whole block), all of it valid. Built by
-    /// copying, so a fresh buffer is never zeroed first only to be overwritten.
+    /// A new block holding `content` (one whole block), all of it valid.
     fn new_block_from(&mut self, content: &[u8]) -> Block {
-        let data = match self.free.pop() {
-            Some(mut data) => {
-                data.copy_from_slice(content);
-                data
-            }
-            None => Box::from(content),
-        };
+        let mut data = self.take_mem();
+        data.copy_from_slice(content);
         Block {
             data,
             valid: u128::MAX,
@@ -409,9 +400,6 @@ impl<B: Backend> Cache<B> {
                 None => break,
             }
         }
-        // Keep the pool within the capacity too.
-        let room = cap.saturating_sub(st.len());
-        st.free.truncate(room);
     }
 
     pub fn snapshot(&self) -> CacheSnapshot {
@@ -1508,6 +1496,27 @@ mod tests {
         flusher.join().unwrap();
         assert!(c.snapshot().write_waits > 0);
         assert!(c.backend.contents().iter().all(|&x| x == 1));
+    }
+
+    #[test]
+    fn block_memory_is_reused_and_stays_within_the_capacity() {
+        let c = cache(64 * MIB, 4 * MIB);
+        let data = vec![9u8; MIB as usize];
+        let mut back = vec![0u8; MIB as usize];
+        for round in 0..3 {
+            for i in 0..64 {
+                c.write(i * MIB, &data).unwrap();
+                c.flush().unwrap();
+                c.read(((i * 7 + round) % 64) * MIB, &mut back).unwrap();
+            }
+        }
+        let st = c.lock();
+        let held = st.len() + st.free.len();
+        assert!(
+            held <= c.cap_blocks() + blockmem::BATCH,
+            "{held} blocks of memory for a capacity of {}",
+            c.cap_blocks()
+        );
     }
 
     /// Every other 4 KiB page of `[0, len)` rewritten with `fill`.

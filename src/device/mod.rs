@@ -6,6 +6,7 @@
 //! for tests. [`cache::Cache`] is the write-back page cache with the sparse map
 //! ([`sparse::SparseMap`]) that makes holes free, and is what FUSE serves.
 
+pub mod blockmem;
 pub mod bufpool;
 pub mod cache;
 pub mod mem;

@@ -1,0 +1,143 @@
+//! Memory for cache blocks, mapped and faulted in by the batch.
+//!
+//! A cache that fills with written or fetched data needs new memory for every
+//! block, and on first touch the kernel faults each 4 KiB page in separately: in a
+//! profile of a 1 GiB sequential write through a fresh cache, the page-fault entry
+//! alone was about 9% of the daemon's CPU (more in a VM, where every exception is
+//! dear). Blocks are therefore carved out of anonymous mappings of
+//! [`BATCH`] blocks made with `MAP_POPULATE`, which the kernel fills in one call.
+//! A mapping is returned to the kernel when its last block is dropped; the cache
+//! keeps freed blocks for reuse, so that happens when the cache itself goes.
+
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Blocks per mapping: 2 MiB of 64 KiB blocks.
+pub const BATCH: usize = 32;
+
+/// One anonymous mapping, unmapped when its last block is gone.
+pub struct Mapping {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; each block hands out a disjoint part of it.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: base/len are exactly what mmap returned; no block outlives this.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The memory of one cache block, zero when new.
+pub enum BlockMem {
+    /// Part of a shared mapping, which it keeps alive.
+    Mapped {
+        ptr: NonNull<u8>,
+        size: usize,
+        _mapping: Arc<Mapping>,
+    },
+    /// On the heap, when the kernel refused a mapping.
+    Heap(Box<[u8]>),
+}
+
+// SAFETY: a mapped block's bytes are reachable only through its own BlockMem.
+unsafe impl Send for BlockMem {}
+unsafe impl Sync for BlockMem {}
+
+impl BlockMem {
+    /// `n` blocks of `size` bytes, faulted in together. Falls back to the heap if
+    /// the kernel refuses the mapping.
+    pub fn batch(n: usize, size: usize) -> Vec<BlockMem> {
+        let len = n * size;
+        // SAFETY: an anonymous private mapping with no address hint; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        let base = match NonNull::new(p.cast::<u8>()) {
+            Some(base) if p != libc::MAP_FAILED => base,
+            _ => return (0..n).map(|_| BlockMem::on_heap(size)).collect(),
+        };
+        let mapping = Arc::new(Mapping { base, len });
+        (0..n)
+            .map(|i| BlockMem::Mapped {
+                // SAFETY: i * size < len, inside the mapping.
+                ptr: unsafe { NonNull::new_unchecked(base.as_ptr().add(i * size)) },
+                size,
+                _mapping: mapping.clone(),
+            })
+            .collect()
+    }
+
+    fn on_heap(size: usize) -> BlockMem {
+        BlockMem::Heap(vec![0u8; size].into_boxed_slice())
+    }
+}
+
+impl Deref for BlockMem {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            // SAFETY: ptr..ptr+size is this block's own part of a live mapping,
+            // initialised (zero) by the kernel.
+            BlockMem::Mapped { ptr, size, .. } => unsafe {
+                std::slice::from_raw_parts(ptr.as_ptr(), *size)
+            },
+            BlockMem::Heap(b) => b,
+        }
+    }
+}
+
+impl DerefMut for BlockMem {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            // SAFETY: as in deref; &mut self makes the access exclusive.
+            BlockMem::Mapped { ptr, size, .. } => unsafe {
+                std::slice::from_raw_parts_mut(ptr.as_ptr(), *size)
+            },
+            BlockMem::Heap(b) => b,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_zeroed_disjoint_and_outlive_each_other() {
+        let mut v = BlockMem::batch(4, 65536);
+        assert!(v
+            .iter()
+            .all(|b| matches!(b, BlockMem::Mapped { .. }) && b.len() == 65536));
+        assert!(v.iter().all(|b| b.iter().all(|&x| x == 0)));
+        for (i, b) in v.iter_mut().enumerate() {
+            b.fill(i as u8 + 1);
+        }
+        // Dropping some blocks leaves the others' memory intact.
+        let kept = v.split_off(2);
+        drop(v);
+        assert!(kept[0].iter().all(|&x| x == 3));
+        assert!(kept[1].iter().all(|&x| x == 4));
+    }
+
+    #[test]
+    fn heap_fallback_behaves_the_same() {
+        let mut b = BlockMem::on_heap(4096);
+        assert!(matches!(b, BlockMem::Heap(_)));
+        b[4095] = 7;
+        assert_eq!(b[4095], 7);
+        assert!(b[..4095].iter().all(|&x| x == 0));
+    }
+}
