@@ -20,6 +20,12 @@ use tracing::{debug, warn};
 use crate::device::cache::Cache;
 use crate::device::{Backend, DeviceError};
 
+thread_local! {
+    /// Each FUSE thread's read buffer, reused: a fresh zeroed buffer per request
+    /// cost a memset and new pages every time (`Cache::read` writes every byte).
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 const ROOT: u64 = 1;
 const DISK: u64 = 2;
 const STATS: u64 = 3;
@@ -185,14 +191,19 @@ impl<B: Backend> Filesystem for DiskFs<B> {
                     return reply.data(&[]);
                 }
                 let len = (size as u64).min(disk - offset) as usize;
-                let mut buf = vec![0u8; len];
-                match self.cache.read(offset, &mut buf) {
-                    Ok(()) => reply.data(&buf),
-                    Err(e) => {
-                        warn!("read {len} bytes at {offset} failed: {e}");
-                        reply.error(errno(&e))
+                READ_BUF.with_borrow_mut(|buf| {
+                    if buf.len() < len {
+                        buf.resize(len, 0);
                     }
-                }
+                    let out = &mut buf[..len];
+                    match self.cache.read(offset, out) {
+                        Ok(()) => reply.data(out),
+                        Err(e) => {
+                            warn!("read {len} bytes at {offset} failed: {e}");
+                            reply.error(errno(&e))
+                        }
+                    }
+                })
             }
             STATS => {
                 let text = (self.stats)();

@@ -424,7 +424,8 @@ impl<B: Backend> Cache<B> {
         self.lock().dirty_sectors * SECTOR
     }
 
-    /// Reads `buf.len()` bytes at `offset`.
+    /// Reads `buf.len()` bytes at `offset`, writing every byte of `buf` (holes as
+    /// zeros), so callers may hand in a reused buffer.
     ///
     /// Each round plans under the lock: cached sectors are copied at once, blocks
     /// another fetch is already bringing in are waited for (never fetched twice),
@@ -1418,7 +1419,8 @@ mod tests {
                 }
                 5 => c.flush().unwrap(),
                 _ => {
-                    let mut b = vec![0u8; len as usize];
+                    // Poisoned: a read must write every byte (FUSE reuses buffers).
+                    let mut b = vec![0xEEu8; len as usize];
                     c.read(off, &mut b).unwrap();
                     let want = &model[off as usize..(off + len) as usize];
                     if b != want {
@@ -1644,7 +1646,7 @@ mod tests {
                         };
                         let len = (x >> 32) % (200 * 1024) + 1;
                         let len = len.min(size - off);
-                        let mut b = vec![0u8; len as usize];
+                        let mut b = vec![0xEEu8; len as usize];
                         c.read(off, &mut b).unwrap();
                         if let Some(i) = (0..len).find(|&i| b[i as usize] != pattern(off + i)) {
                             panic!("read {len} at {off}: byte {i} is {}", b[i as usize]);
