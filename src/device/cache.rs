@@ -611,7 +611,10 @@ impl<B: Backend> Cache<B> {
     fn track_stream(&self, st: &mut State, offset: u64, end: u64) {
         const SLACK: u64 = 2 * 1024 * 1024;
         if st.seq_next != u64::MAX && offset.abs_diff(st.seq_next) <= SLACK {
-            st.readahead = (st.readahead * 2).clamp(128 * 1024, self.cfg.readahead_max);
+            // Starts at 128 KiB, never past the configured most (which may be less).
+            st.readahead = (st.readahead * 2)
+                .max(128 * 1024)
+                .min(self.cfg.readahead_max);
             st.seq_next = st.seq_next.max(end);
         } else {
             st.readahead = 0;
@@ -745,39 +748,46 @@ impl<B: Backend> Cache<B> {
             }
             v
         };
-        let edge_data: Vec<(u64, Vec<u8>)>;
         // Old bytes of partly covered sectors, fetched unless cached or a hole. No
         // flush or discard may land between that fetch and its use (the fetched bytes
         // could then predate data written and evicted since): holding the flush lock
-        // keeps them out. Whole-sector writes never get here.
+        // keeps them out. Whole-sector writes never get here. Other reads and writes
+        // may still evict a block while the state lock is dropped for a fetch, taking
+        // a cached edge with it (its old bytes then became zeros, seen once in six
+        // runs of the model test), so the edges are checked again under the lock the
+        // write is applied under, and any that went missing is fetched too.
         let _no_flush = (!edges.is_empty()).then(|| self.order_lock());
+        let mut edge_data: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut epoch = None;
         let mut st = loop {
-            let (wanted, seen) = {
-                let st = self.lock();
-                let wanted: Vec<u64> = edges
-                    .iter()
-                    .copied()
-                    .filter(|&s| {
-                        let b = s / BLOCK;
-                        let sec = (s % BLOCK) / SECTOR;
-                        let valid = st
-                            .block(b)
-                            .is_some_and(|blk| blk.valid & (1u128 << sec) != 0);
-                        !valid && st.sparse.any_data(s, s + SECTOR)
-                    })
-                    .collect();
-                (wanted, st.mutations)
-            };
-            let mut fetched = Vec::new();
+            let st = self.lock();
+            if epoch != Some(st.mutations) {
+                // Defensive: with the flush lock held, nothing should have landed.
+                edge_data.clear();
+            }
+            let wanted: Vec<u64> = edges
+                .iter()
+                .copied()
+                .filter(|&s| {
+                    let b = s / BLOCK;
+                    let sec = (s % BLOCK) / SECTOR;
+                    let valid = st
+                        .block(b)
+                        .is_some_and(|blk| blk.valid & (1u128 << sec) != 0);
+                    !valid
+                        && st.sparse.any_data(s, s + SECTOR)
+                        && !edge_data.iter().any(|(es, _)| *es == s)
+                })
+                .collect();
+            if wanted.is_empty() {
+                break st;
+            }
+            epoch = Some(st.mutations);
+            drop(st);
             for s in wanted {
                 let mut d = vec![0u8; SECTOR as usize];
                 self.backend.read(s, &mut d)?;
-                fetched.push((s, d));
-            }
-            let st = self.lock();
-            if st.mutations == seen {
-                edge_data = fetched;
-                break st;
+                edge_data.push((s, d));
             }
         };
         let mut pos = offset;
@@ -1445,6 +1455,44 @@ mod tests {
         for w in workers {
             w.join().unwrap();
         }
+    }
+
+    #[test]
+    fn a_partial_sector_whose_block_is_evicted_meanwhile_keeps_its_old_bytes() {
+        // A write that starts and ends inside sectors needs their old bytes: one
+        // edge here must be fetched (slowly), the other is cached when the write
+        // looks. While the fetch is out, other writes evict the cached one. The
+        // write must fetch that edge too, not take its old bytes for zeros.
+        let cfg = CacheConfig {
+            capacity: 4 * BLOCK,
+            dirty_limit: 64 * BLOCK,
+            readahead_max: BLOCK,
+            flush_after: Duration::from_secs(3600),
+        };
+        let c = Arc::new(cache_with(64 * BLOCK, cfg));
+        c.write(0, &vec![0xAA; 3 * BLOCK as usize]).unwrap();
+        c.flush().unwrap();
+        // Only block 2 stays cached: fill the cache with others, then read it.
+        c.write(10 * BLOCK, &vec![1; 4 * BLOCK as usize]).unwrap();
+        c.flush().unwrap();
+        c.read(2 * BLOCK, &mut [0u8; 512]).unwrap();
+        c.backend.read_delay_us.store(300_000, Relaxed);
+        let w = c.clone();
+        let writer = std::thread::spawn(move || w.write(100, &vec![0x11; 2 * BLOCK as usize]));
+        std::thread::sleep(Duration::from_millis(100));
+        // Whole-block writes take no flush lock and evict every clean block.
+        c.write(20 * BLOCK, &vec![2; 4 * BLOCK as usize]).unwrap();
+        writer.join().unwrap().unwrap();
+        c.backend.read_delay_us.store(0, Relaxed);
+        let mut b = vec![0u8; 512];
+        c.read(2 * BLOCK, &mut b).unwrap();
+        assert!(b[..100].iter().all(|&x| x == 0x11));
+        assert!(
+            b[100..].iter().all(|&x| x == 0xAA),
+            "old bytes of the edge sector lost"
+        );
+        c.flush().unwrap();
+        assert_eq!(&c.backend.contents()[2 * BLOCK as usize..][..512], &b[..]);
     }
 
     #[test]
