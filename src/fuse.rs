@@ -7,6 +7,7 @@
 //! daemon's cache is the only one below the filesystem's own page cache.
 
 use std::ffi::OsStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -41,6 +42,8 @@ pub type StatsFn = Arc<dyn Fn() -> String + Send + Sync>;
 pub struct DiskFs<B: Backend> {
     cache: Arc<Cache<B>>,
     stats: StatsFn,
+    /// Handles open on `disk` (a loop device over it holds one).
+    open_disk: Arc<AtomicUsize>,
     read_only: bool,
     uid: u32,
     gid: u32,
@@ -53,11 +56,18 @@ impl<B: Backend> DiskFs<B> {
         DiskFs {
             cache,
             stats,
+            open_disk: Arc::new(AtomicUsize::new(0)),
             read_only,
             uid,
             gid,
             started: SystemTime::now(),
         }
+    }
+
+    /// The count of handles open on `disk`, kept up to date as they open and close:
+    /// teardown reads it to refuse an unmount that would cut off a writer.
+    pub fn open_disk_handles(&self) -> Arc<AtomicUsize> {
+        self.open_disk.clone()
     }
 
     fn attr(&self, ino: u64) -> Option<FileAttr> {
@@ -161,6 +171,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
                 // The handle says whether it may write: closing a read-only handle
                 // must not flush (nor fail because a flush failed).
                 let fh = u64::from(acc != libc::O_RDONLY);
+                self.open_disk.fetch_add(1, Ordering::SeqCst);
                 reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             }
             STATS => {
@@ -231,9 +242,13 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         if u64::from(ino) != DISK {
             return reply.error(Errno::EACCES);
         }
-        if offset.saturating_add(data.len() as u64) > self.cache.size() {
+        // As on a block device, a write across the end writes the part inside and
+        // says how much that was; only a write wholly past the end fails.
+        let size = self.cache.size();
+        if offset >= size {
             return reply.error(Errno::ENOSPC);
         }
+        let data = &data[..(size - offset).min(data.len() as u64) as usize];
         match self.cache.write(offset, data) {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => {
@@ -247,12 +262,33 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // close(2): like NFS, closing a file makes what was written through it durable.
+        // close(2): like NFS, closing a file makes what was written through it
+        // durable. A read-only handle wrote nothing, so its close neither flushes
+        // nor waits on (or fails with) an outage.
+        if fh.0 == 0 {
+            return reply.ok();
+        }
         self.sync(ino, reply)
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if u64::from(ino) == DISK {
+            self.open_disk.fetch_sub(1, Ordering::SeqCst);
+        }
+        reply.ok();
     }
 
     fn fsync(

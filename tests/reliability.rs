@@ -149,6 +149,7 @@ fn five_percent_faults_lose_and_corrupt_nothing() {
         seed: 20261122,
         stall: Duration::from_secs(3),
         max_latency: Duration::from_millis(3),
+        hold: None,
     });
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
@@ -200,11 +201,14 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
         seed: 1,
         stall: Duration::from_secs(1),
         max_latency: Duration::from_millis(0),
+        hold: None,
     });
     let cs = proxy.connection_string();
+    // I/O waits through an outage up to the I/O timeout (short here), then fails.
     let env = [
         ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2"),
+        ("BLOBDRIVE_IO_TIMEOUT_SECS", "4"),
     ];
     let mp = Mp::new(&cs);
     ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);

@@ -25,12 +25,21 @@ pub fn run(args: Args) -> Result<()> {
     };
     if record::alive(&rec) {
         // No timeout: the daemon answers once everything is written, however long
-        // that takes; it answers at once if the filesystem is busy.
-        match daemon::control(&rec.socket, "unmount", None) {
+        // that takes (saying every few seconds what it waits for); it answers at
+        // once if the filesystem or the disk file is busy.
+        let answer = daemon::control_with_progress(&rec.socket, "unmount", None, &mut |p| {
+            eprintln!("blobdrive: {p}")
+        });
+        match answer {
             Ok(a) if a == "ok" => {
                 wait_gone(rec.pid);
                 println!("unmounted {} ({})", mp.display(), rec.blob);
                 return Ok(());
+            }
+            Ok(a) if a.starts_with("failed ") => {
+                // The daemon stopped, but not everything was kept.
+                wait_gone(rec.pid);
+                bail!("{}", &a["failed ".len()..]);
             }
             Ok(a) => bail!("{}", a.strip_prefix("error ").unwrap_or(&a)),
             Err(e) if record::alive(&rec) => {

@@ -4,17 +4,45 @@
 //! Fencing: the first answer saying the lease is gone (412/409 lease codes) flips a
 //! flag that no write ever passes again, so nothing is written without the lease,
 //! not even a retry of a run that was in flight.
+//!
+//! Outages: one client operation gives up after its retry budget (25 s by
+//! default), far shorter than the outages a storage service can have. Here an
+//! operation that failed for want of an answer is tried again, as a disk retries
+//! a command, until it succeeds or the I/O timeout runs out (5 minutes by
+//! default); during unmount it waits without limit, because the cache then holds
+//! the only copy of the data. So a writer or fsync is slowed by an outage, not
+//! failed, and [`Health`] says what it waits for.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
-use tracing::error;
+use tracing::{error, warn};
 
+use super::health::Health;
 use super::{Backend, DeviceError, MAX_RUN};
+use crate::azure::retry::is_retryable_status;
 use crate::azure::{AzureError, BlobClient};
+
+/// How long I/O waits through an outage unless `BLOBDRIVE_IO_TIMEOUT_SECS` says
+/// otherwise: as long as a SCSI disk's command timeout is commonly set on cloud VMs.
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(300);
+/// Pause between two operations that found the service unreachable (each already
+/// retried with backoff inside the client).
+const OUTAGE_PAUSE: Duration = Duration::from_secs(1);
+
+/// The I/O timeout from `BLOBDRIVE_IO_TIMEOUT_SECS`, or [`DEFAULT_IO_TIMEOUT`].
+pub fn io_timeout_from_env() -> Duration {
+    std::env::var("BLOBDRIVE_IO_TIMEOUT_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| *v > 0.0)
+        .map_or(DEFAULT_IO_TIMEOUT, Duration::from_secs_f64)
+}
 
 /// Put Page calls in flight at once, over all concurrent flush units: enough to
 /// fill a link, few enough to stay far below the per-blob request rate.
@@ -28,23 +56,54 @@ pub struct RemoteBackend {
     rt: Handle,
     fenced: Arc<AtomicBool>,
     puts: Arc<Semaphore>,
+    patience: Arc<Patience>,
+}
+
+/// How long an operation goes on through an outage.
+struct Patience {
+    io_timeout: Duration,
+    /// Set at unmount: wait for the service however long it takes.
+    unbounded: AtomicBool,
+    health: Arc<Health>,
 }
 
 impl RemoteBackend {
     /// `lease` is `None` for read-only mounts; every write is then refused.
-    pub fn new(blob: BlobClient, lease: Option<String>, rt: Handle) -> RemoteBackend {
+    /// `io_timeout` bounds how long one I/O waits through an outage.
+    pub fn new(
+        blob: BlobClient,
+        lease: Option<String>,
+        rt: Handle,
+        io_timeout: Duration,
+    ) -> RemoteBackend {
         RemoteBackend {
             blob,
             lease,
             rt,
             fenced: Arc::new(AtomicBool::new(false)),
             puts: Arc::new(Semaphore::new(PARALLEL)),
+            patience: Arc::new(Patience {
+                io_timeout,
+                unbounded: AtomicBool::new(false),
+                health: Arc::new(Health::default()),
+            }),
         }
     }
 
     /// Shared flag: set once the lease is lost.
     pub fn fence(&self) -> Arc<AtomicBool> {
         self.fenced.clone()
+    }
+
+    /// Whether the service answers, as this backend's operations found it.
+    pub fn health(&self) -> Arc<Health> {
+        self.patience.health.clone()
+    }
+
+    /// Whether I/O waits through an outage without limit (on during unmount: the
+    /// cache then holds the only copy of what is not yet written).
+    pub fn set_wait_without_limit(&self, on: bool) {
+        self.patience.unbounded.store(on, Ordering::SeqCst);
     }
 
     pub fn blob(&self) -> &BlobClient {
@@ -60,8 +119,95 @@ impl RemoteBackend {
         self.lease.as_deref().ok_or(DeviceError::ReadOnly)
     }
 
-    fn map(&self, e: AzureError) -> DeviceError {
-        map_error(&self.fenced, e)
+    /// One ranged read of at most [`MAX_RUN`], waiting through an outage.
+    fn read_run(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        self.rt.block_on(async {
+            let mut a = self.patience.begin();
+            loop {
+                match self.blob.read_into(offset, buf).await {
+                    Ok(()) => {
+                        self.patience.succeeded(&a);
+                        return Ok(());
+                    }
+                    Err(e) => self.patience.wait_or_fail(&mut a, &self.fenced, e).await?,
+                }
+            }
+        })
+    }
+}
+
+/// Whether a failure says only that the service did not answer in time (the
+/// client's retries ran out), so that trying again later can succeed.
+fn is_outage(e: &AzureError) -> bool {
+    matches!(e, AzureError::Unreachable { .. }) || e.status().is_some_and(is_retryable_status)
+}
+
+/// One I/O's way through an outage.
+struct Attempt {
+    started: Instant,
+    warned: bool,
+}
+
+impl Patience {
+    fn begin(&self) -> Attempt {
+        Attempt {
+            started: Instant::now(),
+            warned: false,
+        }
+    }
+
+    fn succeeded(&self, a: &Attempt) {
+        self.health.succeeded();
+        if a.warned {
+            warn!(
+                "the storage service answers again after {:.0} s",
+                a.started.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    /// After a failed operation: waits a moment if it is worth trying again (an
+    /// outage, within the I/O timeout or without limit, lease still held), and
+    /// otherwise returns the failure as the I/O's result.
+    async fn wait_or_fail(
+        &self,
+        a: &mut Attempt,
+        fenced: &AtomicBool,
+        e: AzureError,
+    ) -> Result<(), DeviceError> {
+        self.health.failed(a.started, &e.to_string());
+        let within = self.unbounded.load(Ordering::SeqCst) || a.started.elapsed() < self.io_timeout;
+        if !is_outage(&e) || fenced.load(Ordering::SeqCst) || !within {
+            return Err(map_error(fenced, e));
+        }
+        if !a.warned {
+            warn!(
+                "the storage service does not answer ({e}); I/O waits for it (up to {} s, without limit during unmount)",
+                self.io_timeout.as_secs()
+            );
+            a.warned = true;
+        }
+        tokio::time::sleep(OUTAGE_PAUSE).await;
+        Ok(())
+    }
+
+    /// Runs `op` until it succeeds, fails for a reason other than an outage, or the
+    /// outage outlasts the I/O timeout.
+    async fn run<T, F, Fut>(&self, fenced: &AtomicBool, mut op: F) -> Result<T, DeviceError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, AzureError>>,
+    {
+        let mut a = self.begin();
+        loop {
+            match op().await {
+                Ok(v) => {
+                    self.succeeded(&a);
+                    return Ok(v);
+                }
+                Err(e) => self.wait_or_fail(&mut a, fenced, e).await?,
+            }
+        }
     }
 }
 
@@ -82,10 +228,7 @@ impl Backend for RemoteBackend {
         // Bodies stream straight into `buf`. Large reads go out as parallel ranged
         // GETs of at most 4 MiB, each waited for by its own thread.
         if buf.len() as u64 <= MAX_RUN {
-            return self
-                .rt
-                .block_on(self.blob.read_into(offset, buf))
-                .map_err(|e| self.map(e));
+            return self.read_run(offset, buf);
         }
         let results: Vec<Result<(), DeviceError>> = std::thread::scope(|s| {
             let tasks: Vec<_> = buf
@@ -93,11 +236,7 @@ impl Backend for RemoteBackend {
                 .enumerate()
                 .map(|(i, chunk)| {
                     let at = offset + i as u64 * MAX_RUN;
-                    s.spawn(move || {
-                        self.rt
-                            .block_on(self.blob.read_into(at, chunk))
-                            .map_err(|e| self.map(e))
-                    })
+                    s.spawn(move || self.read_run(at, chunk))
                 })
                 .collect();
             tasks
@@ -123,14 +262,17 @@ impl Backend for RemoteBackend {
                     let lease = lease.clone();
                     let sem = sem.clone();
                     let fenced = fenced.clone();
+                    let patience = self.patience.clone();
                     tasks.push(tokio::spawn(async move {
                         let _permit = sem.acquire_owned().await.expect("semaphore open");
                         if fenced.load(Ordering::SeqCst) {
                             return Err(DeviceError::LeaseLost("fenced".into()));
                         }
-                        blob.put_pages(offset, data, Some(&lease))
+                        patience
+                            .run(&fenced, || {
+                                blob.put_pages(offset, data.clone(), Some(&lease))
+                            })
                             .await
-                            .map_err(|e| map_error(&fenced, e))
                     }));
                 }
                 let mut out = Vec::with_capacity(tasks.len());
@@ -158,9 +300,10 @@ impl Backend for RemoteBackend {
         let mut pos = offset;
         while pos < offset + len {
             let l = (offset + len - pos).min(MAX_CLEAR);
-            self.rt
-                .block_on(self.blob.clear_pages(pos, l, Some(&lease)))
-                .map_err(|e| self.map(e))?;
+            self.rt.block_on(
+                self.patience
+                    .run(&self.fenced, || self.blob.clear_pages(pos, l, Some(&lease))),
+            )?;
             pos += l;
         }
         Ok(())

@@ -11,7 +11,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -27,10 +27,15 @@ use super::{Mode, MountError, MountRequest, Ready};
 use crate::azure::{Account, BlobClient, BlobService, SegmentPlan};
 use crate::blobref::BlobRef;
 use crate::device::cache::{Cache, CacheConfig};
-use crate::device::remote::RemoteBackend;
+use crate::device::remote::{self, RemoteBackend};
 use crate::device::sparse::SparseMap;
+use crate::device::DeviceError;
 use crate::drive::Drive;
 use crate::fuse::{DiskFs, StatsFn};
+use crate::size::human as human_bytes;
+
+/// The daemon's counters as JSON, computed on each call.
+type StatsValues = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// How often the lease is renewed: a cheap probe that notices a broken or stolen
 /// lease even while nothing is written.
@@ -55,14 +60,40 @@ struct Mounted {
     made_fuse_dir: bool,
     device: Option<String>,
     fs_mounted: bool,
+    /// The counters `stats` shows, readable from any thread.
+    stats: Option<StatsValues>,
+    /// Handles open on the FUSE file `disk`, counted by the FUSE layer.
+    open_disk: Option<Arc<AtomicUsize>>,
     record_id: String,
     record_written: bool,
 }
 
 impl Mounted {
-    /// Takes everything down in reverse order. Stops at a busy filesystem or at dirty
-    /// data that cannot be written, leaving the rest in place (call again to retry).
-    fn teardown(&mut self) -> Result<(), MountError> {
+    /// Takes everything down in reverse order and returns what could not be kept
+    /// (empty: a clean unmount). Refuses, leaving everything in place (call again
+    /// to retry), while the filesystem is busy or the disk file is open. Once the
+    /// FUSE mount is gone nothing new can be written, and the daemon waits out any
+    /// outage until every cached byte is on the blob: it stops short of that only
+    /// when the lease was lost, and then says what was dropped.
+    fn teardown(&mut self) -> Result<Vec<String>, MountError> {
+        // From here on the cache may hold the only copy of what the filesystem
+        // writes back as it unmounts: I/O waits for the service without limit.
+        self.set_unbounded_waits(true);
+        let result = self.take_down();
+        if result.is_err() {
+            self.set_unbounded_waits(false);
+        }
+        result
+    }
+
+    fn set_unbounded_waits(&self, on: bool) {
+        if let Some(c) = &self.cache {
+            c.backend().set_wait_without_limit(on);
+        }
+    }
+
+    fn take_down(&mut self) -> Result<Vec<String>, MountError> {
+        self.refuse_if_disk_open()?;
         if self.fs_mounted {
             system::umount(&self.req.mountpoint, false)?;
             self.fs_mounted = false;
@@ -73,24 +104,27 @@ impl Mounted {
             self.device = None;
             info!("detached {dev}");
         }
-        if let Some(cache) = &self.cache {
+        // The kernel refuses to unmount FUSE while any handle on `disk` is open,
+        // also one opened since the check above; after it, no write can come in.
+        if let Some(s) = self.session.take() {
+            if let Err(e) = system::umount(&self.fuse_dir, false) {
+                self.session = Some(s);
+                return Err(match e {
+                    MountError::Busy(_) => self.disk_busy(),
+                    other => other,
+                });
+            }
+            match s.umount_and_join() {
+                // fuser tries to unmount again, and the kernel says it is not mounted.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => warn!("stopping the FUSE session: {e}"),
+                Ok(()) => {}
+            }
+        }
+        let mut losses = Vec::new();
+        if let Some(cache) = self.cache.clone() {
             if !self.req.read_only {
-                if let Err(e) = cache.flush() {
-                    if self.fenced.load(Ordering::SeqCst) {
-                        // Nothing can ever be written again: say what is lost, go on.
-                        error!(
-                            "{} bytes that were never acknowledged by fsync could not be written: the lease was lost",
-                            cache.dirty_bytes()
-                        );
-                    } else {
-                        return Err(MountError::Data(format!(
-                            "could not write {} bytes of cached data to {}: {e}; the drive stays mounted with the data held in memory: retry `blobdrive unmount {}`",
-                            cache.dirty_bytes(),
-                            self.target,
-                            self.req.mountpoint.display()
-                        )));
-                    }
-                }
+                losses.extend(self.write_back(&cache));
             }
             cache.close();
         }
@@ -101,17 +135,16 @@ impl Mounted {
             let _ = p.join();
         }
         if let Some(id) = self.lease.take() {
-            if !self.fenced.load(Ordering::SeqCst) {
-                if let Err(e) = self.rt.block_on(self.blob.release_lease(&id)) {
-                    warn!("could not release the lease on {}: {e}", self.target);
-                } else {
-                    info!("released the lease on {}", self.target);
-                }
-            }
-        }
-        if let Some(s) = self.session.take() {
-            if let Err(e) = s.umount_and_join() {
-                warn!("unmounting the FUSE directory: {e}");
+            if self.fenced.load(Ordering::SeqCst) {
+                warn!("the lease on {} was lost while mounted", self.target);
+            } else if let Err(e) = self.rt.block_on(self.blob.release_lease(&id)) {
+                error!("could not release the lease on {}: {e}", self.target);
+                losses.push(format!(
+                    "the lease on {t} could not be released ({e}): it is still held, so no other host can write the drive; all data is on the blob. Once nothing uses the drive, run `blobdrive lease break {t}`",
+                    t = self.target
+                ));
+            } else {
+                info!("released the lease on {}", self.target);
             }
         }
         if self.made_fuse_dir {
@@ -122,7 +155,61 @@ impl Mounted {
             record::remove(&self.record_id);
             self.record_written = false;
         }
+        Ok(losses)
+    }
+
+    /// Refuses while a process other than the loop device holds `disk` open: its
+    /// later writes would have nowhere to go.
+    fn refuse_if_disk_open(&self) -> Result<(), MountError> {
+        let Some(open) = &self.open_disk else {
+            return Ok(());
+        };
+        let mine = usize::from(self.device.is_some());
+        if open.load(Ordering::SeqCst) > mine {
+            return Err(self.disk_busy());
+        }
         Ok(())
+    }
+
+    fn disk_busy(&self) -> MountError {
+        let disk = self.fuse_dir.join("disk");
+        let holders = system::holders(&disk);
+        MountError::Busy(if holders.is_empty() {
+            format!("{} (open)", disk.display())
+        } else {
+            format!("{} (open by {})", disk.display(), holders.join(", "))
+        })
+    }
+
+    /// Writes every cached byte, waiting out outages (the backend does not give up
+    /// during unmount). Returns what was dropped if the lease was lost.
+    fn write_back(&self, cache: &Cache<RemoteBackend>) -> Option<String> {
+        let mut pause = Duration::from_secs(1);
+        loop {
+            match cache.flush() {
+                Ok(()) => return None,
+                Err(DeviceError::LeaseLost(e)) => {
+                    let msg = format!(
+                        "the lease on {} was lost, so {} written to the drive but not yet on the blob were dropped ({e})",
+                        self.target,
+                        human_bytes(cache.dirty_bytes())
+                    );
+                    error!("{msg}");
+                    return Some(msg);
+                }
+                Err(e) => {
+                    // Not an outage (those are waited out below this): keep the data
+                    // and try again; a waiting `unmount` shows this error.
+                    warn!(
+                        "unmount cannot write {} yet: {e}; trying again in {} s",
+                        human_bytes(cache.dirty_bytes()),
+                        pause.as_secs()
+                    );
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
     }
 
     /// A snapshot whose content is what the filesystem had at one moment: freeze it
@@ -158,15 +245,29 @@ impl Mounted {
         Ok(id)
     }
 
-    fn stats_json(&self) -> serde_json::Value {
-        stats_value(
-            &self.blob.service().clone(),
-            self.cache.as_deref(),
-            lease_state(
-                self.lease.is_some() || self.fenced.load(Ordering::SeqCst),
-                &self.fenced,
-            ),
-        )
+    /// What a waiting `unmount` is told: what is left to write and, during an
+    /// outage, how long the service has not answered and why.
+    fn progress_fn(&self) -> Box<dyn Fn() -> String + Send> {
+        let Some(cache) = self.cache.clone() else {
+            return Box::new(|| "unmounting".to_string());
+        };
+        let health = cache.backend().health();
+        Box::new(move || {
+            let dirty = cache.dirty_bytes();
+            let h = health.snapshot();
+            if h.stalled >= Duration::from_secs(2) {
+                format!(
+                    "waiting for the storage service, which has not answered for {} s ({}); {} not yet written, kept in memory",
+                    h.stalled.as_secs(),
+                    h.last_error.as_deref().unwrap_or("no answer"),
+                    human_bytes(dirty)
+                )
+            } else if dirty > 0 {
+                format!("writing {} of cached data to the blob", human_bytes(dirty))
+            } else {
+                "unmounting".to_string()
+            }
+        })
     }
 }
 
@@ -187,6 +288,9 @@ fn stats_value(
 ) -> serde_json::Value {
     let s = svc.stats();
     let c = cache.map(|c| c.snapshot()).unwrap_or_default();
+    let h = cache
+        .map(|c| c.backend().health().snapshot())
+        .unwrap_or_default();
     json!({
         "put_page_requests": s.put_page_requests,
         "bytes_uploaded": s.bytes_uploaded,
@@ -209,6 +313,8 @@ fn stats_value(
         "write_waits": c.write_waits,
         "allocated_bytes": c.allocated_bytes,
         "lease_state": lease,
+        "stalled_secs": h.stalled.as_secs_f64(),
+        "last_error": h.last_error,
     })
 }
 
@@ -275,6 +381,8 @@ pub fn run(
         made_fuse_dir: false,
         device: None,
         fs_mounted: false,
+        open_disk: None,
+        stats: None,
         record_id: id.clone(),
         record_written: false,
     };
@@ -296,8 +404,9 @@ pub fn run(
         Ok(v) => v,
         Err(e) => {
             let msg = e.to_string();
-            if let Err(t) = m.teardown() {
-                error!("cleaning up after a failed mount: {t}");
+            match m.teardown() {
+                Ok(losses) => losses.iter().for_each(|l| error!("{l}")),
+                Err(t) => error!("cleaning up after a failed mount: {t}"),
             }
             ready(Err(msg));
             return Err(e);
@@ -368,7 +477,12 @@ fn setup(m: &mut Mounted, mut rec: MountRecord) -> Result<(Ready, UnixListener),
         size,
         ranges.len()
     );
-    let backend = RemoteBackend::new(m.blob.clone(), m.lease.clone(), m.rt.handle().clone());
+    let backend = RemoteBackend::new(
+        m.blob.clone(),
+        m.lease.clone(),
+        m.rt.handle().clone(),
+        remote::io_timeout_from_env(),
+    );
     m.fenced = backend.fence();
     let cache = Arc::new(Cache::new(
         backend,
@@ -415,11 +529,13 @@ fn setup(m: &mut Mounted, mut rec: MountRecord) -> Result<(Ready, UnixListener),
     let stats_cache = cache.clone();
     let fenced = m.fenced.clone();
     let had_lease = m.lease.is_some();
-    let stats: StatsFn = Arc::new(move || {
-        let v = stats_value(&svc, Some(&stats_cache), lease_state(had_lease, &fenced));
-        serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
-    });
+    let values: StatsValues =
+        Arc::new(move || stats_value(&svc, Some(&stats_cache), lease_state(had_lease, &fenced)));
+    m.stats = Some(values.clone());
+    let stats: StatsFn =
+        Arc::new(move || serde_json::to_string_pretty(&values()).unwrap_or_default() + "\n");
     let fs = DiskFs::new(cache.clone(), stats, m.req.read_only, m.req.uid, m.req.gid);
+    m.open_disk = Some(fs.open_disk_handles());
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(format!("blobdrive:{}", m.target)),
@@ -546,11 +662,12 @@ fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), MountError> {
             }
         }
     });
+    let stats = m.stats.clone();
     std::thread::Builder::new()
         .name("blobdrive-control".into())
         .spawn(move || {
             for conn in listener.incoming().flatten() {
-                handle_conn(conn, &tx);
+                handle_conn(conn, &tx, stats.as_ref());
             }
         })
         .map_err(|e| MountError::System(format!("cannot start the control thread: {e}")))?;
@@ -558,9 +675,6 @@ fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), MountError> {
     loop {
         match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(Event::Control(cmd, reply)) => match cmd.as_str() {
-                "stats" => {
-                    reply.send(&m.stats_json().to_string());
-                }
                 "snapshot" => {
                     let answer = match m.consistent_snapshot() {
                         Ok(id) => format!("ok {id}"),
@@ -570,11 +684,19 @@ fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), MountError> {
                 }
                 "unmount" => {
                     info!("unmount requested");
-                    match m.teardown() {
-                        Ok(()) => {
+                    let ticker = Ticker::start(&reply, m.progress_fn());
+                    let result = m.teardown();
+                    ticker.stop();
+                    match result {
+                        Ok(losses) if losses.is_empty() => {
                             reply.send("ok");
                             info!("unmounted cleanly");
                             return Ok(());
+                        }
+                        Ok(losses) => {
+                            let all = losses.join("; ");
+                            reply.send(&format!("failed {all}"));
+                            return Err(MountError::Data(all));
                         }
                         Err(e) => {
                             warn!("unmount refused: {e}");
@@ -589,7 +711,7 @@ fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), MountError> {
             Ok(Event::Signal) => {
                 info!("signal received: unmounting");
                 match m.teardown() {
-                    Ok(()) => return Ok(()),
+                    Ok(losses) => return finished(losses),
                     Err(e) => error!("cannot unmount yet: {e}"),
                 }
             }
@@ -600,16 +722,79 @@ fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), MountError> {
                         "the FUSE mount went away underneath; writing what is cached and stopping"
                     );
                     m.session = None;
-                    return m.teardown();
+                    return finished(m.teardown()?);
                 }
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => return m.teardown(),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return finished(m.teardown()?),
         }
     }
 }
 
-/// Reads one command line and hands it, with its connection, to the main thread.
-fn handle_conn(conn: UnixStream, tx: &mpsc::Sender<Event>) {
+/// The daemon's result once it took everything down: an error naming whatever
+/// could not be kept, so its exit status tells.
+fn finished(losses: Vec<String>) -> Result<(), MountError> {
+    if losses.is_empty() {
+        return Ok(());
+    }
+    for l in &losses {
+        error!("{l}");
+    }
+    Err(MountError::Data(losses.join("; ")))
+}
+
+/// Every few seconds, tells the `unmount` that waits on `reply` what the teardown
+/// is doing (writing cached data, waiting for the service), on lines of their own
+/// before the answer.
+struct Ticker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// How often a waiting `unmount` hears from the daemon.
+const TICK: Duration = Duration::from_secs(3);
+
+impl Ticker {
+    fn start(reply: &Reply, status: Box<dyn Fn() -> String + Send>) -> Ticker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = reply.0.try_clone().ok().and_then(|mut conn| {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("blobdrive-progress".into())
+                .spawn(move || {
+                    let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
+                    let mut waited = Duration::ZERO;
+                    while !stop.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(100));
+                        waited += Duration::from_millis(100);
+                        if waited >= TICK {
+                            waited = Duration::ZERO;
+                            let line = status();
+                            info!("unmount: {line}");
+                            if writeln!(conn, "progress {line}").is_err() {
+                                // The client went away; the teardown goes on.
+                                return;
+                            }
+                        }
+                    }
+                })
+                .ok()
+        });
+        Ticker { stop, thread }
+    }
+
+    /// Stops the ticker; no progress line follows once this returns.
+    fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Reads one command line and answers it: `stats` here and now (also while the
+/// main thread is busy taking the drive down), the rest by handing it, with its
+/// connection, to the main thread.
+fn handle_conn(conn: UnixStream, tx: &mpsc::Sender<Event>, stats: Option<&StatsValues>) {
     // A client that never sends its line must not hold up the commands after it.
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let mut line = String::new();
@@ -620,7 +805,11 @@ fn handle_conn(conn: UnixStream, tx: &mpsc::Sender<Event>) {
     if reader.read_line(&mut line).is_err() {
         return;
     }
-    let _ = tx.send(Event::Control(line.trim().to_string(), Reply(conn)));
+    let cmd = line.trim();
+    if let ("stats", Some(values)) = (cmd, stats) {
+        return Reply(conn).send(&values().to_string());
+    }
+    let _ = tx.send(Event::Control(cmd.to_string(), Reply(conn)));
 }
 
 /// Sends one command to a running daemon and returns its one-line answer.
@@ -629,16 +818,34 @@ pub fn control(
     cmd: &str,
     timeout: Option<Duration>,
 ) -> std::io::Result<String> {
+    control_with_progress(socket, cmd, timeout, &mut |_| {})
+}
+
+/// Like [`control`], handing every `progress` line that comes before the answer
+/// to `on_progress` (an `unmount` waiting out an outage hears why it waits).
+pub fn control_with_progress(
+    socket: &std::path::Path,
+    cmd: &str,
+    timeout: Option<Duration>,
+    on_progress: &mut dyn FnMut(&str),
+) -> std::io::Result<String> {
     let mut s = UnixStream::connect(socket)?;
     s.set_read_timeout(timeout)?;
     writeln!(s, "{cmd}")?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line)?;
-    if line.is_empty() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "the daemon closed the connection without answering",
-        ));
+    let mut reader = BufReader::new(s);
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        if line.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the daemon closed the connection without answering",
+            ));
+        }
+        let line = line.trim_end();
+        match line.strip_prefix("progress ") {
+            Some(p) => on_progress(p),
+            None => return Ok(line.to_string()),
+        }
     }
-    Ok(line.trim_end().to_string())
 }

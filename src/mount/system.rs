@@ -7,9 +7,24 @@ use std::time::{Duration, Instant};
 
 use super::MountError;
 
+/// A system tool's command, without the daemon's secrets: the tools blobdrive runs
+/// (losetup, mkfs, mount, fsfreeze, blkid) need none of the account's variables,
+/// and a child's environment is readable by anyone who can read its
+/// `/proc/PID/environ` for as long as it runs.
+fn tool_command(name: &str) -> Command {
+    let mut c = Command::new(name);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("AZURE_") || k.starts_with("BLOBDRIVE_") {
+            c.env_remove(&*k);
+        }
+    }
+    c
+}
+
 /// Runs a tool; `Ok(stdout)` or an error with its first stderr line.
 pub fn run(tool: &str, args: &[&str]) -> Result<String, MountError> {
-    let out = Command::new(tool)
+    let out = tool_command(tool)
         .args(args)
         .output()
         .map_err(|e| MountError::System(format!("cannot run {tool}: {e}")))?;
@@ -91,7 +106,7 @@ pub fn loop_detach(dev: &str) -> Result<(), MountError> {
 
 /// The filesystem type on a device, if any.
 pub fn fs_type(dev: &str) -> Result<Option<String>, MountError> {
-    let out = Command::new("blkid")
+    let out = tool_command("blkid")
         .args(["-p", "-o", "value", "-s", "TYPE", dev])
         .output()
         .map_err(|e| MountError::System(format!("cannot run blkid: {e}")))?;
@@ -205,4 +220,32 @@ pub fn pid_alive(pid: u32) -> bool {
                     .map(|(_, rest)| rest.trim_start().starts_with('Z'))
             })
             != Some(true)
+}
+
+/// The processes holding `path` open, as "pid N (name)", found in /proc.
+pub fn holders(path: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let name = p.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == path))
+        {
+            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            found.push(format!("pid {pid} ({})", comm.trim()));
+        }
+    }
+    found
 }

@@ -6,7 +6,12 @@
 //! sees a broken response: the ambiguous case), or a stall past the client's
 //! request timeout. Every request also gets a little random latency. Decisions come
 //! from a seeded generator, so a run is reproducible in what it injects. The proxy
-//! can also play dead (every connection reset) to stand for a lost backend.
+//! can also play dead (every connection reset) to stand for a lost backend, pause
+//! (requests wait, unanswered, as if the server hung: Azurite under SIGSTOP), and
+//! hold chosen requests and forward them anyway long after the client gave up on
+//! them: a late commit, which the real service can do to any abandoned request.
+
+#![allow(dead_code)] // each test binary uses its own part of the proxy
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -33,6 +38,15 @@ const ALL: [Fault; 6] = [
     Fault::Stall,
 ];
 
+/// Requests to hold, then forward anyway: those whose head contains every one of
+/// `needles` (case-insensitive), at most `count` of them, each held for `delay`.
+#[derive(Clone, Debug)]
+pub struct Hold {
+    pub needles: Vec<String>,
+    pub count: usize,
+    pub delay: Duration,
+}
+
 pub struct Config {
     pub upstream_port: u16,
     /// Probability (0..1) that a request is faulted.
@@ -42,11 +56,40 @@ pub struct Config {
     pub stall: Duration,
     /// Upper bound of the latency added to every request.
     pub max_latency: Duration,
+    /// Requests to hold and then forward anyway (late commits).
+    pub hold: Option<Hold>,
+}
+
+impl Config {
+    /// A proxy that forwards everything, with no faults and no added latency.
+    pub fn clean(upstream_port: u16) -> Config {
+        Config {
+            upstream_port,
+            rate: 0.0,
+            seed: 1,
+            stall: Duration::from_secs(1),
+            max_latency: Duration::ZERO,
+            hold: None,
+        }
+    }
+}
+
+/// What became of a held request once it was forwarded.
+#[derive(Clone, Debug)]
+pub struct LateCommit {
+    /// The request line and headers as the client sent them.
+    pub head: String,
+    /// The status the server answered the late request with (nobody listened).
+    pub status: Option<u16>,
 }
 
 pub struct Proxy {
     pub port: u16,
     pub dead: Arc<AtomicBool>,
+    /// While set, requests wait unanswered (nothing is forwarded) until it clears.
+    pub paused: Arc<AtomicBool>,
+    /// Held requests that were forwarded late, with the server's answer.
+    pub late: Arc<Mutex<Vec<LateCommit>>>,
     pub faults: Arc<Mutex<Vec<Fault>>>,
     pub requests: Arc<AtomicU64>,
 }
@@ -72,29 +115,35 @@ impl Proxy {
     pub fn start(cfg: Config) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let dead = Arc::new(AtomicBool::new(false));
-        let faults = Arc::new(Mutex::new(Vec::new()));
-        let requests = Arc::new(AtomicU64::new(0));
-        let rng = Arc::new(Mutex::new(Rng(cfg.seed)));
-        let cfg = Arc::new(cfg);
-        let (d, f, r) = (dead.clone(), faults.clone(), requests.clone());
+        let shared = Arc::new(Shared {
+            dead: Arc::new(AtomicBool::new(false)),
+            paused: Arc::new(AtomicBool::new(false)),
+            faults: Arc::new(Mutex::new(Vec::new())),
+            requests: Arc::new(AtomicU64::new(0)),
+            late: Arc::new(Mutex::new(Vec::new())),
+            held: AtomicU64::new(0),
+            rng: Mutex::new(Rng(cfg.seed)),
+            cfg,
+        });
+        let s = shared.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { return };
-                if d.load(Relaxed) {
+                if s.dead.load(Relaxed) {
                     drop(conn);
                     continue;
                 }
-                let (d, f, r, rng, cfg) =
-                    (d.clone(), f.clone(), r.clone(), rng.clone(), cfg.clone());
-                std::thread::spawn(move || serve(conn, &cfg, &d, &f, &r, &rng));
+                let s = s.clone();
+                std::thread::spawn(move || serve(conn, &s));
             }
         });
         Proxy {
             port,
-            dead,
-            faults,
-            requests,
+            dead: shared.dead.clone(),
+            paused: shared.paused.clone(),
+            late: shared.late.clone(),
+            faults: shared.faults.clone(),
+            requests: shared.requests.clone(),
         }
     }
 
@@ -108,6 +157,41 @@ impl Proxy {
 
     pub fn injected(&self) -> Vec<Fault> {
         self.faults.lock().unwrap().clone()
+    }
+
+    /// The late commits so far.
+    pub fn late_commits(&self) -> Vec<LateCommit> {
+        self.late.lock().unwrap().clone()
+    }
+}
+
+/// What every connection's thread shares.
+struct Shared {
+    cfg: Config,
+    dead: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
+    faults: Arc<Mutex<Vec<Fault>>>,
+    requests: Arc<AtomicU64>,
+    late: Arc<Mutex<Vec<LateCommit>>>,
+    /// Requests held so far (at most `hold.count`).
+    held: AtomicU64,
+    rng: Mutex<Rng>,
+}
+
+impl Shared {
+    /// Whether this request is one to hold and forward late; counts it if so.
+    fn take_hold(&self, head: &[u8]) -> Option<Duration> {
+        let h = self.cfg.hold.as_ref()?;
+        let text = String::from_utf8_lossy(head).to_ascii_lowercase();
+        if !h
+            .needles
+            .iter()
+            .all(|n| text.contains(&n.to_ascii_lowercase()))
+        {
+            return None;
+        }
+        let n = self.held.fetch_add(1, Relaxed);
+        (n < h.count as u64).then_some(h.delay)
     }
 }
 
@@ -175,23 +259,39 @@ fn error_response(status: u16, code: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-fn serve(
-    conn: TcpStream,
-    cfg: &Config,
-    dead: &AtomicBool,
-    faults: &Mutex<Vec<Fault>>,
-    requests: &AtomicU64,
-    rng: &Mutex<Rng>,
-) {
+fn status_of(resp: &[u8]) -> Option<u16> {
+    let line = resp.split(|b| *b == b'\n').next()?;
+    String::from_utf8_lossy(line)
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn serve(conn: TcpStream, s: &Shared) {
+    let cfg = &s.cfg;
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut writer = conn;
     while let Some((head, body)) = read_request(&mut reader) {
-        if dead.load(Relaxed) {
+        if s.dead.load(Relaxed) {
             return;
         }
-        requests.fetch_add(1, Relaxed);
+        s.requests.fetch_add(1, Relaxed);
+        while s.paused.load(Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(delay) = s.take_hold(&head) {
+            // The client gives up long before this; the request lands anyway.
+            std::thread::sleep(delay);
+            let status = forward(cfg.upstream_port, &head, &body).and_then(|r| status_of(&r));
+            s.late.lock().unwrap().push(LateCommit {
+                head: String::from_utf8_lossy(&head).to_string(),
+                status,
+            });
+            return;
+        }
         let (fault, latency) = {
-            let mut g = rng.lock().unwrap();
+            let mut g = s.rng.lock().unwrap();
             let fault = (g.unit() < cfg.rate).then(|| ALL[(g.next() % ALL.len() as u64) as usize]);
             let latency =
                 Duration::from_micros(g.next() % (cfg.max_latency.as_micros() as u64 + 1));
@@ -199,7 +299,7 @@ fn serve(
         };
         std::thread::sleep(latency);
         if let Some(f) = fault {
-            faults.lock().unwrap().push(f);
+            s.faults.lock().unwrap().push(f);
         }
         let resp = match fault {
             Some(Fault::Busy503) => error_response(503, "ServerBusy"),

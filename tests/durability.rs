@@ -1,0 +1,491 @@
+//! Durability at the edges: requests that land after the client gave up on them,
+//! unmount with the disk open or during an outage, writers through an outage,
+//! lease loss at unmount, and memory under scattered writes. Runs as root against
+//! Azurite through the fault-injecting proxy. Every test here failed on the code
+//! before the durability work (issue 13).
+
+mod common;
+mod faultproxy;
+
+use common::util::{json, rt, sh, sh_ok, stdout_of_success};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
+
+use blobdrive::azure::{Account, BlobClient, BlobService};
+use common::azurite::{unique_container, Azurite};
+use faultproxy::{Config, Hold, Proxy};
+
+fn require_root() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "these tests must run as root"
+    );
+}
+
+fn run_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("durability-run");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn az() -> String {
+    Azurite::shared().connection_string()
+}
+
+fn bd_cmd(cs: &str, env: &[(&str, &str)], args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
+    c.args(args)
+        .env("AZURE_STORAGE_CONNECTION_STRING", cs)
+        .env("BLOBDRIVE_RUN_DIR", run_dir());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+fn bd(cs: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
+    bd_cmd(cs, env, args).output().expect("run blobdrive")
+}
+
+fn ok(cs: &str, env: &[(&str, &str)], args: &[&str]) -> String {
+    stdout_of_success(&args, bd(cs, env, args))
+}
+
+fn blob_of(spec: &str) -> BlobClient {
+    let svc = BlobService::new(Account::from_connection_string(&az()).unwrap());
+    let (c, n) = spec.split_once('/').unwrap();
+    svc.blob(c, n)
+}
+
+fn new_drive(tag: &str, size: &str) -> String {
+    let spec = format!("{}/disk.vhd", unique_container(tag));
+    ok(
+        &az(),
+        &[],
+        &["create", &spec, "--size", size, "--create-container"],
+    );
+    spec
+}
+
+fn read_blob(spec: &str, offset: u64, len: u64) -> Vec<u8> {
+    rt().block_on(blob_of(spec).read(offset, len))
+        .unwrap()
+        .to_vec()
+}
+
+/// A mountpoint that is unmounted (through `cs`) when the test ends, whatever happens.
+struct Mp {
+    dir: tempfile::TempDir,
+    cs: String,
+}
+
+impl Mp {
+    fn new(cs: &str) -> Mp {
+        Mp {
+            dir: tempfile::Builder::new()
+                .prefix("blobdrive-dur-mnt.")
+                .tempdir()
+                .unwrap(),
+            cs: cs.to_string(),
+        }
+    }
+    fn s(&self) -> &str {
+        self.dir.path().to_str().unwrap()
+    }
+    fn disk(&self) -> String {
+        format!("{}/disk", self.s())
+    }
+}
+
+impl Drop for Mp {
+    fn drop(&mut self) {
+        let _ = bd(&self.cs, &[], &["unmount", self.s()]);
+    }
+}
+
+/// Writes `data` at `offset` of `path` and fsyncs, in one Python process.
+fn pwrite_fsync(path: &str, offset: u64, data: &[u8]) {
+    sh_ok(&format!(
+        "python3 -c \"import os; fd = os.open('{path}', os.O_WRONLY); \
+         assert os.pwrite(fd, bytes.fromhex('{}'), {offset}) == {}; os.fsync(fd); os.close(fd)\"",
+        hex(data),
+        data.len()
+    ));
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Waits (bounded) until `cond` holds.
+fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_abandoned_put_page_that_lands_late_changes_nothing() {
+    require_root();
+    let spec = new_drive("late", "16MiB");
+    // The first Put Page for the disk's first bytes is held 8 s, long after the
+    // client (2 s request timeout) gave up on it, and then applied anyway.
+    let proxy = Proxy::start(Config {
+        hold: Some(Hold {
+            needles: vec![
+                "x-ms-page-write: update".into(),
+                "x-ms-range: bytes=0-".into(),
+            ],
+            count: 1,
+            delay: Duration::from_secs(8),
+        }),
+        ..Config::clean(Azurite::shared().port)
+    });
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    let mp = Mp::new(&cs);
+    ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let a = [b'A'; 512];
+    let b = [b'B'; 512];
+    pwrite_fsync(&mp.disk(), 0, &a);
+    pwrite_fsync(&mp.disk(), 0, &b);
+    wait_for("the held request to land", Duration::from_secs(30), || {
+        !proxy.late_commits().is_empty()
+    });
+    ok(&cs, &env, &["unmount", mp.s()]);
+    let late = proxy.late_commits();
+    let got = read_blob(&spec, 0, 512);
+    assert!(
+        got == b,
+        "sector 0 holds {:?}...: an abandoned Put Page landed on top of a newer acknowledged write: {late:?}",
+        String::from_utf8_lossy(&got[..8])
+    );
+    // It reached the server and was refused there, not lost on the way.
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+}
+
+/// The daemon's pid, from `list --json`.
+fn daemon_pid(cs: &str, mp: &Mp) -> u32 {
+    let list = json(&ok(cs, &[], &["list", "--json"]));
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == mp.s())
+        .expect("listed")["pid"]
+        .as_u64()
+        .unwrap() as u32
+}
+
+fn stats(cs: &str, mp: &Mp) -> serde_json::Value {
+    json(&ok(cs, &[], &["stats", mp.s(), "--json"]))
+}
+
+/// A Python writer that writes 4 KiB blocks numbered from 0 into `path`, prints
+/// each block's number once `pwrite` returned, and keeps the file open until its
+/// standard input closes.
+fn spawn_block_writer(path: &str, blocks: u64) -> std::process::Child {
+    let script = format!(
+        "import os, sys\n\
+         fd = os.open('{path}', os.O_WRONLY)\n\
+         for i in range({blocks}):\n\
+         \x20   os.pwrite(fd, (b'%08d' % i) * 512, i * 4096)\n\
+         \x20   print(i, flush=True)\n\
+         sys.stdin.read()\n\
+         os.close(fd)\n"
+    );
+    Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn unmount_refuses_while_the_raw_disk_is_open_and_loses_nothing() {
+    require_root();
+    let spec = new_drive("busyraw", "64MiB");
+    let cs = az();
+    let mp = Mp::new(&cs);
+    ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let blocks = 2048;
+    let mut writer = spawn_block_writer(&mp.disk(), blocks);
+    let mut out = std::io::BufReader::new(writer.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::BufRead;
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains(&format!("{}\n", blocks - 1)) {
+        line.clear();
+    }
+    // Every block was acknowledged and the file is still open: unmount is refused.
+    let refused = bd(&cs, &[], &["unmount", mp.s()]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "unmount with the disk open must be refused"
+    );
+    assert!(err.contains("busy") || err.contains("open"), "{err}");
+    // The mount still serves.
+    assert_eq!(std::fs::metadata(mp.disk()).unwrap().len(), 64 << 20);
+    drop(writer.stdin.take());
+    assert!(writer.wait().unwrap().success());
+    ok(&cs, &[], &["unmount", mp.s()]);
+    let blob = read_blob(&spec, 0, blocks * 4096);
+    for i in 0..blocks as usize {
+        let want = format!("{i:08}").repeat(512);
+        assert!(
+            blob[i * 4096..(i + 1) * 4096] == *want.as_bytes(),
+            "block {i} of {blocks} acknowledged writes is missing on the blob"
+        );
+    }
+}
+
+#[test]
+fn writers_and_fsync_wait_through_a_40s_outage_at_default_settings() {
+    require_root();
+    let spec = new_drive("outage", "256MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&cs);
+    ok(
+        &cs,
+        &[],
+        &[
+            "mount",
+            &spec,
+            mp.s(),
+            "--mode",
+            "raw",
+            "--cache-size",
+            "32MiB",
+        ],
+    );
+    let src = tempfile::NamedTempFile::new().unwrap();
+    let srcp = src.path().to_str().unwrap().to_string();
+    sh_ok(&format!("head -c 160M /dev/urandom > '{srcp}'"));
+    let dd = Command::new("dd")
+        .args([
+            format!("if={srcp}"),
+            format!("of={}", mp.disk()),
+            "bs=1M".into(),
+            "conv=notrunc,fsync".into(),
+            "status=none".into(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once writing is under way, the backend stops answering for 40 s.
+    wait_for("dd to start writing", Duration::from_secs(60), || {
+        stats(&cs, &mp)["bytes_written"].as_u64().unwrap() > 24 << 20
+    });
+    proxy.paused.store(true, SeqCst);
+    std::thread::sleep(Duration::from_secs(30));
+    let during = stats(&cs, &mp);
+    std::thread::sleep(Duration::from_secs(10));
+    proxy.paused.store(false, SeqCst);
+    let out = dd.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "dd failed through the outage: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        during["stalled_secs"].as_f64().unwrap_or(0.0) >= 10.0,
+        "stats do not show the stall: {during}"
+    );
+    assert!(during["last_error"].is_string(), "{during}");
+    ok(&cs, &[], &["unmount", mp.s()]);
+    let want = sh_ok(&format!("sha256sum < '{srcp}'"));
+    let blob = read_blob(&spec, 0, 160 << 20);
+    let got_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(got_file.path(), &blob).unwrap();
+    let got = sh_ok(&format!("sha256sum < '{}'", got_file.path().display()));
+    assert_eq!(want, got, "the blob does not hold what dd wrote");
+}
+
+#[test]
+fn unmount_waits_out_an_outage_and_loses_no_unsynced_file() {
+    require_root();
+    let spec = new_drive("umoutage", "256MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&cs);
+    ok(&cs, &[], &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let sum = sh_ok(&format!(
+        "head -c 20M /dev/urandom > '{0}/r3.bin' && sha256sum < '{0}/r3.bin'",
+        mp.s()
+    ));
+    proxy.paused.store(true, SeqCst);
+    let started = Instant::now();
+    let unmount = bd_cmd(&cs, &[], &["unmount", mp.s()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(40));
+    proxy.paused.store(false, SeqCst);
+    let out = unmount.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "unmount failed: {text}");
+    assert!(started.elapsed() >= Duration::from_secs(40), "{text}");
+    assert!(
+        text.contains("waiting"),
+        "unmount said nothing while it waited: {text}"
+    );
+    // Everything is on the blob: the file is whole and the filesystem clean.
+    let dev = ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    sh_ok(&format!("e2fsck -fn {dev}"));
+    ok(&az(), &[], &["unmount", mp.s()]);
+    let mp2 = Mp::new(&az());
+    ok(&az(), &[], &["mount", &spec, mp2.s(), "--read-only"]);
+    let again = sh_ok(&format!("sha256sum < '{}/r3.bin'", mp2.s()));
+    ok(&az(), &[], &["unmount", mp2.s()]);
+    assert_eq!(sum, again);
+}
+
+#[test]
+fn memory_stays_within_the_cache_size_under_scattered_512_byte_writes() {
+    require_root();
+    let spec = new_drive("memory", "1GiB");
+    let cs = az();
+    let mp = Mp::new(&cs);
+    ok(
+        &cs,
+        &[],
+        &[
+            "mount",
+            &spec,
+            mp.s(),
+            "--mode",
+            "raw",
+            "--cache-size",
+            "64MiB",
+        ],
+    );
+    // One 512-byte O_DIRECT write every 64 KiB over the whole disk, then fsync.
+    sh_ok(&format!(
+        "python3 -c \"import mmap, os\n\
+fd = os.open('{}', os.O_WRONLY | os.O_DIRECT)\n\
+buf = mmap.mmap(-1, 4096); buf.write(b'x' * 512)\n\
+for i in range(0, 1 << 30, 65536): os.pwritev(fd, [memoryview(buf)[:512]], i)\n\
+os.fsync(fd)\"",
+        mp.disk()
+    ));
+    let pid = daemon_pid(&cs, &mp);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    };
+    let hwm = kib("VmHWM:") / 1024;
+    ok(&cs, &[], &["unmount", mp.s()]);
+    assert!(
+        hwm <= 64 + 150,
+        "the daemon's peak resident memory was {hwm} MiB with --cache-size 64MiB"
+    );
+    let blob = read_blob(&spec, 65536 * 100, 1024);
+    assert_eq!(&blob[..512], &[b'x'; 512][..]);
+    assert_eq!(&blob[512..], &[0u8; 512][..]);
+}
+
+#[test]
+fn unmount_after_the_lease_was_lost_says_what_was_dropped_and_fails() {
+    require_root();
+    let spec = new_drive("lostlease", "64MiB");
+    let cs = az();
+    let mp = Mp::new(&cs);
+    // Through the loop device, which holds the disk file open: written, never
+    // synced, so still only in the cache when the lease goes.
+    let dev = ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "block"]);
+    sh_ok(&format!(
+        "head -c 512 /dev/urandom | dd of='{}' conv=notrunc status=none",
+        dev.trim()
+    ));
+    ok(&cs, &[], &["lease", "break", &spec]);
+    let out = bd(&cs, &[], &["unmount", mp.s()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "unmount must not report success: {err}"
+    );
+    assert!(err.contains("lease") && err.contains("lost"), "{err}");
+    assert!(err.contains("KiB") && err.contains("dropped"), "{err}");
+    // The daemon is gone and nothing is left mounted.
+    assert!(!sh(&format!("mountpoint -q '{}'", mp.s())).status.success());
+}
+
+#[test]
+fn a_lease_that_cannot_be_released_fails_the_unmount_and_says_so() {
+    require_root();
+    let spec = new_drive("norelease", "64MiB");
+    let proxy = Proxy::start(Config {
+        hold: Some(Hold {
+            needles: vec!["x-ms-lease-action: release".into()],
+            count: 1000,
+            delay: Duration::from_secs(3),
+        }),
+        ..Config::clean(Azurite::shared().port)
+    });
+    let cs = proxy.connection_string();
+    let env = [
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "1"),
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
+    ];
+    let mp = Mp::new(&cs);
+    ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let out = bd(&cs, &env, &["unmount", mp.s()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("lease break"), "{err}");
+}
+
+#[test]
+fn a_write_across_the_end_lands_its_inside_part_and_read_only_close_does_not_flush() {
+    require_root();
+    let spec = new_drive("edge", "16MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&cs);
+    ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let size = 16u64 << 20;
+    let wrote = sh_ok(&format!(
+        "python3 -c \"import os; fd = os.open('{}', os.O_WRONLY); \
+         print(os.pwrite(fd, b'E' * 1024, {})); os.fsync(fd)\"",
+        mp.disk(),
+        size - 512
+    ));
+    assert_eq!(wrote.trim(), "512", "a block device writes the part inside");
+    // Unsynced data, backend paused: closing a read-only handle does not wait for it.
+    sh_ok(&format!(
+        "printf 'dirty' | dd of='{}' bs=512 seek=4 conv=notrunc status=none",
+        mp.disk()
+    ));
+    proxy.paused.store(true, SeqCst);
+    let started = Instant::now();
+    sh_ok(&format!("head -c 512 '{}' > /dev/null", mp.disk()));
+    let took = started.elapsed();
+    proxy.paused.store(false, SeqCst);
+    assert!(
+        took < Duration::from_secs(5),
+        "read-only close took {took:?}"
+    );
+    ok(&cs, &[], &["unmount", mp.s()]);
+    assert_eq!(read_blob(&spec, size - 512, 512), vec![b'E'; 512]);
+    assert_eq!(&read_blob(&spec, 2048, 5)[..], b"dirty");
+}
