@@ -489,3 +489,31 @@ fn a_write_across_the_end_lands_its_inside_part_and_read_only_close_does_not_flu
     assert_eq!(read_blob(&spec, size - 512, 512), vec![b'E'; 512]);
     assert_eq!(&read_blob(&spec, 2048, 5)[..], b"dirty");
 }
+
+#[test]
+fn snapshot_create_finds_the_mount_by_account_too_and_freezes_only_filesystems() {
+    require_root();
+    let spec = new_drive("snapacct", "16MiB");
+    let mp = Mp::new(&az());
+    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let said = |cs: &str| {
+        let out = bd(cs, &[], &["snapshot", "create", &spec]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        stdout_of_success(&"snapshot create", out);
+        err
+    };
+    // The same names behind another endpoint are another account's drive: not the
+    // one mounted here, whatever its container and blob are called.
+    let other = Proxy::start(Config::clean(Azurite::shared().port));
+    let elsewhere = said(&other.connection_string());
+    assert!(
+        elsewhere.contains("not mounted on this machine"),
+        "{elsewhere}"
+    );
+    let here = said(&az());
+    assert!(
+        here.contains("flushed") && here.contains("not frozen"),
+        "{here}"
+    );
+    ok(&az(), &[], &["unmount", mp.s()]);
+}

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use blobdrive::azure::DeleteSnapshots;
-use blobdrive::mount::{daemon, record};
+use blobdrive::mount::{daemon, record, Mode};
 use blobdrive::size::human;
 use blobdrive::{drive, snapshot};
 
@@ -50,18 +50,32 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
                 bail!("cannot snapshot a snapshot ({r})");
             }
             let base = r.to_string();
+            let endpoint = client.service().account().blob_endpoint.to_string();
             let local = record::load_all().into_iter().find(|m| {
-                m.blob == base && m.snapshot.is_none() && !m.read_only && record::alive(m)
+                m.endpoint == endpoint
+                    && m.blob == base
+                    && m.snapshot.is_none()
+                    && !m.read_only
+                    && record::alive(m)
             });
             let (id, how) = match local {
                 Some(m) => {
                     let answer =
                         daemon::control(&m.socket, "snapshot", Some(Duration::from_secs(600)))?;
                     match answer.strip_prefix("ok ") {
-                        Some(id) => (
+                        Some(id) if m.mode == Mode::Fs => (
                             id.to_string(),
                             format!(
                                 "consistent: {} was frozen and flushed",
+                                m.mountpoint.display()
+                            ),
+                        ),
+                        // Nothing above a raw file or a loop device can be frozen.
+                        Some(id) => (
+                            id.to_string(),
+                            format!(
+                                "the cache of the {} mount at {} was flushed first; it was not frozen, so writes a program had not synced are not in it",
+                                m.mode,
                                 m.mountpoint.display()
                             ),
                         ),

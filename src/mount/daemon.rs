@@ -388,6 +388,7 @@ pub fn run(
     };
     let rec = MountRecord {
         id: id.clone(),
+        endpoint: svc.account().blob_endpoint.to_string(),
         blob: blob_ref.base().to_string(),
         snapshot: blob_ref.snapshot.clone(),
         mountpoint: req.mountpoint.clone(),

@@ -14,6 +14,10 @@ use super::Mode;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MountRecord {
     pub id: String,
+    /// The blob service the drive lives in (no credential), so that two accounts
+    /// holding the same container and blob names are never taken for each other.
+    #[serde(default)]
+    pub endpoint: String,
     pub blob: String,
     pub snapshot: Option<String>,
     pub mountpoint: PathBuf,
