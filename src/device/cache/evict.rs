@@ -1,0 +1,68 @@
+//! Eviction and block memory: [`Cache::evict`] drops the least recently used clean
+//! blocks above the capacity, and block memory is taken from and recycled into
+//! `State::free` ([`State::new_block`], [`State::recycle`]) instead of going back to
+//! the allocator.
+//!
+//! Relies on the rule in `mod.rs` ("Rules that keep data safe") that dirty blocks
+//! live apart from the LRU of clean ones and are never evicted: only `State::clean`
+//! is trimmed here, so the cache holds more than its capacity only when its dirty
+//! blocks alone exceed it.
+
+use crate::device::blockmem::{self, BlockMem};
+use crate::device::Backend;
+
+use super::{Block, Cache, State, BLOCK};
+
+impl<B: Backend> Cache<B> {
+    pub(super) fn evict(&self, st: &mut State) {
+        let cap = self.cap_blocks();
+        while st.len() > cap {
+            match st.clean.pop_lru() {
+                Some((_, blk)) => st.recycle(blk),
+                None => break,
+            }
+        }
+    }
+}
+
+impl State {
+    /// Block memory: a recycled buffer, or one of a new batch (see [`blockmem`]).
+    /// Freed buffers are kept, never dropped, so the memory in use is at most the
+    /// peak number of blocks ever held (bounded by the capacity) plus one batch.
+    fn take_mem(&mut self) -> BlockMem {
+        if self.free.is_empty() {
+            self.free
+                .extend(BlockMem::batch(blockmem::BATCH, BLOCK as usize));
+        }
+        self.free.pop().expect("just refilled")
+    }
+
+    /// A new empty block. Sector contents of a new block are never read before
+    /// they are marked valid.
+    pub(super) fn new_block(&mut self) -> Block {
+        Block {
+            data: self.take_mem(),
+            valid: 0,
+            dirty: 0,
+            gen: 0,
+            touched: None,
+        }
+    }
+
+    /// A new block holding `content` (one whole block), all of it valid.
+    pub(super) fn new_block_from(&mut self, content: &[u8]) -> Block {
+        let mut data = self.take_mem();
+        data.copy_from_slice(content);
+        Block {
+            data,
+            valid: u128::MAX,
+            dirty: 0,
+            gen: 0,
+            touched: None,
+        }
+    }
+
+    pub(super) fn recycle(&mut self, blk: Block) {
+        self.free.push(blk.data);
+    }
+}

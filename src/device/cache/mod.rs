@@ -1,0 +1,329 @@
+//! The write-back page cache between FUSE and the blob.
+//!
+//! Memory is cut into 64 KiB blocks; each block knows, per 512-byte sector, which
+//! bytes are valid (match or supersede the blob) and which are dirty (not yet in the
+//! blob). That granularity is what lets a 4 KiB write cost no read at all, and lets a
+//! flush send exactly the dirty sectors, coalesced across blocks into runs of up to
+//! 4 MiB, several in parallel, each marked clean as soon as it lands.
+//!
+//! Sequential reads are served by read-ahead: the stream's next 4 MiB runs are
+//! queued for prefetch workers, which keep several ranged reads in flight. A reader
+//! never fetches a block that another fetch is already bringing in; it waits for
+//! it (or takes over queued read-ahead it needs now), so every byte of a stream
+//! crosses the network once.
+//!
+//! Rules that keep data safe:
+//! - dirty blocks live apart from the LRU of clean ones and are never evicted;
+//! - a flush copies a snapshot of the dirty sectors, and clears a block's dirty bits
+//!   only if the block was not written again while the copy was in flight;
+//! - writers wait (not fail) while dirty data is at its limit;
+//! - discards and flushes are serialised, so an older run can never land on top of
+//!   a range cleared after it, and a block is never in two runs in flight;
+//! - fetched data is cached only if no flush or discard landed while it travelled
+//!   (it could be older than what the cache wrote and evicted meanwhile).
+//!
+//! Where each part lives:
+//! - `read.rs`: the read path, and why a read fetched, waited or planned again;
+//! - `readahead.rs`: stream tracking, queued read-ahead and the prefetch workers;
+//! - `write.rs`: writes, the old bytes of partly covered sectors, back-pressure;
+//! - `flush.rs`: fsync, complete runs sent ahead of it, the flush lock and its
+//!   workers, gap bridging, and the background flusher;
+//! - `discard.rs`: discards (whole sectors become holes);
+//! - `evict.rs`: eviction of clean blocks and recycling of block memory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use lru::LruCache;
+use serde::Serialize;
+
+use super::blockmem::BlockMem;
+use super::bufpool::BufPool;
+use super::sparse::SparseMap;
+use super::{Backend, DeviceError, MAX_RUN, SECTOR};
+
+mod discard;
+mod evict;
+mod flush;
+mod read;
+mod readahead;
+mod write;
+
+/// Cache block size.
+pub const BLOCK: u64 = 64 * 1024;
+const SECTORS: u64 = BLOCK / SECTOR;
+/// How long a complete run must go unwritten before it is sent ahead of fsync.
+const SETTLE: Duration = Duration::from_millis(100);
+/// How much dirty data one flush batch copies at most, bounding the memory a flush
+/// needs beside the cache itself.
+const FLUSH_BATCH: u64 = 32 * 1024 * 1024;
+/// Flush units (each at most 4 MiB) in flight at once.
+const FLUSH_PARALLEL: usize = 8;
+/// Idle 4 MiB buffers kept for flushes and read-ahead: the pages of a kept buffer
+/// stay mapped, while a fresh one costs page faults and zeroing for every use.
+const POOL_KEEP: usize = 12;
+/// The largest read-ahead window: eight 4 MiB ranged reads in flight.
+const READAHEAD_MAX: u64 = 8 * MAX_RUN;
+/// The round from which a read stops waiting for other fetches and fetches all it
+/// needs itself, under the flush lock: a bound on how often it can be sent back.
+const DESPERATE: u32 = 3;
+
+/// Tuning of a cache.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Most bytes of blocks held, clean and dirty together.
+    pub capacity: u64,
+    /// Most dirty bytes; writers wait above it.
+    pub dirty_limit: u64,
+    /// Largest read-ahead window on sequential reads.
+    pub readahead_max: u64,
+    /// Dirty data older than this is written by the background flusher.
+    pub flush_after: Duration,
+}
+
+impl CacheConfig {
+    /// A config for `capacity` bytes with the other limits derived from it.
+    pub fn with_capacity(capacity: u64) -> CacheConfig {
+        let capacity = capacity.max(8 * MAX_RUN);
+        CacheConfig {
+            capacity,
+            dirty_limit: capacity / 2,
+            readahead_max: (capacity / 8).clamp(BLOCK, READAHEAD_MAX),
+            flush_after: Duration::from_secs(3),
+        }
+    }
+}
+
+struct Block {
+    data: BlockMem,
+    valid: u128,
+    dirty: u128,
+    /// Write generation: bumped on every write into the block.
+    gen: u64,
+    /// When it was last written: hot blocks are left for fsync to coalesce.
+    touched: Option<Instant>,
+}
+
+/// Counters for `stats`.
+#[derive(Debug, Default)]
+pub struct CacheCounters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub hole_reads: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub flushes: AtomicU64,
+    pub write_waits: AtomicU64,
+}
+
+/// A copy of the cache's state for `stats`.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CacheSnapshot {
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub hole_reads: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub flushes: u64,
+    pub write_waits: u64,
+    pub dirty_bytes: u64,
+    pub cached_bytes: u64,
+    pub cache_size: u64,
+    pub allocated_bytes: u64,
+}
+
+struct State {
+    clean: LruCache<u64, Block>,
+    dirty: BTreeMap<u64, Block>,
+    dirty_sectors: u64,
+    sparse: SparseMap,
+    seq_next: u64,
+    readahead: u64,
+    last_write: Option<Instant>,
+    next_gen: u64,
+    /// Bumped whenever the backend's content changes under the cache (a flush
+    /// landed, a discard cleared pages). Data fetched before a bump may be older than
+    /// what the cache has since written and evicted, so it is not cached.
+    mutations: u64,
+    /// Blocks a started fetch (a reader's own or a prefetch) is bringing in:
+    /// readers that need one wait for it instead of fetching it again.
+    fetching: BTreeSet<u64>,
+    /// Read-ahead not started yet, as block ranges `start -> end`. Never overlaps
+    /// `fetching`: a reader needing a queued block takes the whole job over.
+    queued: BTreeMap<u64, u64>,
+    /// The block up to which the current stream's read-ahead was queued.
+    ra_next: u64,
+    /// Buffers of evicted blocks, reused for new ones: block memory is allocated up
+    /// to the capacity once and then recycled, instead of churning the allocator
+    /// (whose per-thread arenas would otherwise hold far more than the cache).
+    free: Vec<BlockMem>,
+}
+
+impl State {
+    fn block(&self, b: u64) -> Option<&Block> {
+        self.dirty.get(&b).or_else(|| self.clean.peek(&b))
+    }
+
+    /// The block for writing: moved out of the clean LRU if needed. `whole` is the
+    /// block's new content when the write covers all of it.
+    fn block_for_write(&mut self, b: u64, whole: Option<&[u8]>) -> &mut Block {
+        if !self.dirty.contains_key(&b) {
+            let blk = match (self.clean.pop(&b), whole) {
+                (Some(blk), _) => blk,
+                (None, Some(content)) => self.new_block_from(content),
+                (None, None) => self.new_block(),
+            };
+            self.dirty.insert(b, blk);
+        }
+        self.dirty.get_mut(&b).expect("just inserted")
+    }
+
+    fn len(&self) -> usize {
+        self.clean.len() + self.dirty.len()
+    }
+
+    fn is_queued(&self, b: u64) -> bool {
+        self.queued
+            .range(..=b)
+            .next_back()
+            .is_some_and(|(_, &e)| e > b)
+    }
+
+    /// Removes and returns the queued read-ahead job holding block `b`.
+    fn take_queued(&mut self, b: u64) -> Option<(u64, u64)> {
+        let (&s, &e) = self.queued.range(..=b).next_back()?;
+        if e <= b {
+            return None;
+        }
+        self.queued.remove(&s);
+        Some((s, e))
+    }
+}
+
+/// The cache over a backend of `size` bytes.
+pub struct Cache<B: Backend> {
+    backend: B,
+    size: u64,
+    read_only: bool,
+    cfg: CacheConfig,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// Signalled when claimed blocks are released (their fetch ended).
+    fetched: Condvar,
+    /// Signalled when read-ahead is queued for the prefetch workers.
+    jobs: Condvar,
+    flush_lock: Mutex<()>,
+    /// Threads waiting for `flush_lock` in [`Cache::order_lock`].
+    order_waiters: AtomicUsize,
+    /// Buffers that flushes copy dirty data into and read-ahead fetches into.
+    pool: Arc<BufPool>,
+    fenced: Arc<AtomicBool>,
+    closing: AtomicBool,
+    pub counters: CacheCounters,
+}
+
+impl<B: Backend> Cache<B> {
+    /// `sparse` is what the blob holds now; `fenced` is the backend's lease flag
+    /// (writes fail at once when it is set).
+    pub fn new(
+        backend: B,
+        size: u64,
+        sparse: SparseMap,
+        cfg: CacheConfig,
+        read_only: bool,
+        fenced: Arc<AtomicBool>,
+    ) -> Cache<B> {
+        Cache {
+            backend,
+            size,
+            read_only,
+            state: Mutex::new(State {
+                clean: LruCache::unbounded(),
+                dirty: BTreeMap::new(),
+                dirty_sectors: 0,
+                sparse,
+                seq_next: u64::MAX,
+                readahead: 0,
+                last_write: None,
+                next_gen: 1,
+                mutations: 0,
+                fetching: BTreeSet::new(),
+                queued: BTreeMap::new(),
+                ra_next: 0,
+                free: Vec::new(),
+            }),
+            cfg,
+            changed: Condvar::new(),
+            fetched: Condvar::new(),
+            jobs: Condvar::new(),
+            flush_lock: Mutex::new(()),
+            order_waiters: AtomicUsize::new(0),
+            pool: BufPool::new(MAX_RUN as usize, POOL_KEEP),
+            fenced,
+            closing: AtomicBool::new(false),
+            counters: CacheCounters::default(),
+        }
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn cap_blocks(&self) -> usize {
+        (self.cfg.capacity / BLOCK).max(1) as usize
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        if offset.checked_add(len).is_none_or(|e| e > self.size) {
+            return Err(DeviceError::OutOfRange { offset, len });
+        }
+        Ok(())
+    }
+
+    pub fn snapshot(&self) -> CacheSnapshot {
+        let st = self.lock();
+        let c = &self.counters;
+        CacheSnapshot {
+            cache_hits: c.hits.load(Relaxed),
+            cache_misses: c.misses.load(Relaxed),
+            hole_reads: c.hole_reads.load(Relaxed),
+            bytes_read: c.bytes_read.load(Relaxed),
+            bytes_written: c.bytes_written.load(Relaxed),
+            flushes: c.flushes.load(Relaxed),
+            write_waits: c.write_waits.load(Relaxed),
+            dirty_bytes: st.dirty_sectors * SECTOR,
+            cached_bytes: st.len() as u64 * BLOCK,
+            cache_size: self.cfg.capacity,
+            allocated_bytes: st.sparse.total(),
+        }
+    }
+
+    pub fn dirty_bytes(&self) -> u64 {
+        self.lock().dirty_sectors * SECTOR
+    }
+
+    /// Stops the background flusher and the prefetch workers.
+    pub fn close(&self) {
+        self.closing.store(true, Relaxed);
+        let _st = self.lock();
+        self.changed.notify_all();
+        self.jobs.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests;

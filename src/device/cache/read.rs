@@ -1,0 +1,301 @@
+//! The read path: [`Cache::read`] plans each round under the lock
+//! ([`Cache::plan_fetch`], [`FetchPlan`]): sectors the cache holds are copied out
+//! at once ([`Cache::copy_out`]), blocks another fetch is bringing in are waited for,
+//! queued read-ahead the request needs is taken over, and the rest is fetched here
+//! and cached ([`Cache::insert_clean`]). Blocks a fetch is bringing in are marked in
+//! `State::fetching` by a [`Claim`], released even if the fetch fails. This is where
+//! to look for why a read fetched, waited, or planned again, and for the desperate
+//! round ([`DESPERATE`]) that bounds how often it can be sent back.
+//!
+//! Relies on the rules in `mod.rs` ("Rules that keep data safe"): fetched data is
+//! cached only if no flush or discard landed while it travelled (the `mutations`
+//! epoch); fetched bytes never overwrite valid sectors, and dirty blocks are never
+//! evicted, so written data always wins over what is fetched; flushes and discards
+//! are serialised under the flush lock, which the desperate round holds
+//! (`order_lock`, in `flush.rs`) so that nothing lands while it fetches.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::device::sectors::mask;
+use crate::device::{Backend, DeviceError, MAX_RUN, SECTOR};
+
+use super::flush::data_mask;
+use super::{Block, Cache, State, BLOCK, DESPERATE, SECTORS};
+
+/// What one round of a read fetches itself and what it waits for.
+#[derive(Default)]
+struct FetchPlan {
+    /// Byte ranges to fetch, block-aligned.
+    runs: Vec<(u64, u64)>,
+    /// Blocks this round marked as coming (released when its fetch ends).
+    claimed: Vec<u64>,
+    /// Blocks another fetch is bringing in.
+    waits: Vec<u64>,
+}
+
+/// Blocks marked in `fetching` by one fetch. Released explicitly under the lock
+/// when the fetch ends; if the fetch fails or panics first, dropping the claim
+/// releases it, so no reader waits forever for a fetch that will never end.
+pub(super) struct Claim<'a, B: Backend> {
+    cache: &'a Cache<B>,
+    blocks: Vec<u64>,
+}
+
+impl<'a, B: Backend> Claim<'a, B> {
+    pub(super) fn new(cache: &'a Cache<B>, blocks: Vec<u64>) -> Self {
+        Claim { cache, blocks }
+    }
+
+    pub(super) fn release(mut self, st: &mut State) {
+        self.release_in(st);
+    }
+
+    fn release_in(&mut self, st: &mut State) {
+        if self.blocks.is_empty() {
+            return;
+        }
+        for b in self.blocks.drain(..) {
+            st.fetching.remove(&b);
+        }
+        self.cache.fetched.notify_all();
+    }
+}
+
+impl<B: Backend> Drop for Claim<'_, B> {
+    fn drop(&mut self) {
+        if !self.blocks.is_empty() {
+            let mut st = self.cache.lock();
+            self.release_in(&mut st);
+        }
+    }
+}
+
+impl<B: Backend> Cache<B> {
+    /// Reads `buf.len()` bytes at `offset`, writing every byte of `buf` (holes as
+    /// zeros), so callers may hand in a reused buffer.
+    ///
+    /// Each round plans under the lock: cached sectors are copied at once, blocks
+    /// another fetch is already bringing in are waited for (never fetched twice),
+    /// queued read-ahead for the request is taken over, and the rest is fetched
+    /// here. Fetched data may only fill sectors that the cache did not hold when the
+    /// round was planned: if a flush or discard lands meanwhile, a block written
+    /// before this read may have been flushed and evicted, and the fetched bytes for
+    /// it can be older, so the round is planned again. From round [`DESPERATE`] on,
+    /// the read holds the flush lock (nothing can land) and fetches everything it
+    /// needs itself (nothing to wait for), so it always completes.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        let len = buf.len() as u64;
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset + len;
+        self.counters.bytes_read.fetch_add(len, Relaxed);
+        let mut missed = false;
+        let sectors = ((end.div_ceil(SECTOR)) - offset / SECTOR) as usize;
+        for round in 0u32.. {
+            let desperate = round >= DESPERATE;
+            let _no_flush = desperate.then(|| self.order_lock());
+            let mut filled = vec![false; sectors];
+            let (plan, epoch, claim) = {
+                let mut st = self.lock();
+                if round == 0 {
+                    self.track_stream(&mut st, offset, end);
+                    self.plan_readahead(&mut st, end);
+                }
+                let plan = self.plan_fetch(&mut st, offset, end, desperate);
+                if plan.runs.is_empty() && plan.waits.is_empty() {
+                    let any_data = st.sparse.any_data(offset, end);
+                    self.copy_out(&mut st, offset, buf, &[], &mut filled, false);
+                    let c = if missed {
+                        &self.counters.misses
+                    } else if any_data {
+                        &self.counters.hits
+                    } else {
+                        &self.counters.hole_reads
+                    };
+                    c.fetch_add(1, Relaxed);
+                    return Ok(());
+                }
+                self.copy_out(&mut st, offset, buf, &[], &mut filled, true);
+                let claim = Claim::new(self, plan.claimed.clone());
+                (plan, st.mutations, claim)
+            };
+            missed = true;
+            let mut fetched = Vec::with_capacity(plan.runs.len());
+            for &(s, e) in &plan.runs {
+                let mut data = vec![0u8; (e - s) as usize];
+                self.backend.read(s, &mut data)?;
+                fetched.push((s, data));
+            }
+            let mut st = self.lock();
+            claim.release(&mut st);
+            if st.mutations != epoch {
+                continue;
+            }
+            if plan.waits.is_empty() {
+                self.copy_out(&mut st, offset, buf, &fetched, &mut filled, false);
+            }
+            for (s, data) in &fetched {
+                self.insert_clean(&mut st, *s, data);
+            }
+            self.evict(&mut st);
+            if plan.waits.is_empty() {
+                self.counters.misses.fetch_add(1, Relaxed);
+                return Ok(());
+            }
+            // Blocks another fetch is bringing in: wait for it, then plan again
+            // (they are cached by then, unless evicted or outdated meanwhile).
+            while plan.waits.iter().any(|b| st.fetching.contains(b)) {
+                st = self.fetched.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// What a read of `[offset, end)` must fetch or wait for: blocks of the request
+    /// that miss data sectors. Holes are never fetched. Blocks it fetches are claimed
+    /// (other readers wait for them), and queued read-ahead covering them is taken
+    /// over whole. A `desperate` read claims and waits for nothing.
+    fn plan_fetch(&self, st: &mut State, offset: u64, end: u64, desperate: bool) -> FetchPlan {
+        let mut plan = FetchPlan::default();
+        let mut mine: Vec<u64> = Vec::new();
+        let mut b = offset / BLOCK;
+        while b * BLOCK < end {
+            let bs = b * BLOCK;
+            let be = (bs + BLOCK).min(self.size);
+            // Sectors of the request in this block that hold data but are not valid.
+            let rs = offset.max(bs);
+            let re = end.min(be);
+            let want = mask((rs - bs) / SECTOR, (re - bs).div_ceil(SECTOR));
+            let valid = st.block(b).map_or(0, |blk| blk.valid);
+            let need = want & !valid != 0 && {
+                let data = st
+                    .sparse
+                    .data_in(rs / SECTOR * SECTOR, re.div_ceil(SECTOR) * SECTOR);
+                data.iter().any(|r| {
+                    let m = mask((r.start - bs) / SECTOR, (r.end - bs).div_ceil(SECTOR));
+                    m & want & !valid != 0
+                })
+            };
+            if need && !mine.contains(&b) {
+                if desperate {
+                    mine.push(b);
+                } else if st.fetching.contains(&b) {
+                    plan.waits.push(b);
+                } else if let Some((qs, qe)) = st.take_queued(b) {
+                    mine.extend(qs..qe);
+                } else {
+                    mine.push(b);
+                }
+            }
+            b += 1;
+        }
+        mine.sort_unstable();
+        mine.dedup();
+        for &b in &mine {
+            let (bs, be) = (b * BLOCK, (b * BLOCK + BLOCK).min(self.size));
+            match plan.runs.last_mut() {
+                Some(last) if last.1 == bs && last.1 - last.0 < MAX_RUN * 4 => last.1 = be,
+                _ => plan.runs.push((bs, be)),
+            }
+            if !desperate && st.fetching.insert(b) {
+                plan.claimed.push(b);
+            }
+        }
+        plan
+    }
+
+    /// Copies `[offset, offset+len)` into `buf`. Valid cached sectors always win
+    /// (they may be newer than anything fetched). In the `planning` pass only those
+    /// are copied, and `filled` remembers them: a block the plan relied on may be
+    /// evicted by another thread before the fetch returns, and its bytes must not
+    /// turn into zeros then. In the final pass the rest comes from `fetched`, or is
+    /// zeros (a hole).
+    fn copy_out(
+        &self,
+        st: &mut State,
+        offset: u64,
+        buf: &mut [u8],
+        fetched: &[(u64, Vec<u8>)],
+        filled: &mut [bool],
+        planning: bool,
+    ) {
+        let end = offset + buf.len() as u64;
+        let first_sector = offset / SECTOR;
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / BLOCK;
+            let bs = b * BLOCK;
+            let be = (bs + BLOCK).min(end);
+            let blk = st.block(b);
+            while pos < be {
+                let sec = (pos - bs) / SECTOR;
+                let sec_end = (bs + (sec + 1) * SECTOR).min(be);
+                let n = (sec_end - pos) as usize;
+                let i = (pos / SECTOR - first_sector) as usize;
+                let out = &mut buf[(pos - offset) as usize..][..n];
+                match blk {
+                    Some(blk) if blk.valid & (1u128 << sec) != 0 => {
+                        out.copy_from_slice(&blk.data[(pos - bs) as usize..][..n]);
+                        filled[i] = true;
+                    }
+                    _ if planning || filled[i] => {}
+                    _ => match fetched
+                        .iter()
+                        .find(|(s, d)| *s <= pos && pos < *s + d.len() as u64)
+                    {
+                        Some((s, d)) => out.copy_from_slice(&d[(pos - s) as usize..][..n]),
+                        None => out.fill(0),
+                    },
+                }
+                pos = sec_end;
+            }
+        }
+        // Touch the blocks so the LRU sees the use.
+        let mut b = offset / BLOCK;
+        while b * BLOCK < end {
+            st.clean.get(&b);
+            b += 1;
+        }
+    }
+
+    /// Adds fetched data to the cache, never overwriting valid sectors.
+    pub(super) fn insert_clean(&self, st: &mut State, start: u64, data: &[u8]) {
+        let end = start + data.len() as u64;
+        let mut b = start / BLOCK;
+        while b * BLOCK < end {
+            let bs = b * BLOCK;
+            let at = (bs - start) as usize;
+            // Holes are zeros whatever the fetched bytes say.
+            let data_mask = data_mask(&st.sparse, b);
+            let fill = |blk: &mut Block| {
+                for sec in 0..SECTORS {
+                    if blk.valid & (1u128 << sec) == 0 {
+                        let o = (sec * SECTOR) as usize;
+                        let out = &mut blk.data[o..o + SECTOR as usize];
+                        if data_mask & (1u128 << sec) != 0 {
+                            out.copy_from_slice(&data[at + o..at + o + SECTOR as usize]);
+                        } else {
+                            out.fill(0);
+                        }
+                    }
+                }
+                blk.valid = u128::MAX;
+            };
+            if let Some(blk) = st.dirty.get_mut(&b) {
+                fill(blk);
+            } else if let Some(blk) = st.clean.get_mut(&b) {
+                fill(blk);
+            } else if data_mask == u128::MAX {
+                let blk = st.new_block_from(&data[at..at + BLOCK as usize]);
+                st.clean.put(b, blk);
+            } else {
+                let mut blk = st.new_block();
+                fill(&mut blk);
+                st.clean.put(b, blk);
+            }
+            b += 1;
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Read-ahead: [`Cache::track_stream`] follows a sequential stream and grows its
+//! window, [`Cache::plan_readahead`] queues the stream's next runs of up to 4 MiB,
+//! and the prefetch workers ([`Cache::run_prefetcher`]) fetch them, several ranged
+//! reads in flight. A reader that needs a queued block takes the whole job over
+//! (`plan_fetch`, in `read.rs`), so no block is fetched twice.
+//!
+//! Relies on the rules in `mod.rs` ("Rules that keep data safe"): prefetched data
+//! is cached only if no flush or discard landed while it travelled, and never over
+//! valid sectors (`insert_clean`, in `read.rs`). Queued jobs never overlap blocks
+//! being fetched (`State::queued`), and a worker's [`Claim`] is released even if
+//! its fetch fails, so no reader waits forever.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use tracing::debug;
+
+use crate::device::{Backend, MAX_RUN};
+
+use super::read::Claim;
+use super::{Cache, State, BLOCK};
+
+impl<B: Backend> Cache<B> {
+    /// Queues read-ahead of a sequential stream, up to its window past `end`, for
+    /// the prefetch workers: blocks not cached, not already coming, holding data, in
+    /// runs of 4 MiB, nearest first. A shorter run is queued only where something
+    /// ends it (cached data, a hole, the disk's end); one cut short by the window is
+    /// left for the next read to complete, so the stream's fetches stay large.
+    pub(super) fn plan_readahead(&self, st: &mut State, end: u64) {
+        if st.readahead == 0 {
+            return;
+        }
+        const RUN: u64 = MAX_RUN / BLOCK;
+        let last = self.size.div_ceil(BLOCK);
+        let window_end = (end + st.readahead).div_ceil(BLOCK).min(last);
+        let mut b = end.div_ceil(BLOCK).max(st.ra_next);
+        let mut run: Option<(u64, u64)> = None;
+        let mut queued = false;
+        while b < window_end {
+            let bs = b * BLOCK;
+            let free = st.block(b).is_none()
+                && !st.fetching.contains(&b)
+                && !st.is_queued(b)
+                && st.sparse.any_data(bs, (bs + BLOCK).min(self.size));
+            match run {
+                Some((s, e)) if free && e == b && e - s < RUN => run = Some((s, b + 1)),
+                _ => {
+                    if let Some((s, e)) = run.take() {
+                        st.queued.insert(s, e);
+                        queued = true;
+                    }
+                    run = free.then_some((b, b + 1));
+                }
+            }
+            b += 1;
+        }
+        st.ra_next = window_end;
+        if let Some((s, e)) = run {
+            if e - s == RUN || e == last {
+                st.queued.insert(s, e);
+                queued = true;
+            } else {
+                st.ra_next = s;
+            }
+        }
+        if queued {
+            self.jobs.notify_all();
+        }
+    }
+
+    /// Follows a sequential stream, tolerating the reordering of parallel kernel
+    /// requests, and grows the read-ahead window while it lasts.
+    pub(super) fn track_stream(&self, st: &mut State, offset: u64, end: u64) {
+        const SLACK: u64 = 2 * 1024 * 1024;
+        if st.seq_next != u64::MAX && offset.abs_diff(st.seq_next) <= SLACK {
+            // Starts at 128 KiB, never past the configured most (which may be less).
+            st.readahead = (st.readahead * 2)
+                .max(128 * 1024)
+                .min(self.cfg.readahead_max);
+            st.seq_next = st.seq_next.max(end);
+        } else {
+            st.readahead = 0;
+            st.seq_next = end;
+            // A new stream: read-ahead not started yet is for an old one.
+            st.queued.clear();
+            st.ra_next = 0;
+        }
+    }
+
+    /// Runs one prefetch worker until [`Cache::close`]: takes queued read-ahead,
+    /// nearest first, and caches it, unless a flush or discard landed while it was
+    /// fetched (the bytes may then be older than what the cache wrote since).
+    /// Several run at once, so a sequential reader finds its next blocks cached or
+    /// on their way, with as many ranged reads in flight as there are workers.
+    pub fn run_prefetcher(&self) {
+        loop {
+            let (start, end, epoch, claim) = {
+                let mut st = self.lock();
+                loop {
+                    if self.closing.load(Relaxed) {
+                        return;
+                    }
+                    if let Some((s, e)) = st.queued.pop_first() {
+                        st.fetching.extend(s..e);
+                        break (
+                            s * BLOCK,
+                            (e * BLOCK).min(self.size),
+                            st.mutations,
+                            (s..e).collect(),
+                        );
+                    }
+                    st = self.jobs.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let claim = Claim::new(self, claim);
+            let mut data = self.pool.take();
+            data.resize((end - start) as usize, 0);
+            let result = self.backend.read(start, &mut data);
+            let mut st = self.lock();
+            claim.release(&mut st);
+            match result {
+                Ok(()) if st.mutations == epoch => {
+                    self.insert_clean(&mut st, start, &data);
+                    self.evict(&mut st);
+                }
+                Ok(()) => {}
+                // The reader that needs these blocks fetches them and reports it.
+                Err(e) => debug!("read-ahead at {start} failed: {e}"),
+            }
+            drop(st);
+            self.pool.give(data);
+        }
+    }
+}
