@@ -394,6 +394,10 @@ os.fsync(fd)\"",
             .unwrap()
     };
     let hwm = kib("VmHWM:") / 1024;
+    eprintln!(
+        "daemon memory: peak {hwm} MiB, now {} MiB",
+        kib("VmRSS:") / 1024
+    );
     ok(&cs, &[], &["unmount", mp.s()]);
     assert!(
         hwm <= 64 + 150,

@@ -6,8 +6,10 @@
 //! alone was about 9% of the daemon's CPU (more in a VM, where every exception is
 //! dear). Blocks are therefore carved out of anonymous mappings of
 //! [`BATCH`] blocks made with `MAP_POPULATE`, which the kernel fills in one call.
-//! A mapping is returned to the kernel when its last block is dropped; the cache
-//! keeps freed blocks for reuse, so that happens when the cache itself goes.
+//! A dropped block gives its pages back to the kernel at once (`MADV_DONTNEED`),
+//! and a mapping is unmapped when its last block is dropped; the cache keeps a
+//! few freed blocks for reuse and drops the rest, so its memory shrinks after a
+//! burst.
 
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
@@ -82,6 +84,17 @@ impl BlockMem {
 
     fn on_heap(size: usize) -> BlockMem {
         BlockMem::Heap(vec![0u8; size].into_boxed_slice())
+    }
+}
+
+impl Drop for BlockMem {
+    fn drop(&mut self) {
+        if let BlockMem::Mapped { ptr, size, .. } = self {
+            // SAFETY: ptr..ptr+size is this block's own page-aligned part of a live
+            // mapping (the Arc is dropped after this), and nothing uses it again.
+            // MADV_DONTNEED frees the pages; the range would read as zeros.
+            unsafe { libc::madvise(ptr.as_ptr().cast(), *size, libc::MADV_DONTNEED) };
+        }
     }
 }
 

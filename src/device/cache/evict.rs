@@ -1,7 +1,7 @@
 //! Eviction and block memory: [`Cache::evict`] drops the least recently used clean
 //! blocks above the capacity, and block memory is taken from and recycled into
-//! `State::free` ([`State::new_block`], [`State::recycle`]) instead of going back to
-//! the allocator.
+//! `State::free` ([`State::new_block`], [`State::recycle`]), a few buffers of it;
+//! the rest goes back to the kernel.
 //!
 //! Relies on the rule in `mod.rs` ("Rules that keep data safe") that dirty blocks
 //! live apart from the LRU of clean ones and are never evicted: only `State::clean`
@@ -11,7 +11,7 @@
 use crate::device::blockmem::{self, BlockMem};
 use crate::device::Backend;
 
-use super::{Block, Cache, State, BLOCK};
+use super::{Block, Cache, State, BLOCK, FREE_KEEP};
 
 impl<B: Backend> Cache<B> {
     pub(super) fn evict(&self, st: &mut State) {
@@ -27,8 +27,8 @@ impl<B: Backend> Cache<B> {
 
 impl State {
     /// Block memory: a recycled buffer, or one of a new batch (see [`blockmem`]).
-    /// Freed buffers are kept, never dropped, so the memory in use is at most the
-    /// peak number of blocks ever held (bounded by the capacity) plus one batch.
+    /// The memory in use is at most the blocks held (bounded by the capacity), the
+    /// kept free buffers and one batch.
     fn take_mem(&mut self) -> BlockMem {
         if self.free.is_empty() {
             self.free
@@ -62,7 +62,10 @@ impl State {
         }
     }
 
+    /// Keeps a freed block's buffer for reuse, or gives its memory back.
     pub(super) fn recycle(&mut self, blk: Block) {
-        self.free.push(blk.data);
+        if self.free.len() < FREE_KEEP {
+            self.free.push(blk.data);
+        }
     }
 }

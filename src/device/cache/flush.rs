@@ -311,7 +311,7 @@ impl<B: Backend> Cache<B> {
                 if self.closing.load(Relaxed) {
                     return;
                 }
-                let dirty = st.dirty_sectors * SECTOR;
+                let dirty = st.dirty_memory();
                 dirty > 0
                     && (dirty >= self.cfg.dirty_limit / 2
                         || st

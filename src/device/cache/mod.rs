@@ -155,13 +155,23 @@ struct State {
     queued: BTreeMap<u64, u64>,
     /// The block up to which the current stream's read-ahead was queued.
     ra_next: u64,
-    /// Buffers of evicted blocks, reused for new ones: block memory is allocated up
-    /// to the capacity once and then recycled, instead of churning the allocator
-    /// (whose per-thread arenas would otherwise hold far more than the cache).
+    /// Buffers of evicted blocks, reused for new ones (at most [`FREE_KEEP`]):
+    /// eviction to make room is followed at once by a new block, so a few kept
+    /// buffers spare the kernel's page faults; beyond them, freed block memory goes
+    /// back to the kernel (see `blockmem`), so memory shrinks after a burst.
     free: Vec<BlockMem>,
 }
 
+/// Most freed block buffers kept for reuse: one mapping batch (2 MiB).
+const FREE_KEEP: usize = super::blockmem::BATCH;
+
 impl State {
+    /// Memory held by dirty blocks, what the dirty limit bounds: a block with one
+    /// dirty sector holds all of its 64 KiB until it is written.
+    fn dirty_memory(&self) -> u64 {
+        self.dirty.len() as u64 * BLOCK
+    }
+
     fn block(&self, b: u64) -> Option<&Block> {
         self.dirty.get(&b).or_else(|| self.clean.peek(&b))
     }

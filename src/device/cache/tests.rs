@@ -299,6 +299,29 @@ fn block_memory_is_reused_and_stays_within_the_capacity() {
     );
 }
 
+#[test]
+fn scattered_sector_writes_hold_no_more_memory_than_the_capacity() {
+    // One 512-byte write in every 64 KiB block: each dirty sector holds a whole
+    // block, so the dirty limit must count blocks, not sectors.
+    let c = cache(1024 * MIB, 32 * MIB);
+    let sector = [7u8; 512];
+    for b in 0..(1024 * MIB / BLOCK) {
+        c.write(b * BLOCK + 512, &sector).unwrap();
+        let st = c.lock();
+        assert!(
+            st.dirty_memory() <= c.cfg.dirty_limit,
+            "{} bytes of dirty blocks over a limit of {}",
+            st.dirty_memory(),
+            c.cfg.dirty_limit
+        );
+        assert!(st.len() + st.free.len() <= c.cap_blocks() + blockmem::BATCH);
+    }
+    c.flush().unwrap();
+    let mut back = [0u8; 1024];
+    c.read(5 * BLOCK, &mut back).unwrap();
+    assert!(back[..512].iter().all(|&x| x == 0) && back[512..] == sector);
+}
+
 /// Every other 4 KiB page of `[0, len)` rewritten with `fill`.
 fn scatter(c: &Cache<MemBackend>, len: u64, fill: u8) {
     for p in (0..len / 4096).step_by(2) {

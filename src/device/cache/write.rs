@@ -140,14 +140,15 @@ impl<B: Backend> Cache<B> {
 
     /// Back-pressure: while dirty data is at its limit the writer itself flushes
     /// (in turn with the background flusher), so it is slowed, never failed, unless
-    /// the blob cannot be written at all.
+    /// the blob cannot be written at all (the backend waits out outages up to its
+    /// I/O timeout). The limit counts the memory of dirty blocks, not dirty sectors:
+    /// one 512-byte write holds a whole 64 KiB block until it is written.
     fn wait_for_room(&self, len: u64) -> Result<(), DeviceError> {
         let mut counted = false;
         loop {
             let over = {
                 let st = self.lock();
-                st.dirty_sectors > 0
-                    && st.dirty_sectors * SECTOR + len > self.cfg.dirty_limit.max(len)
+                !st.dirty.is_empty() && st.dirty_memory() + len > self.cfg.dirty_limit.max(len)
             };
             if !over {
                 return Ok(());
