@@ -19,7 +19,7 @@ pub struct MemBackend {
     pub write_delay_us: AtomicU64,
     pub writes: AtomicU64,
     pub discards: AtomicU64,
-    /// When set, every write fails (a backend that went away).
+    /// When set, every write and discard fails (a backend that went away).
     pub fail_writes: std::sync::atomic::AtomicBool,
 }
 
@@ -76,6 +76,9 @@ impl Backend for MemBackend {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        if self.fail_writes.load(Relaxed) {
+            return Err(DeviceError::Io("backend unavailable".into()));
+        }
         let mut data = self.data.lock().unwrap();
         check(offset, len, data.len())?;
         self.discards.fetch_add(1, Relaxed);

@@ -6,6 +6,9 @@
 //! flushes are serialised (it holds the flush lock, `order_lock` in `flush.rs`), so
 //! an older run can never land on top of the cleared range; and it bumps
 //! `mutations` before and after the clear, so data fetched meanwhile is not cached.
+//! A discard that fails gives the range's written parts back to the sparse map, so
+//! reads ask the blob again and see what it holds, as a remount would: never
+//! zeros the blob does not have.
 
 use crate::device::sectors::mask;
 use crate::device::{Backend, DeviceError, SECTOR};
@@ -36,9 +39,10 @@ impl<B: Backend> Cache<B> {
             self.write(e, &vec![0u8; (end - e) as usize])?;
         }
         let _order = self.order_lock();
-        {
+        let written = {
             let mut st = self.lock();
             st.mutations += 1;
+            let written = st.sparse.data_in(s, e);
             let mut b = s / BLOCK;
             while b * BLOCK < e {
                 let bs = b * BLOCK;
@@ -72,12 +76,20 @@ impl<B: Backend> Cache<B> {
                 b += 1;
             }
             st.sparse.remove(s, e);
-        }
+            written
+        };
         self.changed.notify_all();
         let result = self.backend.discard(s, e - s);
         // A fetch planned between the first bump and the clear may have read the
         // old bytes: this second bump keeps them out of the cache.
-        self.lock().mutations += 1;
+        let mut st = self.lock();
+        st.mutations += 1;
+        if result.is_err() {
+            // The blob may still hold any of the old bytes.
+            for r in written {
+                st.sparse.insert(r.start, r.end);
+            }
+        }
         result
     }
 }

@@ -239,6 +239,22 @@ fn failed_flush_keeps_data_dirty_and_retries_same_bytes() {
 }
 
 #[test]
+fn a_failed_discard_reads_what_the_blob_still_holds() {
+    let c = cache(4 * MIB, 64 * MIB);
+    c.write(0, &[5u8; 65536]).unwrap();
+    c.flush().unwrap();
+    c.backend.fail_writes.store(true, Relaxed);
+    assert!(c.discard(0, 65536).is_err());
+    c.backend.fail_writes.store(false, Relaxed);
+    let mut back = vec![0u8; 65536];
+    c.read(0, &mut back).unwrap();
+    assert!(
+        back.iter().all(|&x| x == 5),
+        "the cache serves zeros the blob does not hold"
+    );
+}
+
+#[test]
 fn fenced_cache_refuses_writes_but_reads() {
     let fence = Arc::new(AtomicBool::new(false));
     let c = Cache::new(
