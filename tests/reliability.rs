@@ -371,7 +371,7 @@ fn account_sas(permissions: &str, expiry: &str) -> String {
     let key = base64::engine::general_purpose::STANDARD
         .decode(DEV_KEY)
         .unwrap();
-    let auth = blobdrive::azure::sign::authorization("x", &key, &sts);
+    let auth = blobdrive::azure::auth::shared_key::authorization("x", &key, &sts);
     let sig = auth.rsplit(':').next().unwrap();
     let sig: String = url::form_urlencoded::byte_serialize(sig.as_bytes()).collect();
     format!("sv={version}&ss=b&srt=sco&sp={permissions}&se={expiry}&spr=http,https&sig={sig}")

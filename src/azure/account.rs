@@ -34,7 +34,8 @@ pub enum AccountError {
     BadProtocol(String),
 }
 
-/// How requests are authorised.
+/// How requests are authorised, as parsed. Each service handle turns it once into
+/// an [`Authorizer`](super::auth::Authorizer) ([`super::auth::for_account`]).
 #[derive(Clone)]
 pub enum Credential {
     /// Shared Key: HMAC-SHA256 over each request with the decoded account key.

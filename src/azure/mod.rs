@@ -1,24 +1,27 @@
 //! The Azure Blob Storage REST client for page blobs.
 //!
-//! No FUSE, no disks: accounts and signing ([`account`], [`sign`]), one async function
-//! per operation ([`client`]), typed errors ([`error`]), retries ([`retry`]) and the XML
-//! bodies ([`xml`]).
+//! No FUSE, no disks: accounts ([`account`]), how requests are authorised ([`auth`]:
+//! Shared Key, SAS), the request pipeline with its retries ([`pipeline`], [`retry`]),
+//! one async function per operation grouped by what it acts on ([`ops`]), typed errors
+//! ([`error`]) and the XML bodies ([`xml`]).
 
 pub mod account;
-pub mod client;
+pub mod auth;
 pub mod error;
+pub mod ops;
+pub mod pipeline;
 pub mod ranges;
 pub mod retry;
-pub mod sign;
 pub mod stats;
 pub mod xml;
 
 pub use account::{Account, Credential};
-pub use client::{
-    BlobClient, BlobProperties, BlobService, ContainerClient, DeleteSnapshots, PageDiff,
-    SegmentPlan, MAX_PUT_PAGE, PAGE,
-};
 pub use error::{AzureError, Op};
+pub use ops::{
+    BlobClient, BlobProperties, ContainerClient, DeleteSnapshots, PageDiff, SegmentPlan,
+    MAX_PUT_PAGE, PAGE,
+};
+pub use pipeline::BlobService;
 pub use ranges::PageRange;
 pub use retry::RetryPolicy;
 pub use stats::StatsSnapshot;

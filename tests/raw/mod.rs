@@ -1,7 +1,8 @@
 //! Requests the project's client deliberately cannot make (block blobs, arbitrary
 //! bytes), signed with the library's Shared Key code, for tests of refusals.
 
-use blobdrive::azure::{sign, Account, Credential};
+use blobdrive::azure::auth::shared_key as sign;
+use blobdrive::azure::{Account, Credential};
 
 /// Uploads `body` as a block blob named `container/name`.
 pub async fn put_block_blob(account: &Account, container: &str, name: &str, body: Vec<u8>) {

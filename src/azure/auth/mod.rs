@@ -1,0 +1,92 @@
+//! How a request is authorised: one small interface, [`Authorizer`], and one file per
+//! kind of credential ([`shared_key`], [`sas`], [`anonymous`]).
+//!
+//! The pipeline builds one authorizer per service handle from the parsed
+//! [`Credential`] ([`for_account`]) and calls it once per attempt, after every other
+//! header is in place. A new kind of credential is a new file here implementing
+//! [`Authorizer`], plus its arm in [`for_account`] (and its parsing in `account`).
+
+use std::fmt;
+use std::sync::Arc;
+
+use reqwest::Method;
+use thiserror::Error;
+use url::Url;
+
+use super::account::{Account, Credential};
+
+pub mod anonymous;
+pub mod sas;
+pub mod shared_key;
+
+pub use anonymous::Anonymous;
+pub use sas::Sas;
+pub use shared_key::SharedKey;
+
+/// Why a request could not be authorised. Never holds the secret.
+///
+/// The pipeline treats it like a failure to reach the service: the attempt is
+/// retried within the retry policy, and if none succeeds the operation fails with
+/// [`AzureError::Unreachable`](super::AzureError::Unreachable) carrying this message.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("cannot authorise the request: {0}")]
+pub struct AuthError(pub String);
+
+/// Authorises requests to one account.
+///
+/// `Debug` is required so a service handle can be inspected, and implementations must
+/// write it by hand so that no secret (key, token, signature) ever appears in it.
+pub trait Authorizer: Send + Sync + fmt::Debug {
+    /// Authorises one attempt of a request, just before it is sent.
+    ///
+    /// `headers` are exactly the headers that will be sent, in order (`x-ms-date`,
+    /// `x-ms-version`, the operation's own, `content-length` where there is one);
+    /// `url` is the full request URL with its query. An implementation may add
+    /// headers (Shared Key adds `authorization`) or extend the URL's query (SAS).
+    /// Called afresh for every attempt, since a signature covers `x-ms-date`.
+    ///
+    /// It is synchronous and must not block or wait on the network: a credential
+    /// whose secret is obtained from elsewhere (a bearer token, say) fetches and
+    /// refreshes it in the background and reads its cached value here, returning
+    /// [`AuthError`] when it has none.
+    fn authorize(
+        &self,
+        method: &Method,
+        url: &mut Url,
+        headers: &mut Vec<(String, String)>,
+    ) -> Result<(), AuthError>;
+
+    /// Makes `url`, a blob of this account, readable by the service itself as the
+    /// source of a copy (`x-ms-copy-source`). Nothing by default: the service
+    /// accepts a source of the same account under the destination's own
+    /// authorisation, or a public one.
+    fn authorize_copy_source(&self, _url: &mut Url) {}
+}
+
+/// The authorizer for `account`'s credential.
+pub fn for_account(account: &Account) -> Arc<dyn Authorizer> {
+    match &account.credential {
+        Credential::SharedKey { key } => Arc::new(SharedKey::new(&account.name, key.clone())),
+        Credential::Sas(sas) => Arc::new(Sas::new(sas.clone())),
+        Credential::Anonymous => Arc::new(Anonymous),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_secrets() {
+        let mut account = Account::development();
+        let d = format!("{:?}", for_account(&account));
+        assert!(!d.contains("Eby8"), "{d}");
+        assert!(d.contains("redacted"), "{d}");
+        account.credential = Credential::Sas("sv=2021-12-02&sig=TOPSECRET".into());
+        let d = format!("{:?}", for_account(&account));
+        assert!(!d.contains("TOPSECRET"), "{d}");
+        assert!(d.contains("redacted"), "{d}");
+        account.credential = Credential::Anonymous;
+        assert_eq!(format!("{:?}", for_account(&account)), "Anonymous");
+    }
+}

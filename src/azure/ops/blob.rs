@@ -1,0 +1,309 @@
+//! The blob itself: [`BlobClient`] and its accessors, and the operations on the whole
+//! blob (create, properties, delete, metadata, copy). Pages, leases and snapshots
+//! have their own files next to this one.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::Method;
+
+use super::container::ContainerClient;
+use super::pages::PAGE;
+use crate::azure::error::{AzureError, Op};
+use crate::azure::pipeline::{BlobService, Request};
+use crate::azure::stats::ClientStats;
+
+/// Metadata name of the token that makes a retried create recognise its own blob.
+pub const CREATE_TOKEN_META: &str = "blobdrivecreate";
+/// Largest page blob.
+pub const MAX_PAGE_BLOB: u64 = 8 * 1024 * 1024 * 1024 * 1024;
+
+/// What to do with snapshots when deleting a blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteSnapshots {
+    /// Delete fails with `SnapshotsPresent` if there are any.
+    None,
+    /// The blob and all its snapshots.
+    Include,
+    /// Only the snapshots, keeping the blob.
+    Only,
+}
+
+/// Properties from a HEAD request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlobProperties {
+    pub content_length: u64,
+    pub blob_type: String,
+    /// `available`, `leased`, `expired`, `breaking` or `broken`.
+    pub lease_state: Option<String>,
+    /// `locked` or `unlocked`.
+    pub lease_status: Option<String>,
+    /// `infinite` or `fixed`, only while leased.
+    pub lease_duration: Option<String>,
+    pub etag: Option<String>,
+    pub last_modified: Option<String>,
+    pub sequence_number: Option<u64>,
+    pub copy_status: Option<String>,
+    pub copy_status_description: Option<String>,
+    /// `x-ms-meta-*` headers, names without the prefix, lower-cased.
+    pub metadata: Vec<(String, String)>,
+}
+
+/// One blob (or one snapshot of it).
+#[derive(Clone)]
+pub struct BlobClient {
+    pub(in crate::azure) svc: BlobService,
+    pub(in crate::azure) container: String,
+    pub(in crate::azure) name: String,
+    pub(in crate::azure) snapshot: Option<String>,
+}
+
+impl BlobClient {
+    pub fn service(&self) -> &BlobService {
+        &self.svc
+    }
+
+    pub fn container_name(&self) -> &str {
+        &self.container
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn snapshot(&self) -> Option<&str> {
+        self.snapshot.as_deref()
+    }
+
+    /// The same blob at a snapshot (or the base blob with `None`).
+    pub fn at_snapshot(&self, snapshot: Option<&str>) -> BlobClient {
+        BlobClient {
+            snapshot: snapshot.map(str::to_string),
+            ..self.clone()
+        }
+    }
+
+    pub fn container(&self) -> ContainerClient {
+        self.svc.container(&self.container)
+    }
+
+    /// `container/name` or `container/name@snapshot`: how the blob is named in messages.
+    pub fn target(&self) -> String {
+        match &self.snapshot {
+            Some(s) => format!("{}/{}@{}", self.container, self.name, s),
+            None => format!("{}/{}", self.container, self.name),
+        }
+    }
+
+    pub(super) fn request(
+        &self,
+        op: Op,
+        method: Method,
+        query: &[(&str, &str)],
+        ok: &'static [u16],
+    ) -> Request {
+        let mut q: Vec<(&str, &str)> = query.to_vec();
+        if let Some(s) = self.snapshot.as_deref() {
+            q.push(("snapshot", s));
+        }
+        Request {
+            op,
+            target: self.target(),
+            method,
+            url: self.svc.url(&[&self.container, &self.name], &q),
+            headers: Vec::new(),
+            body: Bytes::new(),
+            ok,
+            max_attempts: None,
+        }
+    }
+
+    pub(super) fn invalid(&self, op: Op, reason: impl Into<String>) -> AzureError {
+        AzureError::Invalid {
+            op,
+            target: self.target(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(super) fn count(&self, f: impl FnOnce(&ClientStats)) {
+        f(&self.svc.inner.stats)
+    }
+
+    /// Creates an empty page blob of `size` bytes; never replaces an existing blob
+    /// (`If-None-Match: *` makes the service refuse with `BlobAlreadyExists`).
+    pub async fn create_page_blob(&self, size: u64) -> Result<(), AzureError> {
+        if size % PAGE != 0 || size == 0 || size > MAX_PAGE_BLOB {
+            return Err(self.invalid(
+                Op::CreateBlob,
+                format!(
+                    "page blob size {size} must be a positive multiple of 512 of at most 8 TiB"
+                ),
+            ));
+        }
+        // A create whose answer was lost may have happened; its retry then meets
+        // `BlobAlreadyExists`. The token in the metadata tells our own blob from
+        // someone else's, so a retried create never replaces, nor wrongly fails.
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let mut req = self.request(Op::CreateBlob, Method::PUT, &[], &[201]);
+        req.header("x-ms-blob-type", "PageBlob");
+        req.header("x-ms-blob-content-length", size.to_string());
+        req.header("if-none-match", "*");
+        req.header(&format!("x-ms-meta-{CREATE_TOKEN_META}"), token.clone());
+        self.count(|s| ClientStats::add(&s.other_requests, 1));
+        match self.svc.execute(req).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("BlobAlreadyExists") => {
+                let ours = self.properties().await.ok().is_some_and(|p| {
+                    p.metadata
+                        .iter()
+                        .any(|(k, v)| k == CREATE_TOKEN_META && *v == token)
+                });
+                if ours {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn properties(&self) -> Result<BlobProperties, AzureError> {
+        self.count(|s| ClientStats::add(&s.other_requests, 1));
+        let resp = self
+            .svc
+            .execute(self.request(Op::GetProperties, Method::HEAD, &[], &[200]))
+            .await?;
+        let h = |n: &str| resp.header(n);
+        let content_length = h("content-length")
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| AzureError::Protocol {
+                op: Op::GetProperties,
+                target: self.target(),
+                detail: "no Content-Length".into(),
+            })?;
+        let mut metadata: Vec<(String, String)> = resp
+            .headers
+            .iter()
+            .filter_map(|(k, v)| {
+                let k = k.as_str().strip_prefix("x-ms-meta-")?;
+                Some((k.to_string(), v.to_str().ok()?.to_string()))
+            })
+            .collect();
+        metadata.sort();
+        Ok(BlobProperties {
+            content_length,
+            blob_type: h("x-ms-blob-type").unwrap_or_default(),
+            lease_state: h("x-ms-lease-state"),
+            lease_status: h("x-ms-lease-status"),
+            lease_duration: h("x-ms-lease-duration"),
+            etag: h("etag"),
+            last_modified: h("last-modified"),
+            sequence_number: h("x-ms-blob-sequence-number").and_then(|v| v.parse().ok()),
+            copy_status: h("x-ms-copy-status"),
+            copy_status_description: h("x-ms-copy-status-description"),
+            metadata,
+        })
+    }
+
+    pub async fn delete(
+        &self,
+        snapshots: DeleteSnapshots,
+        lease: Option<&str>,
+    ) -> Result<(), AzureError> {
+        let mut req = self.request(Op::Delete, Method::DELETE, &[], &[202]);
+        match snapshots {
+            DeleteSnapshots::None => {}
+            DeleteSnapshots::Include => req.header("x-ms-delete-snapshots", "include"),
+            DeleteSnapshots::Only => req.header("x-ms-delete-snapshots", "only"),
+        }
+        if let Some(id) = lease {
+            req.header("x-ms-lease-id", id.to_string());
+        }
+        self.count(|s| ClientStats::add(&s.other_requests, 1));
+        self.svc.execute(req).await.map(|_| ())
+    }
+
+    /// Replaces the blob's metadata. Names must be valid C# identifiers.
+    pub async fn set_metadata(
+        &self,
+        metadata: &[(&str, &str)],
+        lease: Option<&str>,
+    ) -> Result<(), AzureError> {
+        let mut req = self.request(
+            Op::SetMetadata,
+            Method::PUT,
+            &[("comp", "metadata")],
+            &[200],
+        );
+        let mut names = Vec::new();
+        for (k, v) in metadata {
+            if k.is_empty()
+                || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                || k.starts_with(|c: char| c.is_ascii_digit())
+            {
+                return Err(self.invalid(
+                    Op::SetMetadata,
+                    format!("metadata name '{k}' is not an identifier"),
+                ));
+            }
+            names.push((format!("x-ms-meta-{k}"), v.to_string()));
+        }
+        req.headers.extend(names);
+        if let Some(id) = lease {
+            req.header("x-ms-lease-id", id.to_string());
+        }
+        self.count(|s| ClientStats::add(&s.other_requests, 1));
+        self.svc.execute(req).await.map(|_| ())
+    }
+
+    /// Copies `source` (a blob or snapshot of the same account) over this blob and
+    /// waits until the service reports the copy finished.
+    pub async fn copy_from(
+        &self,
+        source: &BlobClient,
+        lease: Option<&str>,
+    ) -> Result<(), AzureError> {
+        let mut src = source.svc.url(&[&source.container, &source.name], &[]);
+        if let Some(s) = source.snapshot.as_deref() {
+            src.query_pairs_mut().append_pair("snapshot", s);
+        }
+        source.svc.inner.auth.authorize_copy_source(&mut src);
+        let mut req = self.request(Op::Copy, Method::PUT, &[], &[202]);
+        req.header("x-ms-copy-source", src.to_string());
+        if let Some(id) = lease {
+            req.header("x-ms-lease-id", id.to_string());
+        }
+        self.count(|s| ClientStats::add(&s.other_requests, 1));
+        let resp = self.svc.execute(req).await?;
+        let mut status = resp
+            .header("x-ms-copy-status")
+            .unwrap_or_else(|| "pending".into());
+        let mut delay = Duration::from_millis(100);
+        while status == "pending" {
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+            let props = self.properties().await?;
+            status = props.copy_status.unwrap_or_else(|| "success".into());
+            if status != "pending" && status != "success" {
+                return Err(AzureError::Protocol {
+                    op: Op::Copy,
+                    target: self.target(),
+                    detail: format!(
+                        "copy {status}: {}",
+                        props.copy_status_description.unwrap_or_default()
+                    ),
+                });
+            }
+        }
+        if status != "success" {
+            return Err(AzureError::Protocol {
+                op: Op::Copy,
+                target: self.target(),
+                detail: format!("copy {status}"),
+            });
+        }
+        Ok(())
+    }
+}

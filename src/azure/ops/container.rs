@@ -1,0 +1,106 @@
+//! Operations on a container: [`ContainerClient`] (create, exists, list blobs).
+
+use bytes::Bytes;
+use reqwest::Method;
+
+use crate::azure::error::{AzureError, Op};
+use crate::azure::pipeline::{BlobService, Request};
+use crate::azure::stats::ClientStats;
+use crate::azure::xml::{self, BlobItem};
+
+/// A container of one account.
+#[derive(Clone)]
+pub struct ContainerClient {
+    pub(in crate::azure) svc: BlobService,
+    pub(in crate::azure) name: String,
+}
+
+impl ContainerClient {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn request(
+        &self,
+        op: Op,
+        method: Method,
+        query: &[(&str, &str)],
+        ok: &'static [u16],
+    ) -> Request {
+        let mut q = vec![("restype", "container")];
+        q.extend_from_slice(query);
+        Request {
+            op,
+            target: self.name.clone(),
+            method,
+            url: self.svc.url(&[&self.name], &q),
+            headers: Vec::new(),
+            body: Bytes::new(),
+            ok,
+            max_attempts: None,
+        }
+    }
+
+    /// Creates the container; `Ok(false)` if it already existed.
+    pub async fn create(&self) -> Result<bool, AzureError> {
+        match self
+            .svc
+            .execute(self.request(Op::CreateContainer, Method::PUT, &[], &[201]))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.code() == Some("ContainerAlreadyExists") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the container exists (a 404 is `Ok(false)`, other errors are errors).
+    pub async fn exists(&self) -> Result<bool, AzureError> {
+        match self
+            .svc
+            .execute(self.request(Op::ContainerProperties, Method::HEAD, &[], &[200]))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.status() == Some(404) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Blobs whose names start with `prefix`, with snapshots if asked; all pages.
+    pub async fn list_blobs(
+        &self,
+        prefix: &str,
+        include_snapshots: bool,
+    ) -> Result<Vec<BlobItem>, AzureError> {
+        let mut out = Vec::new();
+        let mut marker: Option<String> = None;
+        loop {
+            let mut q: Vec<(&str, &str)> = vec![("comp", "list")];
+            if !prefix.is_empty() {
+                q.push(("prefix", prefix));
+            }
+            if include_snapshots {
+                q.push(("include", "snapshots"));
+            }
+            if let Some(m) = marker.as_deref() {
+                q.push(("marker", m));
+            }
+            ClientStats::add(&self.svc.inner.stats.other_requests, 1);
+            let resp = self
+                .svc
+                .execute(self.request(Op::ListBlobs, Method::GET, &q, &[200]))
+                .await?;
+            let page = xml::parse_blob_list(&resp.body).map_err(|detail| AzureError::Protocol {
+                op: Op::ListBlobs,
+                target: self.name.clone(),
+                detail,
+            })?;
+            out.extend(page.items);
+            match page.next_marker {
+                Some(m) => marker = Some(m),
+                None => return Ok(out),
+            }
+        }
+    }
+}

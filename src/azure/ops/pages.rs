@@ -1,0 +1,291 @@
+//! Reading and writing pages, and asking which pages are written: the page
+//! operations of [`BlobClient`] (read, write, clear, Get Page Ranges in its forms).
+
+use bytes::Bytes;
+use reqwest::Method;
+use tracing::warn;
+
+use super::blob::BlobClient;
+use crate::azure::error::{AzureError, Op};
+use crate::azure::pipeline::Request;
+use crate::azure::ranges::{self, PageRange};
+use crate::azure::stats::ClientStats;
+use crate::azure::xml;
+
+/// Largest body of one Put Page call.
+pub const MAX_PUT_PAGE: u64 = 4 * 1024 * 1024;
+/// Page size: every page-blob offset and length is a multiple of it.
+pub const PAGE: u64 = 512;
+
+/// Result of a `prevsnapshot` diff query.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PageDiff {
+    pub changed: Vec<PageRange>,
+    pub cleared: Vec<PageRange>,
+}
+
+/// How a blob's written ranges are fetched: in segments whose size adapts to how
+/// fragmented the blob is, because one Get Page Ranges call over a heavily fragmented
+/// region can time out on the service while a sparse region is cheap to scan whole.
+#[derive(Debug, Clone, Copy)]
+pub struct SegmentPlan {
+    /// First segment size (150 MB is safe for the worst fragmentation).
+    pub initial: u64,
+    /// Never smaller than this, even after timeouts.
+    pub min: u64,
+    /// Never larger than this.
+    pub max: u64,
+    /// Double the next segment when a segment returned fewer ranges than this.
+    pub grow_below: usize,
+    /// Halve the next segment when a segment returned more ranges than this.
+    pub shrink_above: usize,
+}
+
+impl Default for SegmentPlan {
+    fn default() -> Self {
+        SegmentPlan {
+            initial: 128 * 1024 * 1024,
+            min: 4 * 1024 * 1024,
+            max: 256 * 1024 * 1024 * 1024,
+            grow_below: 1000,
+            shrink_above: 10_000,
+        }
+    }
+}
+
+impl BlobClient {
+    /// Reads `buf.len()` bytes at `offset` straight into `buf`; a short answer is
+    /// an error.
+    pub async fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<(), AzureError> {
+        let len = buf.len() as u64;
+        if len == 0 {
+            return Ok(());
+        }
+        let req = self.range_get(offset, len);
+        let resp = self.svc.execute_into(req, Some(buf)).await?;
+        self.count(|s| ClientStats::add(&s.bytes_downloaded, resp.streamed as u64));
+        if resp.streamed as u64 != len {
+            return Err(self.short_read(offset, len, resp.streamed as u64));
+        }
+        Ok(())
+    }
+
+    /// A counted ranged GET of `len > 0` bytes at `offset`.
+    fn range_get(&self, offset: u64, len: u64) -> Request {
+        let mut req = self.request(Op::Read, Method::GET, &[], &[200, 206]);
+        req.header(
+            "x-ms-range",
+            format!("bytes={}-{}", offset, offset + len - 1),
+        );
+        self.count(|s| ClientStats::add(&s.get_requests, 1));
+        req
+    }
+
+    fn short_read(&self, offset: u64, len: u64, got: u64) -> AzureError {
+        AzureError::Protocol {
+            op: Op::Read,
+            target: self.target(),
+            detail: format!(
+                "asked for {len} bytes at offset {offset}, got {got} (past the end of the blob?)"
+            ),
+        }
+    }
+
+    /// Reads `len` bytes at `offset`; a short answer is an error, never silently
+    /// padded.
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, AzureError> {
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let resp = self.svc.execute(self.range_get(offset, len)).await?;
+        self.count(|s| ClientStats::add(&s.bytes_downloaded, resp.body.len() as u64));
+        if resp.body.len() as u64 != len {
+            return Err(self.short_read(offset, len, resp.body.len() as u64));
+        }
+        Ok(resp.body)
+    }
+
+    fn check_pages(&self, op: Op, offset: u64, len: u64) -> Result<(), AzureError> {
+        if offset % PAGE != 0 || len % PAGE != 0 || len == 0 {
+            return Err(self.invalid(
+                op,
+                format!("range {offset}+{len} is not a non-empty run of whole 512-byte pages"),
+            ));
+        }
+        if self.snapshot.is_some() {
+            return Err(self.invalid(op, "snapshots are read-only"));
+        }
+        Ok(())
+    }
+
+    /// Writes whole pages at `offset`. At most 4 MiB per call: real Azure refuses more
+    /// with 413 and Azurite silently accepts, so the client enforces it.
+    pub async fn put_pages(
+        &self,
+        offset: u64,
+        data: Bytes,
+        lease: Option<&str>,
+    ) -> Result<(), AzureError> {
+        let len = data.len() as u64;
+        self.check_pages(Op::PutPage, offset, len)?;
+        if len > MAX_PUT_PAGE {
+            return Err(self.invalid(
+                Op::PutPage,
+                format!("{len} bytes in one Put Page call; the service takes at most 4 MiB"),
+            ));
+        }
+        let mut req = self.request(Op::PutPage, Method::PUT, &[("comp", "page")], &[201]);
+        req.header("x-ms-page-write", "update");
+        req.header(
+            "x-ms-range",
+            format!("bytes={}-{}", offset, offset + len - 1),
+        );
+        if let Some(id) = lease {
+            req.header("x-ms-lease-id", id.to_string());
+        }
+        req.body = data;
+        self.count(|s| ClientStats::add(&s.put_page_requests, 1));
+        self.svc.execute(req).await?;
+        self.count(|s| ClientStats::add(&s.bytes_uploaded, len));
+        Ok(())
+    }
+
+    /// Clears (deallocates) whole pages: they read as zeros and cost no storage.
+    pub async fn clear_pages(
+        &self,
+        offset: u64,
+        len: u64,
+        lease: Option<&str>,
+    ) -> Result<(), AzureError> {
+        self.check_pages(Op::ClearPages, offset, len)?;
+        let mut req = self.request(Op::ClearPages, Method::PUT, &[("comp", "page")], &[201]);
+        req.header("x-ms-page-write", "clear");
+        req.header(
+            "x-ms-range",
+            format!("bytes={}-{}", offset, offset + len - 1),
+        );
+        if let Some(id) = lease {
+            req.header("x-ms-lease-id", id.to_string());
+        }
+        self.count(|s| ClientStats::add(&s.clear_requests, 1));
+        self.svc.execute(req).await.map(|_| ())
+    }
+
+    /// One Get Page Ranges query (all its `NextMarker` pages), unmerged.
+    async fn page_list(
+        &self,
+        range: Option<PageRange>,
+        prev_snapshot: Option<&str>,
+        max_attempts: Option<u32>,
+    ) -> Result<xml::PageListPage, AzureError> {
+        let mut all = xml::PageListPage::default();
+        let mut marker: Option<String> = None;
+        loop {
+            let mut q: Vec<(&str, &str)> = vec![("comp", "pagelist")];
+            if let Some(p) = prev_snapshot {
+                q.push(("prevsnapshot", p));
+            }
+            if let Some(m) = marker.as_deref() {
+                q.push(("marker", m));
+            }
+            let mut req = self.request(Op::GetPageRanges, Method::GET, &q, &[200]);
+            req.max_attempts = max_attempts;
+            if let Some(r) = range {
+                if r.is_empty() {
+                    return Ok(all);
+                }
+                req.header("x-ms-range", format!("bytes={}-{}", r.start, r.end - 1));
+            }
+            self.count(|s| ClientStats::add(&s.page_range_requests, 1));
+            let resp = self.svc.execute(req).await?;
+            let page = xml::parse_page_list(&resp.body).map_err(|detail| AzureError::Protocol {
+                op: Op::GetPageRanges,
+                target: self.target(),
+                detail,
+            })?;
+            all.ranges.extend(page.ranges);
+            all.cleared.extend(page.cleared);
+            match page.next_marker {
+                Some(m) => marker = Some(m),
+                None => return Ok(all),
+            }
+        }
+    }
+
+    /// Written ranges within `range` (whole blob if `None`), merged.
+    pub async fn page_ranges(
+        &self,
+        range: Option<PageRange>,
+    ) -> Result<Vec<PageRange>, AzureError> {
+        let page = self.page_list(range, None, None).await?;
+        Ok(clip(ranges::merge(page.ranges), range))
+    }
+
+    /// Ranges changed (`changed`) and cleared (`cleared`) since `prev_snapshot`, as the
+    /// service reports them. Azurite ignores `prevsnapshot` and answers with the full
+    /// list: callers must not trust this blindly (see the snapshot module).
+    pub async fn page_ranges_diff(
+        &self,
+        prev_snapshot: &str,
+        range: Option<PageRange>,
+    ) -> Result<PageDiff, AzureError> {
+        let page = self.page_list(range, Some(prev_snapshot), None).await?;
+        Ok(PageDiff {
+            changed: clip(ranges::merge(page.ranges), range),
+            cleared: clip(ranges::merge(page.cleared), range),
+        })
+    }
+
+    /// All written ranges of the first `len` bytes, queried in adaptive segments and
+    /// merged across segment edges.
+    pub async fn page_ranges_segmented(
+        &self,
+        len: u64,
+        plan: SegmentPlan,
+    ) -> Result<Vec<PageRange>, AzureError> {
+        let align = |v: u64| (v / PAGE).max(1) * PAGE;
+        let mut seg = align(plan.initial.clamp(plan.min, plan.max));
+        let mut pos = 0u64;
+        let mut found = Vec::new();
+        while pos < len {
+            let end = (pos + seg).min(len);
+            // Where a smaller segment is still possible, fail fast and split instead of
+            // repeating a query the service could not finish.
+            let attempts = (seg > plan.min).then_some(2);
+            match self
+                .page_list(Some(PageRange::new(pos, end)), None, attempts)
+                .await
+            {
+                Ok(page) => {
+                    let n = page.ranges.len();
+                    found.extend(page.ranges);
+                    pos = end;
+                    if n < plan.grow_below {
+                        seg = align((seg.saturating_mul(2)).min(plan.max));
+                    } else if n > plan.shrink_above {
+                        seg = align((seg / 2).max(plan.min));
+                    }
+                }
+                Err(e)
+                    if seg > plan.min
+                        && matches!(e.status(), Some(500 | 503) | None)
+                        && !matches!(e, AzureError::Invalid { .. }) =>
+                {
+                    warn!(target = %self.target(), segment = seg, "page ranges query failed, splitting: {e}");
+                    seg = align((seg / 2).max(plan.min));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(clip(ranges::merge(found), Some(PageRange::new(0, len))))
+    }
+}
+
+/// Restricts merged ranges to `within` (the service may answer with whole pages
+/// beyond the asked range).
+fn clip(ranges: Vec<PageRange>, within: Option<PageRange>) -> Vec<PageRange> {
+    match within {
+        None => ranges,
+        Some(w) => ranges.iter().filter_map(|r| r.intersect(&w)).collect(),
+    }
+}

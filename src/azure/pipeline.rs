@@ -1,0 +1,338 @@
+//! The request pipeline: [`BlobService`], the handle every operation goes through.
+//!
+//! Each operation describes its request once ([`Request`]); [`BlobService::execute`]
+//! authorises it afresh for every attempt (a Shared Key signature covers `x-ms-date`),
+//! sends the very same body bytes to the very same range on every retry, and turns
+//! failures into [`AzureError`]s. The operations themselves are in [`super::ops`],
+//! authorisation behind [`super::auth::Authorizer`]. Nothing here knows about disks or
+//! FUSE.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::Method;
+use tracing::{debug, warn};
+use url::Url;
+
+use super::account::Account;
+use super::auth::{self, Authorizer};
+use super::error::{AzureError, Op};
+use super::ops::{BlobClient, ContainerClient};
+use super::retry::{is_retryable_status, RetryPolicy};
+use super::stats::{ClientStats, StatsSnapshot};
+use super::xml;
+
+/// REST API version sent with every request (accepted by Azure and Azurite 3.35).
+pub const API_VERSION: &str = "2021-12-02";
+
+/// A handle on one account's blob service; cheap to clone, shares connections and
+/// counters.
+#[derive(Clone)]
+pub struct BlobService {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub(super) struct Inner {
+    http: reqwest::Client,
+    account: Account,
+    /// Built once from `account.credential`.
+    pub(super) auth: Arc<dyn Authorizer>,
+    policy: RetryPolicy,
+    pub(super) stats: ClientStats,
+}
+
+/// One request, described once and sent as often as the retry policy allows.
+pub(super) struct Request {
+    pub(super) op: Op,
+    pub(super) target: String,
+    pub(super) method: Method,
+    pub(super) url: Url,
+    pub(super) headers: Vec<(String, String)>,
+    pub(super) body: Bytes,
+    /// Statuses that mean success.
+    pub(super) ok: &'static [u16],
+    /// Overrides the policy's attempt count (fewer where the caller has a better
+    /// fallback than repeating the same call).
+    pub(super) max_attempts: Option<u32>,
+}
+
+/// A successful response, body read in full.
+pub(super) struct Response {
+    pub(super) status: u16,
+    pub(super) headers: HeaderMap,
+    pub(super) body: Bytes,
+    /// Bytes streamed into the caller's buffer (see `execute_into`).
+    pub(super) streamed: usize,
+}
+
+impl Request {
+    pub(super) fn header(&mut self, name: &str, value: impl Into<String>) {
+        self.headers.push((name.to_string(), value.into()));
+    }
+}
+
+impl Response {
+    pub(super) fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    }
+}
+
+impl BlobService {
+    /// A client for `account` with the retry policy from the environment.
+    pub fn new(account: Account) -> BlobService {
+        BlobService::with_policy(account, RetryPolicy::from_env())
+    }
+
+    pub fn with_policy(account: Account, policy: RetryPolicy) -> BlobService {
+        let http = reqwest::Client::builder()
+            .connect_timeout(policy.connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .user_agent(concat!("blobdrive/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .expect("the HTTP client configuration is static and valid");
+        BlobService {
+            inner: Arc::new(Inner {
+                http,
+                auth: auth::for_account(&account),
+                account,
+                policy,
+                stats: ClientStats::default(),
+            }),
+        }
+    }
+
+    pub fn account(&self) -> &Account {
+        &self.inner.account
+    }
+
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.inner.policy
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    pub fn container(&self, name: &str) -> ContainerClient {
+        ContainerClient {
+            svc: self.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    pub fn blob(&self, container: &str, name: &str) -> BlobClient {
+        BlobClient {
+            svc: self.clone(),
+            container: container.to_string(),
+            name: name.to_string(),
+            snapshot: None,
+        }
+    }
+
+    /// URL of a container or blob, with query parameters; never carries a SAS (that
+    /// is added per attempt, so it can never reach a log or message).
+    pub(super) fn url(&self, segments: &[&str], query: &[(&str, &str)]) -> Url {
+        let mut url = self.inner.account.blob_endpoint.clone();
+        {
+            let mut path = url
+                .path_segments_mut()
+                .expect("blob endpoints are http(s) URLs");
+            path.pop_if_empty();
+            for seg in segments {
+                for part in seg.split('/') {
+                    path.push(part);
+                }
+            }
+        }
+        if !query.is_empty() {
+            let mut q = url.query_pairs_mut();
+            for (k, v) in query {
+                q.append_pair(k, v);
+            }
+        }
+        url
+    }
+
+    /// Sends `req`, retrying what is worth retrying within the policy's limits.
+    pub(super) async fn execute(&self, req: Request) -> Result<Response, AzureError> {
+        self.execute_into(req, None).await
+    }
+
+    /// [`Self::execute`], with a successful response's body streamed into `sink`
+    /// instead of collected (`Response::streamed` says how much came), which saves
+    /// a copy and a fresh allocation per large read. Every attempt starts over.
+    pub(super) async fn execute_into(
+        &self,
+        req: Request,
+        mut sink: Option<&mut [u8]>,
+    ) -> Result<Response, AzureError> {
+        let policy = &self.inner.policy;
+        let max_attempts = req.max_attempts.unwrap_or(policy.max_attempts).max(1);
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let remaining = policy.budget.saturating_sub(started.elapsed());
+            // Shorten the last attempts to the budget, but never below what a single
+            // small request needs, so the bound holds without spurious timeouts.
+            let timeout = policy
+                .request_timeout
+                .min(remaining.max(Duration::from_secs(2)));
+            let failure = match self.attempt(&req, timeout, sink.as_deref_mut()).await {
+                Ok(resp) if req.ok.contains(&resp.status) => {
+                    debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
+                    return Ok(resp);
+                }
+                Ok(resp) => {
+                    let err = self.service_error(&req, &resp);
+                    if !is_retryable_status(resp.status) {
+                        debug!(op = %req.op, target = %req.target, status = resp.status, code = ?err.code(), "failed");
+                        ClientStats::add(&self.inner.stats.failed_requests, 1);
+                        return Err(err);
+                    }
+                    err
+                }
+                Err(detail) => AzureError::Unreachable {
+                    op: req.op,
+                    target: req.target.clone(),
+                    detail,
+                    attempts: attempt,
+                    elapsed: started.elapsed(),
+                },
+            };
+            let delay = policy.backoff(attempt);
+            if attempt >= max_attempts || started.elapsed() + delay >= policy.budget {
+                warn!(op = %req.op, target = %req.target, attempts = attempt, "giving up: {failure}");
+                ClientStats::add(&self.inner.stats.failed_requests, 1);
+                return Err(match failure {
+                    AzureError::Unreachable {
+                        op, target, detail, ..
+                    } => AzureError::Unreachable {
+                        op,
+                        target,
+                        detail,
+                        attempts: attempt,
+                        elapsed: started.elapsed(),
+                    },
+                    other => other,
+                });
+            }
+            ClientStats::add(&self.inner.stats.retries, 1);
+            debug!(op = %req.op, target = %req.target, attempt, ?delay, "retrying after: {failure}");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// One signed attempt. `Err` carries a description of a transport failure, free
+    /// of URLs.
+    async fn attempt(
+        &self,
+        req: &Request,
+        timeout: Duration,
+        sink: Option<&mut [u8]>,
+    ) -> Result<Response, String> {
+        let date = httpdate::fmt_http_date(SystemTime::now());
+        let mut headers: Vec<(String, String)> = Vec::with_capacity(req.headers.len() + 4);
+        headers.push(("x-ms-date".into(), date));
+        headers.push(("x-ms-version".into(), API_VERSION.into()));
+        headers.extend(req.headers.iter().cloned());
+        let has_body_method = req.method == Method::PUT || req.method == Method::POST;
+        if has_body_method || !req.body.is_empty() {
+            headers.push(("content-length".into(), req.body.len().to_string()));
+        }
+        let mut url = req.url.clone();
+        self.inner
+            .auth
+            .authorize(&req.method, &mut url, &mut headers)
+            .map_err(|e| e.to_string())?;
+        let mut map = HeaderMap::with_capacity(headers.len());
+        for (k, v) in &headers {
+            let name = HeaderName::from_bytes(k.as_bytes()).map_err(|e| e.to_string())?;
+            let value = HeaderValue::from_str(v).map_err(|e| e.to_string())?;
+            map.append(name, value);
+        }
+        let send = async {
+            let resp = self
+                .inner
+                .http
+                .request(req.method.clone(), url)
+                .headers(map)
+                .body(req.body.clone())
+                .send()
+                .await
+                .map_err(describe)?;
+            let status = resp.status().as_u16();
+            let headers = resp.headers().clone();
+            let mut streamed = 0;
+            let body = match sink {
+                Some(sink) if req.ok.contains(&status) => {
+                    let mut resp = resp;
+                    while let Some(chunk) = resp.chunk().await.map_err(describe)? {
+                        // More than asked for is kept out of the buffer but counted.
+                        if let Some(out) = sink.get_mut(streamed..streamed + chunk.len()) {
+                            out.copy_from_slice(&chunk);
+                        }
+                        streamed += chunk.len();
+                    }
+                    Bytes::new()
+                }
+                _ => resp.bytes().await.map_err(describe)?,
+            };
+            Ok(Response {
+                status,
+                headers,
+                body,
+                streamed,
+            })
+        };
+        match tokio::time::timeout(timeout, send).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("timed out after {:.1}s", timeout.as_secs_f64())),
+        }
+    }
+
+    fn service_error(&self, req: &Request, resp: &Response) -> AzureError {
+        let (body_code, message) = xml::parse_error(&resp.body);
+        let code = resp.header("x-ms-error-code").or(body_code);
+        AzureError::Service {
+            op: req.op,
+            target: req.target.clone(),
+            status: resp.status,
+            code,
+            message,
+        }
+    }
+}
+
+/// A transport error without its URL (which could hold a SAS), with its causes.
+fn describe(e: reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "connection failed"
+    } else if e.is_body() || e.is_decode() {
+        "connection broke while receiving"
+    } else if e.is_request() {
+        "request failed"
+    } else {
+        "transport error"
+    };
+    let e = e.without_url();
+    let mut chain = Vec::new();
+    let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
+    while let Some(s) = src {
+        chain.push(s.to_string());
+        src = s.source();
+    }
+    chain.dedup();
+    match chain.last() {
+        Some(root) => format!("{kind}: {root}"),
+        None => kind.to_string(),
+    }
+}
