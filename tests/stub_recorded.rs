@@ -405,3 +405,123 @@ fn a_blob_whose_length_is_not_whole_pages_is_refused() {
     assert!(err.to_string().contains("not a multiple of 512"), "{err}");
     assert_eq!(stub.requests().len(), 1, "nothing but the HEAD was sent");
 }
+
+/// A stub whose Set Blob Properties answers count the sequence number up from
+/// `first`, and whose Put Page answers come from `page` (by Put Page index).
+fn fenced_stub(first: u64, page: fn(usize) -> Reply) -> Stub {
+    let raised = std::sync::atomic::AtomicU64::new(first);
+    let pages = std::sync::atomic::AtomicUsize::new(0);
+    Stub::start(move |req: &Recorded, _| {
+        use std::sync::atomic::Ordering::SeqCst;
+        match req.query("comp").as_deref() {
+            Some("properties") => Reply::status(200).with(
+                "x-ms-blob-sequence-number",
+                &raised.fetch_add(1, SeqCst).to_string(),
+            ),
+            Some("page") => page(pages.fetch_add(1, SeqCst)),
+            _ => Reply::status(400),
+        }
+    })
+}
+
+/// (comp, x-ms-if-sequence-number-eq, x-ms-sequence-number-action) of each request.
+fn fence_trace(stub: &Stub) -> Vec<(String, Option<String>, Option<String>)> {
+    stub.requests()
+        .iter()
+        .map(|r| {
+            (
+                r.query("comp").unwrap_or_default(),
+                r.header("x-ms-if-sequence-number-eq").map(str::to_string),
+                r.header("x-ms-sequence-number-action").map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn an_unanswered_fenced_write_raises_the_sequence_number_before_it_is_sent_again() {
+    let stub = fenced_stub(7, |i| {
+        if i == 0 {
+            Reply::Hangup
+        } else {
+            Reply::status(201)
+        }
+    });
+    let svc = service(&stub, fast_policy());
+    let blob = svc.blob("disks", "a.vhd");
+    let fence = blobdrive::azure::WriteFence::new(blob.clone(), Some("lease-1".into()));
+    rt().block_on(blob.put_pages_fenced(0, Bytes::from(vec![1u8; 512]), Some("lease-1"), &fence))
+        .unwrap();
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(
+        fence_trace(&stub),
+        vec![
+            ("properties".into(), None, s("increment")),
+            ("page".into(), s("7"), None),
+            // The first attempt may still land: it carries 7, which is gone now.
+            ("properties".into(), None, s("increment")),
+            ("page".into(), s("8"), None),
+        ]
+    );
+    for r in stub.requests() {
+        assert_eq!(r.header("x-ms-lease-id"), Some("lease-1"));
+    }
+    assert_eq!(fence.current(), Some(8));
+}
+
+#[test]
+fn a_fenced_write_refused_for_its_number_learns_the_current_one_and_lands() {
+    let stub = fenced_stub(3, |i| {
+        if i == 0 {
+            Reply::error(
+                412,
+                "SequenceNumberConditionNotMet",
+                "<?xml version=\"1.0\"?><Error><Code>SequenceNumberConditionNotMet</Code><Message>The sequence number condition specified was not met.</Message></Error>",
+            )
+        } else {
+            Reply::status(201)
+        }
+    });
+    let svc = service(&stub, fast_policy());
+    let blob = svc.blob("disks", "a.vhd");
+    let fence = blobdrive::azure::WriteFence::new(blob.clone(), None);
+    rt().block_on(blob.clear_pages_fenced(0, 4096, None, &fence))
+        .unwrap();
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(
+        fence_trace(&stub),
+        vec![
+            ("properties".into(), None, s("increment")),
+            ("page".into(), s("3"), None),
+            ("properties".into(), None, s("increment")),
+            ("page".into(), s("4"), None),
+        ]
+    );
+}
+
+#[test]
+fn retry_after_on_503_is_honoured() {
+    let stub = Stub::start(|_, i| {
+        if i == 0 {
+            Reply::error(503, "ServerBusy", &fixture("error-503.xml")).with("Retry-After", "1")
+        } else {
+            Reply::status(201)
+        }
+    });
+    let svc = service(&stub, fast_policy());
+    let started = Instant::now();
+    rt().block_on(svc.blob("disks", "a.vhd").clear_pages(0, 512, None))
+        .unwrap();
+    // The policy's own backoff is at most 20 ms; the service asked for a second.
+    assert!(started.elapsed() >= Duration::from_millis(950));
+    assert_eq!(stub.requests().len(), 2);
+}
+
+#[test]
+fn every_request_tells_the_server_when_to_give_up() {
+    let stub = Stub::start(|_, _| Reply::status(201));
+    let svc = service(&stub, fast_policy());
+    rt().block_on(svc.blob("disks", "a.vhd").clear_pages(0, 512, None))
+        .unwrap();
+    assert_eq!(stub.requests()[0].query("timeout").as_deref(), Some("5"));
+}

@@ -19,7 +19,7 @@ pub use account::{Account, Credential};
 pub use error::{AzureError, Op};
 pub use ops::{
     BlobClient, BlobProperties, ContainerClient, DeleteSnapshots, PageDiff, SegmentPlan,
-    MAX_PUT_PAGE, PAGE,
+    WriteFence, MAX_PUT_PAGE, PAGE,
 };
 pub use pipeline::BlobService;
 pub use ranges::PageRange;

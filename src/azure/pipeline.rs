@@ -19,7 +19,8 @@ use url::Url;
 use super::account::Account;
 use super::auth::{self, Authorizer};
 use super::error::{AzureError, Op};
-use super::ops::{BlobClient, ContainerClient};
+use super::ops::fence::SEQUENCE_REFUSED;
+use super::ops::{BlobClient, ContainerClient, WriteFence};
 use super::retry::{is_retryable_status, RetryPolicy};
 use super::stats::{ClientStats, StatsSnapshot};
 use super::xml;
@@ -56,6 +57,10 @@ pub(super) struct Request {
     /// Overrides the policy's attempt count (fewer where the caller has a better
     /// fallback than repeating the same call).
     pub(super) max_attempts: Option<u32>,
+    /// For Put Page and Clear Pages of a mount: every attempt carries the fence's
+    /// sequence number, and one whose outcome is unknown raises it before the next
+    /// (see [`WriteFence`]).
+    pub(super) fence: Option<Arc<WriteFence>>,
 }
 
 /// A successful response, body read in full.
@@ -184,29 +189,51 @@ impl BlobService {
             let timeout = policy
                 .request_timeout
                 .min(remaining.max(Duration::from_secs(2)));
-            let failure = match self.attempt(&req, timeout, sink.as_deref_mut()).await {
+            let carried = match &req.fence {
+                Some(f) => Some(f.number().await?),
+                None => None,
+            };
+            let mut hinted = None;
+            let failure = match self
+                .attempt(&req, carried, timeout, sink.as_deref_mut())
+                .await
+            {
                 Ok(resp) if req.ok.contains(&resp.status) => {
                     debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
                     return Ok(resp);
                 }
                 Ok(resp) => {
                     let err = self.service_error(&req, &resp);
-                    if !is_retryable_status(resp.status) {
+                    let refused = err.code() == Some(SEQUENCE_REFUSED);
+                    if let (Some(f), Some(n), true) = (&req.fence, carried, refused) {
+                        // Surely not written: send again with the number as it is now.
+                        f.refused(n);
+                    } else if !is_retryable_status(resp.status) {
                         debug!(op = %req.op, target = %req.target, status = resp.status, code = ?err.code(), "failed");
                         ClientStats::add(&self.inner.stats.failed_requests, 1);
                         return Err(err);
+                    } else if let (Some(f), Some(n)) = (&req.fence, carried) {
+                        // A server error may come after the write was done.
+                        f.abandoned(n);
                     }
+                    hinted = retry_after(&resp);
                     err
                 }
-                Err(detail) => AzureError::Unreachable {
-                    op: req.op,
-                    target: req.target.clone(),
-                    detail,
-                    attempts: attempt,
-                    elapsed: started.elapsed(),
-                },
+                Err(detail) => {
+                    if let (Some(f), Some(n)) = (&req.fence, carried) {
+                        f.abandoned(n);
+                    }
+                    AzureError::Unreachable {
+                        op: req.op,
+                        target: req.target.clone(),
+                        detail,
+                        attempts: attempt,
+                        elapsed: started.elapsed(),
+                    }
+                }
             };
-            let delay = policy.backoff(attempt);
+            // A busy service's `Retry-After` is a floor for the backoff.
+            let delay = policy.backoff(attempt).max(hinted.unwrap_or_default());
             if attempt >= max_attempts || started.elapsed() + delay >= policy.budget {
                 warn!(op = %req.op, target = %req.target, attempts = attempt, "giving up: {failure}");
                 ClientStats::add(&self.inner.stats.failed_requests, 1);
@@ -234,19 +261,28 @@ impl BlobService {
     async fn attempt(
         &self,
         req: &Request,
+        sequence: Option<u64>,
         timeout: Duration,
         sink: Option<&mut [u8]>,
     ) -> Result<Response, String> {
         let date = httpdate::fmt_http_date(SystemTime::now());
-        let mut headers: Vec<(String, String)> = Vec::with_capacity(req.headers.len() + 4);
+        let mut headers: Vec<(String, String)> = Vec::with_capacity(req.headers.len() + 5);
         headers.push(("x-ms-date".into(), date));
         headers.push(("x-ms-version".into(), API_VERSION.into()));
         headers.extend(req.headers.iter().cloned());
+        if let Some(n) = sequence {
+            headers.push(("x-ms-if-sequence-number-eq".into(), n.to_string()));
+        }
         let has_body_method = req.method == Method::PUT || req.method == Method::POST;
         if has_body_method || !req.body.is_empty() {
             headers.push(("content-length".into(), req.body.len().to_string()));
         }
         let mut url = req.url.clone();
+        // The server stops working on a request after this many seconds, so one the
+        // client gave up on does not run on long after (it bounds time on the
+        // server, not in the network: that is what the write fence is for).
+        url.query_pairs_mut()
+            .append_pair("timeout", &timeout.as_secs().max(1).to_string());
         self.inner
             .auth
             .authorize(&req.method, &mut url, &mut headers)
@@ -308,6 +344,12 @@ impl BlobService {
             message,
         }
     }
+}
+
+/// The delay a `Retry-After: SECONDS` header asks for (at most a minute).
+fn retry_after(resp: &Response) -> Option<Duration> {
+    let secs: u64 = resp.header("retry-after")?.trim().parse().ok()?;
+    Some(Duration::from_secs(secs.min(60)))
 }
 
 /// A transport error without its URL (which could hold a SAS), with its causes.

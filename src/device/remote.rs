@@ -26,7 +26,7 @@ use tracing::{error, warn};
 use super::health::Health;
 use super::{Backend, DeviceError, MAX_RUN};
 use crate::azure::retry::is_retryable_status;
-use crate::azure::{AzureError, BlobClient};
+use crate::azure::{AzureError, BlobClient, WriteFence};
 
 /// How long I/O waits through an outage unless `BLOBDRIVE_IO_TIMEOUT_SECS` says
 /// otherwise: as long as a SCSI disk's command timeout is commonly set on cloud VMs.
@@ -53,6 +53,9 @@ const MAX_CLEAR: u64 = 1024 * 1024 * 1024;
 pub struct RemoteBackend {
     blob: BlobClient,
     lease: Option<String>,
+    /// Every write carries the blob's sequence number, so that none the client
+    /// gave up on can land after a newer one (see [`WriteFence`]).
+    write_fence: Arc<WriteFence>,
     rt: Handle,
     fenced: Arc<AtomicBool>,
     puts: Arc<Semaphore>,
@@ -77,6 +80,7 @@ impl RemoteBackend {
         io_timeout: Duration,
     ) -> RemoteBackend {
         RemoteBackend {
+            write_fence: WriteFence::new(blob.clone(), lease.clone()),
             blob,
             lease,
             rt,
@@ -263,6 +267,7 @@ impl Backend for RemoteBackend {
                     let sem = sem.clone();
                     let fenced = fenced.clone();
                     let patience = self.patience.clone();
+                    let wf = self.write_fence.clone();
                     tasks.push(tokio::spawn(async move {
                         let _permit = sem.acquire_owned().await.expect("semaphore open");
                         if fenced.load(Ordering::SeqCst) {
@@ -270,7 +275,7 @@ impl Backend for RemoteBackend {
                         }
                         patience
                             .run(&fenced, || {
-                                blob.put_pages(offset, data.clone(), Some(&lease))
+                                blob.put_pages_fenced(offset, data.clone(), Some(&lease), &wf)
                             })
                             .await
                     }));
@@ -300,10 +305,10 @@ impl Backend for RemoteBackend {
         let mut pos = offset;
         while pos < offset + len {
             let l = (offset + len - pos).min(MAX_CLEAR);
-            self.rt.block_on(
-                self.patience
-                    .run(&self.fenced, || self.blob.clear_pages(pos, l, Some(&lease))),
-            )?;
+            self.rt.block_on(self.patience.run(&self.fenced, || {
+                self.blob
+                    .clear_pages_fenced(pos, l, Some(&lease), &self.write_fence)
+            }))?;
             pos += l;
         }
         Ok(())

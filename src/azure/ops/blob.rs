@@ -115,6 +115,7 @@ impl BlobClient {
             body: Bytes::new(),
             ok,
             max_attempts: None,
+            fence: None,
         }
     }
 

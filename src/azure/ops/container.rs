@@ -38,6 +38,7 @@ impl ContainerClient {
             body: Bytes::new(),
             ok,
             max_attempts: None,
+            fence: None,
         }
     }
 

@@ -5,7 +5,10 @@ use bytes::Bytes;
 use reqwest::Method;
 use tracing::warn;
 
+use std::sync::Arc;
+
 use super::blob::BlobClient;
+use super::fence::WriteFence;
 use crate::azure::error::{AzureError, Op};
 use crate::azure::pipeline::Request;
 use crate::azure::ranges::{self, PageRange};
@@ -126,6 +129,29 @@ impl BlobClient {
         data: Bytes,
         lease: Option<&str>,
     ) -> Result<(), AzureError> {
+        self.send_pages(offset, data, lease, None).await
+    }
+
+    /// [`Self::put_pages`] fenced by `fence`: no attempt this gives up on can land
+    /// after a later write (see [`WriteFence`]).
+    pub async fn put_pages_fenced(
+        &self,
+        offset: u64,
+        data: Bytes,
+        lease: Option<&str>,
+        fence: &Arc<WriteFence>,
+    ) -> Result<(), AzureError> {
+        self.send_pages(offset, data, lease, Some(fence.clone()))
+            .await
+    }
+
+    async fn send_pages(
+        &self,
+        offset: u64,
+        data: Bytes,
+        lease: Option<&str>,
+        fence: Option<Arc<WriteFence>>,
+    ) -> Result<(), AzureError> {
         let len = data.len() as u64;
         self.check_pages(Op::PutPage, offset, len)?;
         if len > MAX_PUT_PAGE {
@@ -144,6 +170,7 @@ impl BlobClient {
             req.header("x-ms-lease-id", id.to_string());
         }
         req.body = data;
+        req.fence = fence;
         self.count(|s| ClientStats::add(&s.put_page_requests, 1));
         self.svc.execute(req).await?;
         self.count(|s| ClientStats::add(&s.bytes_uploaded, len));
@@ -157,6 +184,29 @@ impl BlobClient {
         len: u64,
         lease: Option<&str>,
     ) -> Result<(), AzureError> {
+        self.send_clear(offset, len, lease, None).await
+    }
+
+    /// [`Self::clear_pages`] fenced by `fence` (see [`WriteFence`]): an abandoned
+    /// clear can never empty a range written after it.
+    pub async fn clear_pages_fenced(
+        &self,
+        offset: u64,
+        len: u64,
+        lease: Option<&str>,
+        fence: &Arc<WriteFence>,
+    ) -> Result<(), AzureError> {
+        self.send_clear(offset, len, lease, Some(fence.clone()))
+            .await
+    }
+
+    async fn send_clear(
+        &self,
+        offset: u64,
+        len: u64,
+        lease: Option<&str>,
+        fence: Option<Arc<WriteFence>>,
+    ) -> Result<(), AzureError> {
         self.check_pages(Op::ClearPages, offset, len)?;
         let mut req = self.request(Op::ClearPages, Method::PUT, &[("comp", "page")], &[201]);
         req.header("x-ms-page-write", "clear");
@@ -167,6 +217,7 @@ impl BlobClient {
         if let Some(id) = lease {
             req.header("x-ms-lease-id", id.to_string());
         }
+        req.fence = fence;
         self.count(|s| ClientStats::add(&s.clear_requests, 1));
         self.svc.execute(req).await.map(|_| ())
     }

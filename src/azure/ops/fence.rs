@@ -1,0 +1,165 @@
+//! Fencing writes the client gave up on, with the page blob's sequence number.
+//!
+//! A Put Page or Clear Pages that timed out or lost its connection may still be
+//! carried out by the service later: it can wait in the network, or run on the
+//! server for as long as the server's own timeout allows. Re-sending it and
+//! succeeding proves nothing about the first attempt, which could then land on top
+//! of a newer write to the same range, bringing old bytes back.
+//!
+//! So every fenced write carries `x-ms-if-sequence-number-eq: N`, and after any
+//! attempt whose outcome is unknown the number is raised (Set Blob Properties,
+//! `increment`) before anything is sent again: the abandoned attempt still carries
+//! the old number, and the service refuses it with 412 `SequenceNumberConditionNotMet`
+//! whenever it arrives, writing nothing. A refusal is a sure "not written", so a
+//! write refused for carrying a number that has moved on is simply sent again with
+//! the current one. Raising is itself safe to repeat: a late increment only makes
+//! the number larger, and the next refusal learns it.
+
+use std::sync::{Arc, Mutex};
+
+use reqwest::Method;
+
+use super::blob::BlobClient;
+use crate::azure::error::{AzureError, Op};
+use crate::azure::stats::ClientStats;
+
+/// The sequence-number fence of one blob, shared by every write a mount sends.
+pub struct WriteFence {
+    blob: BlobClient,
+    lease: Option<String>,
+    numbers: Mutex<Numbers>,
+    /// Held while raising, so concurrent writers raise once, not once each.
+    raising: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, Default)]
+struct Numbers {
+    /// The number writes carry now; `None` until learnt (the first write raises).
+    current: Option<u64>,
+    /// The highest number an attempt with an unknown outcome carried.
+    abandoned: Option<u64>,
+}
+
+impl Numbers {
+    /// The current number, if it is known and above every abandoned attempt's.
+    fn usable(&self) -> Option<u64> {
+        self.current
+            .filter(|c| self.abandoned.is_none_or(|a| a < *c))
+    }
+}
+
+/// The answer the service gives a write whose sequence-number condition failed.
+pub const SEQUENCE_REFUSED: &str = "SequenceNumberConditionNotMet";
+
+impl WriteFence {
+    /// A fence for writes to `blob` under `lease`. Nothing is sent until the first
+    /// write, which raises the number: that also fences whatever an earlier mount
+    /// left in flight.
+    pub fn new(blob: BlobClient, lease: Option<String>) -> Arc<WriteFence> {
+        Arc::new(WriteFence {
+            blob,
+            lease,
+            numbers: Mutex::new(Numbers::default()),
+            raising: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn numbers(&self) -> std::sync::MutexGuard<'_, Numbers> {
+        self.numbers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The number the next attempt must carry, raised first if an attempt that
+    /// carried the current one was abandoned (or none is known yet).
+    pub(crate) async fn number(&self) -> Result<u64, AzureError> {
+        if let Some(n) = self.numbers().usable() {
+            return Ok(n);
+        }
+        let _one_at_a_time = self.raising.lock().await;
+        if let Some(n) = self.numbers().usable() {
+            return Ok(n);
+        }
+        // Boxed: raising sends a request through the pipeline that called us.
+        let raised = Box::pin(self.blob.increment_sequence_number(self.lease.as_deref())).await?;
+        let mut n = self.numbers();
+        let current = n.current.map_or(raised, |c| c.max(raised));
+        n.current = Some(current);
+        if n.abandoned.is_some_and(|a| a >= current) {
+            // Cannot happen while we alone raise it; say so rather than loop.
+            return Err(AzureError::Protocol {
+                op: Op::SetProperties,
+                target: self.blob.target(),
+                detail: format!(
+                    "sequence number {current} did not rise above an abandoned write's"
+                ),
+            });
+        }
+        Ok(current)
+    }
+
+    /// An attempt carrying `carried` ended without an answer (timeout, broken
+    /// connection, or a server error that may come after the write): it may still
+    /// land, so the number must rise before anything is sent again.
+    pub(crate) fn abandoned(&self, carried: u64) {
+        let mut n = self.numbers();
+        n.abandoned = Some(n.abandoned.map_or(carried, |a| a.max(carried)));
+    }
+
+    /// The service refused an attempt carrying `carried`: nothing was written. If
+    /// the number is still the one we know, it was raised behind our back (a late
+    /// increment of our own): learn the real one by raising again.
+    pub(crate) fn refused(&self, carried: u64) {
+        let mut n = self.numbers();
+        if n.current == Some(carried) {
+            n.abandoned = Some(n.abandoned.map_or(carried, |a| a.max(carried)));
+        }
+    }
+
+    /// The number writes carry now, if known (for tests and stats).
+    pub fn current(&self) -> Option<u64> {
+        self.numbers().current
+    }
+}
+
+impl BlobClient {
+    /// Raises the page blob's sequence number by one (Set Blob Properties with
+    /// `x-ms-sequence-number-action: increment`, which changes no other property)
+    /// and returns the new number. Needs the lease id while the blob is leased.
+    pub async fn increment_sequence_number(&self, lease: Option<&str>) -> Result<u64, AzureError> {
+        let mut req = self.request(
+            Op::SetProperties,
+            Method::PUT,
+            &[("comp", "properties")],
+            &[200],
+        );
+        req.header("x-ms-sequence-number-action", "increment");
+        if let Some(id) = lease {
+            req.header("x-ms-lease-id", id.to_string());
+        }
+        self.count(|s| ClientStats::add(&s.other_requests, 1));
+        let resp = self.svc.execute(req).await?;
+        resp.header("x-ms-blob-sequence-number")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| AzureError::Protocol {
+                op: Op::SetProperties,
+                target: self.target(),
+                detail: "no x-ms-blob-sequence-number in the answer".into(),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_number_is_usable_only_above_every_abandoned_attempt() {
+        let mut n = Numbers::default();
+        assert_eq!(n.usable(), None, "unknown at first: raise");
+        n.current = Some(4);
+        assert_eq!(n.usable(), Some(4));
+        n.abandoned = Some(4);
+        assert_eq!(n.usable(), None, "an attempt carrying 4 may still land");
+        n.current = Some(5);
+        assert_eq!(n.usable(), Some(5));
+    }
+}
