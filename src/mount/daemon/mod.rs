@@ -1,0 +1,148 @@
+//! The mount daemon: sets a drive up layer by layer, serves it, and takes it down in
+//! the reverse order.
+//!
+//! Setup order: check the drive, take the lease, learn the written ranges, start
+//! the cache and FUSE, attach the loop device, mount the filesystem. Any failure
+//! undoes what was done, so a failed mount leaves no FUSE mount, no loop device and
+//! no lease. Teardown (unmount or SIGTERM) goes the other way and stops, keeping
+//! everything that is left mounted, at the first step that cannot be done safely:
+//! a busy filesystem, or dirty data that cannot be written yet.
+//!
+//! Where each part lives:
+//! - `setup.rs`: bringing the drive up, in the order above;
+//! - `teardown.rs`: what happens at unmount, in the reverse order;
+//! - `control.rs`: the control socket, how the CLI (`unmount`, `stats`,
+//!   `snapshot`) talks to the daemon, both sides of it;
+//! - `snapshot.rs`: the consistent snapshot the socket's `snapshot` takes;
+//! - `stats.rs`: the counters `stats` shows.
+
+mod control;
+mod setup;
+mod snapshot;
+mod stats;
+mod teardown;
+
+pub use control::{control, control_with_progress};
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use fuser::BackgroundSession;
+use tracing::error;
+
+use super::record::{self, MountRecord};
+use super::{Mode, MountError, MountRequest, Ready};
+use crate::azure::{Account, BlobClient, BlobService};
+use crate::blobref::BlobRef;
+use crate::device::cache::Cache;
+use crate::device::remote::RemoteBackend;
+use control::serve;
+use setup::{limit_malloc_arenas, setup};
+use stats::StatsValues;
+
+/// A mounted drive and everything set up for it, in setup order.
+struct Mounted {
+    req: MountRequest,
+    rt: tokio::runtime::Runtime,
+    blob: BlobClient,
+    target: String,
+    lease: Option<String>,
+    fenced: Arc<AtomicBool>,
+    cache: Option<Arc<Cache<RemoteBackend>>>,
+    flusher: Option<JoinHandle<()>>,
+    prefetchers: Vec<JoinHandle<()>>,
+    session: Option<BackgroundSession>,
+    fuse_dir: PathBuf,
+    made_fuse_dir: bool,
+    device: Option<String>,
+    fs_mounted: bool,
+    /// The counters `stats` shows, readable from any thread.
+    stats: Option<StatsValues>,
+    /// Handles open on the FUSE file `disk`, counted by the FUSE layer.
+    open_disk: Option<Arc<AtomicUsize>>,
+    record_id: String,
+    record_written: bool,
+}
+
+/// Runs a mount until it is unmounted. `ready` is called exactly once: with the
+/// mount's description when it is usable, or with the reason it failed (after
+/// everything was undone).
+pub fn run(
+    req: MountRequest,
+    account: Account,
+    ready: &mut dyn FnMut(Result<&Ready, String>),
+) -> Result<(), MountError> {
+    limit_malloc_arenas();
+    let blob_ref = match BlobRef::parse(&req.blob) {
+        Ok(b) => b,
+        Err(e) => {
+            ready(Err(e.to_string()));
+            return Err(MountError::System(e.to_string()));
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .thread_name("blobdrive-io")
+        .build()
+        .map_err(|e| MountError::System(format!("cannot start the I/O runtime: {e}")))?;
+    let svc = BlobService::new(blob_ref.account(&account));
+    let blob = blob_ref.client(&svc);
+    let id = record::id_for(&req.mountpoint);
+    let (_, socket_path, log_path, run_fuse_dir) = record::paths(&id);
+    let fuse_dir = match req.mode {
+        Mode::Fs => run_fuse_dir,
+        Mode::Block | Mode::Raw => req.mountpoint.clone(),
+    };
+    let mut m = Mounted {
+        req: req.clone(),
+        rt,
+        blob: blob.clone(),
+        target: blob_ref.to_string(),
+        lease: None,
+        fenced: Arc::new(AtomicBool::new(false)),
+        cache: None,
+        flusher: None,
+        prefetchers: Vec::new(),
+        session: None,
+        fuse_dir,
+        made_fuse_dir: false,
+        device: None,
+        fs_mounted: false,
+        open_disk: None,
+        stats: None,
+        record_id: id.clone(),
+        record_written: false,
+    };
+    let rec = MountRecord {
+        id: id.clone(),
+        endpoint: svc.account().blob_endpoint.to_string(),
+        blob: blob_ref.base().to_string(),
+        snapshot: blob_ref.snapshot.clone(),
+        mountpoint: req.mountpoint.clone(),
+        mode: req.mode,
+        fuse_dir: m.fuse_dir.clone(),
+        device: None,
+        read_only: req.read_only,
+        pid: std::process::id(),
+        socket: socket_path.clone(),
+        log: log_path,
+    };
+    let setup = setup(&mut m, rec);
+    let (ready_info, listener) = match setup {
+        Ok(v) => v,
+        Err(e) => {
+            let msg = e.to_string();
+            match m.teardown() {
+                Ok(losses) => losses.iter().for_each(|l| error!("{l}")),
+                Err(t) => error!("cleaning up after a failed mount: {t}"),
+            }
+            ready(Err(msg));
+            return Err(e);
+        }
+    };
+    ready(Ok(&ready_info));
+    serve(&mut m, listener)
+}

@@ -1,0 +1,258 @@
+//! Bringing a drive up, in order: the mount record, the drive check and the lease,
+//! the written ranges, the cache with its read-ahead and flush threads and the lease
+//! keeper, FUSE, the loop device, the filesystem, and the control socket.
+
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{Config, MountOption, SessionACL};
+use tracing::{error, info, warn};
+
+use super::stats::{lease_state, stats_value, StatsValues};
+use super::Mounted;
+use crate::azure::SegmentPlan;
+use crate::device::cache::{Cache, CacheConfig};
+use crate::device::remote::{self, RemoteBackend};
+use crate::device::sparse::SparseMap;
+use crate::drive::Drive;
+use crate::fuse::{DiskFs, StatsFn};
+use crate::mount::record::{self, MountRecord};
+use crate::mount::system;
+use crate::mount::{Mode, MountError, Ready};
+
+/// How often the lease is renewed: a cheap probe that notices a broken or stolen
+/// lease even while nothing is written.
+const LEASE_CHECK: Duration = Duration::from_secs(10);
+/// Read-ahead threads: as many ranged reads in flight as the widest read-ahead
+/// window holds (eight 4 MiB runs), the parallelism the ceiling is measured with.
+const PREFETCH_WORKERS: usize = 8;
+
+/// glibc gives each thread that allocates its own arena; with FUSE, I/O and flush
+/// threads all touching cache-sized buffers, freed memory would sit in many arenas
+/// and the daemon's footprint would grow far past the cache size. Two arenas keep it
+/// close to what is really in use.
+pub(super) fn limit_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only adjusts allocator tuning; called before threads start.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+pub(super) fn setup(
+    m: &mut Mounted,
+    mut rec: MountRecord,
+) -> Result<(Ready, UnixListener), MountError> {
+    match record::create_exclusive(&rec) {
+        Ok(()) => m.record_written = true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let msg = match record::load(&rec.id) {
+                Some(old) if record::alive(&old) => format!(
+                    "{} is already in use by blobdrive (pid {}, {})",
+                    rec.mountpoint.display(),
+                    old.pid,
+                    old.blob
+                ),
+                _ => format!(
+                    "a previous mount at {} did not end cleanly; run `blobdrive unmount {}` first",
+                    rec.mountpoint.display(),
+                    rec.mountpoint.display()
+                ),
+            };
+            return Err(MountError::System(msg));
+        }
+        Err(e) => {
+            return Err(MountError::System(format!(
+                "cannot write the mount record: {e}"
+            )))
+        }
+    }
+    let drive = m.rt.block_on(Drive::open(&m.blob))?;
+    let size = drive.disk_size();
+    if !m.req.read_only {
+        let id = uuid::Uuid::new_v4().to_string();
+        match m.rt.block_on(m.blob.acquire_lease(&id, None)) {
+            Ok(got) => m.lease = Some(got),
+            Err(e) if e.code() == Some("LeaseAlreadyPresent") => {
+                return Err(MountError::System(format!(
+                    "{} is in use: another mount holds its lease (on this or another host). Mount it --read-only, or if its host is dead run `blobdrive lease break {}`",
+                    m.target, m.target
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        info!("acquired the lease on {}", m.target);
+    }
+    let ranges =
+        m.rt.block_on(m.blob.page_ranges_segmented(size, SegmentPlan::default()))?;
+    info!(
+        "{}: {} bytes disk, {} written ranges",
+        m.target,
+        size,
+        ranges.len()
+    );
+    let backend = RemoteBackend::new(
+        m.blob.clone(),
+        m.lease.clone(),
+        m.rt.handle().clone(),
+        remote::io_timeout_from_env(),
+    );
+    m.fenced = backend.fence();
+    let cache = Arc::new(Cache::new(
+        backend,
+        size,
+        SparseMap::from_ranges(&ranges),
+        CacheConfig::with_capacity(m.req.cache_size),
+        m.req.read_only,
+        m.fenced.clone(),
+    ));
+    m.cache = Some(cache.clone());
+    for i in 0..PREFETCH_WORKERS {
+        let c = cache.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("blobdrive-ra{i}"))
+            .spawn(move || c.run_prefetcher())
+            .map_err(|e| MountError::System(format!("cannot start read-ahead: {e}")))?;
+        m.prefetchers.push(worker);
+    }
+    if !m.req.read_only {
+        let c = cache.clone();
+        m.flusher = Some(
+            std::thread::Builder::new()
+                .name("blobdrive-flush".into())
+                .spawn(move || c.run_flusher())
+                .map_err(|e| MountError::System(format!("cannot start the flusher: {e}")))?,
+        );
+        if let Some(id) = m.lease.clone() {
+            spawn_lease_keeper(m, id);
+        }
+    }
+
+    // FUSE.
+    if m.req.mode == Mode::Fs {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&m.fuse_dir)
+            .map_err(|e| {
+                MountError::System(format!("cannot create {}: {e}", m.fuse_dir.display()))
+            })?;
+        m.made_fuse_dir = true;
+    }
+    let svc = m.blob.service().clone();
+    let stats_cache = cache.clone();
+    let fenced = m.fenced.clone();
+    let had_lease = m.lease.is_some();
+    let values: StatsValues =
+        Arc::new(move || stats_value(&svc, Some(&stats_cache), lease_state(had_lease, &fenced)));
+    m.stats = Some(values.clone());
+    let stats: StatsFn =
+        Arc::new(move || serde_json::to_string_pretty(&values()).unwrap_or_default() + "\n");
+    let fs = DiskFs::new(cache.clone(), stats, m.req.read_only, m.req.uid, m.req.gid);
+    m.open_disk = Some(fs.open_disk_handles());
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(format!("blobdrive:{}", m.target)),
+        MountOption::Subtype("blobdrive".into()),
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        if m.req.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
+    ];
+    config.acl = SessionACL::Owner;
+    config.n_threads = Some(4);
+    config.clone_fd = true;
+    m.session = Some(fuser::spawn_mount(fs, &m.fuse_dir, &config).map_err(|e| {
+        MountError::System(format!(
+            "cannot mount FUSE at {}: {e}",
+            m.fuse_dir.display()
+        ))
+    })?);
+    // Loop device and filesystem.
+    let mut fstype = None;
+    let mut formatted = false;
+    if m.req.mode != Mode::Raw {
+        let dev = system::loop_attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
+        system::loop_readahead(&dev, 4096);
+        m.device = Some(dev.clone());
+        rec.device = Some(dev.clone());
+        info!("attached {dev}");
+    }
+    if m.req.mode == Mode::Fs {
+        let dev = m.device.clone().expect("attached");
+        let found = system::fs_type(&dev)?;
+        let t = match (found, m.req.mkfs.as_deref()) {
+            (Some(t), Some(wanted)) => {
+                warn!("--mkfs {wanted} ignored: the disk already holds a {t} filesystem, which is mounted as it is");
+                t
+            }
+            (Some(t), None) => t,
+            (None, Some(wanted)) => {
+                if m.req.read_only {
+                    return Err(MountError::System("--mkfs needs a writable mount".into()));
+                }
+                system::mkfs(&dev, wanted)?;
+                formatted = true;
+                wanted.to_string()
+            }
+            (None, None) => {
+                return Err(MountError::System(format!(
+                    "{} holds no filesystem: add --mkfs ext4 (or xfs) to create one, or use --mode block or --mode raw",
+                    m.target
+                )))
+            }
+        };
+        system::mount_fs(&dev, &m.req.mountpoint, &t, m.req.read_only)?;
+        m.fs_mounted = true;
+        fstype = Some(t);
+    }
+    // Control socket, then the record with everything in it.
+    let _ = std::fs::remove_file(&rec.socket);
+    let listener = UnixListener::bind(&rec.socket).map_err(|e| {
+        MountError::System(format!("cannot listen on {}: {e}", rec.socket.display()))
+    })?;
+    record::save(&rec)
+        .map_err(|e| MountError::System(format!("cannot write the mount record: {e}")))?;
+    let ready = Ready {
+        mountpoint: m.req.mountpoint.clone(),
+        mode: m.req.mode,
+        device: m.device.clone(),
+        fstype,
+        fuse_dir: m.fuse_dir.clone(),
+        read_only: m.req.read_only,
+        pid: std::process::id(),
+        formatted,
+    };
+    Ok((ready, listener))
+}
+
+/// Renews the lease every [`LEASE_CHECK`]: any lease error means another party
+/// broke or took it, and the drive is fenced at once.
+fn spawn_lease_keeper(m: &Mounted, id: String) {
+    let blob = m.blob.clone();
+    let fenced = m.fenced.clone();
+    let target = m.target.clone();
+    m.rt.spawn(async move {
+        loop {
+            tokio::time::sleep(LEASE_CHECK).await;
+            if fenced.load(Ordering::SeqCst) {
+                return;
+            }
+            match blob.renew_lease(&id).await {
+                Ok(()) => {}
+                Err(e) if matches!(e.status(), Some(409 | 412)) => {
+                    if !fenced.swap(true, Ordering::SeqCst) {
+                        error!("LEASE LOST on {target}: {e}; every further write fails, reads continue");
+                    }
+                    return;
+                }
+                Err(e) => warn!("lease check on {target} failed (will retry): {e}"),
+            }
+        }
+    });
+}

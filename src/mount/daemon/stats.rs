@@ -1,0 +1,61 @@
+//! The daemon's counters as `stats` shows them, on the control socket and in the
+//! FUSE file `stats`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use serde_json::json;
+
+use crate::azure::BlobService;
+use crate::device::cache::Cache;
+use crate::device::remote::RemoteBackend;
+
+/// The daemon's counters as JSON, computed on each call.
+pub(super) type StatsValues = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+pub(super) fn lease_state(had_lease: bool, fenced: &AtomicBool) -> &'static str {
+    if fenced.load(Ordering::SeqCst) {
+        "lost"
+    } else if had_lease {
+        "held"
+    } else {
+        "none"
+    }
+}
+
+pub(super) fn stats_value(
+    svc: &BlobService,
+    cache: Option<&Cache<RemoteBackend>>,
+    lease: &str,
+) -> serde_json::Value {
+    let s = svc.stats();
+    let c = cache.map(|c| c.snapshot()).unwrap_or_default();
+    let h = cache
+        .map(|c| c.backend().health().snapshot())
+        .unwrap_or_default();
+    json!({
+        "put_page_requests": s.put_page_requests,
+        "bytes_uploaded": s.bytes_uploaded,
+        "get_requests": s.get_requests,
+        "bytes_downloaded": s.bytes_downloaded,
+        "clear_requests": s.clear_requests,
+        "page_range_requests": s.page_range_requests,
+        "other_requests": s.other_requests,
+        "retries": s.retries,
+        "failed_requests": s.failed_requests,
+        "cache_hits": c.cache_hits,
+        "cache_misses": c.cache_misses,
+        "hole_reads": c.hole_reads,
+        "dirty_bytes": c.dirty_bytes,
+        "cached_bytes": c.cached_bytes,
+        "cache_size": c.cache_size,
+        "bytes_read": c.bytes_read,
+        "bytes_written": c.bytes_written,
+        "flushes": c.flushes,
+        "write_waits": c.write_waits,
+        "allocated_bytes": c.allocated_bytes,
+        "lease_state": lease,
+        "stalled_secs": h.stalled.as_secs_f64(),
+        "last_error": h.last_error,
+    })
+}

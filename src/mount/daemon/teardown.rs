@@ -1,0 +1,174 @@
+//! Taking a drive down (unmount, SIGTERM, a failed setup): the reverse of setup,
+//! refusing while the drive is in use and writing every cached byte before the
+//! lease is released.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tracing::{error, info, warn};
+
+use super::Mounted;
+use crate::device::cache::Cache;
+use crate::device::remote::RemoteBackend;
+use crate::device::DeviceError;
+use crate::mount::record;
+use crate::mount::system;
+use crate::mount::MountError;
+use crate::size::human as human_bytes;
+
+impl Mounted {
+    /// Takes everything down in reverse order and returns what could not be kept
+    /// (empty: a clean unmount). Refuses, leaving everything in place (call again
+    /// to retry), while the filesystem is busy or the disk file is open. Once the
+    /// FUSE mount is gone nothing new can be written, and the daemon waits out any
+    /// outage until every cached byte is on the blob: it stops short of that only
+    /// when the lease was lost, and then says what was dropped.
+    pub(super) fn teardown(&mut self) -> Result<Vec<String>, MountError> {
+        // From here on the cache may hold the only copy of what the filesystem
+        // writes back as it unmounts: I/O waits for the service without limit.
+        self.set_unbounded_waits(true);
+        let result = self.take_down();
+        if result.is_err() {
+            self.set_unbounded_waits(false);
+        }
+        result
+    }
+
+    fn set_unbounded_waits(&self, on: bool) {
+        if let Some(c) = &self.cache {
+            c.backend().set_wait_without_limit(on);
+        }
+    }
+
+    fn take_down(&mut self) -> Result<Vec<String>, MountError> {
+        self.refuse_if_disk_open()?;
+        if self.fs_mounted {
+            system::umount(&self.req.mountpoint, false)?;
+            self.fs_mounted = false;
+            info!("unmounted {}", self.req.mountpoint.display());
+        }
+        if let Some(dev) = self.device.clone() {
+            system::loop_detach(&dev)?;
+            self.device = None;
+            info!("detached {dev}");
+        }
+        // The kernel refuses to unmount FUSE while any handle on `disk` is open,
+        // also one opened since the check above; after it, no write can come in.
+        if let Some(s) = self.session.take() {
+            if let Err(e) = system::umount(&self.fuse_dir, false) {
+                self.session = Some(s);
+                return Err(match e {
+                    MountError::Busy(_) => self.disk_busy(),
+                    other => other,
+                });
+            }
+            match s.umount_and_join() {
+                // fuser tries to unmount again, and the kernel says it is not mounted.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => warn!("stopping the FUSE session: {e}"),
+                Ok(()) => {}
+            }
+        }
+        let mut losses = Vec::new();
+        if let Some(cache) = self.cache.clone() {
+            if !self.req.read_only {
+                losses.extend(self.write_back(&cache));
+            }
+            cache.close();
+        }
+        if let Some(f) = self.flusher.take() {
+            let _ = f.join();
+        }
+        for p in self.prefetchers.drain(..) {
+            let _ = p.join();
+        }
+        if let Some(id) = self.lease.take() {
+            if self.fenced.load(Ordering::SeqCst) {
+                warn!("the lease on {} was lost while mounted", self.target);
+            } else if let Err(e) = self.rt.block_on(self.blob.release_lease(&id)) {
+                error!("could not release the lease on {}: {e}", self.target);
+                losses.push(format!(
+                    "the lease on {t} could not be released ({e}): it is still held, so no other host can write the drive; all data is on the blob. Once nothing uses the drive, run `blobdrive lease break {t}`",
+                    t = self.target
+                ));
+            } else {
+                info!("released the lease on {}", self.target);
+            }
+        }
+        if self.made_fuse_dir {
+            let _ = std::fs::remove_dir(&self.fuse_dir);
+            self.made_fuse_dir = false;
+        }
+        if self.record_written {
+            record::remove(&self.record_id);
+            self.record_written = false;
+        }
+        Ok(losses)
+    }
+
+    /// Refuses while a process other than the loop device holds `disk` open: its
+    /// later writes would have nowhere to go.
+    fn refuse_if_disk_open(&self) -> Result<(), MountError> {
+        let Some(open) = &self.open_disk else {
+            return Ok(());
+        };
+        let mine = usize::from(self.device.is_some());
+        if open.load(Ordering::SeqCst) > mine {
+            return Err(self.disk_busy());
+        }
+        Ok(())
+    }
+
+    fn disk_busy(&self) -> MountError {
+        let disk = self.fuse_dir.join("disk");
+        let holders = system::holders(&disk);
+        MountError::Busy(if holders.is_empty() {
+            format!("{} (open)", disk.display())
+        } else {
+            format!("{} (open by {})", disk.display(), holders.join(", "))
+        })
+    }
+
+    /// Writes every cached byte, waiting out outages (the backend does not give up
+    /// during unmount). Returns what was dropped if the lease was lost.
+    fn write_back(&self, cache: &Cache<RemoteBackend>) -> Option<String> {
+        let mut pause = Duration::from_secs(1);
+        loop {
+            match cache.flush() {
+                Ok(()) => return None,
+                Err(DeviceError::LeaseLost(e)) => {
+                    let msg = format!(
+                        "the lease on {} was lost, so {} written to the drive but not yet on the blob were dropped ({e})",
+                        self.target,
+                        human_bytes(cache.dirty_bytes())
+                    );
+                    error!("{msg}");
+                    return Some(msg);
+                }
+                Err(e) => {
+                    // Not an outage (those are waited out below this): keep the data
+                    // and try again; a waiting `unmount` shows this error.
+                    warn!(
+                        "unmount cannot write {} yet: {e}; trying again in {} s",
+                        human_bytes(cache.dirty_bytes()),
+                        pause.as_secs()
+                    );
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+}
+
+/// The daemon's result once it took everything down: an error naming whatever
+/// could not be kept, so its exit status tells.
+pub(super) fn finished(losses: Vec<String>) -> Result<(), MountError> {
+    if losses.is_empty() {
+        return Ok(());
+    }
+    for l in &losses {
+        error!("{l}");
+    }
+    Err(MountError::Data(losses.join("; ")))
+}
