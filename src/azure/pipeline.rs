@@ -124,6 +124,11 @@ impl BlobService {
         self.inner.stats.snapshot()
     }
 
+    /// Why the latest failed attempt failed, unless one succeeded since.
+    pub fn last_failure(&self) -> Option<String> {
+        self.inner.stats.last_failure()
+    }
+
     pub fn container(&self, name: &str) -> ContainerClient {
         ContainerClient {
             svc: self.clone(),
@@ -199,6 +204,7 @@ impl BlobService {
                 .await
             {
                 Ok(resp) if req.ok.contains(&resp.status) => {
+                    self.inner.stats.attempt_ended(None);
                     debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
                     return Ok(resp);
                 }
@@ -232,6 +238,7 @@ impl BlobService {
                     }
                 }
             };
+            self.inner.stats.attempt_ended(Some(failure.to_string()));
             // A busy service's `Retry-After` is a floor for the backoff.
             let delay = policy.backoff(attempt).max(hinted.unwrap_or_default());
             if attempt >= max_attempts || started.elapsed() + delay >= policy.budget {

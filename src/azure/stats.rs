@@ -19,6 +19,9 @@ pub struct ClientStats {
     pub other_requests: AtomicU64,
     pub retries: AtomicU64,
     pub failed_requests: AtomicU64,
+    /// Why the latest attempt that failed did, until one succeeds: an operation
+    /// still retrying has not failed yet, but this already says what it meets.
+    last_failure: std::sync::Mutex<Option<String>>,
 }
 
 /// A copy of the counters at one moment.
@@ -52,5 +55,21 @@ impl ClientStats {
 
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
+    }
+
+    /// An attempt failed (`Some`), or one succeeded (`None`).
+    pub(crate) fn attempt_ended(&self, failure: Option<String>) {
+        let mut f = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
+        if failure.is_some() || f.is_some() {
+            *f = failure;
+        }
+    }
+
+    /// Why the latest failed attempt failed, unless one succeeded since.
+    pub fn last_failure(&self) -> Option<String> {
+        self.last_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }

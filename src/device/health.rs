@@ -4,8 +4,14 @@
 //! fsync wait through it (see [`super::remote`]), and `stats`, `list` and a waiting
 //! `unmount` read this record to say what they are waiting for and for how long.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// An operation unanswered for this long counts as a stall even before it fails:
+/// one operation's retries can take minutes (each attempt may wait its whole
+/// request timeout), and a healthy request takes well under a second.
+pub const STALL_AFTER: Duration = Duration::from_secs(10);
 
 /// The outcome of the latest backend operations.
 #[derive(Debug, Default)]
@@ -15,6 +21,9 @@ pub struct Health {
 
 #[derive(Debug, Default)]
 struct State {
+    /// Operations under way, by a serial number, with their start.
+    pending: BTreeMap<u64, Instant>,
+    next: u64,
     /// When the earliest operation that has failed since the last success started.
     failing_since: Option<Instant>,
     /// That failure's message (secrets never reach error messages).
@@ -30,26 +39,68 @@ pub struct HealthSnapshot {
     pub last_error: Option<String>,
 }
 
+/// An operation under way, until dropped.
+pub struct Pending<'a> {
+    health: &'a Health,
+    id: u64,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.health.state().pending.remove(&self.id);
+    }
+}
+
 impl Health {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks an operation as under way until the guard is dropped.
+    pub fn begin(&self) -> Pending<'_> {
+        let mut s = self.state();
+        let id = s.next;
+        s.next += 1;
+        s.pending.insert(id, Instant::now());
+        Pending { health: self, id }
+    }
+
     /// An operation succeeded: the service answers.
     pub fn succeeded(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state();
         s.failing_since = None;
         s.last_error = None;
     }
 
     /// An operation that started at `started` failed with `error`.
     pub fn failed(&self, started: Instant, error: &str) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state();
         s.failing_since = Some(s.failing_since.map_or(started, |t| t.min(started)));
         s.last_error = Some(error.to_string());
     }
 
-    pub fn snapshot(&self) -> HealthSnapshot {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+    /// The stall: since the first operation failed, or since the oldest one still
+    /// under way started, once that is [`STALL_AFTER`] old. `latest_attempt` is why
+    /// the latest attempt failed (an operation that still retries has not failed).
+    pub fn snapshot(&self, latest_attempt: Option<String>) -> HealthSnapshot {
+        let s = self.state();
+        let failed = s.failing_since.map_or(Duration::ZERO, |t| t.elapsed());
+        let waiting = s
+            .pending
+            .values()
+            .min()
+            .map_or(Duration::ZERO, |t| t.elapsed());
+        let waiting = if waiting >= STALL_AFTER {
+            waiting
+        } else {
+            Duration::ZERO
+        };
+        let stalled = failed.max(waiting);
         HealthSnapshot {
-            stalled: s.failing_since.map_or(Duration::ZERO, |t| t.elapsed()),
-            last_error: s.last_error.clone(),
+            stalled,
+            last_error: (!stalled.is_zero())
+                .then(|| s.last_error.clone().or(latest_attempt))
+                .flatten(),
         }
     }
 }
@@ -61,17 +112,35 @@ mod tests {
     #[test]
     fn a_stall_counts_from_the_first_failed_operation_and_ends_with_a_success() {
         let h = Health::default();
-        assert_eq!(h.snapshot(), HealthSnapshot::default());
+        assert_eq!(h.snapshot(None), HealthSnapshot::default());
         let early = Instant::now() - Duration::from_secs(30);
         h.failed(Instant::now(), "later");
         h.failed(early, "earlier start, reported last");
-        let s = h.snapshot();
+        let s = h.snapshot(None);
         assert!(s.stalled >= Duration::from_secs(30), "{s:?}");
         assert_eq!(
             s.last_error.as_deref(),
             Some("earlier start, reported last")
         );
         h.succeeded();
-        assert_eq!(h.snapshot(), HealthSnapshot::default());
+        assert_eq!(h.snapshot(None), HealthSnapshot::default());
+    }
+
+    #[test]
+    fn an_operation_unanswered_for_long_is_a_stall_before_it_fails() {
+        let h = Health::default();
+        let op = h.begin();
+        assert_eq!(
+            h.snapshot(Some("timed out".into())),
+            HealthSnapshot::default()
+        );
+        h.state()
+            .pending
+            .insert(op.id, Instant::now() - STALL_AFTER);
+        let s = h.snapshot(Some("timed out".into()));
+        assert!(s.stalled >= STALL_AFTER, "{s:?}");
+        assert_eq!(s.last_error.as_deref(), Some("timed out"));
+        drop(op);
+        assert_eq!(h.snapshot(None), HealthSnapshot::default());
     }
 }

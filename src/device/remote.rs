@@ -23,7 +23,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tracing::{error, warn};
 
-use super::health::Health;
+use super::health::{Health, HealthSnapshot, Pending};
 use super::{Backend, DeviceError, MAX_RUN};
 use crate::azure::retry::is_retryable_status;
 use crate::azure::{AzureError, BlobClient, WriteFence};
@@ -99,9 +99,12 @@ impl RemoteBackend {
         self.fenced.clone()
     }
 
-    /// Whether the service answers, as this backend's operations found it.
-    pub fn health(&self) -> Arc<Health> {
-        self.patience.health.clone()
+    /// Whether the service answers, as this backend's operations found it, and
+    /// why the latest failed attempt failed.
+    pub fn health(&self) -> HealthSnapshot {
+        self.patience
+            .health
+            .snapshot(self.blob.service().last_failure())
     }
 
     /// Whether I/O waits through an outage without limit (on during unmount: the
@@ -147,20 +150,23 @@ fn is_outage(e: &AzureError) -> bool {
 }
 
 /// One I/O's way through an outage.
-struct Attempt {
+struct Attempt<'a> {
     started: Instant,
     warned: bool,
+    /// Counts as under way for [`Health`] until the I/O ends.
+    _pending: Pending<'a>,
 }
 
 impl Patience {
-    fn begin(&self) -> Attempt {
+    fn begin(&self) -> Attempt<'_> {
         Attempt {
             started: Instant::now(),
             warned: false,
+            _pending: self.health.begin(),
         }
     }
 
-    fn succeeded(&self, a: &Attempt) {
+    fn succeeded(&self, a: &Attempt<'_>) {
         self.health.succeeded();
         if a.warned {
             warn!(
@@ -175,7 +181,7 @@ impl Patience {
     /// otherwise returns the failure as the I/O's result.
     async fn wait_or_fail(
         &self,
-        a: &mut Attempt,
+        a: &mut Attempt<'_>,
         fenced: &AtomicBool,
         e: AzureError,
     ) -> Result<(), DeviceError> {

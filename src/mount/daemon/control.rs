@@ -43,10 +43,9 @@ impl Mounted {
         let Some(cache) = self.cache.clone() else {
             return Box::new(|| "unmounting".to_string());
         };
-        let health = cache.backend().health();
         Box::new(move || {
             let dirty = cache.dirty_bytes();
-            let h = health.snapshot();
+            let h = cache.backend().health();
             if h.stalled >= Duration::from_secs(2) {
                 format!(
                     "waiting for the storage service, which has not answered for {} s ({}); {} not yet written, kept in memory",

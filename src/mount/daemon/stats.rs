@@ -30,9 +30,7 @@ pub(super) fn stats_value(
 ) -> serde_json::Value {
     let s = svc.stats();
     let c = cache.map(|c| c.snapshot()).unwrap_or_default();
-    let h = cache
-        .map(|c| c.backend().health().snapshot())
-        .unwrap_or_default();
+    let h = cache.map(|c| c.backend().health()).unwrap_or_default();
     json!({
         "put_page_requests": s.put_page_requests,
         "bytes_uploaded": s.bytes_uploaded,
