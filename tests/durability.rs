@@ -521,3 +521,43 @@ fn snapshot_create_finds_the_mount_by_account_too_and_freezes_only_filesystems()
     );
     ok(&az(), &[], &["unmount", mp.s()]);
 }
+
+/// A proxy that carries out the first request whose head holds every one of
+/// `needles`, and drops its answer: the client cannot know it was done.
+fn lost_answer(needles: &[&str]) -> Proxy {
+    Proxy::start(Config {
+        hold: Some(Hold {
+            needles: needles.iter().map(|n| n.to_string()).collect(),
+            count: 1,
+            delay: Duration::ZERO,
+        }),
+        ..Config::clean(Azurite::shared().port)
+    })
+}
+
+#[test]
+fn a_snapshot_whose_answer_was_lost_is_taken_once() {
+    require_root();
+    let spec = new_drive("snaplost", "16MiB");
+    let proxy = lost_answer(&["comp=snapshot"]);
+    let id = ok(&proxy.connection_string(), &[], &["snapshot", "create", &spec]);
+    assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");
+    let list = json(&ok(&az(), &[], &["snapshot", "list", &spec, "--json"]));
+    let ids: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["snapshot"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec![id.trim()], "one snapshot asked for, one taken");
+}
+
+#[test]
+fn a_delete_whose_answer_was_lost_succeeds() {
+    require_root();
+    let spec = new_drive("dellost", "16MiB");
+    let proxy = lost_answer(&["delete /"]);
+    ok(&proxy.connection_string(), &[], &["delete", &spec, "--yes"]);
+    assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");
+    assert!(rt().block_on(blob_of(&spec).properties()).unwrap_err().is_not_found());
+}

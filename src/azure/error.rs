@@ -134,6 +134,15 @@ impl AzureError {
         }
     }
 
+    /// True when the request may or may not have been carried out: no answer came
+    /// (timeout, broken connection), or a server error that can follow the work.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, AzureError::Unreachable { .. })
+            || self
+                .status()
+                .is_some_and(crate::azure::retry::is_retryable_status)
+    }
+
     /// True for 404 of any kind.
     pub fn is_not_found(&self) -> bool {
         self.status() == Some(404)

@@ -61,6 +61,9 @@ pub(super) struct Request {
     /// sequence number, and one whose outcome is unknown raises it before the next
     /// (see [`WriteFence`]).
     pub(super) fence: Option<Arc<WriteFence>>,
+    /// A delete: once an attempt went unanswered (it may have been carried out),
+    /// a later attempt's 404 means that one did the work.
+    pub(super) gone_after_unknown_is_done: bool,
 }
 
 /// A successful response, body read in full.
@@ -186,6 +189,8 @@ impl BlobService {
         let max_attempts = req.max_attempts.unwrap_or(policy.max_attempts).max(1);
         let started = Instant::now();
         let mut attempt = 0u32;
+        // Whether an attempt went unanswered (it may have been carried out).
+        let mut unknown = false;
         loop {
             attempt += 1;
             let remaining = policy.budget.saturating_sub(started.elapsed());
@@ -203,6 +208,11 @@ impl BlobService {
                 .attempt(&req, carried, timeout, sink.as_deref_mut())
                 .await
             {
+                Ok(resp) if resp.status == 404 && req.gone_after_unknown_is_done && unknown => {
+                    self.inner.stats.attempt_ended(None);
+                    debug!(op = %req.op, target = %req.target, attempt, "gone: an earlier attempt did it");
+                    return Ok(resp);
+                }
                 Ok(resp) if req.ok.contains(&resp.status) => {
                     self.inner.stats.attempt_ended(None);
                     debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
@@ -218,14 +228,18 @@ impl BlobService {
                         debug!(op = %req.op, target = %req.target, status = resp.status, code = ?err.code(), "failed");
                         ClientStats::add(&self.inner.stats.failed_requests, 1);
                         return Err(err);
-                    } else if let (Some(f), Some(n)) = (&req.fence, carried) {
-                        // A server error may come after the write was done.
-                        f.abandoned(n);
+                    } else {
+                        // A server error may come after the work was done.
+                        unknown = true;
+                        if let (Some(f), Some(n)) = (&req.fence, carried) {
+                            f.abandoned(n);
+                        }
                     }
                     hinted = retry_after(&resp);
                     err
                 }
                 Err(detail) => {
+                    unknown = true;
                     if let (Some(f), Some(n)) = (&req.fence, carried) {
                         f.abandoned(n);
                     }

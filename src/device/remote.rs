@@ -25,7 +25,6 @@ use tracing::{error, warn};
 
 use super::health::{Health, HealthSnapshot, Pending};
 use super::{Backend, DeviceError, MAX_RUN};
-use crate::azure::retry::is_retryable_status;
 use crate::azure::{AzureError, BlobClient, WriteFence};
 
 /// How long I/O waits through an outage unless `BLOBDRIVE_IO_TIMEOUT_SECS` says
@@ -143,11 +142,6 @@ impl RemoteBackend {
     }
 }
 
-/// Whether a failure says only that the service did not answer in time (the
-/// client's retries ran out), so that trying again later can succeed.
-fn is_outage(e: &AzureError) -> bool {
-    matches!(e, AzureError::Unreachable { .. }) || e.status().is_some_and(is_retryable_status)
-}
 
 /// One I/O's way through an outage.
 struct Attempt<'a> {
@@ -187,7 +181,7 @@ impl Patience {
     ) -> Result<(), DeviceError> {
         self.health.failed(a.started, &e.to_string());
         let within = self.unbounded.load(Ordering::SeqCst) || a.started.elapsed() < self.io_timeout;
-        if !is_outage(&e) || fenced.load(Ordering::SeqCst) || !within {
+        if !e.outcome_unknown() || fenced.load(Ordering::SeqCst) || !within {
             return Err(map_error(fenced, e));
         }
         if !a.warned {

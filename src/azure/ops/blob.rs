@@ -116,6 +116,7 @@ impl BlobClient {
             ok,
             max_attempts: None,
             fence: None,
+            gone_after_unknown_is_done: false,
         }
     }
 
@@ -214,6 +215,8 @@ impl BlobClient {
         lease: Option<&str>,
     ) -> Result<(), AzureError> {
         let mut req = self.request(Op::Delete, Method::DELETE, &[], &[202]);
+        // A retried delete whose first attempt was carried out finds nothing.
+        req.gone_after_unknown_is_done = true;
         match snapshots {
             DeleteSnapshots::None => {}
             DeleteSnapshots::Include => req.header("x-ms-delete-snapshots", "include"),

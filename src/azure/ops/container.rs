@@ -39,6 +39,7 @@ impl ContainerClient {
             ok,
             max_attempts: None,
             fence: None,
+            gone_after_unknown_is_done: false,
         }
     }
 
