@@ -540,7 +540,11 @@ fn a_snapshot_whose_answer_was_lost_is_taken_once() {
     require_root();
     let spec = new_drive("snaplost", "16MiB");
     let proxy = lost_answer(&["comp=snapshot"]);
-    let id = ok(&proxy.connection_string(), &[], &["snapshot", "create", &spec]);
+    let id = ok(
+        &proxy.connection_string(),
+        &[],
+        &["snapshot", "create", &spec],
+    );
     assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");
     let list = json(&ok(&az(), &[], &["snapshot", "list", &spec, "--json"]));
     let ids: Vec<&str> = list
@@ -559,5 +563,25 @@ fn a_delete_whose_answer_was_lost_succeeds() {
     let proxy = lost_answer(&["delete /"]);
     ok(&proxy.connection_string(), &[], &["delete", &spec, "--yes"]);
     assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");
-    assert!(rt().block_on(blob_of(&spec).properties()).unwrap_err().is_not_found());
+    assert!(rt()
+        .block_on(blob_of(&spec).properties())
+        .unwrap_err()
+        .is_not_found());
+}
+
+#[test]
+fn a_read_only_mount_of_a_live_blob_sees_data_written_after_it_mounted() {
+    require_root();
+    let spec = new_drive("rolive", "16MiB");
+    let mp = Mp::new(&az());
+    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw", "--read-only"]);
+    // Another host writes where the blob held nothing when the reader mounted.
+    rt().block_on(blob_of(&spec).put_pages(1 << 20, bytes::Bytes::from(vec![b'L'; 4096]), None))
+        .unwrap();
+    let got = sh_ok(&format!(
+        "dd if='{}' bs=4096 skip=256 count=1 status=none | head -c 8",
+        mp.disk()
+    ));
+    ok(&az(), &[], &["unmount", mp.s()]);
+    assert_eq!(got, "LLLLLLLL", "a hole was answered from a stale page map");
 }

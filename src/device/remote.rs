@@ -142,7 +142,6 @@ impl RemoteBackend {
     }
 }
 
-
 /// One I/O's way through an outage.
 struct Attempt<'a> {
     started: Instant,

@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 
 use super::stats::{lease_state, stats_value, StatsValues};
 use super::Mounted;
-use crate::azure::SegmentPlan;
+use crate::azure::{PageRange, SegmentPlan};
 use crate::device::cache::{Cache, CacheConfig};
 use crate::device::remote::{self, RemoteBackend};
 use crate::device::sparse::SparseMap;
@@ -85,8 +85,20 @@ pub(super) fn setup(
         }
         info!("acquired the lease on {}", m.target);
     }
-    let ranges =
-        m.rt.block_on(m.blob.page_ranges_segmented(size, SegmentPlan::default()))?;
+    // A live blob mounted read-only may be written by its writer (on this or
+    // another host) after the page map was learnt: a hole then would answer zeros
+    // for data that exists. So no range of it counts as a hole. A snapshot never
+    // changes, and a writable mount is the only writer: their maps hold.
+    let live_reader = m.req.read_only && m.blob.snapshot().is_none();
+    let ranges = if live_reader {
+        info!(
+            "{}: read-only mount of a live blob: every read the cache cannot answer asks the blob",
+            m.target
+        );
+        vec![PageRange::new(0, size)]
+    } else {
+        m.rt.block_on(m.blob.page_ranges_segmented(size, SegmentPlan::default()))?
+    };
     info!(
         "{}: {} bytes disk, {} written ranges",
         m.target,
