@@ -574,7 +574,11 @@ fn a_read_only_mount_of_a_live_blob_sees_data_written_after_it_mounted() {
     require_root();
     let spec = new_drive("rolive", "16MiB");
     let mp = Mp::new(&az());
-    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw", "--read-only"]);
+    ok(
+        &az(),
+        &[],
+        &["mount", &spec, mp.s(), "--mode", "raw", "--read-only"],
+    );
     // Another host writes where the blob held nothing when the reader mounted.
     rt().block_on(blob_of(&spec).put_pages(1 << 20, bytes::Bytes::from(vec![b'L'; 4096]), None))
         .unwrap();
