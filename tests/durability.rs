@@ -589,3 +589,75 @@ fn a_read_only_mount_of_a_live_blob_sees_data_written_after_it_mounted() {
     ok(&az(), &[], &["unmount", mp.s()]);
     assert_eq!(got, "LLLLLLLL", "a hole was answered from a stale page map");
 }
+
+/// Runs fio with `args` (a tool nobody here wrote checks the data).
+fn fio(args: &str) {
+    sh_ok(&format!(
+        "fio --minimal --verify_fatal=1 --randseed=20261123 {args}"
+    ));
+}
+
+#[test]
+fn fio_verifies_through_faults_and_again_from_the_blob_after_remount() {
+    require_root();
+    let spec = new_drive("fioverify", "128MiB");
+    let proxy = Proxy::start(Config {
+        rate: 0.03,
+        seed: 5,
+        kinds: &[
+            faultproxy::Fault::Busy503,
+            faultproxy::Fault::Internal500,
+            faultproxy::Fault::ResetBefore,
+            faultproxy::Fault::ResetAfter,
+        ],
+        ..Config::clean(Azurite::shared().port)
+    });
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&cs);
+    // Raw disk: random 4 KiB direct writes with checksummed blocks, verified
+    // right away (through the cache) ...
+    let job = |mp: &Mp, verify_only: bool| {
+        format!(
+            "--name=raw --filename='{}' --rw=randwrite --bs=4k --size=48M --ioengine=psync \
+             --direct=1 --verify=crc32c --do_verify=1 --fsync_on_close=1 {}",
+            mp.disk(),
+            if verify_only { "--verify_only" } else { "" }
+        )
+    };
+    ok(
+        &cs,
+        &[],
+        &[
+            "mount",
+            &spec,
+            mp.s(),
+            "--mode",
+            "raw",
+            "--cache-size",
+            "32MiB",
+        ],
+    );
+    fio(&job(&mp, false));
+    ok(&cs, &[], &["unmount", mp.s()]);
+    assert!(!proxy.injected().is_empty(), "no fault was injected");
+    // ... and again from the blob itself, through a fresh mount and cold cache
+    // (writable: fio opens the file of a write job for writing, also to verify).
+    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    fio(&job(&mp, true));
+    ok(&az(), &[], &["unmount", mp.s()]);
+    // A filesystem on it: files written and verified by fio, then checked again
+    // after a remount.
+    let fsjob = |dir: &str, verify_only: bool| {
+        format!(
+            "--name=fs --directory='{dir}' --nrfiles=8 --rw=randrw --bs=16k --size=24M \
+             --ioengine=psync --verify=md5 --do_verify=1 --fsync_on_close=1 {}",
+            if verify_only { "--verify_only" } else { "" }
+        )
+    };
+    ok(&cs, &[], &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    fio(&fsjob(mp.s(), false));
+    ok(&cs, &[], &["unmount", mp.s()]);
+    ok(&az(), &[], &["mount", &spec, mp.s()]);
+    fio(&fsjob(mp.s(), true));
+    ok(&az(), &[], &["unmount", mp.s()]);
+}

@@ -27,9 +27,14 @@ pub enum Fault {
     ResetBefore,
     ResetAfter,
     Stall,
+    /// Held for `stall`, long past the client's request timeout, then carried
+    /// out anyway with nobody listening: a late commit.
+    Late,
 }
 
-const ALL: [Fault; 6] = [
+/// The faults a proxy injects unless its config names others (late commits only
+/// when asked for: each costs a whole request timeout).
+pub const ALL: [Fault; 6] = [
     Fault::Busy503,
     Fault::Internal500,
     Fault::Timeout408,
@@ -58,6 +63,8 @@ pub struct Config {
     pub max_latency: Duration,
     /// Requests to hold and then forward anyway (late commits).
     pub hold: Option<Hold>,
+    /// The kinds of fault drawn from, with `rate`.
+    pub kinds: &'static [Fault],
 }
 
 impl Config {
@@ -70,6 +77,7 @@ impl Config {
             stall: Duration::from_secs(1),
             max_latency: Duration::ZERO,
             hold: None,
+            kinds: &ALL,
         }
     }
 }
@@ -90,6 +98,8 @@ pub struct Proxy {
     pub paused: Arc<AtomicBool>,
     /// Held requests that were forwarded late, with the server's answer.
     pub late: Arc<Mutex<Vec<LateCommit>>>,
+    /// Requests being held right now (not yet forwarded).
+    pub holding: Arc<AtomicU64>,
     pub faults: Arc<Mutex<Vec<Fault>>>,
     pub requests: Arc<AtomicU64>,
 }
@@ -121,6 +131,7 @@ impl Proxy {
             faults: Arc::new(Mutex::new(Vec::new())),
             requests: Arc::new(AtomicU64::new(0)),
             late: Arc::new(Mutex::new(Vec::new())),
+            holding: Arc::new(AtomicU64::new(0)),
             held: AtomicU64::new(0),
             rng: Mutex::new(Rng(cfg.seed)),
             cfg,
@@ -142,6 +153,7 @@ impl Proxy {
             dead: shared.dead.clone(),
             paused: shared.paused.clone(),
             late: shared.late.clone(),
+            holding: shared.holding.clone(),
             faults: shared.faults.clone(),
             requests: shared.requests.clone(),
         }
@@ -173,12 +185,25 @@ struct Shared {
     faults: Arc<Mutex<Vec<Fault>>>,
     requests: Arc<AtomicU64>,
     late: Arc<Mutex<Vec<LateCommit>>>,
+    holding: Arc<AtomicU64>,
     /// Requests held so far (at most `hold.count`).
     held: AtomicU64,
     rng: Mutex<Rng>,
 }
 
 impl Shared {
+    /// Holds a request for `delay`, then carries it out with nobody listening.
+    fn commit_late(&self, delay: Duration, head: &[u8], body: &[u8]) {
+        self.holding.fetch_add(1, Relaxed);
+        std::thread::sleep(delay);
+        let status = forward(self.cfg.upstream_port, head, body).and_then(|r| status_of(&r));
+        self.late.lock().unwrap().push(LateCommit {
+            head: String::from_utf8_lossy(head).to_string(),
+            status,
+        });
+        self.holding.fetch_sub(1, Relaxed);
+    }
+
     /// Whether this request is one to hold and forward late; counts it if so.
     fn take_hold(&self, head: &[u8]) -> Option<Duration> {
         let h = self.cfg.hold.as_ref()?;
@@ -282,17 +307,13 @@ fn serve(conn: TcpStream, s: &Shared) {
         }
         if let Some(delay) = s.take_hold(&head) {
             // The client gives up long before this; the request lands anyway.
-            std::thread::sleep(delay);
-            let status = forward(cfg.upstream_port, &head, &body).and_then(|r| status_of(&r));
-            s.late.lock().unwrap().push(LateCommit {
-                head: String::from_utf8_lossy(&head).to_string(),
-                status,
-            });
-            return;
+            return s.commit_late(delay, &head, &body);
         }
         let (fault, latency) = {
             let mut g = s.rng.lock().unwrap();
-            let fault = (g.unit() < cfg.rate).then(|| ALL[(g.next() % ALL.len() as u64) as usize]);
+            let kinds = cfg.kinds;
+            let fault = (g.unit() < cfg.rate && !kinds.is_empty())
+                .then(|| kinds[(g.next() % kinds.len() as u64) as usize]);
             let latency =
                 Duration::from_micros(g.next() % (cfg.max_latency.as_micros() as u64 + 1));
             (fault, latency)
@@ -310,6 +331,7 @@ fn serve(conn: TcpStream, s: &Shared) {
                 std::thread::sleep(cfg.stall);
                 return;
             }
+            Some(Fault::Late) => return s.commit_late(cfg.stall, &head, &body),
             Some(Fault::ResetAfter) => {
                 // The server applies the request; the client sees half an answer.
                 if let Some(r) = forward(cfg.upstream_port, &head, &body) {

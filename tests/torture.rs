@@ -1,0 +1,419 @@
+//! A randomized torture test of a mounted drive, with a byte model as its oracle.
+//!
+//! Random writes, discards, fsyncs, reads, clean unmount and remount, SIGKILL of
+//! the daemon, and backend outages, through a proxy that injects faults, late
+//! commits among them (requests carried out long after the client gave up on
+//! them). What must hold:
+//! - reads through the mount always return the model's current bytes;
+//! - after a clean unmount the blob holds exactly the model's bytes;
+//! - after a SIGKILL every sector holds its value at the last fsync or a value
+//!   written to it since, and nothing older ever reappears.
+//!
+//! Bounded by default (`BLOBDRIVE_TORTURE_OPS`, default 300 operations per run);
+//! `BLOBDRIVE_TORTURE_OPS=5000` makes a soak of it. `BLOBDRIVE_TORTURE_SEED` replays
+//! a run (each run prints its seed).
+
+mod common;
+mod faultproxy;
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
+
+use blobdrive::azure::{Account, BlobClient, BlobService};
+use common::azurite::{unique_container, Azurite};
+use common::util::{json, rt, stdout_of_success};
+use faultproxy::{Config, Fault, Hold, Proxy};
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+
+const SECTOR: u64 = 512;
+const SIZE: u64 = 32 << 20;
+
+fn run_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("torture-run");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
+/// The drive as the test believes it is.
+struct Model {
+    now: Vec<u8>,
+    /// The bytes as of the last fsync or clean unmount.
+    synced: Vec<u8>,
+    /// Every value a sector took since then (a crash may leave any of them).
+    since_sync: HashMap<u64, Vec<Vec<u8>>>,
+}
+
+impl Model {
+    fn new() -> Model {
+        Model {
+            now: vec![0; SIZE as usize],
+            synced: vec![0; SIZE as usize],
+            since_sync: HashMap::new(),
+        }
+    }
+
+    fn set(&mut self, offset: u64, data: &[u8]) {
+        self.now[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        for s in (offset..offset + data.len() as u64).step_by(SECTOR as usize) {
+            let v = self.now[s as usize..(s + SECTOR) as usize].to_vec();
+            self.since_sync.entry(s).or_default().push(v);
+        }
+    }
+
+    fn sync(&mut self) {
+        self.synced.copy_from_slice(&self.now);
+        self.since_sync.clear();
+    }
+
+    /// After a crash: every sector is what it was at the last sync or a value it
+    /// took since. Adopts what the blob holds.
+    fn check_crash(&mut self, blob: &[u8]) {
+        for s in (0..SIZE).step_by(SECTOR as usize) {
+            let got = &blob[s as usize..(s + SECTOR) as usize];
+            let synced = &self.synced[s as usize..(s + SECTOR) as usize];
+            let allowed = got == synced
+                || self
+                    .since_sync
+                    .get(&s)
+                    .is_some_and(|vs| vs.iter().any(|v| v == got));
+            assert!(
+                allowed,
+                "after a crash, sector {s} holds bytes it never held since the last fsync (first bytes {:?}, synced {:?})",
+                &got[..8],
+                &synced[..8]
+            );
+        }
+        self.now.copy_from_slice(blob);
+        self.sync();
+    }
+}
+
+struct Drive {
+    spec: String,
+    blob: BlobClient,
+    proxy: Proxy,
+    env: Vec<(&'static str, String)>,
+    mp: tempfile::TempDir,
+    disk: Option<File>,
+}
+
+impl Drive {
+    fn bd(&self, cs: &str, args: &[&str]) -> Output {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
+        c.args(args)
+            .env("AZURE_STORAGE_CONNECTION_STRING", cs)
+            .env("BLOBDRIVE_RUN_DIR", run_dir());
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        stdout_of_success(&args, self.bd(&self.proxy.connection_string(), args))
+    }
+
+    fn mp(&self) -> &str {
+        self.mp.path().to_str().unwrap()
+    }
+
+    fn mount(&mut self) {
+        let (spec, mp) = (self.spec.clone(), self.mp().to_string());
+        self.ok(&[
+            "mount",
+            &spec,
+            &mp,
+            "--mode",
+            "raw",
+            "--cache-size",
+            "32MiB",
+        ]);
+        self.disk = Some(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("{mp}/disk"))
+                .unwrap(),
+        );
+    }
+
+    fn disk(&self) -> &File {
+        self.disk.as_ref().unwrap()
+    }
+
+    fn unmount(&mut self) {
+        self.disk = None;
+        let mp = self.mp().to_string();
+        self.ok(&["unmount", &mp]);
+    }
+
+    fn kill(&mut self) {
+        let list = json(&self.ok(&["list", "--json"]));
+        let pid = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["mountpoint"] == self.mp())
+            .unwrap()["pid"]
+            .as_u64()
+            .unwrap() as i32;
+        // SAFETY: kill(2) on the daemon's pid, read from its own mount record.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        self.disk = None;
+        let start = Instant::now();
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "daemon survived SIGKILL"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mp = self.mp().to_string();
+        // Cleans up after the dead daemon (and warns that its lease is held).
+        self.ok(&["unmount", &mp]);
+        let spec = self.spec.clone();
+        self.ok(&["lease", "break", &spec]);
+        // Whatever the dead daemon left in the network lands (or not) now.
+        let start = Instant::now();
+        while self.proxy.holding.load(SeqCst) > 0 {
+            assert!(start.elapsed() < Duration::from_secs(60));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn blob_bytes(&self) -> Vec<u8> {
+        rt().block_on(self.blob.read(0, SIZE)).unwrap().to_vec()
+    }
+}
+
+impl Drop for Drive {
+    fn drop(&mut self) {
+        self.disk = None;
+        let mp = self.mp().to_string();
+        let _ = self.bd(&Azurite::shared().connection_string(), &["unmount", &mp]);
+    }
+}
+
+fn discard(f: &File, offset: u64, len: u64) {
+    // SAFETY: fallocate on an open descriptor with in-range arguments.
+    let rc = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as i64,
+            len as i64,
+        )
+    };
+    assert_eq!(rc, 0, "discard failed: {}", std::io::Error::last_os_error());
+}
+
+/// A sector-aligned range, half the time inside a small hot region so that the
+/// same sectors are written, discarded and rewritten often.
+fn range(rng: &mut StdRng, most_sectors: u64) -> (u64, u64) {
+    let sectors = rng.gen_range(1..=most_sectors);
+    let span = if rng.gen_bool(0.5) { 1 << 20 } else { SIZE };
+    let start = rng.gen_range(0..(span / SECTOR - sectors)) * SECTOR;
+    (start, sectors * SECTOR)
+}
+
+/// Runs `ops` random operations; returns how many late commits the proxy made.
+fn torture(tag: &str, ops: u64, proxy: Proxy, env: Vec<(&'static str, String)>) -> usize {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the torture test must run as root"
+    );
+    let seed = env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or_else(rand::random);
+    eprintln!(
+        "torture {tag}: seed {seed} ({ops} operations; BLOBDRIVE_TORTURE_SEED={seed} replays it)"
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let az = Azurite::shared().connection_string();
+    let spec = format!("{}/disk.vhd", unique_container(tag));
+    let svc = BlobService::new(Account::from_connection_string(&az).unwrap());
+    let (c, n) = spec.split_once('/').unwrap();
+    let mut d = Drive {
+        blob: svc.blob(c, n),
+        spec: spec.clone(),
+        proxy,
+        env,
+        mp: tempfile::Builder::new()
+            .prefix("blobdrive-torture.")
+            .tempdir()
+            .unwrap(),
+        disk: None,
+    };
+    stdout_of_success(
+        &"create",
+        d.bd(
+            &az,
+            &["create", &spec, "--size", "32MiB", "--create-container"],
+        ),
+    );
+    let mut m = Model::new();
+    d.mount();
+    let mut counts: HashMap<&str, u64> = HashMap::new();
+    for _ in 0..ops {
+        let roll = rng.gen_range(0..100);
+        let op = match roll {
+            0..=54 => {
+                let (off, len) = range(&mut rng, 128);
+                let mut data = vec![0u8; len as usize];
+                rng.fill_bytes(&mut data);
+                d.disk().write_all_at(&data, off).unwrap();
+                m.set(off, &data);
+                "write"
+            }
+            55..=64 => {
+                let (off, len) = range(&mut rng, 256);
+                discard(d.disk(), off, len);
+                m.set(off, &vec![0u8; len as usize]);
+                "discard"
+            }
+            65..=79 => {
+                d.disk().sync_all().unwrap();
+                m.sync();
+                "fsync"
+            }
+            80..=91 => {
+                let (off, len) = range(&mut rng, 512);
+                let mut got = vec![0u8; len as usize];
+                d.disk().read_exact_at(&mut got, off).unwrap();
+                assert!(
+                    got == m.now[off as usize..(off + len) as usize],
+                    "seed {seed}: read of {len} bytes at {off} differs from what was written"
+                );
+                "read"
+            }
+            92..=94 => {
+                d.unmount();
+                let blob = d.blob_bytes();
+                assert!(
+                    blob == m.now,
+                    "seed {seed}: after a clean unmount the blob differs from what was written"
+                );
+                m.sync();
+                d.mount();
+                "unmount"
+            }
+            95..=97 => {
+                d.kill();
+                let blob = d.blob_bytes();
+                m.check_crash(&blob);
+                d.mount();
+                "sigkill"
+            }
+            _ => {
+                // The backend stops answering for a few seconds while a write
+                // and its fsync wait for it.
+                let (off, len) = range(&mut rng, 64);
+                let mut data = vec![0u8; len as usize];
+                rng.fill_bytes(&mut data);
+                d.proxy.paused.store(true, SeqCst);
+                let paused = d.proxy.paused.clone();
+                let resume = std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_secs(4));
+                    paused.store(false, SeqCst);
+                });
+                d.disk().write_all_at(&data, off).unwrap();
+                d.disk().sync_all().unwrap();
+                resume.join().unwrap();
+                m.set(off, &data);
+                m.sync();
+                "outage"
+            }
+        };
+        *counts.entry(op).or_default() += 1;
+    }
+    d.unmount();
+    assert!(
+        d.blob_bytes() == m.now,
+        "seed {seed}: the final blob differs from what was written"
+    );
+    let late = d.proxy.late_commits();
+    for l in &late {
+        let line = l.head.lines().next().unwrap_or_default();
+        let write = l.head.lines().find(|h| h.starts_with("x-ms-page-write"));
+        eprintln!("  late: {line} {write:?} -> {:?}", l.status);
+    }
+    eprintln!(
+        "torture {tag}: {counts:?}; {} faults injected, {} late commits ({} refused by the fence)",
+        d.proxy.injected().len(),
+        late.len(),
+        late.iter().filter(|l| l.status == Some(412)).count()
+    );
+    late.len()
+}
+
+#[test]
+fn random_io_with_crashes_outages_and_late_commits_matches_a_byte_model() {
+    // Short timeouts, so that late commits and stalls cost seconds, not minutes.
+    let proxy = Proxy::start(Config {
+        rate: 0.05,
+        seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(7),
+        stall: Duration::from_secs(3),
+        kinds: &[
+            Fault::Busy503,
+            Fault::Internal500,
+            Fault::Timeout408,
+            Fault::ResetBefore,
+            Fault::ResetAfter,
+            Fault::Stall,
+            Fault::Late,
+        ],
+        ..Config::clean(Azurite::shared().port)
+    });
+    let env = vec![("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2".to_string())];
+    torture(
+        "torture",
+        env_u64("BLOBDRIVE_TORTURE_OPS").unwrap_or(300),
+        proxy,
+        env,
+    );
+}
+
+#[test]
+fn random_io_with_faults_at_default_settings_matches_a_byte_model() {
+    // The shipped retry and timeout settings. Faults that need a timeout to be
+    // noticed cost 20 s each here, so the drawn ones answer at once; two Put Page
+    // calls are carried out late, after the client gave up on them.
+    let proxy = Proxy::start(Config {
+        rate: 0.03,
+        seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(11),
+        kinds: &[
+            Fault::Busy503,
+            Fault::Internal500,
+            Fault::Timeout408,
+            Fault::ResetBefore,
+            Fault::ResetAfter,
+        ],
+        hold: Some(Hold {
+            needles: vec!["x-ms-page-write: update".into()],
+            count: 2,
+            delay: Duration::from_secs(25),
+        }),
+        ..Config::clean(Azurite::shared().port)
+    });
+    let late = torture(
+        "tortdefault",
+        env_u64("BLOBDRIVE_TORTURE_OPS").map_or(120, |n| n / 2),
+        proxy,
+        Vec::new(),
+    );
+    assert_eq!(
+        late, 2,
+        "the two held Put Page calls were not carried out late"
+    );
+}
