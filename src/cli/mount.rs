@@ -82,11 +82,13 @@ pub fn run(ctx: &Context, args: Args, connection_string: Option<&str>) -> Result
     }
     preflight(&args.mountpoint)?;
     let mountpoint = args.mountpoint.canonicalize()?;
+    let mountpoint_id = system::dir_id(&mountpoint)?;
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let req = MountRequest {
         blob: args.blob.clone(),
         mountpoint: mountpoint.clone(),
+        mountpoint_id: Some(mountpoint_id),
         mode: args.mode,
         mkfs: args.mkfs.clone(),
         read_only,

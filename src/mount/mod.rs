@@ -40,6 +40,10 @@ impl std::fmt::Display for Mode {
 pub struct MountRequest {
     pub blob: String,
     pub mountpoint: PathBuf,
+    /// The mountpoint directory's (device, inode) when `blobdrive mount` checked
+    /// it: the daemon mounts there only if the path still leads to it.
+    #[serde(default)]
+    pub mountpoint_id: Option<(u64, u64)>,
     pub mode: Mode,
     pub mkfs: Option<String>,
     pub read_only: bool,

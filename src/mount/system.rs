@@ -249,3 +249,54 @@ pub fn holders(path: &Path) -> Vec<String> {
     }
     found
 }
+
+/// A directory's (device, inode), read without following a symlink.
+pub fn dir_id(path: &Path) -> Result<(u64, u64), MountError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| MountError::System(format!("cannot use {}: {e}", path.display())))?;
+    if !meta.is_dir() {
+        return Err(MountError::System(format!(
+            "{} is not a directory",
+            path.display()
+        )));
+    }
+    Ok((meta.dev(), meta.ino()))
+}
+
+/// Refuses to mount at `path` unless it still is the directory `id` names: the
+/// command that checked it ran earlier, and the path may since lead elsewhere
+/// (renamed, replaced, or a symlink now).
+pub fn check_same_dir(path: &Path, id: Option<(u64, u64)>) -> Result<(), MountError> {
+    let Some(id) = id else { return Ok(()) };
+    match dir_id(path) {
+        Ok(now) if now == id => Ok(()),
+        _ => Err(MountError::System(format!(
+            "{} is no longer the directory that was checked before mounting (renamed, replaced or a symlink now): nothing was mounted there",
+            path.display()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mountpoint_that_changed_since_it_was_checked_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mp = tmp.path().join("mnt");
+        std::fs::create_dir(&mp).unwrap();
+        let id = dir_id(&mp).unwrap();
+        assert!(check_same_dir(&mp, Some(id)).is_ok());
+        // Replaced by another directory of the same name.
+        std::fs::rename(&mp, tmp.path().join("old")).unwrap();
+        std::fs::create_dir(&mp).unwrap();
+        assert!(check_same_dir(&mp, Some(id)).is_err());
+        // A symlink to the directory that was checked.
+        std::fs::remove_dir(&mp).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("old"), &mp).unwrap();
+        let err = check_same_dir(&mp, Some(id)).unwrap_err().to_string();
+        assert!(err.contains("no longer the directory"), "{err}");
+    }
+}

@@ -179,6 +179,10 @@ pub(super) fn setup(
     config.acl = SessionACL::Owner;
     config.n_threads = Some(4);
     config.clone_fd = true;
+    if m.req.mode != Mode::Fs {
+        // FUSE goes on the user's directory itself.
+        system::check_same_dir(&m.fuse_dir, m.req.mountpoint_id)?;
+    }
     m.session = Some(fuser::spawn_mount(fs, &m.fuse_dir, &config).map_err(|e| {
         MountError::System(format!(
             "cannot mount FUSE at {}: {e}",
@@ -219,6 +223,7 @@ pub(super) fn setup(
                 )))
             }
         };
+        system::check_same_dir(&m.req.mountpoint, m.req.mountpoint_id)?;
         system::mount_fs(&dev, &m.req.mountpoint, &t, m.req.read_only)?;
         m.fs_mounted = true;
         fstype = Some(t);
