@@ -7,6 +7,12 @@ use anyhow::{bail, Result};
 use blobdrive::mount::{daemon, record, system, Mode};
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Unmounting writes every cached byte to the blob first, waiting out an outage of the
+storage service (it says every few seconds what it waits for), then releases the
+lease. It is refused, leaving everything mounted, while the filesystem is busy or a
+process holds the raw disk file open. It exits non-zero, naming what happened, if the
+lease was lost with data not yet written, or could not be released.")]
 pub struct Args {
     /// Where the drive is mounted (as given to `blobdrive mount`).
     pub mountpoint: PathBuf,
