@@ -23,6 +23,14 @@ pub enum BlobRefError {
     Snapshot(String),
     #[error("invalid blob URL: {0}")]
     Url(String),
+    #[error("'{given}' is a snapshot of {other}, not of {this}")]
+    OtherBlob {
+        given: String,
+        other: String,
+        this: String,
+    },
+    #[error("'{0}' names no snapshot: expected a time like 2026-11-22T11:05:54.5810000Z or BLOB@SNAPSHOT")]
+    NoSnapshot(String),
 }
 
 /// A parsed BLOB argument.
@@ -77,6 +85,34 @@ impl BlobRef {
             snapshot: None,
             ..self.clone()
         }
+    }
+
+    /// The snapshot id in `spec`, a snapshot of this blob named as the tool prints it
+    /// (`container/name.vhd@2026-...Z`), as a bare time (`2026-...Z`) or as a URL
+    /// with `snapshot=`. A snapshot of another blob is refused, never silently taken
+    /// as a snapshot of this one.
+    pub fn snapshot_of(&self, spec: &str) -> Result<String, BlobRefError> {
+        let spec = spec.trim();
+        if !spec.contains('@') && !spec.starts_with("https://") && !spec.starts_with("http://") {
+            check_snapshot(spec)?;
+            return Ok(spec.to_string());
+        }
+        let other = BlobRef::parse(spec)?;
+        let Some(id) = other.snapshot.clone() else {
+            return Err(BlobRefError::NoSnapshot(spec.to_string()));
+        };
+        let same_account = match (&self.endpoint, &other.endpoint) {
+            (Some((a, _)), Some((b, _))) => a == b,
+            _ => true,
+        };
+        if other.container != self.container || other.name != self.name || !same_account {
+            return Err(BlobRefError::OtherBlob {
+                given: other.to_string(),
+                other: other.base().to_string(),
+                this: self.base().to_string(),
+            });
+        }
+        Ok(id)
     }
 
     /// Whether the blob came as a URL (with its own account).
@@ -270,6 +306,50 @@ mod tests {
         assert!(matches!(
             BlobRef::parse("disks/a.vhd@yesterday"),
             Err(BlobRefError::Snapshot(_))
+        ));
+    }
+
+    #[test]
+    fn a_snapshot_is_named_bare_as_printed_or_as_a_url() {
+        let id = "2026-11-22T11:05:54.5810000Z";
+        let b = BlobRef::parse("disks/a.vhd").unwrap();
+        assert_eq!(b.snapshot_of(id).unwrap(), id);
+        assert_eq!(b.snapshot_of(&format!("disks/a.vhd@{id}")).unwrap(), id);
+        assert_eq!(b.snapshot_of(&format!(" disks/a.vhd@{id} ")).unwrap(), id);
+        // Given with its snapshot, the command's blob still takes others by name.
+        let at = BlobRef::parse(&format!("disks/a.vhd@{id}")).unwrap();
+        assert_eq!(at.snapshot_of(&format!("disks/a.vhd@{id}")).unwrap(), id);
+        let url = BlobRef::parse("http://127.0.0.1:10000/devstoreaccount1/disks/a.vhd").unwrap();
+        assert_eq!(
+            url.snapshot_of(&format!(
+                "http://127.0.0.1:10000/devstoreaccount1/disks/a.vhd?snapshot={id}"
+            ))
+            .unwrap(),
+            id
+        );
+        assert_eq!(url.snapshot_of(&format!("disks/a.vhd@{id}")).unwrap(), id);
+        let e = b.snapshot_of(&format!("disks/b.vhd@{id}")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("'disks/b.vhd@{id}' is a snapshot of disks/b.vhd, not of disks/a.vhd")
+        );
+        assert!(matches!(
+            url.snapshot_of(&format!(
+                "http://127.0.0.2:10000/devstoreaccount1/disks/a.vhd?snapshot={id}"
+            )),
+            Err(BlobRefError::OtherBlob { .. })
+        ));
+        assert!(matches!(
+            b.snapshot_of("disks/a.vhd@yesterday"),
+            Err(BlobRefError::Snapshot(_))
+        ));
+        assert!(matches!(
+            b.snapshot_of("yesterday"),
+            Err(BlobRefError::Snapshot(_))
+        ));
+        assert!(matches!(
+            b.snapshot_of("https://acct.blob.core.windows.net/disks/a.vhd"),
+            Err(BlobRefError::NoSnapshot(_))
         ));
     }
 

@@ -347,3 +347,13 @@ fn help_teaches_and_lists_only_built_commands() {
     let out = ok(&["lease", "break", "--help"]);
     assert!(out.contains("dead host"), "{out}");
 }
+
+#[test]
+fn upload_of_a_missing_file_names_its_cause_once() {
+    let c = container("nofile");
+    let err = fails(
+        &["upload", "/nothere.img", &format!("{c}/a.vhd")],
+        "/nothere.img: No such file or directory",
+    );
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+}

@@ -42,13 +42,19 @@ fn ok(args: &[&str]) -> String {
 }
 
 fn fails(args: &[&str], needle: &str) {
+    fails_with(args, needle);
+}
+
+/// As [`fails`], returning stderr.
+fn fails_with(args: &[&str], needle: &str) -> String {
     let out = bd(args);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success(), "{args:?} should fail");
     assert!(
         err.contains(needle),
         "{args:?}: expected '{needle}' in: {err}"
     );
+    err
 }
 
 fn container(tag: &str) -> String {
@@ -249,6 +255,17 @@ fn an_interrupted_upload_resumes_without_resending() {
         done > 0 && done < 512 * MIB,
         "killed too late to test a resume: {done}"
     );
+    // Progress counts acknowledged bytes: what it reported is on the blob (the
+    // image is all data, so every byte counted is a byte written).
+    let pct: u64 = first
+        .split_once(": ")
+        .and_then(|(_, r)| r.split_once('%'))
+        .map(|(p, _)| p.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("no percentage in {first}"));
+    assert!(
+        done >= 512 * MIB * pct / 100,
+        "progress said {pct}% but only {done} bytes were on the blob: {first}"
+    );
     // Without --resume the unfinished blob is not replaced.
     fails(&["upload", img.to_str().unwrap(), &spec], "--resume");
     let r = json(&ok(&[
@@ -264,9 +281,30 @@ fn an_interrupted_upload_resumes_without_resending() {
     let back = dir.path().join("back.img");
     ok(&["download", &spec, back.to_str().unwrap(), "--format", "raw"]);
     sh_ok(&format!("cmp '{}' '{}'", img.display(), back.display()));
-    // A finished drive is not "resumed", and a changed source is refused.
+    // Resuming a finished upload from the same file says so and sends nothing.
+    let out = ok(&["upload", img.to_str().unwrap(), &spec, "--resume"]);
+    assert!(out.contains("already complete"), "{out}");
+    let r = json(&ok(&[
+        "upload",
+        img.to_str().unwrap(),
+        &spec,
+        "--resume",
+        "--json",
+    ]));
+    assert_eq!(r["already_complete"], true);
+    assert_eq!(r["bytes_transferred"], 0);
+    // ...but not once the drive lost some of the file's data.
+    rt().block_on(blob_of(&spec).clear_pages(64 * MIB, MIB, None))
+        .unwrap();
     fails(
         &["upload", img.to_str().unwrap(), &spec, "--resume"],
+        "changed since",
+    );
+    // A drive blobdrive did not upload is not "resumed", and a changed source is refused.
+    let made = format!("{}/made.vhd", container("made"));
+    ok(&["create", &made, "--size", "512MiB"]);
+    fails(
+        &["upload", img.to_str().unwrap(), &made, "--resume"],
         "not an unfinished upload",
     );
     let spec2 = format!("{}/changed.vhd", container("changed"));
@@ -319,12 +357,13 @@ fn incremental_download_equals_a_full_one() {
         .to_string();
     let full = dir.path().join("full.vhd");
     ok(&["download", &format!("{spec}@{b}"), full.to_str().unwrap()]);
+    // --since takes the snapshot as `snapshot create` prints it, too.
     let r = json(&ok(&[
         "download",
         &format!("{spec}@{b}"),
         copy.to_str().unwrap(),
         "--since",
-        &a,
+        &format!("{spec}@{a}"),
         "--json",
     ]));
     // Azurite ignores prevsnapshot; the check must notice and compare instead.
@@ -405,6 +444,17 @@ fn snapshots_list_prune_delete_and_restore() {
     rt().block_on(blob.release_lease(lease)).unwrap();
     ok(&["restore", &spec, "--from", &ids[3], "--yes"]);
     assert_eq!(rt().block_on(blob.read(MIB, 4096)).unwrap(), v1);
+    // Azurite shares a restored snapshot's pages with its drive (later writes to the
+    // drive show in the snapshot), so the printed form is tried on a refusal here and
+    // on a real restore by `restore_takes_the_snapshot_as_printed`.
+    let printed = format!("{spec}@{}", ids[3]);
+    let err = fails_with(&["restore", &spec, "--from", &printed], "--yes");
+    assert!(err.contains(&format!("replaced by {printed}")), "{err}");
+    let other = format!("{}/other.vhd", spec.split_once('/').unwrap().0);
+    fails(
+        &["restore", &other, "--from", &printed, "--yes"],
+        &format!("is a snapshot of {spec}, not of {other}"),
+    );
     fails(
         &[
             "restore",
@@ -415,4 +465,33 @@ fn snapshots_list_prune_delete_and_restore() {
         ],
         "does not exist",
     );
+}
+
+#[test]
+fn restore_takes_the_snapshot_as_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("p.img");
+    sparse_image(&img, "4M", &[1]);
+    let spec = format!("{}/printed.vhd", container("printed"));
+    ok(&["upload", img.to_str().unwrap(), &spec]);
+    let blob = blob_of(&spec);
+    let v1 = rt().block_on(blob.read(MIB, 4096)).unwrap();
+    let out = bd(&["snapshot", "create", &spec]);
+    assert!(out.status.success());
+    let hint = String::from_utf8_lossy(&out.stderr).to_string();
+    // "...; name it as BLOB@SNAPSHOT": what the user copies.
+    let printed = hint
+        .trim_end()
+        .rsplit_once("name it as ")
+        .map(|(_, n)| n.to_string())
+        .unwrap_or_else(|| panic!("no name in {hint}"));
+    assert_eq!(
+        printed,
+        format!("{spec}@{}", String::from_utf8_lossy(&out.stdout).trim())
+    );
+    rt().block_on(blob.put_pages(MIB, Bytes::from(vec![0x56u8; 4096]), None))
+        .unwrap();
+    let done = ok(&["restore", &spec, "--from", &printed, "--yes"]);
+    assert_eq!(done.trim(), format!("restored {spec} from {printed}"));
+    assert_eq!(rt().block_on(blob.read(MIB, 4096)).unwrap(), v1);
 }

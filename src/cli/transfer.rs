@@ -36,7 +36,8 @@ pub struct DownloadArgs {
     /// vhd keeps the footer (default for names ending in .vhd), raw drops it.
     #[arg(long, value_enum)]
     pub format: Option<Format>,
-    /// FILE is a copy of this older snapshot of the same drive: update it in place,
+    /// FILE is a copy of this older snapshot of the same drive (its time, or
+    /// BLOB@SNAPSHOT as `snapshot create` prints it): update it in place,
     /// transferring only what changed.
     #[arg(long, value_name = "SNAPSHOT")]
     pub since: Option<String>,
@@ -49,7 +50,8 @@ pub struct DownloadArgs {
 pub struct RestoreArgs {
     /// The drive to restore (container/name.vhd); it must not be mounted.
     pub blob: String,
-    /// The snapshot whose content the drive gets back.
+    /// The snapshot whose content the drive gets back: its time, or BLOB@SNAPSHOT
+    /// as `snapshot create` prints it.
     #[arg(long, value_name = "SNAPSHOT")]
     pub from: String,
     /// Confirm: the drive's current content is replaced.
@@ -94,6 +96,13 @@ pub fn upload(ctx: &Context, a: UploadArgs) -> Result<()> {
         quiet: a.json,
     };
     let report = ctx.block_on(upload::upload(&a.file, &blob, &opts))??;
+    if report.already_complete && !a.json {
+        println!(
+            "{r} is already complete: it was uploaded from {}, which has not changed since; nothing sent",
+            a.file.display()
+        );
+        return Ok(());
+    }
     summary(
         "uploaded",
         &format!("{} to {r}", a.file.display()),
@@ -117,8 +126,8 @@ pub fn download(ctx: &Context, a: DownloadArgs) -> Result<()> {
     let report = match &a.since {
         None => ctx.block_on(download::download(&blob, &a.file, format, a.json))??,
         Some(since) => {
-            let old = blob.at_snapshot(Some(since));
-            blobdrive::blobref::BlobRef::parse(&format!("{}@{since}", r.base()))?;
+            let since = r.snapshot_of(since)?;
+            let old = blob.at_snapshot(Some(&since));
             ctx.block_on(download::download_since(
                 &blob, &old, &a.file, format, a.json,
             ))??
@@ -137,11 +146,11 @@ pub fn restore(ctx: &Context, a: RestoreArgs) -> Result<()> {
     if r.snapshot.is_some() {
         bail!("name the drive as BLOB and the snapshot with --from");
     }
-    blobdrive::blobref::BlobRef::parse(&format!("{r}@{}", a.from))?;
+    let from = r.snapshot_of(&a.from)?;
     if !a.yes {
-        bail!("refusing to restore {r} without --yes: its current content would be replaced by {r}@{}", a.from);
+        bail!("refusing to restore {r} without --yes: its current content would be replaced by {r}@{from}");
     }
-    ctx.block_on(blobdrive::snapshot::restore(&blob, &a.from))??;
-    println!("restored {r} from {r}@{}", a.from);
+    ctx.block_on(blobdrive::snapshot::restore(&blob, &from))??;
+    println!("restored {r} from {r}@{from}");
     Ok(())
 }

@@ -79,6 +79,7 @@ fn report(
         skipped_bytes: 0,
         seconds: started.elapsed().as_secs_f64(),
         method,
+        already_complete: false,
     }
 }
 

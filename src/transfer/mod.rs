@@ -25,12 +25,10 @@ pub enum TransferError {
     Azure(#[from] AzureError),
     #[error(transparent)]
     Drive(#[from] DriveError),
-    #[error("{path}: {source}")]
-    File {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The cause is in the message, not in the error chain, so that a chain
+    /// printed as one line names it once.
+    #[error("{path}: {error}")]
+    File { path: String, error: std::io::Error },
     #[error("{0}")]
     Refused(String),
 }
@@ -38,9 +36,9 @@ pub enum TransferError {
 pub(crate) fn file_err(
     path: &std::path::Path,
 ) -> impl FnOnce(std::io::Error) -> TransferError + '_ {
-    move |source| TransferError::File {
+    move |error| TransferError::File {
         path: path.display().to_string(),
-        source,
+        error,
     }
 }
 
@@ -58,4 +56,6 @@ pub struct Report {
     pub seconds: f64,
     /// How an incremental download found the changes: "diff" or "full-compare".
     pub method: Option<String>,
+    /// `upload --resume` found the upload already finished from the same file.
+    pub already_complete: bool,
 }

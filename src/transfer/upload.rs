@@ -24,6 +24,9 @@ use crate::vhd::{DiskType, Footer, FOOTER_SIZE, MAX_DISK_BYTES, MIB};
 
 /// Metadata name holding the source fingerprint while an upload is unfinished.
 const FINGERPRINT_META: &str = "blobdriveupload";
+/// Metadata name holding the source fingerprint once the upload finished, so that a
+/// `--resume` repeated after the end can tell "already complete" from "another blob".
+const FINISHED_META: &str = "blobdriveuploaded";
 /// Zero gaps shorter than this inside data are sent rather than split around:
 /// a few KiB of zeros cost less than another request.
 const MIN_GAP: u64 = 64 * 1024;
@@ -213,12 +216,24 @@ pub async fn upload(
                     blob.target()
                 )));
             }
-            let ours = p
-                .metadata
-                .iter()
-                .find(|(k, _)| k == FINGERPRINT_META)
-                .map(|(_, v)| v.clone());
-            if opts.resume && ours.is_some() {
+            let meta = |name: &str| {
+                p.metadata
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+            };
+            let ours = meta(FINGERPRINT_META);
+            let finished = meta(FINISHED_META);
+            if opts.resume && ours.is_none() && finished.is_some() {
+                if finished.as_deref() != Some(fp.as_str()) || p.content_length != blob_len {
+                    return Err(TransferError::Refused(format!(
+                        "cannot resume: the finished upload to {} was of another file, or {} changed since; use --overwrite to replace it",
+                        blob.target(),
+                        path.display()
+                    )));
+                }
+                return already_complete(path, blob, &src, &f, started).await;
+            } else if opts.resume && ours.is_some() {
                 if ours.as_deref() != Some(fp.as_str()) || p.content_length != blob_len {
                     return Err(TransferError::Refused(format!(
                         "cannot resume: {} changed since the interrupted upload to {} (or that upload was of another file); start over with --overwrite",
@@ -264,6 +279,8 @@ pub async fn upload(
     // (resume) skipped.
     let extents = data_extents(&f, src.data_len);
     let planned: u64 = extents.iter().map(|(s, e)| e - s).sum();
+    // Progress counts a byte once its fate is settled: data when its Put Page was
+    // acknowledged, zeros and data already there when scanned.
     let progress = Arc::new(Progress::new("upload", planned, opts.quiet));
     let sem = Arc::new(Semaphore::new(PARALLEL));
     let mut tasks = tokio::task::JoinSet::new();
@@ -275,24 +292,32 @@ pub async fn upload(
             let mut buf = vec![0u8; (end.div_ceil(PAGE) * PAGE - pos) as usize];
             let n = (end - pos) as usize;
             read_full_at(&f, &mut buf[..n], pos).map_err(file_err(path))?;
+            let mut settled = end - pos;
             for (rs, re) in nonzero_runs(pos, &buf) {
                 if present.iter().any(|p| p.start <= rs && re <= p.end) {
                     skipped += re - rs;
                     continue;
                 }
+                // The file's bytes in this run (the last page may reach past its end).
+                let counted = re.min(end) - rs;
+                settled -= counted;
                 let data = Bytes::copy_from_slice(&buf[(rs - pos) as usize..(re - pos) as usize]);
                 let permit = sem.clone().acquire_owned().await.expect("open semaphore");
                 let blob = blob.clone();
+                let progress = progress.clone();
                 tasks.spawn(async move {
                     let r = blob.put_pages(rs, data, None).await;
                     drop(permit);
+                    if r.is_ok() {
+                        progress.add(counted);
+                    }
                     r
                 });
                 while let Some(done) = tasks.try_join_next() {
                     done.expect("upload task")?;
                 }
             }
-            progress.add(end - pos);
+            progress.add(settled);
             pos = end;
         }
     }
@@ -303,7 +328,7 @@ pub async fn upload(
     // The footer last: only now is the blob a drive.
     blob.put_pages(src.disk_size, Bytes::copy_from_slice(&src.footer), None)
         .await?;
-    blob.set_metadata(&[], None).await?;
+    blob.set_metadata(&[(FINISHED_META, &fp)], None).await?;
     // Verify what is cheap: length and footer as a drive would read them.
     let drive = crate::drive::Drive::open(blob).await?;
     if drive.disk_size() != src.disk_size {
@@ -322,6 +347,63 @@ pub async fn upload(
         skipped_bytes: skipped,
         seconds: started.elapsed().as_secs_f64(),
         method: None,
+        already_complete: false,
+    })
+}
+
+/// `--resume` of an upload that finished from this same file: nothing is sent once
+/// the blob is seen to still hold every data page of the file and its footer.
+async fn already_complete(
+    path: &Path,
+    blob: &BlobClient,
+    src: &Source,
+    f: &File,
+    started: Instant,
+) -> Result<Report, TransferError> {
+    let changed = || {
+        TransferError::Refused(format!(
+            "cannot resume: {} was uploaded from {} but changed since (pages missing or another footer); use --overwrite to upload it again",
+            blob.target(),
+            path.display()
+        ))
+    };
+    let drive = crate::drive::Drive::open(blob).await?;
+    // A raw image gets a new footer (new id and time) at every upload: only a
+    // VHD's own footer, sent as it was, can be compared byte for byte.
+    let own_footer = src.kind == "fixed VHD" && src.data_len == src.disk_size;
+    if drive.disk_size() != src.disk_size
+        || (own_footer && blob.read(src.disk_size, FOOTER_SIZE).await?[..] != src.footer[..])
+    {
+        return Err(changed());
+    }
+    // Merged: a run of the file may span ranges written by different requests.
+    let present = crate::azure::ranges::merge(
+        blob.page_ranges_segmented(src.disk_size, SegmentPlan::default())
+            .await?,
+    );
+    for (es, ee) in data_extents(f, src.data_len) {
+        let mut pos = es / PAGE * PAGE;
+        while pos < ee {
+            let end = (pos + CHUNK).min(ee);
+            let mut buf = vec![0u8; (end.div_ceil(PAGE) * PAGE - pos) as usize];
+            let n = (end - pos) as usize;
+            read_full_at(f, &mut buf[..n], pos).map_err(file_err(path))?;
+            for (rs, re) in nonzero_runs(pos, &buf) {
+                if !present.iter().any(|p| p.start <= rs && re <= p.end) {
+                    return Err(changed());
+                }
+            }
+            pos = end;
+        }
+    }
+    Ok(Report {
+        image_bytes: src.disk_size,
+        bytes_transferred: 0,
+        requests: 0,
+        skipped_bytes: crate::azure::ranges::total(&present),
+        seconds: started.elapsed().as_secs_f64(),
+        method: None,
+        already_complete: true,
     })
 }
 
