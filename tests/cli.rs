@@ -357,3 +357,54 @@ fn upload_of_a_missing_file_names_its_cause_once() {
     );
     assert_eq!(err.matches("No such file").count(), 1, "{err}");
 }
+
+/// A SAS signed with the emulator's key: `service` for one blob (`sr=b`, the shape
+/// of a managed disk's export URL), else an account SAS for objects only
+/// (`srt=o`). Both with read permission only: neither can list the container.
+fn read_only_blob_sas(container: &str, blob: &str, service: bool) -> String {
+    use base64::Engine as _;
+    let version = "2021-12-02";
+    let expiry = "2099-01-01T00:00:00Z";
+    let sts = if service {
+        format!(
+            "r\n\n{expiry}\n/blob/devstoreaccount1/{container}/{blob}\n\n\nhttp,https\n{version}\nb\n\n\n\n\n\n\n"
+        )
+    } else {
+        format!("devstoreaccount1\nr\nb\no\n\n{expiry}\n\nhttp,https\n{version}\n\n")
+    };
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(common::azurite::DEV_KEY)
+        .unwrap();
+    let auth = blobdrive::azure::auth::shared_key::authorization("x", &key, &sts);
+    let sig = auth.rsplit(':').next().unwrap();
+    let sig: String = url::form_urlencoded::byte_serialize(sig.as_bytes()).collect();
+    if service {
+        format!("sv={version}&sr=b&sp=r&se={expiry}&spr=http,https&sig={sig}")
+    } else {
+        format!("sv={version}&ss=b&srt=o&sp=r&se={expiry}&spr=http,https&sig={sig}")
+    }
+}
+
+#[test]
+fn info_works_with_a_read_sas_for_one_blob() {
+    let c = container("sasinfo");
+    let spec = format!("{c}/disk.vhd");
+    ok(&["create", &spec, "--size", "8MiB"]);
+    for service in [true, false] {
+        let url = format!(
+            "{}/{spec}?{}",
+            Azurite::shared().blob_endpoint().trim_end_matches('/'),
+            read_only_blob_sas(&c, "disk.vhd", service)
+        );
+        // The SAS really cannot list: what `info` used to fail on.
+        fails(&["snapshot", "list", &url], "access denied");
+        let info = json(&ok(&["info", &url, "--json"]));
+        assert_eq!(info["size_bytes"], 8 * MIB, "service SAS: {service}");
+        assert_eq!(info["allocated_bytes"], 512);
+        assert_eq!(info["snapshots"], Value::Null);
+        let text = ok(&["info", &url]);
+        assert!(text.contains("snapshots:    unknown"), "{text}");
+    }
+    // With a key that can list, the count is there.
+    assert_eq!(json(&ok(&["info", &spec, "--json"]))["snapshots"], 0);
+}

@@ -29,7 +29,9 @@ struct Info {
     disk_type: String,
     lease_state: String,
     lease_duration: Option<String>,
-    snapshots: usize,
+    /// null when the credential may read the blob but not list its container (a
+    /// SAS for one blob, such as a managed disk's export URL).
+    snapshots: Option<usize>,
     etag: Option<String>,
     last_modified: Option<String>,
 }
@@ -41,11 +43,17 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         let written = blob
             .page_ranges_segmented(drive.props.content_length, SegmentPlan::default())
             .await?;
-        let listed = blob.container().list_blobs(blob.name(), true).await?;
-        let snapshots = listed
-            .iter()
-            .filter(|b| b.name == blob.name() && b.snapshot.is_some())
-            .count();
+        let snapshots = match blob.container().list_blobs(blob.name(), true).await {
+            Ok(listed) => Some(
+                listed
+                    .iter()
+                    .filter(|b| b.name == blob.name() && b.snapshot.is_some())
+                    .count(),
+            ),
+            // Reading the blob worked, so this is the credential's scope, not a bad key.
+            Err(e) if e.status() == Some(403) => None,
+            Err(e) => return Err(e.into()),
+        };
         let lease_state = drive
             .props
             .lease_state
@@ -97,7 +105,10 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         Some(d) => println!("lease:        {} ({d})", info.lease_state),
         None => println!("lease:        {}", info.lease_state),
     }
-    println!("snapshots:    {}", info.snapshots);
+    match info.snapshots {
+        Some(n) => println!("snapshots:    {n}"),
+        None => println!("snapshots:    unknown (the credential cannot list the container)"),
+    }
     if let Some(e) = &info.etag {
         println!("etag:         {e}");
     }
