@@ -495,3 +495,110 @@ fn restore_takes_the_snapshot_as_printed() {
     assert_eq!(done.trim(), format!("restored {spec} from {printed}"));
     assert_eq!(rt().block_on(blob.read(MIB, 4096)).unwrap(), v1);
 }
+
+/// A mount made by a test, unmounted however the test ends.
+struct Mounted(tempfile::TempDir);
+
+impl Mounted {
+    fn new(args: &[&str]) -> Mounted {
+        let dir = tempfile::Builder::new()
+            .prefix("blobdrive-transfer-mnt.")
+            .tempdir()
+            .unwrap();
+        let mut all = vec!["mount", args[0], dir.path().to_str().unwrap()];
+        all.extend_from_slice(&args[1..]);
+        ok(&all);
+        Mounted(dir)
+    }
+
+    fn path(&self) -> &str {
+        self.0.path().to_str().unwrap()
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let out = bd(&["unmount", self.path()]);
+        if !std::thread::panicking() {
+            assert!(
+                out.status.success(),
+                "unmount: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+#[test]
+fn prune_skips_mounted_snapshots_and_download_warns_about_a_writable_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("m.img");
+    sparse_image(&img, "8M", &[1]);
+    let spec = format!("{}/mounted.vhd", container("mounted"));
+    ok(&["upload", img.to_str().unwrap(), &spec]);
+    let ids: Vec<String> = (0..3)
+        .map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            ok(&["snapshot", "create", &spec]).trim().to_string()
+        })
+        .collect();
+    let oldest = format!("{spec}@{}", ids[0]);
+    {
+        let m = Mounted::new(&[&oldest, "--mode", "raw"]);
+        // The dry run lists what it would delete and names the mounted one it skips.
+        let out = ok(&["snapshot", "prune", &spec, "--keep", "1", "--dry-run"]);
+        assert!(
+            out.contains(&format!("would delete {spec}@{}", ids[1])),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("skipping {oldest}: mounted at {}", m.path())),
+            "{out}"
+        );
+        assert!(!out.contains(&format!("would delete {oldest}")), "{out}");
+        // The real prune does the same, and deleting the mounted one is refused.
+        let out = ok(&["snapshot", "prune", &spec, "--keep", "1"]);
+        assert!(out.contains(&format!("deleted {spec}@{}", ids[1])), "{out}");
+        assert!(out.contains(&format!("skipping {oldest}")), "{out}");
+        let left: Vec<String> = json(&ok(&["snapshot", "list", &spec, "--json"]))
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["snapshot"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(left, vec![ids[0].clone(), ids[2].clone()]);
+        fails(&["snapshot", "delete", &oldest], "unmount it");
+    }
+    // A download of a drive mounted writable warns and points at snapshot create;
+    // one of a snapshot, or of a drive not mounted, does not.
+    let warning = "snapshot create";
+    let copy = dir.path().join("live.img");
+    {
+        let _m = Mounted::new(&[&spec, "--mode", "raw"]);
+        let out = bd(&["download", &spec, copy.to_str().unwrap()]);
+        assert!(out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("is mounted writable") && err.contains(warning),
+            "{err}"
+        );
+        let snap = dir.path().join("snap.img");
+        let out = bd(&[
+            "download",
+            &format!("{spec}@{}", ids[2]),
+            snap.to_str().unwrap(),
+        ]);
+        assert!(out.status.success());
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains(warning),
+            "{out:?}"
+        );
+    }
+    std::fs::remove_file(&copy).unwrap();
+    let out = bd(&["download", &spec, copy.to_str().unwrap()]);
+    assert!(out.status.success());
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains(warning),
+        "{out:?}"
+    );
+}

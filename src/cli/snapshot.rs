@@ -128,7 +128,13 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
             let Some(id) = r.snapshot.clone() else {
                 bail!("name the snapshot to delete as BLOB@SNAPSHOT (see `blobdrive snapshot list {r}`)");
             };
-            refuse_if_mounted(&r.base().to_string(), &id)?;
+            let endpoint = client.service().account().blob_endpoint.to_string();
+            if let Some(m) = mounted_here(&endpoint, &r.base().to_string(), &id) {
+                bail!(
+                    "{r} is mounted at {}; unmount it before deleting it",
+                    m.mountpoint.display()
+                );
+            }
             ctx.block_on(async {
                 drive::properties(&client).await?;
                 client.delete(DeleteSnapshots::None, None).await?;
@@ -149,14 +155,23 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
             let list = ctx.block_on(snapshot::list(&client, false))??;
             let ids: Vec<String> = list.into_iter().map(|s| s.snapshot).collect();
             let doomed = snapshot::to_prune(&ids, keep);
-            for id in &doomed {
-                refuse_if_mounted(&r.to_string(), id)?;
-            }
             if doomed.is_empty() {
                 println!("{r} has {} snapshot(s); nothing to prune", ids.len());
                 return Ok(());
             }
+            let endpoint = client.service().account().blob_endpoint.to_string();
+            let mut deleted = 0;
+            let mut skipped = 0;
             for id in &doomed {
+                // A snapshot mounted here is never deleted from under its mount.
+                if let Some(m) = mounted_here(&endpoint, &r.to_string(), id) {
+                    println!(
+                        "skipping {r}@{id}: mounted at {} (unmount it to prune it)",
+                        m.mountpoint.display()
+                    );
+                    skipped += 1;
+                    continue;
+                }
                 if dry_run {
                     println!("would delete {r}@{id}");
                 } else {
@@ -167,28 +182,30 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
                     )??;
                     println!("deleted {r}@{id}");
                 }
+                deleted += 1;
             }
             println!(
-                "{} {} snapshot(s), kept the newest {}",
+                "{} {deleted} snapshot(s), kept the newest {}{}",
                 if dry_run { "would delete" } else { "deleted" },
-                doomed.len(),
-                ids.len() - doomed.len()
+                ids.len() - doomed.len(),
+                if skipped > 0 {
+                    format!(" and {skipped} mounted one(s)")
+                } else {
+                    String::new()
+                }
             );
             Ok(())
         }
     }
 }
 
-/// A snapshot mounted on this machine is not deleted from under its mount.
-fn refuse_if_mounted(base: &str, id: &str) -> Result<()> {
-    if let Some(m) = record::load_all()
-        .into_iter()
-        .find(|m| m.blob == base && m.snapshot.as_deref() == Some(id) && record::alive(m))
-    {
-        bail!(
-            "{base}@{id} is mounted at {}; unmount it before deleting it",
-            m.mountpoint.display()
-        );
-    }
-    Ok(())
+/// The live mount on this machine of snapshot `id` of `base` in the account at
+/// `endpoint`, if any (records from before endpoints were recorded match any).
+fn mounted_here(endpoint: &str, base: &str, id: &str) -> Option<record::MountRecord> {
+    record::load_all().into_iter().find(|m| {
+        (m.endpoint.is_empty() || m.endpoint == endpoint)
+            && m.blob == base
+            && m.snapshot.as_deref() == Some(id)
+            && record::alive(m)
+    })
 }

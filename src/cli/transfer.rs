@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
+use blobdrive::mount::record;
 use blobdrive::size::human;
 use blobdrive::transfer::download::{self, Format};
 use blobdrive::transfer::upload::{self, UploadOptions};
@@ -113,6 +114,22 @@ pub fn upload(ctx: &Context, a: UploadArgs) -> Result<()> {
 
 pub fn download(ctx: &Context, a: DownloadArgs) -> Result<()> {
     let (r, blob) = ctx.blob(&a.blob)?;
+    if r.snapshot.is_none() {
+        let endpoint = blob.service().account().blob_endpoint.to_string();
+        let base = r.to_string();
+        if let Some(m) = record::load_all().into_iter().find(|m| {
+            (m.endpoint.is_empty() || m.endpoint == endpoint)
+                && m.blob == base
+                && m.snapshot.is_none()
+                && !m.read_only
+                && record::alive(m)
+        }) {
+            eprintln!(
+                "warning: {r} is mounted writable at {}: this copy may be inconsistent (writes go on during the download and cached ones are not on the blob yet); for a consistent copy run `blobdrive snapshot create {r}` and download the BLOB@SNAPSHOT it names",
+                m.mountpoint.display()
+            );
+        }
+    }
     let format = a.format.unwrap_or(
         if a.file
             .extension()
