@@ -25,7 +25,7 @@ fi
 say() { printf '\n== %s\n' "$*" >&2; }
 
 say "dependencies"
-scripts/install-deps.sh >&2
+scripts/install-deps.sh --bench >&2
 VENV="$ROOT/target/bench-venv"
 if [ ! -x "$VENV/bin/moto_server" ]; then
     python3 -m venv "$VENV"

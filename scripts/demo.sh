@@ -15,15 +15,15 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 say "installing system packages if missing"
-scripts/install-deps.sh
+scripts/install-deps.sh --demo
 
 say "installing test dependencies (Azurite from scripts/package-lock.json)"
 if [ ! -x scripts/node_modules/.bin/azurite-blob ]; then
     npm ci --prefix scripts --no-audit --no-fund --loglevel=error
 fi
 
-say "building blobdrive"
-cargo build --release --quiet
+say "building blobdrive (a few minutes the first time; cargo shows its progress)"
+cargo build --release
 BD="$PWD/target/release/blobdrive"
 
 say "starting Azurite"
@@ -47,7 +47,7 @@ say "blobdrive create disks/demo.vhd --size 1GiB --create-container"
 say "blobdrive info disks/demo.vhd"
 "$BD" info disks/demo.vhd
 
-say "sudo blobdrive mount disks/demo.vhd $MNT --mkfs ext4"
+say "blobdrive mount disks/demo.vhd $MNT --mkfs ext4"
 "$BD" mount disks/demo.vhd "$MNT" --mkfs ext4
 
 say "writing files: 200 small ones and one of 100 MiB, then sync"

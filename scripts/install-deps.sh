@@ -1,35 +1,65 @@
 #!/usr/bin/env bash
-# Installs the Debian packages blobdrive's tests, demo and benchmarks use, when a
-# command they provide is missing (root; apt). Idempotent and silent when all is
-# there. Used by .ci/run, scripts/test.sh and scripts/demo.sh.
+# Installs the Debian packages an entry point needs, when a command they provide is
+# missing (root; apt). Idempotent and silent when all is there.
+#   scripts/install-deps.sh           what the tests need (scripts/test.sh, .ci/run)
+#   scripts/install-deps.sh --demo    what scripts/demo.sh needs (a subset)
+#   scripts/install-deps.sh --bench   what scripts/bench.sh needs: the demo's set plus
+#                                     the benchmark-only tools (fio, s3backer, venv)
+#   add --list to print the packages of that set, one a line, and install nothing.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-# command -> Debian package providing it
-declare -A pkg_of=(
-    [fusermount3]=fuse3
-    [mkfs.ext4]=e2fsprogs
-    [qemu-img]=qemu-utils
-    [mkfs.xfs]=xfsprogs
-    [losetup]=util-linux
-    [python3]=python3
-    [curl]=curl
-    # for the benchmark pipeline
-    [fio]=fio
-    [s3backer]=s3backer
-)
-base=(fuse3 e2fsprogs qemu-utils xfsprogs util-linux)
+
+mode=test
+list=0
+for a in "$@"; do
+    case "$a" in
+        --demo) mode=demo ;;
+        --bench) mode=bench ;;
+        --test) mode=test ;;
+        --list) list=1 ;;
+        *) echo "usage: $0 [--demo|--bench|--test] [--list]" >&2; exit 2 ;;
+    esac
+done
+
+# A check (a command name, or "py:MODULE" for a Python module) -> the Debian
+# package providing it, per set.
+declare -A pkg_of=()
+# Mounting a drive as ext4, and the emulator script (azurite.sh uses python3, curl).
+declare -A demo=([fusermount3]=fuse3 [mkfs.ext4]=e2fsprogs [losetup]=util-linux [python3]=python3 [curl]=curl)
+for k in "${!demo[@]}"; do pkg_of[$k]=${demo[$k]}; done
+case "$mode" in
+    test)
+        # xfs mounts, qemu-img interoperability, fio --verify in tests/durability.rs.
+        pkg_of[qemu-img]=qemu-utils
+        pkg_of[mkfs.xfs]=xfsprogs
+        pkg_of[fio]=fio
+        ;;
+    bench)
+        # The benchmark pipeline only: fio jobs, the s3backer peer, moto in a venv.
+        pkg_of[fio]=fio
+        pkg_of[s3backer]=s3backer
+        pkg_of[py:ensurepip]=python3-venv
+        ;;
+esac
+
+if [ "$list" = 1 ]; then
+    printf '%s\n' "${pkg_of[@]}" | sort -u
+    exit 0
+fi
+
+present() {
+    case "$1" in
+        py:*) command -v python3 >/dev/null && python3 -c "import ${1#py:}" 2>/dev/null ;;
+        *) command -v "$1" >/dev/null ;;
+    esac
+}
 missing=()
-for cmd in "${!pkg_of[@]}"; do
-    command -v "$cmd" >/dev/null || missing+=("${pkg_of[$cmd]}")
+for check in "${!pkg_of[@]}"; do
+    present "$check" || missing+=("${pkg_of[$check]}")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
-    # Any gap: install the base set plus whatever else is missing.
-    install=("${base[@]}")
-    for p in "${missing[@]}"; do
-        case " ${install[*]} " in *" $p "*) ;; *) install+=("$p") ;; esac
-    done
-    echo "missing: ${missing[*]}"
-    echo "installing: ${install[*]}"
+    mapfile -t install < <(printf '%s\n' "${missing[@]}" | sort -u)
+    echo "installing missing packages for the $mode set: ${install[*]}"
     apt-get update -qq </dev/null
     apt-get install -y -qq --no-install-recommends "${install[@]}" </dev/null
 fi
