@@ -293,7 +293,19 @@ fn an_interrupted_upload_resumes_without_resending() {
     ]));
     assert_eq!(r["already_complete"], true);
     assert_eq!(r["bytes_transferred"], 0);
-    // ...but not once the drive lost some of the file's data.
+    // ...but not once the drive was written to since...
+    let mut head = vec![0u8; 4096];
+    std::io::Read::read_exact(&mut std::fs::File::open(&img).unwrap(), &mut head).unwrap();
+    rt().block_on(blob_of(&spec).put_pages(0, Bytes::from(vec![0xabu8; 4096]), None))
+        .unwrap();
+    fails(
+        &["upload", img.to_str().unwrap(), &spec, "--resume"],
+        "changed since",
+    );
+    rt().block_on(blob_of(&spec).put_pages(0, Bytes::from(head), None))
+        .unwrap();
+    ok(&["upload", img.to_str().unwrap(), &spec, "--resume"]);
+    // ...or lost some of the file's data.
     rt().block_on(blob_of(&spec).clear_pages(64 * MIB, MIB, None))
         .unwrap();
     fails(

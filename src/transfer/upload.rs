@@ -376,6 +376,17 @@ async fn already_complete(
     {
         return Err(changed());
     }
+    // What the fingerprint samples (the first and last MiB of data) must read the
+    // same on the blob: a cheap check against a drive written to since (by a mount,
+    // or restored from a snapshot); pages missing are caught below.
+    let sample = src.data_len.min(MIB);
+    for at in [0, src.data_len - sample] {
+        let mut want = vec![0u8; sample as usize];
+        read_full_at(f, &mut want, at).map_err(file_err(path))?;
+        if blob.read(at, sample).await?[..] != want[..] {
+            return Err(changed());
+        }
+    }
     // Merged: a run of the file may span ranges written by different requests.
     let present = crate::azure::ranges::merge(
         blob.page_ranges_segmented(src.disk_size, SegmentPlan::default())
