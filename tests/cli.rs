@@ -57,6 +57,28 @@ fn fails(args: &[&str], needle: &str) -> String {
     err
 }
 
+/// Runs `cmd`, which must fail with exactly one `blobdrive: error:` line holding every
+/// needle (other lines, such as log warnings, are not checked); returns that line.
+fn fails_with(mut cmd: Command, needles: &[&str]) -> String {
+    let out = cmd.output().expect("run blobdrive");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success(),
+        "should fail, printed {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("blobdrive: error: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "one error line expected: {err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "expected '{n}' in: {err}");
+    }
+    assert!(!lines[0].contains('\x1b'), "no ANSI codes: {err}");
+    lines[0].to_string()
+}
+
 fn service() -> BlobService {
     BlobService::new(
         Account::from_connection_string(&Azurite::shared().connection_string()).unwrap(),
@@ -310,6 +332,27 @@ fn connection_string_errors_are_one_line_and_secret_free() {
     assert!(!out.status.success());
     assert!(err.contains("AccountKey is not valid base64"), "{err}");
     assert!(!err.contains("secret"), "{err}");
+}
+
+#[test]
+fn unknown_connection_string_names_are_named_with_the_known_ones() {
+    let mut cmd = bin();
+    cmd.env(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "AccountNme=devstoreaccount1;AccountKey=c2VjcmV0LWtleQ==",
+    )
+    .args(["info", "disks/a.vhd"]);
+    let err = fails_with(
+        cmd,
+        &[
+            "unknown name 'AccountNme'",
+            "did you mean AccountName?",
+            "known names: AccountName, AccountKey",
+            "BlobEndpoint",
+            "SharedAccessSignature",
+        ],
+    );
+    assert!(!err.contains("c2VjcmV0"), "no secret: {err}");
 }
 
 #[test]

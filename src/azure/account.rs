@@ -19,11 +19,57 @@ pub const DEV_KEY: &str =
 /// Where the emulator's blob service listens by default.
 pub const DEV_BLOB_ENDPOINT: &str = "http://127.0.0.1:10000/devstoreaccount1";
 
+/// The names a connection string may hold, as Azure spells them.
+pub const KNOWN_NAMES: [&str; 11] = [
+    "AccountName",
+    "AccountKey",
+    "DefaultEndpointsProtocol",
+    "EndpointSuffix",
+    "BlobEndpoint",
+    "SharedAccessSignature",
+    "UseDevelopmentStorage",
+    "DevelopmentStorageProxyUri",
+    "QueueEndpoint",
+    "TableEndpoint",
+    "FileEndpoint",
+];
+
+/// The known name an unknown one is most likely a typo of (at most 2 edits away).
+fn closest_name(name: &str) -> Option<&'static str> {
+    let name = name.to_ascii_lowercase();
+    KNOWN_NAMES
+        .iter()
+        .map(|k| (edit_distance(&name, &k.to_ascii_lowercase()), *k))
+        .filter(|(d, _)| *d <= 2)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let subst = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = subst.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 /// Why a connection string or blob URL was refused. Never contains the secret.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum AccountError {
     #[error("connection string: entry '{0}' is not of the form Name=Value")]
     Malformed(String),
+    #[error("connection string: unknown name '{name}'{}; known names: {}", suggestion.map(|s| format!(" (did you mean {s}?)")).unwrap_or_default(), KNOWN_NAMES.join(", "))]
+    UnknownName {
+        name: String,
+        suggestion: Option<&'static str>,
+    },
     #[error("connection string: {0} is missing")]
     Missing(&'static str),
     #[error("connection string: AccountKey is not valid base64")]
@@ -107,9 +153,11 @@ impl Account {
                 // Endpoints of other services are irrelevant to a blob tool.
                 "queueendpoint" | "tableendpoint" | "fileendpoint" => {}
                 _ => {
-                    return Err(AccountError::Malformed(
-                        k.chars().take(24).collect::<String>(),
-                    ))
+                    let name = k.trim().chars().take(32).collect::<String>();
+                    return Err(AccountError::UnknownName {
+                        suggestion: closest_name(&name),
+                        name,
+                    });
                 }
             }
         }
@@ -252,6 +300,25 @@ mod tests {
         assert_eq!(e, AccountError::Missing("AccountName"));
         let e = Account::from_connection_string("garbage-without-equals").unwrap_err();
         assert!(matches!(e, AccountError::Malformed(_)));
+    }
+
+    #[test]
+    fn unknown_names_are_named_with_the_known_ones() {
+        let e = Account::from_connection_string("AccountNme=a;AccountKey=c2VjcmV0").unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("unknown name 'AccountNme'"), "{m}");
+        assert!(m.contains("did you mean AccountName?"), "{m}");
+        for k in KNOWN_NAMES {
+            assert!(m.contains(k), "{m}");
+        }
+        assert!(!m.contains("Name=Value") && !m.contains("c2VjcmV0"), "{m}");
+        let m = Account::from_connection_string("Frobnicate=1")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.contains("unknown name 'Frobnicate'") && !m.contains("did you mean"),
+            "{m}"
+        );
     }
 
     #[test]
