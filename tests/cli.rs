@@ -175,6 +175,11 @@ fn create_refuses_bad_sizes_and_existing_blobs() {
     fails(&["create", &spec, "--size", "9TiB"], "maximum");
     fails(&["create", &spec, "--size", "0"], "more than 0");
     fails(&["create", &spec, "--size", "lots"], "invalid size");
+    fails(&["create", &spec, "--size", "1.7MiB"], "whole numbers only");
+    fails(&["create", &spec, "--size", "1.5GiB"], "write 1536MiB");
+    let err = fails(&["create", &spec, "--size", "1GB"], "ambiguous");
+    assert!(err.contains("write 1GiB (1024 MiB)"), "{err}");
+    fails(&["create", &spec, "--size", "64MB"], "write 64MiB");
     let none = rt()
         .block_on(service().container(&c).list_blobs("", false))
         .unwrap();
@@ -387,6 +392,10 @@ fn help_teaches_and_lists_only_built_commands() {
     }
     assert!(out.contains("AZURE_STORAGE_CONNECTION_STRING"), "{out}");
     assert!(out.contains("container/name.vhd"), "{out}");
+    assert!(
+        out.contains("Decimal spellings (KB, MB, GB, TB) are refused"),
+        "{out}"
+    );
     let out = ok(&["lease", "break", "--help"]);
     assert!(out.contains("dead host"), "{out}");
 }

@@ -20,7 +20,8 @@ pub use context::Context;
 const AFTER_HELP: &str = "\
 BLOB names a drive: container/name.vhd, or a full https://account.blob.core.windows.net/container/name.vhd[?SAS] URL.
 BLOB@SNAPSHOT names a snapshot of it (e.g. disks/a.vhd@2026-11-22T11:05:54.5810000Z).
-SIZE is bytes, or with a unit: KiB, MiB, GiB, TiB (K, M, G, T mean the same).
+SIZE is a whole number of bytes, or with a binary unit: KiB, MiB, GiB, TiB (K, M, G, T
+mean the same). Decimal spellings (KB, MB, GB, TB) are refused as ambiguous.
 
 The account comes from --connection-string or AZURE_STORAGE_CONNECTION_STRING and
 defaults to the local emulator (UseDevelopmentStorage=true). Prefer the environment
