@@ -380,8 +380,46 @@ fn unreachable_endpoint_fails_in_bounded_time() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no answer from the storage service"), "{err}");
+    let endpoint = format!("http://127.0.0.1:{port}/devstoreaccount1");
+    assert!(
+        err.contains(&format!(
+            "no answer from the storage service at {endpoint} "
+        )),
+        "{err}"
+    );
+    // A configured account gets no advice about configuring one, and no secret.
+    assert!(!err.contains("scripts/azurite.sh"), "{err}");
+    assert!(!err.contains(common::azurite::DEV_KEY), "{err}");
     assert!(started.elapsed() < std::time::Duration::from_secs(15));
+}
+
+#[test]
+fn no_emulator_and_no_connection_string_says_what_was_tried_and_how_to_configure() {
+    // Only meaningful while nothing listens on the default emulator port.
+    if std::net::TcpStream::connect("127.0.0.1:10000").is_ok() {
+        eprintln!("skipped: something listens on 127.0.0.1:10000");
+        return;
+    }
+    let started = std::time::Instant::now();
+    let mut cmd = bin();
+    cmd.env_remove("AZURE_STORAGE_CONNECTION_STRING")
+        .env_remove("BLOBDRIVE_RETRY_BUDGET_SECS")
+        .args(["info", "disks/a.vhd"]);
+    let err = fails_with(
+        cmd,
+        &[
+            "http://127.0.0.1:10000/devstoreaccount1",
+            "connection refused",
+            "AZURE_STORAGE_CONNECTION_STRING",
+            "scripts/azurite.sh start",
+        ],
+    );
+    assert!(!err.contains(common::azurite::DEV_KEY), "{err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "a refused local emulator fails at once: {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]

@@ -125,6 +125,17 @@ impl Account {
         }
     }
 
+    /// The blob endpoint as messages show it: scheme, host, port and path only, so
+    /// neither a query (a SAS someone put in `BlobEndpoint`) nor user info can leak.
+    pub fn endpoint_for_messages(&self) -> String {
+        let mut url = self.blob_endpoint.clone();
+        url.set_query(None);
+        url.set_fragment(None);
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        url.as_str().trim_end_matches('/').to_string()
+    }
+
     /// Parses an Azure Storage connection string. Keys are matched case-insensitively.
     pub fn from_connection_string(cs: &str) -> Result<Account, AccountError> {
         let mut name = None;
@@ -318,6 +329,22 @@ mod tests {
         assert!(
             m.contains("unknown name 'Frobnicate'") && !m.contains("did you mean"),
             "{m}"
+        );
+    }
+
+    #[test]
+    fn endpoint_for_messages_has_no_secrets() {
+        let a = Account::from_connection_string(
+            "BlobEndpoint=https://u:pw@acct.blob.core.windows.net/?sv=1&sig=SECRET;SharedAccessSignature=sv=1&sig=SECRET",
+        )
+        .unwrap();
+        assert_eq!(
+            a.endpoint_for_messages(),
+            "https://acct.blob.core.windows.net"
+        );
+        assert_eq!(
+            Account::development().endpoint_for_messages(),
+            DEV_BLOB_ENDPOINT
         );
     }
 

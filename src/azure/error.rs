@@ -73,10 +73,12 @@ pub enum AzureError {
         message: Option<String>,
     },
     /// No answer within the retry budget (connection refused, reset, timed out).
-    #[error("cannot {op} {target}: no answer from the storage service after {attempts} attempt(s) in {:.1}s ({detail})", elapsed.as_secs_f64())]
+    /// `endpoint` is the blob service URL tried, without query or credentials.
+    #[error("cannot {op} {target}: no answer from the storage service at {endpoint} after {attempts} attempt(s) in {:.1}s ({detail})", elapsed.as_secs_f64())]
     Unreachable {
         op: Op,
         target: String,
+        endpoint: String,
         detail: String,
         attempts: u32,
         elapsed: Duration,

@@ -93,7 +93,8 @@ pub enum Command {
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         let ctx = Context::new(self.connection_string.as_deref())?;
-        match self.command {
+        let configured = ctx.configured;
+        let result = match self.command {
             Command::Create(a) => create::run(&ctx, a),
             Command::Info(a) => info::run(&ctx, a),
             Command::Lease(c) => lease::run(&ctx, c),
@@ -107,6 +108,7 @@ impl Cli {
             Command::Download(a) => transfer::download(&ctx, a),
             Command::Restore(a) => transfer::restore(&ctx, a),
             Command::Daemon => mount::run_daemon(&ctx),
-        }
+        };
+        result.map_err(|e| context::explain(e, configured))
     }
 }
