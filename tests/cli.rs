@@ -361,6 +361,32 @@ fn unknown_connection_string_names_are_named_with_the_known_ones() {
 }
 
 #[test]
+fn an_emulator_endpoint_without_the_account_says_what_was_expected() {
+    // The Azurite endpoint with its /devstoreaccount1 left off: requests would reach
+    // the emulator and come back as a bare 400 InvalidResourceName.
+    let endpoint = Azurite::shared().blob_endpoint();
+    let bare = endpoint.trim_end_matches("/devstoreaccount1");
+    assert_ne!(bare, endpoint);
+    let mut cmd = bin();
+    cmd.env(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        format!(
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={};BlobEndpoint={bare}/",
+            common::azurite::DEV_KEY
+        ),
+    )
+    .args(["info", "disks/a.vhd"]);
+    let err = fails_with(
+        cmd,
+        &[
+            &format!("BlobEndpoint {bare} names no account"),
+            &format!("as in {bare}/devstoreaccount1"),
+        ],
+    );
+    assert!(!err.contains(common::azurite::DEV_KEY), "{err}");
+}
+
+#[test]
 fn unreachable_endpoint_fails_in_bounded_time() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -76,6 +76,8 @@ pub enum AccountError {
     BadKey,
     #[error("connection string: {field} is not a valid URL")]
     BadUrl { field: &'static str },
+    #[error("connection string: BlobEndpoint {endpoint} names no account: an emulator or IP-address endpoint carries the account in its path, as in {expected}")]
+    NoAccountInPath { endpoint: String, expected: String },
     #[error("connection string: DefaultEndpointsProtocol must be http or https, not '{0}'")]
     BadProtocol(String),
 }
@@ -192,9 +194,28 @@ impl Account {
             (None, None) => Credential::Anonymous,
         };
         let blob_endpoint = match blob_endpoint {
-            Some(ep) => Url::parse(ep.trim_end_matches('/')).map_err(|_| AccountError::BadUrl {
-                field: "BlobEndpoint",
-            })?,
+            Some(ep) => {
+                let url =
+                    Url::parse(ep.trim_end_matches('/')).map_err(|_| AccountError::BadUrl {
+                        field: "BlobEndpoint",
+                    })?;
+                if is_path_style(&url) && account_from_endpoint(&url).is_none() {
+                    // Requests would go to /CONTAINER/BLOB, which the emulator reads
+                    // as account CONTAINER and answers 400 InvalidResourceName.
+                    let shown = Account {
+                        name: String::new(),
+                        blob_endpoint: url,
+                        credential: Credential::Anonymous,
+                    }
+                    .endpoint_for_messages();
+                    let account = name.as_deref().unwrap_or(DEV_ACCOUNT);
+                    return Err(AccountError::NoAccountInPath {
+                        expected: format!("{shown}/{account}"),
+                        endpoint: shown,
+                    });
+                }
+                url
+            }
             None => {
                 let account = name
                     .as_deref()
@@ -346,6 +367,30 @@ mod tests {
             Account::development().endpoint_for_messages(),
             DEV_BLOB_ENDPOINT
         );
+    }
+
+    #[test]
+    fn path_style_endpoint_without_account_says_what_is_expected() {
+        let e = Account::from_connection_string(
+            "AccountName=devstoreaccount1;AccountKey=AAAA;BlobEndpoint=http://127.0.0.1:10000/",
+        )
+        .unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("BlobEndpoint http://127.0.0.1:10000 names no account")
+                && m.contains("as in http://127.0.0.1:10000/devstoreaccount1"),
+            "{m}"
+        );
+        let m = Account::from_connection_string(
+            "AccountName=other;BlobEndpoint=http://localhost:9/?sv=1&sig=SECRET",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(m.contains("as in http://localhost:9/other"), "{m}");
+        assert!(!m.contains("SECRET"), "{m}");
+        // Virtual-host endpoints carry the account in the host name.
+        Account::from_connection_string("BlobEndpoint=https://acct.blob.core.windows.net/")
+            .unwrap();
     }
 
     #[test]
