@@ -460,6 +460,30 @@ fn help_teaches_and_lists_only_built_commands() {
         out.contains("Decimal spellings (KB, MB, GB, TB) are refused"),
         "{out}"
     );
+    assert!(out.contains("qemu-img info -f vpc"), "{out}");
     let out = ok(&["lease", "break", "--help"]);
     assert!(out.contains("dead host"), "{out}");
+    // Every snapshot subcommand says what its BLOB is.
+    for (sub, words) in [
+        ("list", "whose snapshots to list"),
+        ("delete", "container/name.vhd@SNAPSHOT"),
+        ("prune", "whose snapshots to prune"),
+    ] {
+        let out = ok(&["snapshot", sub, "--help"]);
+        let arg = out
+            .lines()
+            .skip_while(|l| !l.starts_with("Arguments:"))
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            arg.contains("<BLOB>") && arg.len() > "  <BLOB>".len() + 4,
+            "{sub}: {out}"
+        );
+        assert!(out.contains(words), "{sub}: {out}");
+    }
+    // upload and download have --json, as the README lists.
+    for sub in ["upload", "download"] {
+        assert!(ok(&[sub, "--help"]).contains("--json"), "{sub}");
+    }
 }

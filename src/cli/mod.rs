@@ -27,6 +27,9 @@ The account comes from --connection-string or AZURE_STORAGE_CONNECTION_STRING an
 defaults to the local emulator (UseDevelopmentStorage=true). Prefer the environment
 variable for real keys: a command-line argument is visible to every user in `ps`.
 
+qemu-img probes a fixed VHD as raw (its footer is at the end, not the start): pass
+`-f vpc` when giving it one, e.g. `qemu-img info -f vpc disk.vhd` on a downloaded drive.
+
 Examples:
   blobdrive create disks/data.vhd --size 64GiB --create-container
   blobdrive info disks/data.vhd --json
