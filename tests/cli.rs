@@ -387,6 +387,27 @@ fn an_emulator_endpoint_without_the_account_says_what_was_expected() {
 }
 
 #[test]
+fn mount_refuses_a_cache_larger_than_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mountpoint = dir.path().to_str().unwrap();
+    let mut cmd = bin();
+    cmd.args(["mount", "disks/a.vhd", mountpoint, "--cache-size", "100TiB"]);
+    let err = fails_with(
+        cmd,
+        &["--cache-size 100 TiB", "of memory", "at most 3/4 of it"],
+    );
+    // The figure is this machine's MemTotal.
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap();
+    let shown = blobdrive::size::human(kib * 1024);
+    assert!(err.contains(&format!("it has {shown} of memory")), "{err}");
+}
+
+#[test]
 fn unreachable_endpoint_fails_in_bounded_time() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
