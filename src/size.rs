@@ -16,10 +16,10 @@ pub enum SizeError {
     Invalid(String),
     #[error("invalid size '{text}': whole numbers only{}", hint.as_ref().map(|h| format!(" (write {h})")).unwrap_or_else(|| " (use a smaller unit or bytes)".to_string()))]
     Fraction { text: String, hint: Option<String> },
-    #[error("size '{text}' is ambiguous: write {number}{binary} (1024 {lower}) for binary units, which blobdrive uses; decimal {decimal} (powers of 1000) is not accepted")]
+    #[error("size '{text}' is ambiguous: write {suggestion} (1 {binary} = 1024 {lower}), the binary unit blobdrive uses; decimal {decimal} (powers of 1000) is not accepted")]
     Decimal {
         text: String,
-        number: String,
+        suggestion: String,
         decimal: String,
         binary: &'static str,
         lower: &'static str,
@@ -60,15 +60,20 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
         "g" | "gib" => 30,
         "t" | "tib" => 40,
         "kb" | "mb" | "gb" | "tb" if !num.is_empty() => {
-            let (binary, lower) = match unit.as_str() {
-                "kb" => ("KiB", "bytes"),
-                "mb" => ("MiB", "KiB"),
-                "gb" => ("GiB", "MiB"),
-                _ => ("TiB", "GiB"),
+            let (binary, lower, shift) = match unit.as_str() {
+                "kb" => ("KiB", "bytes", 10),
+                "mb" => ("MiB", "KiB", 20),
+                "gb" => ("GiB", "MiB", 30),
+                _ => ("TiB", "GiB", 40),
+            };
+            let suggestion = match num.split_once('.') {
+                None => format!("{num}{binary}"),
+                Some((int, frac)) => whole_in_smaller_unit(int, frac, shift)
+                    .unwrap_or_else(|| format!("a whole number of {binary}")),
             };
             return Err(SizeError::Decimal {
                 text: text.to_string(),
-                number: num,
+                suggestion,
                 decimal: unit_text.to_string(),
                 binary,
                 lower,
@@ -183,10 +188,11 @@ mod tests {
     #[test]
     fn decimal_units_are_refused_with_the_binary_one() {
         for (text, want) in [
-            ("1GB", "write 1GiB (1024 MiB)"),
-            ("64 MB", "write 64MiB (1024 KiB)"),
-            ("4kb", "write 4KiB (1024 bytes)"),
-            ("2TB", "write 2TiB (1024 GiB)"),
+            ("1GB", "write 1GiB (1 GiB = 1024 MiB)"),
+            ("64 MB", "write 64MiB (1 MiB = 1024 KiB)"),
+            ("4kb", "write 4KiB (1 KiB = 1024 bytes)"),
+            ("2TB", "write 2TiB (1 TiB = 1024 GiB)"),
+            ("1.5GB", "write 1536MiB (1 GiB = 1024 MiB)"),
         ] {
             let e = parse_size(text).unwrap_err();
             assert!(matches!(e, SizeError::Decimal { .. }), "{text}: {e:?}");

@@ -178,7 +178,7 @@ fn create_refuses_bad_sizes_and_existing_blobs() {
     fails(&["create", &spec, "--size", "1.7MiB"], "whole numbers only");
     fails(&["create", &spec, "--size", "1.5GiB"], "write 1536MiB");
     let err = fails(&["create", &spec, "--size", "1GB"], "ambiguous");
-    assert!(err.contains("write 1GiB (1024 MiB)"), "{err}");
+    assert!(err.contains("write 1GiB (1 GiB = 1024 MiB)"), "{err}");
     fails(&["create", &spec, "--size", "64MB"], "write 64MiB");
     let none = rt()
         .block_on(service().container(&c).list_blobs("", false))
