@@ -358,6 +358,18 @@ fn unknown_connection_string_names_are_named_with_the_known_ones() {
         ],
     );
     assert!(!err.contains("c2VjcmV0"), "no secret: {err}");
+    // A key pasted without its name: base64 ends in '=', but it is never echoed.
+    let mut cmd = bin();
+    cmd.env(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        format!("AccountName=devstoreaccount1;{}", common::azurite::DEV_KEY),
+    )
+    .args(["info", "disks/a.vhd"]);
+    let err = fails_with(cmd, &["not shown", "known names: AccountName"]);
+    assert!(
+        !err.contains(&common::azurite::DEV_KEY[..8]),
+        "no secret: {err}"
+    );
 }
 
 #[test]

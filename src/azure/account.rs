@@ -63,11 +63,15 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// Why a connection string or blob URL was refused. Never contains the secret.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum AccountError {
-    #[error("connection string: entry '{0}' is not of the form Name=Value")]
-    Malformed(String),
-    #[error("connection string: unknown name '{name}'{}; known names: {}", suggestion.map(|s| format!(" (did you mean {s}?)")).unwrap_or_default(), KNOWN_NAMES.join(", "))]
+    /// Entry number (from 1) that has no `=`; the entry is not shown (it may be a
+    /// pasted key).
+    #[error("connection string: entry {0} is not of the form Name=Value")]
+    Malformed(usize),
+    /// `name` is None when what stands before `=` does not look like a name (a key
+    /// ending in `=` does not) and so is not shown.
+    #[error("connection string: {}{}; known names: {}", name.as_ref().map(|n| format!("unknown name '{n}'")).unwrap_or_else(|| "an entry's name is not a known name (not shown: it does not look like one and may be a secret)".to_string()), suggestion.map(|s| format!(" (did you mean {s}?)")).unwrap_or_default(), KNOWN_NAMES.join(", "))]
     UnknownName {
-        name: String,
+        name: Option<String>,
         suggestion: Option<&'static str>,
     },
     #[error("connection string: {0} is missing")]
@@ -148,11 +152,12 @@ impl Account {
         let mut sas = None;
         let mut dev = false;
         let mut dev_proxy = None;
-        for part in cs.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-            let (k, v) = part.split_once('=').ok_or_else(|| {
-                // Name only what precedes any value: the entry itself may be a secret.
-                AccountError::Malformed(part.chars().take(24).collect::<String>())
-            })?;
+        let parts = cs.split(';').map(str::trim).filter(|p| !p.is_empty());
+        for (index, part) in parts.enumerate() {
+            // The entry itself is never shown: it may be a secret.
+            let (k, v) = part
+                .split_once('=')
+                .ok_or(AccountError::Malformed(index + 1))?;
             let v = v.trim().to_string();
             match k.trim().to_ascii_lowercase().as_str() {
                 "accountname" => name = Some(v),
@@ -166,9 +171,13 @@ impl Account {
                 // Endpoints of other services are irrelevant to a blob tool.
                 "queueendpoint" | "tableendpoint" | "fileendpoint" => {}
                 _ => {
-                    let name = k.trim().chars().take(32).collect::<String>();
+                    // Known names are short and all letters; anything else may be
+                    // a pasted key (base64 ends in `=`), so it is not shown.
+                    let k = k.trim();
+                    let name = (k.len() <= 40 && k.chars().all(|c| c.is_ascii_alphabetic()))
+                        .then(|| k.to_string());
                     return Err(AccountError::UnknownName {
-                        suggestion: closest_name(&name),
+                        suggestion: name.as_deref().and_then(closest_name),
                         name,
                     });
                 }
@@ -331,7 +340,12 @@ mod tests {
         let e = Account::from_connection_string("AccountKey=AAAA").unwrap_err();
         assert_eq!(e, AccountError::Missing("AccountName"));
         let e = Account::from_connection_string("garbage-without-equals").unwrap_err();
-        assert!(matches!(e, AccountError::Malformed(_)));
+        assert_eq!(e, AccountError::Malformed(1));
+        assert!(!e.to_string().contains("garbage"), "{e}");
+        // A key pasted on its own (base64 ends in '=') is not echoed as a name.
+        let e = Account::from_connection_string(&format!("AccountName=a;{DEV_KEY}")).unwrap_err();
+        let m = e.to_string();
+        assert!(!m.contains("Eby8") && m.contains("not shown"), "{m}");
     }
 
     #[test]
