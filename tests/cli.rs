@@ -57,6 +57,28 @@ fn fails(args: &[&str], needle: &str) -> String {
     err
 }
 
+/// Runs `cmd`, which must fail with exactly one `blobdrive: error:` line holding every
+/// needle (other lines, such as log warnings, are not checked); returns that line.
+fn fails_with(mut cmd: Command, needles: &[&str]) -> String {
+    let out = cmd.output().expect("run blobdrive");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success(),
+        "should fail, printed {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("blobdrive: error: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "one error line expected: {err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "expected '{n}' in: {err}");
+    }
+    assert!(!lines[0].contains('\x1b'), "no ANSI codes: {err}");
+    lines[0].to_string()
+}
+
 fn service() -> BlobService {
     BlobService::new(
         Account::from_connection_string(&Azurite::shared().connection_string()).unwrap(),
@@ -153,6 +175,11 @@ fn create_refuses_bad_sizes_and_existing_blobs() {
     fails(&["create", &spec, "--size", "9TiB"], "maximum");
     fails(&["create", &spec, "--size", "0"], "more than 0");
     fails(&["create", &spec, "--size", "lots"], "invalid size");
+    fails(&["create", &spec, "--size", "1.7MiB"], "whole numbers only");
+    fails(&["create", &spec, "--size", "1.5GiB"], "write 1536MiB");
+    let err = fails(&["create", &spec, "--size", "1GB"], "ambiguous");
+    assert!(err.contains("write 1GiB (1 GiB = 1024 MiB)"), "{err}");
+    fails(&["create", &spec, "--size", "64MB"], "write 64MiB");
     let none = rt()
         .block_on(service().container(&c).list_blobs("", false))
         .unwrap();
@@ -313,6 +340,86 @@ fn connection_string_errors_are_one_line_and_secret_free() {
 }
 
 #[test]
+fn unknown_connection_string_names_are_named_with_the_known_ones() {
+    let mut cmd = bin();
+    cmd.env(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "AccountNme=devstoreaccount1;AccountKey=c2VjcmV0LWtleQ==",
+    )
+    .args(["info", "disks/a.vhd"]);
+    let err = fails_with(
+        cmd,
+        &[
+            "unknown name 'AccountNme'",
+            "did you mean AccountName?",
+            "known names: AccountName, AccountKey",
+            "BlobEndpoint",
+            "SharedAccessSignature",
+        ],
+    );
+    assert!(!err.contains("c2VjcmV0"), "no secret: {err}");
+    // A key pasted without its name: base64 ends in '=', but it is never echoed.
+    let mut cmd = bin();
+    cmd.env(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        format!("AccountName=devstoreaccount1;{}", common::azurite::DEV_KEY),
+    )
+    .args(["info", "disks/a.vhd"]);
+    let err = fails_with(cmd, &["not shown", "known names: AccountName"]);
+    assert!(
+        !err.contains(&common::azurite::DEV_KEY[..8]),
+        "no secret: {err}"
+    );
+}
+
+#[test]
+fn an_emulator_endpoint_without_the_account_says_what_was_expected() {
+    // The Azurite endpoint with its /devstoreaccount1 left off: requests would reach
+    // the emulator and come back as a bare 400 InvalidResourceName.
+    let endpoint = Azurite::shared().blob_endpoint();
+    let bare = endpoint.trim_end_matches("/devstoreaccount1");
+    assert_ne!(bare, endpoint);
+    let mut cmd = bin();
+    cmd.env(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        format!(
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={};BlobEndpoint={bare}/",
+            common::azurite::DEV_KEY
+        ),
+    )
+    .args(["info", "disks/a.vhd"]);
+    let err = fails_with(
+        cmd,
+        &[
+            &format!("BlobEndpoint {bare} names no account"),
+            &format!("as in {bare}/devstoreaccount1"),
+        ],
+    );
+    assert!(!err.contains(common::azurite::DEV_KEY), "{err}");
+}
+
+#[test]
+fn mount_refuses_a_cache_larger_than_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mountpoint = dir.path().to_str().unwrap();
+    let mut cmd = bin();
+    cmd.args(["mount", "disks/a.vhd", mountpoint, "--cache-size", "100TiB"]);
+    let err = fails_with(
+        cmd,
+        &["--cache-size 100 TiB", "of memory", "at most 3/4 of it"],
+    );
+    // The figure is this machine's MemTotal.
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap();
+    let shown = blobdrive::size::human(kib * 1024);
+    assert!(err.contains(&format!("it has {shown} of memory")), "{err}");
+}
+
+#[test]
 fn unreachable_endpoint_fails_in_bounded_time() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -332,8 +439,46 @@ fn unreachable_endpoint_fails_in_bounded_time() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no answer from the storage service"), "{err}");
+    let endpoint = format!("http://127.0.0.1:{port}/devstoreaccount1");
+    assert!(
+        err.contains(&format!(
+            "no answer from the storage service at {endpoint} "
+        )),
+        "{err}"
+    );
+    // A configured account gets no advice about configuring one, and no secret.
+    assert!(!err.contains("scripts/azurite.sh"), "{err}");
+    assert!(!err.contains(common::azurite::DEV_KEY), "{err}");
     assert!(started.elapsed() < std::time::Duration::from_secs(15));
+}
+
+#[test]
+fn no_emulator_and_no_connection_string_says_what_was_tried_and_how_to_configure() {
+    // Only meaningful while nothing listens on the default emulator port.
+    if std::net::TcpStream::connect("127.0.0.1:10000").is_ok() {
+        eprintln!("skipped: something listens on 127.0.0.1:10000");
+        return;
+    }
+    let started = std::time::Instant::now();
+    let mut cmd = bin();
+    cmd.env_remove("AZURE_STORAGE_CONNECTION_STRING")
+        .env_remove("BLOBDRIVE_RETRY_BUDGET_SECS")
+        .args(["info", "disks/a.vhd"]);
+    let err = fails_with(
+        cmd,
+        &[
+            "http://127.0.0.1:10000/devstoreaccount1",
+            "connection refused",
+            "AZURE_STORAGE_CONNECTION_STRING",
+            "scripts/azurite.sh start",
+        ],
+    );
+    assert!(!err.contains(common::azurite::DEV_KEY), "{err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "a refused local emulator fails at once: {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -344,8 +489,36 @@ fn help_teaches_and_lists_only_built_commands() {
     }
     assert!(out.contains("AZURE_STORAGE_CONNECTION_STRING"), "{out}");
     assert!(out.contains("container/name.vhd"), "{out}");
+    assert!(
+        out.contains("Decimal spellings (KB, MB, GB, TB) are refused"),
+        "{out}"
+    );
+    assert!(out.contains("qemu-img info -f vpc"), "{out}");
     let out = ok(&["lease", "break", "--help"]);
     assert!(out.contains("dead host"), "{out}");
+    // Every snapshot subcommand says what its BLOB is.
+    for (sub, words) in [
+        ("list", "whose snapshots to list"),
+        ("delete", "container/name.vhd@SNAPSHOT"),
+        ("prune", "whose snapshots to prune"),
+    ] {
+        let out = ok(&["snapshot", sub, "--help"]);
+        let arg = out
+            .lines()
+            .skip_while(|l| !l.starts_with("Arguments:"))
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            arg.contains("<BLOB>") && arg.len() > "  <BLOB>".len() + 4,
+            "{sub}: {out}"
+        );
+        assert!(out.contains(words), "{sub}: {out}");
+    }
+    // upload and download have --json, as the README lists.
+    for sub in ["upload", "download"] {
+        assert!(ok(&[sub, "--help"]).contains("--json"), "{sub}");
+    }
 }
 
 #[test]

@@ -19,17 +19,69 @@ pub const DEV_KEY: &str =
 /// Where the emulator's blob service listens by default.
 pub const DEV_BLOB_ENDPOINT: &str = "http://127.0.0.1:10000/devstoreaccount1";
 
+/// The names a connection string may hold, as Azure spells them.
+pub const KNOWN_NAMES: [&str; 11] = [
+    "AccountName",
+    "AccountKey",
+    "DefaultEndpointsProtocol",
+    "EndpointSuffix",
+    "BlobEndpoint",
+    "SharedAccessSignature",
+    "UseDevelopmentStorage",
+    "DevelopmentStorageProxyUri",
+    "QueueEndpoint",
+    "TableEndpoint",
+    "FileEndpoint",
+];
+
+/// The known name an unknown one is most likely a typo of (at most 2 edits away).
+fn closest_name(name: &str) -> Option<&'static str> {
+    let name = name.to_ascii_lowercase();
+    KNOWN_NAMES
+        .iter()
+        .map(|k| (edit_distance(&name, &k.to_ascii_lowercase()), *k))
+        .filter(|(d, _)| *d <= 2)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let subst = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = subst.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 /// Why a connection string or blob URL was refused. Never contains the secret.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum AccountError {
-    #[error("connection string: entry '{0}' is not of the form Name=Value")]
-    Malformed(String),
+    /// Entry number (from 1) that has no `=`; the entry is not shown (it may be a
+    /// pasted key).
+    #[error("connection string: entry {0} is not of the form Name=Value")]
+    Malformed(usize),
+    /// `name` is None when what stands before `=` does not look like a name (a key
+    /// ending in `=` does not) and so is not shown.
+    #[error("connection string: {}{}; known names: {}", name.as_ref().map(|n| format!("unknown name '{n}'")).unwrap_or_else(|| "an entry's name is not a known name (not shown: it does not look like one and may be a secret)".to_string()), suggestion.map(|s| format!(" (did you mean {s}?)")).unwrap_or_default(), KNOWN_NAMES.join(", "))]
+    UnknownName {
+        name: Option<String>,
+        suggestion: Option<&'static str>,
+    },
     #[error("connection string: {0} is missing")]
     Missing(&'static str),
     #[error("connection string: AccountKey is not valid base64")]
     BadKey,
     #[error("connection string: {field} is not a valid URL")]
     BadUrl { field: &'static str },
+    #[error("connection string: BlobEndpoint {endpoint} names no account: an emulator or IP-address endpoint carries the account in its path, as in {expected}")]
+    NoAccountInPath { endpoint: String, expected: String },
     #[error("connection string: DefaultEndpointsProtocol must be http or https, not '{0}'")]
     BadProtocol(String),
 }
@@ -79,6 +131,17 @@ impl Account {
         }
     }
 
+    /// The blob endpoint as messages show it: scheme, host, port and path only, so
+    /// neither a query (a SAS someone put in `BlobEndpoint`) nor user info can leak.
+    pub fn endpoint_for_messages(&self) -> String {
+        let mut url = self.blob_endpoint.clone();
+        url.set_query(None);
+        url.set_fragment(None);
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        url.as_str().trim_end_matches('/').to_string()
+    }
+
     /// Parses an Azure Storage connection string. Keys are matched case-insensitively.
     pub fn from_connection_string(cs: &str) -> Result<Account, AccountError> {
         let mut name = None;
@@ -89,11 +152,12 @@ impl Account {
         let mut sas = None;
         let mut dev = false;
         let mut dev_proxy = None;
-        for part in cs.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-            let (k, v) = part.split_once('=').ok_or_else(|| {
-                // Name only what precedes any value: the entry itself may be a secret.
-                AccountError::Malformed(part.chars().take(24).collect::<String>())
-            })?;
+        let parts = cs.split(';').map(str::trim).filter(|p| !p.is_empty());
+        for (index, part) in parts.enumerate() {
+            // The entry itself is never shown: it may be a secret.
+            let (k, v) = part
+                .split_once('=')
+                .ok_or(AccountError::Malformed(index + 1))?;
             let v = v.trim().to_string();
             match k.trim().to_ascii_lowercase().as_str() {
                 "accountname" => name = Some(v),
@@ -107,9 +171,15 @@ impl Account {
                 // Endpoints of other services are irrelevant to a blob tool.
                 "queueendpoint" | "tableendpoint" | "fileendpoint" => {}
                 _ => {
-                    return Err(AccountError::Malformed(
-                        k.chars().take(24).collect::<String>(),
-                    ))
+                    // Known names are short and all letters; anything else may be
+                    // a pasted key (base64 ends in `=`), so it is not shown.
+                    let k = k.trim();
+                    let name = (k.len() <= 40 && k.chars().all(|c| c.is_ascii_alphabetic()))
+                        .then(|| k.to_string());
+                    return Err(AccountError::UnknownName {
+                        suggestion: name.as_deref().and_then(closest_name),
+                        name,
+                    });
                 }
             }
         }
@@ -133,9 +203,28 @@ impl Account {
             (None, None) => Credential::Anonymous,
         };
         let blob_endpoint = match blob_endpoint {
-            Some(ep) => Url::parse(ep.trim_end_matches('/')).map_err(|_| AccountError::BadUrl {
-                field: "BlobEndpoint",
-            })?,
+            Some(ep) => {
+                let url =
+                    Url::parse(ep.trim_end_matches('/')).map_err(|_| AccountError::BadUrl {
+                        field: "BlobEndpoint",
+                    })?;
+                if is_path_style(&url) && account_from_endpoint(&url).is_none() {
+                    // Requests would go to /CONTAINER/BLOB, which the emulator reads
+                    // as account CONTAINER and answers 400 InvalidResourceName.
+                    let shown = Account {
+                        name: String::new(),
+                        blob_endpoint: url,
+                        credential: Credential::Anonymous,
+                    }
+                    .endpoint_for_messages();
+                    let account = name.as_deref().unwrap_or(DEV_ACCOUNT);
+                    return Err(AccountError::NoAccountInPath {
+                        expected: format!("{shown}/{account}"),
+                        endpoint: shown,
+                    });
+                }
+                url
+            }
             None => {
                 let account = name
                     .as_deref()
@@ -251,7 +340,71 @@ mod tests {
         let e = Account::from_connection_string("AccountKey=AAAA").unwrap_err();
         assert_eq!(e, AccountError::Missing("AccountName"));
         let e = Account::from_connection_string("garbage-without-equals").unwrap_err();
-        assert!(matches!(e, AccountError::Malformed(_)));
+        assert_eq!(e, AccountError::Malformed(1));
+        assert!(!e.to_string().contains("garbage"), "{e}");
+        // A key pasted on its own (base64 ends in '=') is not echoed as a name.
+        let e = Account::from_connection_string(&format!("AccountName=a;{DEV_KEY}")).unwrap_err();
+        let m = e.to_string();
+        assert!(!m.contains("Eby8") && m.contains("not shown"), "{m}");
+    }
+
+    #[test]
+    fn unknown_names_are_named_with_the_known_ones() {
+        let e = Account::from_connection_string("AccountNme=a;AccountKey=c2VjcmV0").unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("unknown name 'AccountNme'"), "{m}");
+        assert!(m.contains("did you mean AccountName?"), "{m}");
+        for k in KNOWN_NAMES {
+            assert!(m.contains(k), "{m}");
+        }
+        assert!(!m.contains("Name=Value") && !m.contains("c2VjcmV0"), "{m}");
+        let m = Account::from_connection_string("Frobnicate=1")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.contains("unknown name 'Frobnicate'") && !m.contains("did you mean"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn endpoint_for_messages_has_no_secrets() {
+        let a = Account::from_connection_string(
+            "BlobEndpoint=https://u:pw@acct.blob.core.windows.net/?sv=1&sig=SECRET;SharedAccessSignature=sv=1&sig=SECRET",
+        )
+        .unwrap();
+        assert_eq!(
+            a.endpoint_for_messages(),
+            "https://acct.blob.core.windows.net"
+        );
+        assert_eq!(
+            Account::development().endpoint_for_messages(),
+            DEV_BLOB_ENDPOINT
+        );
+    }
+
+    #[test]
+    fn path_style_endpoint_without_account_says_what_is_expected() {
+        let e = Account::from_connection_string(
+            "AccountName=devstoreaccount1;AccountKey=AAAA;BlobEndpoint=http://127.0.0.1:10000/",
+        )
+        .unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("BlobEndpoint http://127.0.0.1:10000 names no account")
+                && m.contains("as in http://127.0.0.1:10000/devstoreaccount1"),
+            "{m}"
+        );
+        let m = Account::from_connection_string(
+            "AccountName=other;BlobEndpoint=http://localhost:9/?sv=1&sig=SECRET",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(m.contains("as in http://localhost:9/other"), "{m}");
+        assert!(!m.contains("SECRET"), "{m}");
+        // Virtual-host endpoints carry the account in the host name.
+        Account::from_connection_string("BlobEndpoint=https://acct.blob.core.windows.net/")
+            .unwrap();
     }
 
     #[test]

@@ -73,10 +73,12 @@ pub enum AzureError {
         message: Option<String>,
     },
     /// No answer within the retry budget (connection refused, reset, timed out).
-    #[error("cannot {op} {target}: no answer from the storage service after {attempts} attempt(s) in {:.1}s ({detail})", elapsed.as_secs_f64())]
+    /// `endpoint` is the blob service URL tried, without query or credentials.
+    #[error("cannot {op} {target}: no answer from the storage service at {endpoint} after {attempts} attempt(s) in {:.1}s ({detail})", elapsed.as_secs_f64())]
     Unreachable {
         op: Op,
         target: String,
+        endpoint: String,
         detail: String,
         attempts: u32,
         elapsed: Duration,
@@ -192,6 +194,11 @@ fn service_message(
         }
         (413, _) => Some("request body too large (Put Page takes at most 4 MiB)".to_string()),
         (416, _) => Some("page range not valid (must be 512-byte aligned and inside the blob)".to_string()),
+        // Container names are checked before anything is sent, so this is almost
+        // always an endpoint whose path lacks the account (or has extra segments).
+        (400, "InvalidResourceName") => Some(format!(
+            "the service refused the container or blob name in the request for '{target}': if BlobEndpoint is an emulator or an IP address, it must be http://HOST:PORT/ACCOUNT (e.g. http://127.0.0.1:10000/devstoreaccount1); otherwise the blob name may be too long"
+        )),
         (400, "InvalidHeaderValue") => Some(
             "the service rejected a header (an emulator too old for API version 2021-12-02?)".to_string(),
         ),
@@ -237,6 +244,13 @@ mod tests {
         assert!(m.contains("container 'disks' does not exist"), "{m}");
         let m = svc(409, Some("LeaseAlreadyPresent")).to_string();
         assert!(m.contains("in use") && m.contains("lease break"), "{m}");
+        let m = svc(400, Some("InvalidResourceName")).to_string();
+        assert!(
+            m.contains("BlobEndpoint")
+                && m.contains("http://HOST:PORT/ACCOUNT")
+                && m.contains("HTTP 400 InvalidResourceName"),
+            "{m}"
+        );
     }
 
     #[test]

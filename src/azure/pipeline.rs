@@ -246,6 +246,7 @@ impl BlobService {
                     AzureError::Unreachable {
                         op: req.op,
                         target: req.target.clone(),
+                        endpoint: self.inner.account.endpoint_for_messages(),
                         detail,
                         attempts: attempt,
                         elapsed: started.elapsed(),
@@ -260,10 +261,15 @@ impl BlobService {
                 ClientStats::add(&self.inner.stats.failed_requests, 1);
                 return Err(match failure {
                     AzureError::Unreachable {
-                        op, target, detail, ..
+                        op,
+                        target,
+                        endpoint,
+                        detail,
+                        ..
                     } => AzureError::Unreachable {
                         op,
                         target,
+                        endpoint,
                         detail,
                         attempts: attempt,
                         elapsed: started.elapsed(),

@@ -1,27 +1,45 @@
 //! What every command needs: the default account and an async runtime.
 
-use anyhow::{Context as _, Result};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use blobdrive::azure::account::DEV_BLOB_ENDPOINT;
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use blobdrive::blobref::BlobRef;
 
 /// The parsed global options.
 pub struct Context {
     pub account: Account,
+    /// Whether a connection string was given; without one the account is the local
+    /// emulator's, which a new user may not have running.
+    pub configured: bool,
 }
+
+/// What to do when the default emulator does not answer; one line.
+const NOT_CONFIGURED_HINT: &str = "no connection string is set, so the local emulator was tried: set AZURE_STORAGE_CONNECTION_STRING (or --connection-string) to your storage account's connection string, or start an emulator with `scripts/azurite.sh start DIR` and point AZURE_STORAGE_CONNECTION_STRING at it (see the README)";
 
 impl Context {
     pub fn new(connection_string: Option<&str>) -> Result<Context> {
-        let account = match connection_string.map(str::trim).filter(|s| !s.is_empty()) {
-            Some(cs) => Account::from_connection_string(cs)?,
-            None => Account::development(),
+        let (account, configured) = match connection_string.map(str::trim).filter(|s| !s.is_empty())
+        {
+            Some(cs) => (Account::from_connection_string(cs)?, true),
+            None => (Account::development(), false),
         };
-        Ok(Context { account })
+        Ok(Context {
+            account,
+            configured,
+        })
     }
 
     /// Parses a BLOB argument and makes a client for it.
     pub fn blob(&self, spec: &str) -> Result<(BlobRef, BlobClient)> {
         let r = BlobRef::parse(spec)?;
-        let svc = BlobService::new(r.account(&self.account));
+        let account = r.account(&self.account);
+        if !self.configured {
+            emulator_listens(&account)?;
+        }
+        let svc = BlobService::new(account);
         let client = r.client(&svc);
         Ok((r, client))
     }
@@ -35,5 +53,58 @@ impl Context {
             .build()
             .context("cannot start the async runtime")?;
         Ok(rt.block_on(f))
+    }
+}
+
+/// With no connection string, fails at once when nothing listens where the default
+/// emulator would: a refused connection on this machine's loopback is not an outage
+/// that retries could wait out (and the user has configured nothing that might come
+/// back), so eight attempts over several seconds would only delay the advice. Only
+/// the default emulator endpoint is checked; configured endpoints, loopback ones
+/// included, keep the full retry policy.
+fn emulator_listens(account: &Account) -> Result<()> {
+    if account.endpoint_for_messages() != DEV_BLOB_ENDPOINT {
+        return Ok(());
+    }
+    let addr = SocketAddr::from(([127, 0, 0, 1], 10000));
+    match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => bail!(
+            "cannot reach the storage service at {DEV_BLOB_ENDPOINT}: connection refused (nothing listens on 127.0.0.1:10000); {NOT_CONFIGURED_HINT}"
+        ),
+        // Anything else (a slow answer, a firewall) goes to the normal retries.
+        _ => Ok(()),
+    }
+}
+
+/// Adds what to do to an error of a command run without a connection string whose
+/// default emulator did not answer (also when the error came back from the mount
+/// daemon as text).
+pub fn explain(err: anyhow::Error, configured: bool) -> anyhow::Error {
+    let text = format!("{err:#}");
+    let marker = format!("no answer from the storage service at {DEV_BLOB_ENDPOINT} ");
+    if configured || !text.contains(&marker) || text.contains(NOT_CONFIGURED_HINT) {
+        return err;
+    }
+    anyhow!("{text}; {NOT_CONFIGURED_HINT}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unanswered_default_emulator_gets_the_advice_once() {
+        let e = anyhow!(
+            "cannot read disks/a.vhd: no answer from the storage service at {DEV_BLOB_ENDPOINT} after 8 attempt(s) in 9.0s (timed out)"
+        );
+        let m = format!("{:#}", explain(e, false));
+        assert!(m.contains("AZURE_STORAGE_CONNECTION_STRING"), "{m}");
+        assert_eq!(m.matches(NOT_CONFIGURED_HINT).count(), 1, "{m}");
+        let again = format!("{:#}", explain(anyhow!("{m}"), false));
+        assert_eq!(again, m);
+        let e = anyhow!("cannot read disks/a.vhd: no answer from the storage service at {DEV_BLOB_ENDPOINT} after 1 attempt(s)");
+        assert!(!format!("{:#}", explain(e, true)).contains("scripts/azurite.sh"));
+        let e = anyhow!("cannot read x/y: no answer from the storage service at http://10.0.0.1/acct after 1 attempt(s)");
+        assert!(!format!("{:#}", explain(e, false)).contains("scripts/azurite.sh"));
     }
 }

@@ -20,11 +20,15 @@ pub use context::Context;
 const AFTER_HELP: &str = "\
 BLOB names a drive: container/name.vhd, or a full https://account.blob.core.windows.net/container/name.vhd[?SAS] URL.
 BLOB@SNAPSHOT names a snapshot of it (e.g. disks/a.vhd@2026-11-22T11:05:54.5810000Z).
-SIZE is bytes, or with a unit: KiB, MiB, GiB, TiB (K, M, G, T mean the same).
+SIZE is a whole number of bytes, or with a binary unit: KiB, MiB, GiB, TiB (K, M, G, T
+mean the same). Decimal spellings (KB, MB, GB, TB) are refused as ambiguous.
 
 The account comes from --connection-string or AZURE_STORAGE_CONNECTION_STRING and
 defaults to the local emulator (UseDevelopmentStorage=true). Prefer the environment
 variable for real keys: a command-line argument is visible to every user in `ps`.
+
+qemu-img probes a fixed VHD as raw (its footer is at the end, not the start): pass
+`-f vpc` when giving it one, e.g. `qemu-img info -f vpc disk.vhd` on a downloaded drive.
 
 Examples:
   blobdrive create disks/data.vhd --size 64GiB --create-container
@@ -92,7 +96,8 @@ pub enum Command {
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         let ctx = Context::new(self.connection_string.as_deref())?;
-        match self.command {
+        let configured = ctx.configured;
+        let result = match self.command {
             Command::Create(a) => create::run(&ctx, a),
             Command::Info(a) => info::run(&ctx, a),
             Command::Lease(c) => lease::run(&ctx, c),
@@ -106,6 +111,7 @@ impl Cli {
             Command::Download(a) => transfer::download(&ctx, a),
             Command::Restore(a) => transfer::restore(&ctx, a),
             Command::Daemon => mount::run_daemon(&ctx),
-        }
+        };
+        result.map_err(|e| context::explain(e, configured))
     }
 }

@@ -53,9 +53,9 @@ pub struct Args {
     pub foreground: bool,
 }
 
-/// 1/8 of RAM, between 64 MiB and 1 GiB.
-fn default_cache_size() -> u64 {
-    let total = std::fs::read_to_string("/proc/meminfo")
+/// Physical memory (MemTotal), if /proc/meminfo says.
+fn mem_total() -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
             m.lines()
@@ -63,8 +63,35 @@ fn default_cache_size() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         })
         .map(|kib| kib * 1024)
-        .unwrap_or(1 << 30);
-    (total / 8).clamp(64 << 20, 1 << 30)
+}
+
+/// 1/8 of RAM, between 64 MiB and 1 GiB.
+fn default_cache_size() -> u64 {
+    (mem_total().unwrap_or(1 << 30) / 8).clamp(64 << 20, 1 << 30)
+}
+
+/// A cache must fit: at least 32 MiB, and at most 3/4 of physical memory (the
+/// daemon needs up to 150 MiB more, and the rest of the machine some too; a cache
+/// that cannot be held would end in swapping or the OOM killer).
+fn check_cache_size(cache_size: u64, mem_total: Option<u64>) -> Result<()> {
+    if cache_size < 32 << 20 {
+        bail!(
+            "--cache-size {} is too small: at least 32 MiB",
+            human(cache_size)
+        );
+    }
+    if let Some(total) = mem_total {
+        let limit = total / 4 * 3;
+        if cache_size > limit {
+            bail!(
+                "--cache-size {} is more than this machine can hold: it has {} of memory, and the cache may take at most 3/4 of it ({})",
+                human(cache_size),
+                human(total),
+                human(limit)
+            );
+        }
+    }
+    Ok(())
 }
 
 pub fn run(ctx: &Context, args: Args, connection_string: Option<&str>) -> Result<()> {
@@ -80,12 +107,7 @@ pub fn run(ctx: &Context, args: Args, connection_string: Option<&str>) -> Result
         Some(s) => parse_size(s)?,
         None => default_cache_size(),
     };
-    if cache_size < 32 << 20 {
-        bail!(
-            "--cache-size {} is too small: at least 32 MiB",
-            human(cache_size)
-        );
-    }
+    check_cache_size(cache_size, mem_total())?;
     preflight(&args.mountpoint)?;
     let mountpoint = args.mountpoint.canonicalize()?;
     let mountpoint_id = system::dir_id(&mountpoint)?;
@@ -242,5 +264,30 @@ fn detach_stdout() {
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         // SAFETY: both descriptors are valid; dup2 atomically replaces stdout.
         unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_size_must_fit_in_memory() {
+        let total = 23u64 << 30;
+        assert!(check_cache_size(64 << 20, Some(total)).is_ok());
+        assert!(check_cache_size(17 << 30, Some(total)).is_ok());
+        let m = check_cache_size(100 << 40, Some(total))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.contains("--cache-size 100 TiB") && m.contains("23 GiB") && m.contains("17.25 GiB"),
+            "{m}"
+        );
+        let m = check_cache_size(16 << 20, Some(total))
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("too small"), "{m}");
+        // Unknown memory: only the lower bound applies.
+        assert!(check_cache_size(100 << 40, None).is_ok());
     }
 }

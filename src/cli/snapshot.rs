@@ -23,15 +23,21 @@ pub enum Command {
     },
     /// List a drive's snapshots, oldest first.
     List {
+        /// The drive (container/name.vhd) whose snapshots to list.
         blob: String,
         /// Print a JSON array of {snapshot, time, allocated_bytes}.
         #[arg(long)]
         json: bool,
     },
     /// Delete one snapshot (BLOB@SNAPSHOT).
-    Delete { blob: String },
+    Delete {
+        /// The snapshot to delete: container/name.vhd@SNAPSHOT, as `snapshot list`
+        /// prints it (the drive itself is never deleted here).
+        blob: String,
+    },
     /// Delete all but the newest N snapshots.
     Prune {
+        /// The drive (container/name.vhd) whose snapshots to prune.
         blob: String,
         /// How many of the newest snapshots to keep.
         #[arg(long, value_name = "N")]
