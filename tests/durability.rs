@@ -721,3 +721,51 @@ fn unmount_discard_dirty_takes_down_a_drive_the_service_will_not_take_data_for()
     // The dropped bytes never reached the blob.
     assert!(read_blob(&spec, 0, 4 << 20).iter().all(|&b| b == 0));
 }
+
+#[test]
+fn unmount_discard_dirty_stops_an_unmount_that_waits_for_the_service() {
+    require_root();
+    let spec = new_drive("discard2", "64MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let env = [
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2"),
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
+    ];
+    let mp = Mp::new(&cs);
+    // Block mode: closing the loop device does not flush (closing `disk` would).
+    let dev = ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    proxy.paused.store(true, SeqCst);
+    sh_ok(&format!(
+        "timeout 60 dd if=/dev/urandom of={dev} bs=1M count=2 oflag=direct status=none"
+    ));
+    // A plain unmount waits without limit; the operator gives up on it.
+    let mut waiting = bd_cmd(&cs, &env, &["unmount", mp.s()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        waiting.try_wait().unwrap().is_none(),
+        "unmount did not wait"
+    );
+    waiting.kill().unwrap();
+    let _ = waiting.wait();
+    let out = bd(&cs, &env, &["unmount", mp.s(), "--discard-dirty", "--yes"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("dropped 2 MiB"), "{err}");
+    assert!(!err.contains("all data is on the blob"), "{err}");
+    assert!(!std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains(mp.s()));
+    proxy.paused.store(false, SeqCst);
+    std::thread::sleep(Duration::from_millis(500));
+    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    if info["lease_state"] == "leased" {
+        ok(&az(), &[], &["lease", "break", &spec]);
+    }
+}

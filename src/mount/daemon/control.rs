@@ -120,6 +120,7 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                     match result {
                         Ok(losses) if losses.is_empty() => {
                             reply.send("ok");
+                            answer_waiting_unmounts(&rx, "ok");
                             info!("unmounted cleanly");
                             record::remove_log(&m.record_id);
                             return Ok(());
@@ -128,13 +129,7 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                             let all = losses.join("; ");
                             let answer = format!("failed {all}");
                             reply.send(&answer);
-                            // An `unmount --discard-dirty` sent while this teardown
-                            // waited gets the same answer.
-                            while let Ok(Event::Control(c, r)) = rx.try_recv() {
-                                if c.starts_with("unmount") {
-                                    r.send(&answer);
-                                }
-                            }
+                            answer_waiting_unmounts(&rx, &answer);
                             return Err(MountError::Data(all));
                         }
                         Err(e) => {
@@ -190,6 +185,18 @@ fn rotate_log(log: &std::path::Path, ticks: &mut u32) {
         Ok(false) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => warn!("cannot rotate the log {}: {e}", log.display()),
+    }
+}
+
+/// An `unmount` (e.g. `--discard-dirty`) sent while a teardown waited gets that
+/// teardown's answer: the process exits right after.
+fn answer_waiting_unmounts(rx: &mpsc::Receiver<Event>, answer: &str) {
+    while let Ok(ev) = rx.try_recv() {
+        if let Event::Control(c, r) = ev {
+            if c.starts_with("unmount") {
+                r.send(answer);
+            }
+        }
     }
 }
 

@@ -88,8 +88,14 @@ impl Mounted {
                 warn!("the lease on {} was lost while mounted", self.target);
             } else if let Err(e) = self.rt.block_on(self.blob.release_lease(&id)) {
                 error!("could not release the lease on {}: {e}", self.target);
+                // "All data is on the blob" only if nothing was dropped above.
+                let kept = if losses.is_empty() {
+                    "; all data is on the blob"
+                } else {
+                    ""
+                };
                 losses.push(format!(
-                    "the lease on {t} could not be released ({e}): it is still held, so no other host can write the drive; all data is on the blob. Once nothing uses the drive, run `blobdrive lease break {t}`",
+                    "the lease on {t} could not be released ({e}): it is still held, so no other host can write the drive{kept}. Once nothing uses the drive, run `blobdrive lease break {t}`",
                     t = self.target
                 ));
             } else {
