@@ -20,6 +20,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// Colour only for a terminal, and never with `NO_COLOR` set (any value but empty,
+/// as <https://no-color.org> says): a daemon's log file gets plain text.
+fn use_colour() -> bool {
+    use std::io::IsTerminal;
+    colour_wanted(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
+}
+
+fn colour_wanted(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Logs go to stderr; warnings by default so a normal run prints only its result.
 fn init_logging(verbose: u8) {
     let filter = std::env::var("BLOBDRIVE_LOG")
@@ -37,5 +51,20 @@ fn init_logging(verbose: u8) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(use_colour())
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour_wanted;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour_wanted(true, None));
+        assert!(colour_wanted(true, Some(OsStr::new(""))));
+        assert!(!colour_wanted(true, Some(OsStr::new("1"))));
+        assert!(!colour_wanted(false, None));
+    }
 }

@@ -581,3 +581,84 @@ fn info_works_with_a_read_sas_for_one_blob() {
     // With a key that can list, the count is there.
     assert_eq!(json(&ok(&["info", &spec, "--json"]))["snapshots"], 0);
 }
+
+#[test]
+fn a_failure_is_one_plain_line_without_a_log_line_before_it() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cs = format!(
+        "AccountName=devstoreaccount1;AccountKey={};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1",
+        common::azurite::DEV_KEY
+    );
+    let out = bin()
+        .env("AZURE_STORAGE_CONNECTION_STRING", &cs)
+        .env("BLOBDRIVE_RETRY_BUDGET_SECS", "1")
+        .args(["info", "disks/a.vhd"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.starts_with("blobdrive: error: "), "{err}");
+    assert!(!err.contains("giving up"), "{err}");
+    // Logs asked for with -vv go to a pipe here: no colour codes.
+    let out = bin()
+        .env("AZURE_STORAGE_CONNECTION_STRING", &cs)
+        .env("BLOBDRIVE_RETRY_BUDGET_SECS", "1")
+        .args(["-vv", "info", "disks/a.vhd"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("giving up"), "{err}");
+    assert!(!err.contains('\x1b'), "{err:?}");
+}
+
+#[test]
+fn unmount_discard_dirty_needs_yes() {
+    let out = run(&["unmount", "/nonexistent-mp", "--discard-dirty"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("add --yes"), "{err}");
+}
+
+#[test]
+fn list_and_stats_say_when_the_run_directory_is_not_readable() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to run the binary as nobody");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("bd-run-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mounts = dir.path().join("mounts");
+    std::fs::create_dir(&mounts).unwrap();
+    std::fs::write(mounts.join("0123456789abcdef.json"), "{}").unwrap();
+    std::fs::set_permissions(&mounts, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for args in [
+        &["list"][..],
+        &["list", "--json"],
+        &["stats", "/mnt"],
+        &["unmount", "/mnt"],
+    ] {
+        let out = Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_blobdrive"))
+            .args(args)
+            .env("BLOBDRIVE_RUN_DIR", dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {err}");
+        assert!(
+            err.contains("cannot read the run directory") && err.contains("root"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -661,3 +661,111 @@ fn fio_verifies_through_faults_and_again_from_the_blob_after_remount() {
     fio(&fsjob(mp.s(), true));
     ok(&az(), &[], &["unmount", mp.s()]);
 }
+
+#[test]
+fn unmount_discard_dirty_takes_down_a_drive_the_service_will_not_take_data_for() {
+    require_root();
+    let spec = new_drive("discard", "64MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    // Short timeouts, so the one last try and the lease release give up soon.
+    let env = [
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2"),
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
+    ];
+    let mp = Mp::new(&cs);
+    let dev = ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    proxy.paused.store(true, SeqCst);
+    // 4 MiB the service will never get.
+    sh_ok(&format!(
+        "timeout 60 dd if=/dev/urandom of={dev} bs=1M count=4 oflag=direct status=none"
+    ));
+    // Without --yes it refuses and changes nothing.
+    let refused = bd(&cs, &env, &["unmount", mp.s(), "--discard-dirty"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--yes"));
+    assert!(sh_ok("losetup -a").contains(&dev));
+    let started = Instant::now();
+    let out = bd(&cs, &env, &["unmount", mp.s(), "--discard-dirty", "--yes"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    // Data was lost: non-zero, naming how much; the lease cannot be released while
+    // the service does not answer, and it says so and how to break it.
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("dropped 4 MiB"), "{err}");
+    assert!(
+        err.contains("lease") && err.contains("lease break"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(90), "{err}");
+    // Nothing is left mounted or attached, and no record remains.
+    assert!(!std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains(mp.s()));
+    assert!(!sh_ok("losetup -a").contains(&format!("{dev}:")));
+    let listed = json(&ok(&cs, &[], &["list", "--json"]));
+    assert!(
+        !listed.to_string().contains(mp.s()),
+        "still listed: {listed}"
+    );
+    assert!(err.contains("could not be released"), "{err}");
+    // The release the daemon gave up on was held by the paused proxy and may land
+    // once it resumes (a late commit); otherwise the lease stays held until broken.
+    proxy.paused.store(false, SeqCst);
+    std::thread::sleep(Duration::from_millis(500));
+    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    if info["lease_state"] == "leased" {
+        ok(&az(), &[], &["lease", "break", &spec]);
+    }
+    // The dropped bytes never reached the blob.
+    assert!(read_blob(&spec, 0, 4 << 20).iter().all(|&b| b == 0));
+}
+
+#[test]
+fn unmount_discard_dirty_stops_an_unmount_that_waits_for_the_service() {
+    require_root();
+    let spec = new_drive("discard2", "64MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let env = [
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2"),
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
+    ];
+    let mp = Mp::new(&cs);
+    // Block mode: closing the loop device does not flush (closing `disk` would).
+    let dev = ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    proxy.paused.store(true, SeqCst);
+    sh_ok(&format!(
+        "timeout 60 dd if=/dev/urandom of={dev} bs=1M count=2 oflag=direct status=none"
+    ));
+    // A plain unmount waits without limit; the operator gives up on it.
+    let mut waiting = bd_cmd(&cs, &env, &["unmount", mp.s()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        waiting.try_wait().unwrap().is_none(),
+        "unmount did not wait"
+    );
+    waiting.kill().unwrap();
+    let _ = waiting.wait();
+    let out = bd(&cs, &env, &["unmount", mp.s(), "--discard-dirty", "--yes"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("dropped 2 MiB"), "{err}");
+    assert!(!err.contains("all data is on the blob"), "{err}");
+    assert!(!std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains(mp.s()));
+    proxy.paused.store(false, SeqCst);
+    std::thread::sleep(Duration::from_millis(500));
+    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    if info["lease_state"] == "leased" {
+        ok(&az(), &[], &["lease", "break", &spec]);
+    }
+}

@@ -524,18 +524,22 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
     sh_ok(&format!("kill -KILL {pid}"));
     std::thread::sleep(Duration::from_millis(300));
     fails(&["mount", &spec, Mp::new().s()], "lease break");
+    // It cleans up, then fails so scripts notice: the lease is still held.
+    let id = blobdrive::mount::record::id_for(mp.path());
+    let log = run_dir().join("mounts").join(format!("{id}.log"));
     let out = bd(&["unmount", mp.s()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("cleaned up after the dead daemon"),
+        "{err}"
+    );
     assert!(err.contains("lease break"), "{err}");
+    // A failed mount's log is kept, to be read.
+    assert!(log.exists(), "the dead daemon's log was removed");
     assert!(!std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .contains(mp.s()));
-    let id = blobdrive::mount::record::id_for(mp.path());
     assert!(!sh_ok("losetup -a").contains(&format!("{id}.fuse")));
     ok(&["lease", "break", &spec]);
     ok(&["mount", &spec, mp.s()]);
@@ -681,4 +685,62 @@ fn consistent_snapshot_of_a_drive_being_written() {
     assert!(Path::new(&format!("{}/log", fmp.s())).exists());
     ok(&["unmount", fmp.s()]);
     ok(&["unmount", mp.s()]);
+}
+
+#[test]
+fn mkfs_over_another_filesystem_is_ignored_and_said_by_mount() {
+    require_root();
+    let spec = new_drive("mkfsother", "320MiB");
+    let mp = Mp::new();
+    ok(&["mount", &spec, mp.s(), "--mkfs", "xfs"]);
+    ok(&["unmount", mp.s()]);
+    let out = bd(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: --mkfs ext4 ignored: the disk already holds a xfs filesystem"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("(xfs"));
+    ok(&["unmount", mp.s()]);
+}
+
+#[test]
+fn xattrs_are_refused_quietly_and_a_clean_unmount_leaves_no_log() {
+    require_root();
+    let spec = new_drive("xattr", "16MiB");
+    let mp = Mp::new();
+    ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    let id = blobdrive::mount::record::id_for(mp.path());
+    let log = run_dir().join("mounts").join(format!("{id}.log"));
+    // The kernel answers "not supported" after the first ENOSYS, without asking.
+    let script = std::env::temp_dir().join(format!("bd-xattr-{id}.py"));
+    std::fs::write(
+        &script,
+        r#"import os, sys, errno
+disk = sys.argv[1]
+calls = [lambda: os.getxattr(disk, 'security.capability'), lambda: os.listxattr(disk),
+         lambda: os.setxattr(disk, 'user.x', b'1'), lambda: os.removexattr(disk, 'user.x')]
+for call in calls:
+    for _ in range(3):
+        try:
+            call()
+            raise SystemExit('an xattr call succeeded')
+        except OSError as e:
+            assert e.errno == errno.EOPNOTSUPP, e
+"#,
+    )
+    .unwrap();
+    let probe = format!("python3 {} '{}/disk'", script.display(), mp.s());
+    sh_ok(&probe);
+    let _ = std::fs::remove_file(&script);
+    sh_ok(&format!(
+        "dd if=/dev/zero of='{}/disk' bs=64k count=4 conv=notrunc,fsync 2>/dev/null",
+        mp.s()
+    ));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("Not Implemented"), "{text}");
+    assert!(!text.contains('\x1b'), "colour in the log file: {text:?}");
+    ok(&["unmount", mp.s()]);
+    assert!(!log.exists(), "a clean unmount left its log behind");
 }

@@ -180,8 +180,19 @@ impl Drive {
             std::thread::sleep(Duration::from_millis(50));
         }
         let mp = self.mp().to_string();
-        // Cleans up after the dead daemon (and warns that its lease is held).
-        self.ok(&["unmount", &mp]);
+        // Cleans up after the dead daemon, then fails: its lease is still held.
+        let out = self.bd(&self.proxy.connection_string(), &["unmount", &mp]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "unmount after SIGKILL exited 0: {err}"
+        );
+        assert!(
+            err.contains("cleaned up")
+                || String::from_utf8_lossy(&out.stdout).contains("cleaned up"),
+            "{err}"
+        );
+        assert!(err.contains("lease break"), "{err}");
         let spec = self.spec.clone();
         self.ok(&["lease", "break", &spec]);
         // Whatever the dead daemon left in the network lands (or not) now.

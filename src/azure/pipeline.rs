@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::Method;
-use tracing::{debug, warn};
+use tracing::debug;
 use url::Url;
 
 use super::account::Account;
@@ -257,7 +257,9 @@ impl BlobService {
             // A busy service's `Retry-After` is a floor for the backoff.
             let delay = policy.backoff(attempt).max(hinted.unwrap_or_default());
             if attempt >= max_attempts || started.elapsed() + delay >= policy.budget {
-                warn!(op = %req.op, target = %req.target, attempts = attempt, "giving up: {failure}");
+                // The error itself is what callers report (the daemon logs its own
+                // warnings where it waits): logging it here too printed it twice.
+                debug!(op = %req.op, target = %req.target, attempts = attempt, "giving up: {failure}");
                 ClientStats::add(&self.inner.stats.failed_requests, 1);
                 return Err(match failure {
                     AzureError::Unreachable {

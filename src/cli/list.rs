@@ -12,6 +12,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    record::check_readable().map_err(anyhow::Error::msg)?;
     let records = record::load_all();
     if args.json {
         let v: Vec<_> = records
@@ -36,10 +37,7 @@ pub fn run(args: Args) -> Result<()> {
         println!("no drives mounted");
         return Ok(());
     }
-    println!(
-        "{:<32} {:<28} {:<6} {:<12} {:<3} {:>8}",
-        "BLOB", "MOUNTPOINT", "MODE", "DEVICE", "RO", "PID"
-    );
+    let mut rows = vec![["BLOB", "MOUNTPOINT", "MODE", "DEVICE", "RO", "PID"].map(String::from)];
     for r in &records {
         let blob = match &r.snapshot {
             Some(s) => format!("{}@{s}", r.blob),
@@ -50,15 +48,70 @@ pub fn run(args: Args) -> Result<()> {
         } else {
             format!("{} (dead)", r.pid)
         };
-        println!(
-            "{:<32} {:<28} {:<6} {:<12} {:<3} {:>8}",
+        rows.push([
             blob,
-            r.mountpoint.display(),
+            r.mountpoint.display().to_string(),
             r.mode.to_string(),
-            r.device.as_deref().unwrap_or("-"),
-            if r.read_only { "yes" } else { "no" },
-            pid
-        );
+            r.device.as_deref().unwrap_or("-").to_string(),
+            if r.read_only { "yes" } else { "no" }.to_string(),
+            pid,
+        ]);
     }
+    print!("{}", table(&rows));
     Ok(())
+}
+
+/// Columns as wide as their widest cell, two spaces apart; the last (PID) is
+/// right-aligned and no line has trailing blanks.
+fn table<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            let pad = widths[i] - cell.chars().count();
+            if i == N - 1 {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::table;
+
+    #[test]
+    fn columns_fit_long_mountpoints() {
+        let long = "/mnt/a/very/long/path/to/where/the/drive/is/mounted".to_string();
+        let rows = [
+            ["BLOB", "MOUNTPOINT", "PID"].map(String::from),
+            ["disks/a.vhd".into(), long.clone(), "12345 (dead)".into()],
+            ["d/b.vhd".into(), "/m".into(), "7".into()],
+        ];
+        let t = table(&rows);
+        let lines: Vec<&str> = t.lines().collect();
+        // Every column starts at the same offset on every line.
+        let col = lines[1].find(&long).unwrap();
+        assert_eq!(lines[0].find("MOUNTPOINT"), Some(col));
+        assert_eq!(lines[2].find("/m"), Some(col));
+        assert_eq!(lines[1].len(), lines[2].len());
+        assert!(lines[0].ends_with("         PID"), "{t}");
+        assert!(lines[2].ends_with(" 7"), "{t}");
+    }
 }

@@ -129,7 +129,12 @@ pub fn run(ctx: &Context, args: Args, connection_string: Option<&str>) -> Result
         let blob = r.to_string();
         daemon::run(req, ctx.account.clone(), &mut |outcome| {
             if let Ok(ready) = outcome {
-                print_ready(ready, &blob);
+                // The daemon's own log (stderr here) already said the warnings.
+                let quiet = Ready {
+                    warnings: Vec::new(),
+                    ..ready.clone()
+                };
+                print_ready(&quiet, &blob);
             }
         })?;
         return Ok(());
@@ -206,6 +211,9 @@ fn spawn_daemon(req: &MountRequest, connection_string: Option<&str>, blob: &str)
 }
 
 fn print_ready(ready: &Ready, blob: &str) {
+    for w in &ready.warnings {
+        eprintln!("warning: {w}");
+    }
     let ro = if ready.read_only { " read-only" } else { "" };
     match ready.mode {
         Mode::Fs => {

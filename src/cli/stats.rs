@@ -21,6 +21,7 @@ pub fn run(args: Args) -> Result<()> {
         .mountpoint
         .canonicalize()
         .unwrap_or_else(|_| args.mountpoint.clone());
+    record::check_readable().map_err(anyhow::Error::msg)?;
     let Some(rec) = record::load(&record::id_for(&mp)) else {
         bail!("nothing is mounted by blobdrive at {}", mp.display());
     };

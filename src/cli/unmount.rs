@@ -12,17 +12,31 @@ Unmounting writes every cached byte to the blob first, waiting out an outage of 
 storage service (it says every few seconds what it waits for), then releases the
 lease. It is refused, leaving everything mounted, while the filesystem is busy or a
 process holds the raw disk file open. It exits non-zero, naming what happened, if the
-lease was lost with data not yet written, or could not be released.")]
+lease was lost with data not yet written, or could not be released, and after
+cleaning up behind a daemon that died while holding the lease.")]
 pub struct Args {
     /// Where the drive is mounted (as given to `blobdrive mount`).
     pub mountpoint: PathBuf,
+    /// The way out when the storage service refuses writes for good (e.g. full):
+    /// take the drive down and drop the cached data that cannot be written,
+    /// saying how much. Data is lost, so it exits non-zero and needs --yes. Also
+    /// stops an unmount that is already waiting.
+    #[arg(long)]
+    pub discard_dirty: bool,
+    /// Confirms --discard-dirty.
+    #[arg(long)]
+    pub yes: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.discard_dirty && !args.yes {
+        bail!("--discard-dirty drops the data written to the drive but not yet on the blob; add --yes to confirm");
+    }
     let mp = args
         .mountpoint
         .canonicalize()
         .unwrap_or_else(|_| args.mountpoint.clone());
+    record::check_readable().map_err(anyhow::Error::msg)?;
     let Some(rec) = record::load(&record::id_for(&mp)) else {
         bail!(
             "nothing is mounted by blobdrive at {} (see `blobdrive list`)",
@@ -33,7 +47,12 @@ pub fn run(args: Args) -> Result<()> {
         // No timeout: the daemon answers once everything is written, however long
         // that takes (saying every few seconds what it waits for); it answers at
         // once if the filesystem or the disk file is busy.
-        let answer = daemon::control_with_progress(&rec.socket, "unmount", None, &mut |p| {
+        let cmd = if args.discard_dirty {
+            daemon::DISCARD_CMD
+        } else {
+            "unmount"
+        };
+        let answer = daemon::control_with_progress(&rec.socket, cmd, None, &mut |p| {
             eprintln!("blobdrive: {p}")
         });
         match answer {
@@ -71,9 +90,12 @@ pub fn run(args: Args) -> Result<()> {
         rec.blob
     );
     if !rec.read_only && rec.snapshot.is_none() {
-        eprintln!(
-            "warning: the lease on {} is still held by the dead mount; writes it had not flushed are lost. Once no other host uses the drive, run `blobdrive lease break {}`",
-            rec.blob, rec.blob
+        // Non-zero, so scripts notice: the drive cannot be mounted again until the
+        // lease is broken, and unflushed writes are gone.
+        bail!(
+            "the lease on {} is still held by the dead mount; writes it had not flushed are lost. Once no other host uses the drive, run `blobdrive lease break {}`",
+            rec.blob,
+            rec.blob
         );
     }
     Ok(())

@@ -66,6 +66,8 @@ struct Patience {
     io_timeout: Duration,
     /// Set at unmount: wait for the service however long it takes.
     unbounded: AtomicBool,
+    /// Set by `unmount --discard-dirty`: no I/O waits through an outage any more.
+    give_up: AtomicBool,
     health: Arc<Health>,
 }
 
@@ -88,6 +90,7 @@ impl RemoteBackend {
             patience: Arc::new(Patience {
                 io_timeout,
                 unbounded: AtomicBool::new(false),
+                give_up: AtomicBool::new(false),
                 health: Arc::new(Health::default()),
             }),
         }
@@ -110,6 +113,12 @@ impl RemoteBackend {
     /// cache then holds the only copy of what is not yet written).
     pub fn set_wait_without_limit(&self, on: bool) {
         self.patience.unbounded.store(on, Ordering::SeqCst);
+    }
+
+    /// From now on an outage fails every I/O at once instead of being waited out
+    /// (for good: `unmount --discard-dirty`, once nothing new can be written).
+    pub fn stop_waiting(&self) {
+        self.patience.give_up.store(true, Ordering::SeqCst);
     }
 
     pub fn blob(&self) -> &BlobClient {
@@ -179,7 +188,8 @@ impl Patience {
         e: AzureError,
     ) -> Result<(), DeviceError> {
         self.health.failed(a.started, &e.to_string());
-        let within = self.unbounded.load(Ordering::SeqCst) || a.started.elapsed() < self.io_timeout;
+        let within = !self.give_up.load(Ordering::SeqCst)
+            && (self.unbounded.load(Ordering::SeqCst) || a.started.elapsed() < self.io_timeout);
         if !e.outcome_unknown() || fenced.load(Ordering::SeqCst) || !within {
             return Err(map_error(fenced, e));
         }

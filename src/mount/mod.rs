@@ -63,6 +63,10 @@ pub struct Ready {
     pub read_only: bool,
     pub pid: u32,
     pub formatted: bool,
+    /// What the user should hear about the mount (e.g. a `--mkfs` that was
+    /// ignored); `blobdrive mount` prints them.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// Why a mount or unmount failed.

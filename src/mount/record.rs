@@ -95,6 +95,63 @@ pub fn remove(id: &str) {
     let _ = fs::remove_file(sock);
 }
 
+/// Removes a mount's daemon log and its rotated copy: done after a clean unmount
+/// (a failed one keeps its log, to be read).
+pub fn remove_log(id: &str) {
+    let (.., log, _) = paths(id);
+    let _ = fs::remove_file(log.with_extension("log.1"));
+    let _ = fs::remove_file(log);
+}
+
+/// How big a daemon log grows before it is moved aside to `ID.log.1`.
+pub const LOG_MAX_BYTES: u64 = 16 << 20;
+
+/// If the log at `path` is larger than `max` and `fd` writes to it, renames it to
+/// `ID.log.1` (replacing an older one) and points `fd` at a fresh file at `path`.
+/// Returns whether it rotated. A daemon in the foreground (stderr not the file)
+/// is left alone.
+pub fn rotate_log(path: &Path, max: u64, fd: std::os::fd::RawFd) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let meta = fs::metadata(path)?;
+    if meta.len() <= max {
+        return Ok(false);
+    }
+    // SAFETY: fstat writes only into the zeroed struct it is given.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0
+        || st.st_dev != meta.dev()
+        || st.st_ino != meta.ino()
+    {
+        return Ok(false);
+    }
+    fs::rename(path, path.with_extension("log.1"))?;
+    let fresh = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)?;
+    // SAFETY: both descriptors are valid; dup2 atomically replaces `fd`.
+    if unsafe { libc::dup2(fresh.as_raw_fd(), fd) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(true)
+}
+
+/// Fails when the run directory exists but cannot be read (a user other than
+/// root): "nothing is mounted" would then be a lie.
+pub fn check_readable() -> Result<(), String> {
+    let dir = mounts_dir();
+    match fs::read_dir(&dir) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!(
+            "cannot read the run directory {} ({e}), where mounts are recorded: it is root's; run this as root (sudo)",
+            dir.display()
+        )),
+    }
+}
+
 pub fn load(id: &str) -> Option<MountRecord> {
     let (path, ..) = paths(id);
     serde_json::from_str(&fs::read_to_string(path).ok()?).ok()
@@ -115,4 +172,33 @@ pub fn load_all() -> Vec<MountRecord> {
 /// Whether the daemon of a record is still running.
 pub fn alive(r: &MountRecord) -> bool {
     super::system::pid_alive(r.pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_log_over_its_limit_is_moved_aside_and_the_writer_follows() {
+        let dir = std::env::temp_dir().join(format!("bd-rotate-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x.log");
+        let mut writer = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        writer.write_all(&[b'a'; 100]).unwrap();
+        assert!(!rotate_log(&path, 100, writer.as_raw_fd()).unwrap());
+        writer.write_all(b"b").unwrap();
+        // Another file's descriptor is never redirected.
+        let other = fs::File::open("/dev/null").unwrap();
+        assert!(!rotate_log(&path, 100, other.as_raw_fd()).unwrap());
+        assert!(rotate_log(&path, 100, writer.as_raw_fd()).unwrap());
+        writer.write_all(b"new").unwrap();
+        assert_eq!(fs::read(dir.join("x.log.1")).unwrap().len(), 101);
+        assert_eq!(fs::read_to_string(&path).unwrap(), "new");
+        fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -15,7 +15,9 @@ use tracing::{error, info, warn};
 use super::stats::StatsValues;
 use super::teardown::finished;
 use super::Mounted;
-use crate::mount::MountError;
+use crate::device::cache::Cache;
+use crate::device::remote::RemoteBackend;
+use crate::mount::{record, MountError};
 use crate::size::human as human_bytes;
 
 enum Event {
@@ -84,15 +86,22 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
         }
     });
     let stats = m.stats.clone();
+    let discard = Discard {
+        requested: m.discard.clone(),
+        fuse_gone: m.fuse_gone.clone(),
+        cache: m.cache.clone(),
+    };
     std::thread::Builder::new()
         .name("blobdrive-control".into())
         .spawn(move || {
             for conn in listener.incoming().flatten() {
-                handle_conn(conn, &tx, stats.as_ref());
+                handle_conn(conn, &tx, stats.as_ref(), &discard);
             }
         })
         .map_err(|e| MountError::System(format!("cannot start the control thread: {e}")))?;
     info!("serving {} at {}", m.target, m.req.mountpoint.display());
+    let (.., log, _) = record::paths(&m.record_id);
+    let mut since_rotation_check = 0u32;
     loop {
         match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(Event::Control(cmd, reply)) => match cmd.as_str() {
@@ -103,24 +112,30 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                     };
                     reply.send(&answer);
                 }
-                "unmount" => {
-                    info!("unmount requested");
+                "unmount" | DISCARD_CMD => {
+                    info!("{cmd} requested");
                     let ticker = Ticker::start(&reply, m.progress_fn());
                     let result = m.teardown();
                     ticker.stop();
                     match result {
                         Ok(losses) if losses.is_empty() => {
                             reply.send("ok");
+                            answer_waiting_unmounts(&rx, "ok");
                             info!("unmounted cleanly");
+                            record::remove_log(&m.record_id);
                             return Ok(());
                         }
                         Ok(losses) => {
                             let all = losses.join("; ");
-                            reply.send(&format!("failed {all}"));
+                            let answer = format!("failed {all}");
+                            reply.send(&answer);
+                            answer_waiting_unmounts(&rx, &answer);
                             return Err(MountError::Data(all));
                         }
                         Err(e) => {
                             warn!("unmount refused: {e}");
+                            // A refused `--discard-dirty` leaves no trace for later.
+                            m.discard.store(false, Ordering::SeqCst);
                             reply.send(&format!("error {e}"));
                         }
                     }
@@ -132,11 +147,17 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
             Ok(Event::Signal) => {
                 info!("signal received: unmounting");
                 match m.teardown() {
-                    Ok(losses) => return finished(losses),
+                    Ok(losses) => {
+                        if losses.is_empty() {
+                            record::remove_log(&m.record_id);
+                        }
+                        return finished(losses);
+                    }
                     Err(e) => error!("cannot unmount yet: {e}"),
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
+                rotate_log(&log, &mut since_rotation_check);
                 let gone = m.session.as_ref().is_some_and(|s| s.guard.is_finished());
                 if gone {
                     error!(
@@ -147,6 +168,34 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => return finished(m.teardown()?),
+        }
+    }
+}
+
+/// Once a minute, moves the daemon's log (its stderr) aside to `ID.log.1` when
+/// it outgrew [`record::LOG_MAX_BYTES`], so a long-lived mount's log stays bounded.
+fn rotate_log(log: &std::path::Path, ticks: &mut u32) {
+    *ticks += 1;
+    if *ticks < 60 {
+        return;
+    }
+    *ticks = 0;
+    match record::rotate_log(log, record::LOG_MAX_BYTES, 2) {
+        Ok(true) => info!("log rotated: the older part is in {}.1", log.display()),
+        Ok(false) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => warn!("cannot rotate the log {}: {e}", log.display()),
+    }
+}
+
+/// An `unmount` (e.g. `--discard-dirty`) sent while a teardown waited gets that
+/// teardown's answer: the process exits right after.
+fn answer_waiting_unmounts(rx: &mpsc::Receiver<Event>, answer: &str) {
+    while let Ok(ev) = rx.try_recv() {
+        if let Event::Control(c, r) = ev {
+            if c.starts_with("unmount") {
+                r.send(answer);
+            }
         }
     }
 }
@@ -200,10 +249,39 @@ impl Ticker {
     }
 }
 
+/// The control command of `unmount --discard-dirty`.
+pub const DISCARD_CMD: &str = "unmount discard-dirty";
+
+/// What the control thread needs to make a teardown stop waiting.
+struct Discard {
+    requested: Arc<AtomicBool>,
+    fuse_gone: Arc<AtomicBool>,
+    cache: Option<Arc<Cache<RemoteBackend>>>,
+}
+
+impl Discard {
+    /// Marks the request; if the FUSE mount is already gone (a teardown waiting
+    /// out an outage), its I/O stops waiting at once. Otherwise the teardown
+    /// does that itself once nothing new can be written.
+    fn request(&self) {
+        self.requested.store(true, Ordering::SeqCst);
+        if self.fuse_gone.load(Ordering::SeqCst) {
+            if let Some(c) = &self.cache {
+                c.backend().stop_waiting();
+            }
+        }
+    }
+}
+
 /// Reads one command line and answers it: `stats` here and now (also while the
 /// main thread is busy taking the drive down), the rest by handing it, with its
 /// connection, to the main thread.
-fn handle_conn(conn: UnixStream, tx: &mpsc::Sender<Event>, stats: Option<&StatsValues>) {
+fn handle_conn(
+    conn: UnixStream,
+    tx: &mpsc::Sender<Event>,
+    stats: Option<&StatsValues>,
+    discard: &Discard,
+) {
     // A client that never sends its line must not hold up the commands after it.
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let mut line = String::new();
@@ -217,6 +295,10 @@ fn handle_conn(conn: UnixStream, tx: &mpsc::Sender<Event>, stats: Option<&StatsV
     let cmd = line.trim();
     if let ("stats", Some(values)) = (cmd, stats) {
         return Reply(conn).send(&values().to_string());
+    }
+    if cmd == DISCARD_CMD {
+        warn!("unmount --discard-dirty: data that cannot be written will be dropped");
+        discard.request();
     }
     let _ = tx.send(Event::Control(cmd.to_string(), Reply(conn)));
 }

@@ -22,7 +22,7 @@ mod snapshot;
 mod stats;
 mod teardown;
 
-pub use control::{control, control_with_progress};
+pub use control::{control, control_with_progress, DISCARD_CMD};
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -64,6 +64,11 @@ struct Mounted {
     open_disk: Option<Arc<AtomicUsize>>,
     record_id: String,
     record_written: bool,
+    /// `unmount --discard-dirty` asked to drop what cannot be written (set by the
+    /// control thread, also while a teardown already waits).
+    discard: Arc<AtomicBool>,
+    /// The FUSE mount is gone: nothing new can be written any more.
+    fuse_gone: Arc<AtomicBool>,
 }
 
 /// Runs a mount until it is unmounted. `ready` is called exactly once: with the
@@ -115,6 +120,8 @@ pub fn run(
         stats: None,
         record_id: id.clone(),
         record_written: false,
+        discard: Arc::new(AtomicBool::new(false)),
+        fuse_gone: Arc::new(AtomicBool::new(false)),
     };
     let rec = MountRecord {
         id: id.clone(),

@@ -192,6 +192,7 @@ pub(super) fn setup(
     // Loop device and filesystem.
     let mut fstype = None;
     let mut formatted = false;
+    let mut warnings = Vec::new();
     if m.req.mode != Mode::Raw {
         let dev = system::loop_attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
         system::loop_readahead(&dev, 4096);
@@ -204,7 +205,9 @@ pub(super) fn setup(
         let found = system::fs_type(&dev)?;
         let t = match (found, m.req.mkfs.as_deref()) {
             (Some(t), Some(wanted)) => {
-                warn!("--mkfs {wanted} ignored: the disk already holds a {t} filesystem, which is mounted as it is");
+                let w = format!("--mkfs {wanted} ignored: the disk already holds a {t} filesystem, which is mounted as it is");
+                warn!("{w}");
+                warnings.push(w);
                 t
             }
             (Some(t), None) => t,
@@ -244,6 +247,7 @@ pub(super) fn setup(
         read_only: m.req.read_only,
         pid: std::process::id(),
         formatted,
+        warnings,
     };
     Ok((ready, listener))
 }

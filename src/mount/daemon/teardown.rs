@@ -69,6 +69,7 @@ impl Mounted {
                 Ok(()) => {}
             }
         }
+        self.fuse_gone.store(true, Ordering::SeqCst);
         let mut losses = Vec::new();
         if let Some(cache) = self.cache.clone() {
             if !self.req.read_only {
@@ -87,8 +88,14 @@ impl Mounted {
                 warn!("the lease on {} was lost while mounted", self.target);
             } else if let Err(e) = self.rt.block_on(self.blob.release_lease(&id)) {
                 error!("could not release the lease on {}: {e}", self.target);
+                // "All data is on the blob" only if nothing was dropped above.
+                let kept = if losses.is_empty() {
+                    "; all data is on the blob"
+                } else {
+                    ""
+                };
                 losses.push(format!(
-                    "the lease on {t} could not be released ({e}): it is still held, so no other host can write the drive; all data is on the blob. Once nothing uses the drive, run `blobdrive lease break {t}`",
+                    "the lease on {t} could not be released ({e}): it is still held, so no other host can write the drive{kept}. Once nothing uses the drive, run `blobdrive lease break {t}`",
                     t = self.target
                 ));
             } else {
@@ -130,10 +137,32 @@ impl Mounted {
     }
 
     /// Writes every cached byte, waiting out outages (the backend does not give up
-    /// during unmount). Returns what was dropped if the lease was lost.
+    /// during unmount). Returns what was dropped if the lease was lost, or if
+    /// `unmount --discard-dirty` asked to drop what cannot be written.
     fn write_back(&self, cache: &Cache<RemoteBackend>) -> Option<String> {
         let mut pause = Duration::from_secs(1);
         loop {
+            if self.discard.load(Ordering::SeqCst) {
+                // One more try without waiting through an outage; what it cannot
+                // write is dropped.
+                cache.backend().stop_waiting();
+                if cache.flush().is_ok() {
+                    return None;
+                }
+                let msg = format!(
+                    "--discard-dirty: dropped {} ({} bytes) written to the drive but not on the blob, which could not take it ({})",
+                    human_bytes(cache.dirty_bytes()),
+                    cache.dirty_bytes(),
+                    cache
+                        .backend()
+                        .health()
+                        .last_error
+                        .as_deref()
+                        .unwrap_or("no answer")
+                );
+                error!("{msg}");
+                return Some(msg);
+            }
             match cache.flush() {
                 Ok(()) => return None,
                 Err(DeviceError::LeaseLost(e)) => {
@@ -153,7 +182,11 @@ impl Mounted {
                         human_bytes(cache.dirty_bytes()),
                         pause.as_secs()
                     );
-                    std::thread::sleep(pause);
+                    let until = std::time::Instant::now() + pause;
+                    while std::time::Instant::now() < until && !self.discard.load(Ordering::SeqCst)
+                    {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
                     pause = (pause * 2).min(Duration::from_secs(30));
                 }
             }
