@@ -113,6 +113,11 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         // it at what it supports.
         let _ = config.set_max_write(1024 * 1024);
         let _ = config.set_max_readahead(1024 * 1024);
+        // Direct-I/O files cannot be memory-mapped unless the kernel is told they
+        // may (Linux 6.6 on): then a shared mapping of `disk` works, its pages are
+        // written back through FUSE like any write, and msync/fsync flush them. An
+        // older kernel refuses the flag and mmap stays ENODEV.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         Ok(())
     }
 
