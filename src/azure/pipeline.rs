@@ -76,6 +76,29 @@ pub(super) struct Response {
 }
 
 impl Request {
+    /// A request with no headers or body, the policy's attempts, no fence: each
+    /// operation then adds what it needs.
+    pub(super) fn new(
+        op: Op,
+        target: String,
+        method: Method,
+        url: Url,
+        ok: &'static [u16],
+    ) -> Request {
+        Request {
+            op,
+            target,
+            method,
+            url,
+            headers: Vec::new(),
+            body: Bytes::new(),
+            ok,
+            max_attempts: None,
+            fence: None,
+            gone_after_unknown_is_done: false,
+        }
+    }
+
     pub(super) fn header(&mut self, name: &str, value: impl Into<String>) {
         self.headers.push((name.to_string(), value.into()));
     }

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use reqwest::Method;
 
 use super::container::ContainerClient;
@@ -106,18 +105,13 @@ impl BlobClient {
         if let Some(s) = self.snapshot.as_deref() {
             q.push(("snapshot", s));
         }
-        Request {
+        Request::new(
             op,
-            target: self.target(),
+            self.target(),
             method,
-            url: self.svc.url(&[&self.container, &self.name], &q),
-            headers: Vec::new(),
-            body: Bytes::new(),
+            self.svc.url(&[&self.container, &self.name], &q),
             ok,
-            max_attempts: None,
-            fence: None,
-            gone_after_unknown_is_done: false,
-        }
+        )
     }
 
     pub(super) fn invalid(&self, op: Op, reason: impl Into<String>) -> AzureError {

@@ -1,6 +1,5 @@
 //! Operations on a container: [`ContainerClient`] (create, exists, list blobs).
 
-use bytes::Bytes;
 use reqwest::Method;
 
 use crate::azure::error::{AzureError, Op};
@@ -29,18 +28,13 @@ impl ContainerClient {
     ) -> Request {
         let mut q = vec![("restype", "container")];
         q.extend_from_slice(query);
-        Request {
+        Request::new(
             op,
-            target: self.name.clone(),
+            self.name.clone(),
             method,
-            url: self.svc.url(&[&self.name], &q),
-            headers: Vec::new(),
-            body: Bytes::new(),
+            self.svc.url(&[&self.name], &q),
             ok,
-            max_attempts: None,
-            fence: None,
-            gone_after_unknown_is_done: false,
-        }
+        )
     }
 
     /// Creates the container; `Ok(false)` if it already existed.
