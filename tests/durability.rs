@@ -662,33 +662,76 @@ fn fio_verifies_through_faults_and_again_from_the_blob_after_remount() {
     ok(&az(), &[], &["unmount", mp.s()]);
 }
 
+/// Short timeouts, so that a last try and a lease release give up soon.
+const SHORT_TIMEOUTS: [(&str, &str); 2] = [
+    ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2"),
+    ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
+];
+
+/// A drive mounted in block mode through a proxy that then stops answering, with
+/// `mib` MiB written to its loop device that the service never got. Block mode:
+/// closing the loop device does not flush (closing `disk` would).
+struct Stuck {
+    spec: String,
+    /// Dropped (and so unmounted) before the proxy it talks through.
+    mp: Mp,
+    proxy: Proxy,
+    cs: String,
+    dev: String,
+}
+
+fn stuck_block_mount(tag: &str, mib: u32) -> Stuck {
+    let spec = new_drive(tag, "64MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&cs);
+    let dev = ok(
+        &cs,
+        &SHORT_TIMEOUTS,
+        &["mount", &spec, mp.s(), "--mode", "block"],
+    )
+    .trim()
+    .to_string();
+    proxy.paused.store(true, SeqCst);
+    sh_ok(&format!(
+        "timeout 60 dd if=/dev/urandom of={dev} bs=1M count={mib} oflag=direct status=none"
+    ));
+    Stuck {
+        spec,
+        mp,
+        proxy,
+        cs,
+        dev,
+    }
+}
+
+impl Stuck {
+    /// The service answers again. The lease release the daemon gave up on was held
+    /// by the paused proxy and may land now (a late commit); otherwise the lease
+    /// stays held until broken, which this does.
+    fn resume_and_free_the_lease(&self) {
+        self.proxy.paused.store(false, SeqCst);
+        std::thread::sleep(Duration::from_millis(500));
+        let info = json(&ok(&az(), &[], &["info", &self.spec, "--json"]));
+        if info["lease_state"] == "leased" {
+            ok(&az(), &[], &["lease", "break", &self.spec]);
+        }
+    }
+}
+
 #[test]
 fn unmount_discard_dirty_takes_down_a_drive_the_service_will_not_take_data_for() {
     require_root();
-    let spec = new_drive("discard", "64MiB");
-    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
-    let cs = proxy.connection_string();
-    // Short timeouts, so the one last try and the lease release give up soon.
-    let env = [
-        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2"),
-        ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
-    ];
-    let mp = Mp::new(&cs);
-    let dev = ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "block"])
-        .trim()
-        .to_string();
-    proxy.paused.store(true, SeqCst);
     // 4 MiB the service will never get.
-    sh_ok(&format!(
-        "timeout 60 dd if=/dev/urandom of={dev} bs=1M count=4 oflag=direct status=none"
-    ));
+    let st = stuck_block_mount("discard", 4);
+    let (cs, mp, env) = (&st.cs, &st.mp, &SHORT_TIMEOUTS);
     // Without --yes it refuses and changes nothing.
-    let refused = bd(&cs, &env, &["unmount", mp.s(), "--discard-dirty"]);
+    let refused = bd(cs, env, &["unmount", mp.s(), "--discard-dirty"]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--yes"));
-    assert!(sh_ok("losetup -a").contains(&dev));
+    assert!(sh_ok("losetup -a").contains(&st.dev));
     let started = Instant::now();
-    let out = bd(&cs, &env, &["unmount", mp.s(), "--discard-dirty", "--yes"]);
+    let out = bd(cs, env, &["unmount", mp.s(), "--discard-dirty", "--yes"]);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     // Data was lost: non-zero, naming how much; the lease cannot be released while
     // the service does not answer, and it says so and how to break it.
@@ -706,45 +749,24 @@ fn unmount_discard_dirty_takes_down_a_drive_the_service_will_not_take_data_for()
     // (By backing file: another test running alongside may already have been
     // given the same loop device number.)
     assert!(!sh_ok("losetup -a").contains(mp.s()));
-    let listed = json(&ok(&cs, &[], &["list", "--json"]));
+    let listed = json(&ok(cs, &[], &["list", "--json"]));
     assert!(
         !listed.to_string().contains(mp.s()),
         "still listed: {listed}"
     );
     assert!(err.contains("could not be released"), "{err}");
-    // The release the daemon gave up on was held by the paused proxy and may land
-    // once it resumes (a late commit); otherwise the lease stays held until broken.
-    proxy.paused.store(false, SeqCst);
-    std::thread::sleep(Duration::from_millis(500));
-    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
-    if info["lease_state"] == "leased" {
-        ok(&az(), &[], &["lease", "break", &spec]);
-    }
+    st.resume_and_free_the_lease();
     // The dropped bytes never reached the blob.
-    assert!(read_blob(&spec, 0, 4 << 20).iter().all(|&b| b == 0));
+    assert!(read_blob(&st.spec, 0, 4 << 20).iter().all(|&b| b == 0));
 }
 
 #[test]
 fn unmount_discard_dirty_stops_an_unmount_that_waits_for_the_service() {
     require_root();
-    let spec = new_drive("discard2", "64MiB");
-    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
-    let cs = proxy.connection_string();
-    let env = [
-        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2"),
-        ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
-    ];
-    let mp = Mp::new(&cs);
-    // Block mode: closing the loop device does not flush (closing `disk` would).
-    let dev = ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "block"])
-        .trim()
-        .to_string();
-    proxy.paused.store(true, SeqCst);
-    sh_ok(&format!(
-        "timeout 60 dd if=/dev/urandom of={dev} bs=1M count=2 oflag=direct status=none"
-    ));
+    let st = stuck_block_mount("discard2", 2);
+    let (cs, mp, env) = (&st.cs, &st.mp, &SHORT_TIMEOUTS);
     // A plain unmount waits without limit; the operator gives up on it.
-    let mut waiting = bd_cmd(&cs, &env, &["unmount", mp.s()])
+    let mut waiting = bd_cmd(cs, env, &["unmount", mp.s()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -756,7 +778,7 @@ fn unmount_discard_dirty_stops_an_unmount_that_waits_for_the_service() {
     );
     waiting.kill().unwrap();
     let _ = waiting.wait();
-    let out = bd(&cs, &env, &["unmount", mp.s(), "--discard-dirty", "--yes"]);
+    let out = bd(cs, env, &["unmount", mp.s(), "--discard-dirty", "--yes"]);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("dropped 2 MiB"), "{err}");
@@ -764,12 +786,7 @@ fn unmount_discard_dirty_stops_an_unmount_that_waits_for_the_service() {
     assert!(!std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .contains(mp.s()));
-    proxy.paused.store(false, SeqCst);
-    std::thread::sleep(Duration::from_millis(500));
-    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
-    if info["lease_state"] == "leased" {
-        ok(&az(), &[], &["lease", "break", &spec]);
-    }
+    st.resume_and_free_the_lease();
 }
 
 #[test]
