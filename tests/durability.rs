@@ -812,3 +812,17 @@ print(r[8192:8192 + 11].decode())\"",
     ok(&az(), &[], &["unmount", mp.s()]);
     assert_eq!(&read_blob(&spec, (4 << 20) + 8192, 11)[..], b"mapped page");
 }
+
+#[test]
+fn a_lease_release_whose_answer_was_lost_is_a_clean_unmount() {
+    require_root();
+    let spec = new_drive("rellost", "16MiB");
+    let proxy = lost_answer(&["x-ms-lease-action: release"]);
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&cs);
+    ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    ok(&cs, &[], &["unmount", mp.s()]);
+    assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");
+    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    assert_ne!(info["lease_state"], "leased", "{info}");
+}
