@@ -8,6 +8,10 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    if cli::helper::invoked_as_helper() {
+        init_logging(0);
+        return cli::helper::run(std::env::args_os().skip(1).collect());
+    }
     let cli = cli::Cli::parse();
     init_logging(cli.verbose);
     match cli.run() {

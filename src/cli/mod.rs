@@ -4,6 +4,7 @@
 mod context;
 mod create;
 mod delete;
+pub mod helper;
 mod info;
 mod lease;
 mod list;
@@ -95,6 +96,10 @@ pub enum Command {
 
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
+        if let Command::Mount(a) = self.command {
+            // Its account may come from a credentials file instead.
+            return mount::run(a, self.connection_string.as_deref(), mount::Say::Mounted);
+        }
         let ctx = Context::new(self.connection_string.as_deref())?;
         let configured = ctx.configured;
         let result = match self.command {
@@ -102,7 +107,7 @@ impl Cli {
             Command::Info(a) => info::run(&ctx, a),
             Command::Lease(c) => lease::run(&ctx, c),
             Command::Delete(a) => delete::run(&ctx, a),
-            Command::Mount(a) => mount::run(&ctx, a, self.connection_string.as_deref()),
+            Command::Mount(_) => unreachable!("handled above"),
             Command::Unmount(a) => unmount::run(a),
             Command::List(a) => list::run(a),
             Command::Stats(a) => stats::run(a),

@@ -11,10 +11,14 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context as _, Result};
 use blobdrive::blobref::BlobRef;
-use blobdrive::mount::{daemon, record, system, Mode, MountRequest, Ready};
+use blobdrive::mount::notify::NOTIFY_SOCKET_ENV;
+use blobdrive::mount::{credentials, daemon, record, system, Mode, MountRequest, Ready};
 use blobdrive::size::{human, parse_size};
 
 use super::Context;
+
+/// The variable a connection string is read from.
+const CONNECTION_STRING_ENV: &str = "AZURE_STORAGE_CONNECTION_STRING";
 
 /// Env var carrying the daemon's request.
 pub const REQUEST_ENV: &str = "BLOBDRIVE_MOUNT_REQUEST";
@@ -48,9 +52,30 @@ pub struct Args {
     #[arg(long, value_name = "SIZE")]
     pub cache_size: Option<String>,
     /// Stay in the foreground (for systemd); logs go to stderr. Stop with SIGTERM
-    /// or `blobdrive unmount`.
+    /// or `blobdrive unmount`. With NOTIFY_SOCKET set (systemd Type=notify) it
+    /// says READY=1 once the mountpoint serves, STATUS= lines, and STOPPING=1.
     #[arg(long)]
     pub foreground: bool,
+    /// Take the account from FILE instead of the environment: KEY=VALUE lines
+    /// (AZURE_STORAGE_CONNECTION_STRING=..., or Entra ID variables such as
+    /// AZURE_TENANT_ID, AZURE_CLIENT_ID, AZURE_CLIENT_SECRET), the format of
+    /// systemd's EnvironmentFile=. It must be root's and unreadable by group and
+    /// others. Its variables replace every AZURE_* variable of the environment.
+    #[arg(long, value_name = "FILE")]
+    pub credentials: Option<PathBuf>,
+    /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)
+    /// helper from an fstab line.
+    #[arg(skip)]
+    pub fs_flags: Vec<String>,
+}
+
+/// How a mount tells its outcome: `blobdrive mount` says what it mounted; the
+/// mount(8) helper is quiet, as mount(8) is, unless asked with -v. Warnings are
+/// always said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Say {
+    Mounted,
+    Quiet,
 }
 
 /// Physical memory (MemTotal), if /proc/meminfo says.
@@ -94,7 +119,57 @@ fn check_cache_size(cache_size: u64, mem_total: Option<u64>) -> Result<()> {
     Ok(())
 }
 
-pub fn run(ctx: &Context, args: Args, connection_string: Option<&str>) -> Result<()> {
+/// `blobdrive mount`. It makes its own account context, after its credentials
+/// file (if any) said what the account is.
+pub fn run(args: Args, connection_string: Option<&str>, say: Say) -> Result<()> {
+    let creds = match &args.credentials {
+        Some(path) => Some(credentials::load(path)?),
+        None => None,
+    };
+    let connection_string = match &creds {
+        Some(env) => env
+            .iter()
+            .find(|(k, _)| k == CONNECTION_STRING_ENV)
+            .map(|(_, v)| v.clone()),
+        None => connection_string.map(str::to_string),
+    };
+    if let (Some(env), true) = (&creds, args.foreground) {
+        adopt_env(env);
+    }
+    let ctx = Context::new(connection_string.as_deref())?;
+    let configured = ctx.configured;
+    mount(
+        &ctx,
+        args,
+        connection_string.as_deref(),
+        creds.as_deref(),
+        say,
+    )
+    .map_err(|e| super::context::explain(e, configured))
+}
+
+/// A foreground daemon is this process: a credentials file's variables become
+/// its own environment, replacing every `AZURE_*` it had, so that whatever
+/// reads the account from the environment reads the file's. Called before any
+/// thread is started (changing the environment is not thread-safe).
+fn adopt_env(env: &[(String, String)]) {
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("AZURE_") {
+            std::env::remove_var(k);
+        }
+    }
+    for (k, v) in env {
+        std::env::set_var(k, v);
+    }
+}
+
+fn mount(
+    ctx: &Context,
+    args: Args,
+    connection_string: Option<&str>,
+    creds: Option<&[(String, String)]>,
+    say: Say,
+) -> Result<()> {
     let r = BlobRef::parse(&args.blob)?;
     let read_only = args.read_only || r.snapshot.is_some();
     if args.mkfs.is_some() && read_only {
@@ -123,6 +198,7 @@ pub fn run(ctx: &Context, args: Args, connection_string: Option<&str>) -> Result
         cache_size,
         uid,
         gid,
+        fs_flags: args.fs_flags.clone(),
     };
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.
@@ -134,12 +210,14 @@ pub fn run(ctx: &Context, args: Args, connection_string: Option<&str>) -> Result
                     warnings: Vec::new(),
                     ..ready.clone()
                 };
-                print_ready(&quiet, &blob);
+                if say == Say::Mounted {
+                    print_ready(&quiet, &blob);
+                }
             }
         })?;
         return Ok(());
     }
-    spawn_daemon(&req, connection_string, &r.to_string())
+    spawn_daemon(&req, connection_string, creds, &r.to_string(), say)
 }
 
 /// Refusals that need no network: root, /dev/fuse, an empty directory that is not
@@ -170,7 +248,17 @@ fn preflight(mountpoint: &Path) -> Result<()> {
     Ok(())
 }
 
-fn spawn_daemon(req: &MountRequest, connection_string: Option<&str>, blob: &str) -> Result<()> {
+/// Starts the daemon and waits for its readiness. Its environment carries the
+/// account: the credentials file's variables when there is one (and no other
+/// `AZURE_*`), else the connection string given. `NOTIFY_SOCKET` is not passed
+/// on: a service manager waiting on it hears from a `--foreground` daemon only.
+fn spawn_daemon(
+    req: &MountRequest,
+    connection_string: Option<&str>,
+    creds: Option<&[(String, String)]>,
+    blob: &str,
+    say: Say,
+) -> Result<()> {
     record::ensure_dir().context("cannot create the run directory")?;
     let id = record::id_for(&req.mountpoint);
     let (_, _, log_path, _) = record::paths(&id);
@@ -186,17 +274,36 @@ fn spawn_daemon(req: &MountRequest, connection_string: Option<&str>, blob: &str)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log));
-    match connection_string {
-        Some(cs) => cmd.env("AZURE_STORAGE_CONNECTION_STRING", cs),
-        None => cmd.env_remove("AZURE_STORAGE_CONNECTION_STRING"),
-    };
+    cmd.env_remove(NOTIFY_SOCKET_ENV);
+    match creds {
+        Some(env) => {
+            for (k, _) in std::env::vars_os() {
+                if k.to_string_lossy().starts_with("AZURE_") {
+                    cmd.env_remove(k);
+                }
+            }
+            cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        }
+        None => {
+            match connection_string {
+                Some(cs) => cmd.env(CONNECTION_STRING_ENV, cs),
+                None => cmd.env_remove(CONNECTION_STRING_ENV),
+            };
+        }
+    }
     let mut child = cmd.spawn().context("cannot start the mount daemon")?;
     let stdout = child.stdout.take().expect("piped");
     let mut answer = String::new();
     BufReader::new(stdout).read_line(&mut answer)?;
     if let Some(json) = answer.strip_prefix("READY ") {
         let ready: Ready = serde_json::from_str(json.trim())?;
-        print_ready(&ready, blob);
+        match say {
+            Say::Mounted => print_ready(&ready, blob),
+            Say::Quiet => ready
+                .warnings
+                .iter()
+                .for_each(|w| eprintln!("warning: {w}")),
+        }
         return Ok(());
     }
     if let Some(msg) = answer.strip_prefix("ERROR ") {

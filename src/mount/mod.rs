@@ -2,7 +2,10 @@
 //! `list` and `stats` find it, and the system tools (loop devices, mkfs, mount) it
 //! drives.
 
+pub mod credentials;
 pub mod daemon;
+pub mod helper;
+pub mod notify;
 pub mod record;
 pub mod system;
 
@@ -50,6 +53,10 @@ pub struct MountRequest {
     pub cache_size: u64,
     pub uid: u32,
     pub gid: u32,
+    /// Extra flags for the filesystem mount (mode fs), e.g. `nosuid`, `noatime`:
+    /// from an fstab line's options.
+    #[serde(default)]
+    pub fs_flags: Vec<String>,
 }
 
 /// What a ready mount reports.

@@ -7,15 +7,25 @@ use std::time::{Duration, Instant};
 
 use super::MountError;
 
+/// Where system tools are when nobody said (systemd's default `PATH`).
+const STANDARD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// A system tool's command, without the daemon's secrets: the tools blobdrive runs
 /// (losetup, mkfs, mount, fsfreeze, blkid) need none of the account's variables,
 /// and a child's environment is readable by anyone who can read its
-/// `/proc/PID/environ` for as long as it runs.
+/// `/proc/PID/environ` for as long as it runs. `NOTIFY_SOCKET` goes too: only the
+/// daemon speaks for itself to the service manager.
+///
+/// mount(8) runs its helpers with no `PATH` at all, and the daemon started by
+/// one inherits that: the tools are then looked for in the standard places.
 fn tool_command(name: &str) -> Command {
     let mut c = Command::new(name);
+    if std::env::var_os("PATH").is_none_or(|p| p.is_empty()) {
+        c.env("PATH", STANDARD_PATH);
+    }
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy();
-        if k.starts_with("AZURE_") || k.starts_with("BLOBDRIVE_") {
+        if k.starts_with("AZURE_") || k.starts_with("BLOBDRIVE_") || k == "NOTIFY_SOCKET" {
             c.env_remove(&*k);
         }
     }
@@ -91,7 +101,12 @@ pub fn loop_detach(dev: &str) -> Result<(), MountError> {
     if !Path::new(&backing).exists() {
         return Ok(());
     }
-    run("losetup", &["-d", dev])?;
+    if let Err(e) = run("losetup", &["-d", dev]) {
+        // A device with autoclear set may have let go by itself just now.
+        if Path::new(&backing).exists() {
+            return Err(e);
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(20);
     while Path::new(&backing).exists() {
         if Instant::now() > deadline {
@@ -100,6 +115,60 @@ pub fn loop_detach(dev: &str) -> Result<(), MountError> {
             )));
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// The file a loop device is attached to, if it is attached (sysfs says).
+pub fn loop_backing_file(dev: &str) -> Option<std::path::PathBuf> {
+    let name = dev.trim_start_matches("/dev/");
+    let text = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
+    Some(std::path::PathBuf::from(text.trim_end_matches('\n')))
+}
+
+/// `struct loop_info64` of <linux/loop.h>.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+/// Sets a loop device's autoclear flag: the kernel detaches it by itself when its
+/// last opener closes it. Set once the filesystem on it is mounted (which holds it
+/// open), so a plain `umount` of that filesystem detaches the device and so closes
+/// the daemon's `disk` file: the daemon's cue to write back and stop. Set earlier,
+/// the first close (blkid's, mkfs's) would detach it.
+pub fn loop_set_autoclear(dev: &str) -> Result<(), MountError> {
+    use std::os::fd::AsRawFd;
+    let fail =
+        |e: std::io::Error| MountError::System(format!("cannot set autoclear on {dev}: {e}"));
+    let f = std::fs::File::open(dev).map_err(fail)?;
+    // SAFETY: an all-zero loop_info64 is a valid value of this plain C struct.
+    let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+    // SAFETY: the ioctl writes a loop_info64 into `info`, which is one.
+    if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_GET_STATUS64, &mut info) } != 0 {
+        return Err(fail(std::io::Error::last_os_error()));
+    }
+    info.lo_flags |= LO_FLAGS_AUTOCLEAR;
+    // SAFETY: the ioctl reads the loop_info64 it was given; offset, size limit
+    // and name are the device's own, so only the flag changes.
+    if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_SET_STATUS64, &info) } != 0 {
+        return Err(fail(std::io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -138,26 +207,39 @@ pub fn mkfs(dev: &str, fstype: &str) -> Result<(), MountError> {
 
 /// Mounts `dev` at `mountpoint`. A read-only ext4 whose journal needs recovery
 /// (a crash-consistent snapshot) is mounted without replaying it.
+/// `flags` (e.g. `nosuid`, `noatime`) go to the mount as they are.
 pub fn mount_fs(
     dev: &str,
     mountpoint: &Path,
     fstype: &str,
     read_only: bool,
+    flags: &[String],
 ) -> Result<(), MountError> {
     let mp = mountpoint
         .to_str()
         .ok_or_else(|| MountError::System("path is not UTF-8".into()))?;
+    let with = |first: &str| -> String {
+        std::iter::once(first)
+            .chain(flags.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
     if !read_only {
-        return run("mount", &["-t", fstype, dev, mp]).map(|_| ());
+        return run("mount", &["-t", fstype, "-o", &with("rw"), dev, mp]).map(|_| ());
     }
-    match run("mount", &["-t", fstype, "-o", "ro", dev, mp]) {
+    match run("mount", &["-t", fstype, "-o", &with("ro"), dev, mp]) {
         Ok(_) => Ok(()),
-        Err(e) if fstype == "ext4" => run("mount", &["-t", fstype, "-o", "ro,noload", dev, mp])
-            .map(|_| ())
-            .map_err(|_| e),
-        Err(e) if fstype == "xfs" => run("mount", &["-t", fstype, "-o", "ro,norecovery", dev, mp])
-            .map(|_| ())
-            .map_err(|_| e),
+        Err(e) if fstype == "ext4" => {
+            run("mount", &["-t", fstype, "-o", &with("ro,noload"), dev, mp])
+                .map(|_| ())
+                .map_err(|_| e)
+        }
+        Err(e) if fstype == "xfs" => run(
+            "mount",
+            &["-t", fstype, "-o", &with("ro,norecovery"), dev, mp],
+        )
+        .map(|_| ())
+        .map_err(|_| e),
         Err(e) => Err(e),
     }
 }

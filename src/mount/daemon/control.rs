@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use super::stats::StatsValues;
+use super::stats::{lease_state, StatsValues};
 use super::teardown::finished;
 use super::Mounted;
 use crate::device::cache::Cache;
@@ -102,7 +102,24 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
     info!("serving {} at {}", m.target, m.req.mountpoint.display());
     let (.., log, _) = record::paths(&m.record_id);
     let mut since_rotation_check = 0u32;
+    let mut since_status = 0u32;
+    // Why the drive is to come down once it can (SIGTERM, or the filesystem
+    // unmounted by a plain umount), while something still holds it.
+    let mut stop: Option<&'static str> = None;
     loop {
+        if let Some(why) = stop {
+            match m.stop_by_itself(why) {
+                Some(result) => {
+                    let answer = match &result {
+                        Ok(()) => "ok".to_string(),
+                        Err(e) => format!("failed {e}"),
+                    };
+                    answer_waiting_unmounts(&rx, &answer);
+                    return result;
+                }
+                None => std::thread::sleep(Duration::from_millis(900)),
+            }
+        }
         match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(Event::Control(cmd, reply)) => match cmd.as_str() {
                 "snapshot" => {
@@ -114,7 +131,10 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                 }
                 "unmount" | DISCARD_CMD => {
                     info!("{cmd} requested");
-                    let ticker = Ticker::start(&reply, m.progress_fn());
+                    m.notify_stopping("unmounting (blobdrive unmount)");
+                    let mut sinks = vec![reply_sink(&reply)];
+                    sinks.extend(m.notify_sink());
+                    let ticker = Ticker::start(sinks, m.progress_fn());
                     let result = m.teardown();
                     ticker.stop();
                     match result {
@@ -145,19 +165,25 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                 }
             },
             Ok(Event::Signal) => {
-                info!("signal received: unmounting");
-                match m.teardown() {
-                    Ok(losses) => {
-                        if losses.is_empty() {
-                            record::remove_log(&m.record_id);
-                        }
-                        return finished(losses);
-                    }
-                    Err(e) => error!("cannot unmount yet: {e}"),
+                if stop.is_none() {
+                    info!("signal received: unmounting");
+                    m.notify_stopping("unmounting (SIGTERM)");
+                    stop = Some("SIGTERM");
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 rotate_log(&log, &mut since_rotation_check);
+                if stop.is_none() && m.noticed_plain_umount() {
+                    m.notify_stopping("the filesystem was unmounted: writing back and stopping");
+                    stop = Some("umount");
+                }
+                since_status += 1;
+                if since_status >= STATUS_EVERY_SECS {
+                    since_status = 0;
+                    if let Some(n) = &m.notifier {
+                        n.status(&m.status_line());
+                    }
+                }
                 let gone = m.session.as_ref().is_some_and(|s| s.guard.is_finished());
                 if gone {
                     error!(
@@ -169,6 +195,81 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => return finished(m.teardown()?),
         }
+    }
+}
+
+/// How often a daemon under a service manager sends it a `STATUS=` line.
+const STATUS_EVERY_SECS: u32 = 5;
+
+impl Mounted {
+    /// Takes the drive down because `why` (SIGTERM, a plain umount) asked for it,
+    /// not a `blobdrive unmount` waiting for an answer. `None` while that cannot be
+    /// done yet (the filesystem is busy, a process holds `disk`): the caller tries
+    /// again, so the drive comes down as soon as it is let go. Otherwise the
+    /// daemon's result: every byte on the blob and the lease released, or what
+    /// could not be kept.
+    fn stop_by_itself(&mut self, why: &str) -> Option<Result<(), MountError>> {
+        let ticker = Ticker::start(self.notify_sink().into_iter().collect(), self.progress_fn());
+        let result = self.teardown();
+        ticker.stop();
+        match result {
+            Ok(losses) => {
+                if losses.is_empty() {
+                    info!("unmounted cleanly ({why})");
+                    record::remove_log(&self.record_id);
+                }
+                Some(finished(losses))
+            }
+            Err(e) => {
+                if !self.stop_refused_logged {
+                    error!("cannot unmount yet ({why}): {e}; trying again every second");
+                    if let Some(n) = &self.notifier {
+                        n.status(&format!("stopping, but cannot unmount yet: {e}"));
+                    }
+                    self.stop_refused_logged = true;
+                }
+                None
+            }
+        }
+    }
+
+    /// One line for the service manager: what is served, what is not yet on the
+    /// blob, the lease, and an outage if there is one.
+    pub(super) fn status_line(&self) -> String {
+        let dirty = self.cache.as_ref().map_or(0, |c| c.dirty_bytes());
+        let lease = lease_state(self.lease.is_some(), &self.fenced);
+        let mut line = format!(
+            "serving {} at {}; {} not yet on the blob; lease {lease}",
+            self.target,
+            self.req.mountpoint.display(),
+            human_bytes(dirty)
+        );
+        if let Some(c) = &self.cache {
+            let h = c.backend().health();
+            if h.stalled >= Duration::from_secs(2) {
+                line.push_str(&format!(
+                    "; the storage service has not answered for {} s ({})",
+                    h.stalled.as_secs(),
+                    h.last_error.as_deref().unwrap_or("no answer")
+                ));
+            }
+        }
+        line
+    }
+
+    fn notify_stopping(&self, status: &str) {
+        if let Some(n) = &self.notifier {
+            n.stopping(status);
+        }
+    }
+
+    /// Progress lines of a teardown as `STATUS=` for the service manager.
+    fn notify_sink(&self) -> Option<Sink> {
+        let n = self.notifier.as_ref()?.try_clone()?;
+        Some(Box::new(move |line| {
+            n.status(line);
+            true
+        }))
     }
 }
 
@@ -211,32 +312,42 @@ struct Ticker {
 /// How often a waiting `unmount` hears from the daemon.
 const TICK: Duration = Duration::from_secs(3);
 
+/// Where a progress line goes; `false` once it can take no more (the client of
+/// a waiting `unmount` went away).
+type Sink = Box<dyn FnMut(&str) -> bool + Send>;
+
+/// The waiting `unmount` on `reply` hears `progress LINE` lines.
+fn reply_sink(reply: &Reply) -> Sink {
+    match reply.0.try_clone() {
+        Ok(mut conn) => {
+            let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
+            Box::new(move |line| writeln!(conn, "progress {line}").is_ok())
+        }
+        Err(_) => Box::new(|_| false),
+    }
+}
+
 impl Ticker {
-    fn start(reply: &Reply, status: Box<dyn Fn() -> String + Send>) -> Ticker {
+    fn start(mut sinks: Vec<Sink>, status: Box<dyn Fn() -> String + Send>) -> Ticker {
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = reply.0.try_clone().ok().and_then(|mut conn| {
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("blobdrive-progress".into())
-                .spawn(move || {
-                    let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
-                    let mut waited = Duration::ZERO;
-                    while !stop.load(Ordering::SeqCst) {
-                        std::thread::sleep(Duration::from_millis(100));
-                        waited += Duration::from_millis(100);
-                        if waited >= TICK {
-                            waited = Duration::ZERO;
-                            let line = status();
-                            info!("unmount: {line}");
-                            if writeln!(conn, "progress {line}").is_err() {
-                                // The client went away; the teardown goes on.
-                                return;
-                            }
-                        }
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("blobdrive-progress".into())
+            .spawn(move || {
+                let mut waited = Duration::ZERO;
+                while !stop2.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    waited += Duration::from_millis(100);
+                    if waited >= TICK {
+                        waited = Duration::ZERO;
+                        let line = status();
+                        info!("unmount: {line}");
+                        // A sink that went away is dropped; the teardown goes on.
+                        sinks.retain_mut(|sink| sink(&line));
                     }
-                })
-                .ok()
-        });
+                }
+            })
+            .ok();
         Ticker { stop, thread }
     }
 

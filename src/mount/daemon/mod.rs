@@ -32,6 +32,7 @@ use std::thread::JoinHandle;
 use fuser::BackgroundSession;
 use tracing::error;
 
+use super::notify::Notifier;
 use super::record::{self, MountRecord};
 use super::{Mode, MountError, MountRequest, Ready};
 use crate::azure::{Account, BlobClient, BlobService};
@@ -58,6 +59,17 @@ struct Mounted {
     made_fuse_dir: bool,
     device: Option<String>,
     fs_mounted: bool,
+    /// The loop device under the filesystem detaches itself when the filesystem's
+    /// last mount goes (a plain `umount`): then the daemon stops by itself.
+    autoclear: bool,
+    /// The loop device's backing file as the kernel named it right after attaching:
+    /// when sysfs stops saying so, the device was detached.
+    loop_backing: Option<PathBuf>,
+    /// The service manager listening on `NOTIFY_SOCKET` (a `--foreground` daemon
+    /// under systemd `Type=notify`), told of readiness, status and stopping.
+    notifier: Option<Notifier>,
+    /// A stop that had to wait (busy) was logged already.
+    stop_refused_logged: bool,
     /// The counters `stats` shows, readable from any thread.
     stats: Option<StatsValues>,
     /// Handles open on the FUSE file `disk`, counted by the FUSE layer.
@@ -116,6 +128,10 @@ pub fn run(
         made_fuse_dir: false,
         device: None,
         fs_mounted: false,
+        autoclear: false,
+        loop_backing: None,
+        notifier: Notifier::from_env(),
+        stop_refused_logged: false,
         open_disk: None,
         stats: None,
         record_id: id.clone(),
@@ -151,5 +167,8 @@ pub fn run(
         }
     };
     ready(Ok(&ready_info));
+    if let Some(n) = &m.notifier {
+        n.ready(&m.status_line());
+    }
     serve(&mut m, listener)
 }

@@ -197,6 +197,7 @@ pub(super) fn setup(
         let dev = system::loop_attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
         system::loop_readahead(&dev, 4096);
         m.device = Some(dev.clone());
+        m.loop_backing = system::loop_backing_file(&dev);
         rec.device = Some(dev.clone());
         info!("attached {dev}");
     }
@@ -227,8 +228,25 @@ pub(super) fn setup(
             }
         };
         system::check_same_dir(&m.req.mountpoint, m.req.mountpoint_id)?;
-        system::mount_fs(&dev, &m.req.mountpoint, &t, m.req.read_only)?;
+        system::mount_fs(
+            &dev,
+            &m.req.mountpoint,
+            &t,
+            m.req.read_only,
+            &m.req.fs_flags,
+        )?;
         m.fs_mounted = true;
+        // From now on a plain `umount` of the filesystem detaches the loop device,
+        // which the daemon takes as its cue to write back and stop (see
+        // `Mounted::noticed_plain_umount`).
+        match system::loop_set_autoclear(&dev) {
+            Ok(()) => m.autoclear = m.loop_backing.is_some(),
+            Err(e) => {
+                let w = format!("{e}: a plain umount of {} will leave the daemon running; take the drive down with `blobdrive unmount`", m.req.mountpoint.display());
+                warn!("{w}");
+                warnings.push(w);
+            }
+        }
         fstype = Some(t);
     }
     // Control socket, then the record with everything in it.

@@ -40,7 +40,36 @@ impl Mounted {
         }
     }
 
+    /// Whether the filesystem this daemon mounted is gone without the daemon being
+    /// asked: a plain `umount` (systemd's at shutdown too) of its last mount closed
+    /// the loop device, and autoclear detached it, closing `disk`. Everything the
+    /// filesystem wrote is in the cache or on the blob by then (the kernel drains
+    /// the loop device before letting go of its file). Records that nothing of the
+    /// filesystem or the device is left to take down (a directory mounted over the
+    /// mountpoint since is someone else's) and says so once.
+    pub(super) fn noticed_plain_umount(&mut self) -> bool {
+        if !self.autoclear || !self.fs_mounted {
+            return false;
+        }
+        let (Some(dev), Some(was)) = (&self.device, &self.loop_backing) else {
+            return false;
+        };
+        if system::loop_backing_file(dev).as_ref() == Some(was) {
+            return false;
+        }
+        info!(
+            "{} was unmounted and {dev} detached itself: writing what is cached, releasing the lease and stopping",
+            self.req.mountpoint.display()
+        );
+        self.fs_mounted = false;
+        self.device = None;
+        self.autoclear = false;
+        true
+    }
+
     fn take_down(&mut self) -> Result<Vec<String>, MountError> {
+        // A plain umount that came first leaves nothing of the filesystem here.
+        self.noticed_plain_umount();
         self.refuse_if_disk_open()?;
         if self.fs_mounted {
             system::umount(&self.req.mountpoint, false)?;

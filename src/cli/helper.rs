@@ -1,0 +1,127 @@
+//! `mount.blobdrive`: the same binary called by that name (a symlink or copy in
+//! /sbin) is the helper mount(8) runs for filesystem type `blobdrive`, so that an
+//! fstab line mounts a drive with `mount /data`, `mount -a` or at boot:
+//!
+//! ```text
+//! disks/data.vhd  /data  blobdrive  _netdev,nofail,credentials=/etc/blobdrive/acct.env  0 0
+//! ```
+//!
+//! It turns `SPEC DIR -o OPTIONS` into the request `blobdrive mount` makes and
+//! goes the same way from there. Exit statuses are mount(8)'s: 1 for a bad
+//! command line or credentials file (nothing was done), 32 for a mount that
+//! failed (and was undone).
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::ExitCode;
+
+use blobdrive::blobref::BlobRef;
+use blobdrive::mount::credentials;
+use blobdrive::mount::helper::{parse_args, Invocation, EXIT_MOUNT_FAILED, EXIT_USAGE};
+
+use super::mount::{self, Say};
+
+/// The name mount(8) runs the helper by.
+pub const HELPER_NAME: &str = "mount.blobdrive";
+
+const USAGE: &str = "\
+usage: mount.blobdrive SPEC DIR [-sfnv] [-o OPTIONS]
+
+The mount(8) helper for filesystem type blobdrive: run by `mount DIR` for an fstab line
+  SPEC  DIR  blobdrive  OPTIONS  0 0
+or by `mount -t blobdrive -o OPTIONS SPEC DIR`. SPEC is the drive: container/name.vhd,
+an https://... URL, or BLOB@SNAPSHOT (read-only).
+
+OPTIONS (comma-separated):
+  ro | rw                 read-only (no lease taken) or writable (default)
+  mode=fs|block|raw       as `blobdrive mount --mode` (default fs)
+  mkfs=ext4|xfs           create this filesystem on a blank disk (never over one)
+  cache-size=SIZE         memory for the page cache (e.g. 256MiB)
+  credentials=FILE        KEY=VALUE lines for the daemon's environment, e.g.
+                          AZURE_STORAGE_CONNECTION_STRING=... or the Entra ID variables;
+                          root's, mode 600 or stricter (secrets stay out of argv and
+                          /proc/mounts)
+  nosuid,nodev,noexec,noatime,relatime,...   passed to the filesystem mount (mode fs)
+  _netdev,nofail,auto,noauto,defaults,x-*    for mount(8) and systemd; ignored here
+Anything else is refused, naming the option (-s: ignored instead).
+  -f  check everything, mount nothing    -v  say what was mounted
+  -n  accepted (no mtab is kept)          -s  sloppy: ignore unknown options
+
+`umount DIR` then writes every cached byte to the blob, releases the lease and stops
+the daemon; `blobdrive unmount DIR` does the same and waits, reporting progress.";
+
+/// Whether this process was started as `mount.blobdrive`.
+pub fn invoked_as_helper() -> bool {
+    std::env::args_os()
+        .next()
+        .and_then(|a| Path::new(&a).file_name().map(|n| n == HELPER_NAME))
+        .unwrap_or(false)
+}
+
+/// Runs the helper with its arguments (argv[0] left out).
+pub fn run(args: Vec<OsString>) -> ExitCode {
+    let usage_error = |msg: &str| {
+        eprintln!("{HELPER_NAME}: {msg}");
+        ExitCode::from(EXIT_USAGE)
+    };
+    let mut text = Vec::with_capacity(args.len());
+    for a in args {
+        match a.into_string() {
+            Ok(s) => text.push(s),
+            Err(_) => return usage_error("arguments must be UTF-8 text"),
+        }
+    }
+    if text.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    if text.iter().any(|a| a == "-V" || a == "--version") {
+        println!("{HELPER_NAME} (blobdrive {})", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
+    let inv = match parse_args(text) {
+        Ok(i) => i,
+        Err(e) => return usage_error(&e.0),
+    };
+    if let Err(e) = check(&inv) {
+        return usage_error(&e);
+    }
+    if inv.fake {
+        return ExitCode::SUCCESS;
+    }
+    let o = inv.options;
+    let args = mount::Args {
+        blob: inv.spec,
+        mountpoint: inv.dir,
+        mode: o.mode,
+        mkfs: o.mkfs,
+        read_only: o.read_only,
+        cache_size: o.cache_size,
+        foreground: false,
+        credentials: o.credentials,
+        fs_flags: o.fs_flags,
+    };
+    let connection_string = std::env::var("AZURE_STORAGE_CONNECTION_STRING").ok();
+    let say = if inv.verbose {
+        Say::Mounted
+    } else {
+        Say::Quiet
+    };
+    match mount::run(args, connection_string.as_deref(), say) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{HELPER_NAME}: {e:#}");
+            ExitCode::from(EXIT_MOUNT_FAILED)
+        }
+    }
+}
+
+/// What can be refused before anything is done, with the exit status of a bad
+/// invocation: the drive's name and the credentials file.
+fn check(inv: &Invocation) -> Result<(), String> {
+    BlobRef::parse(&inv.spec).map_err(|e| e.to_string())?;
+    if let Some(path) = &inv.options.credentials {
+        credentials::load(path).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}

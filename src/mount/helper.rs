@@ -1,0 +1,342 @@
+//! The mount(8) helper's command line: `mount.blobdrive SPEC DIR [-sfnv] [-N NS]
+//! [-o OPTIONS] [-t TYPE]`, as mount(8) runs `/sbin/mount.TYPE` for an fstab line
+//! or `mount -t blobdrive`. This module only parses and checks; the binary turns
+//! the result into the same request `blobdrive mount` makes.
+//!
+//! What mount(8) hands over (util-linux 2.38, seen by running it): it keeps
+//! `defaults`, `auto`, `noauto`, `comment=` and `x-*` to itself, always adds `rw`
+//! or `ro`, expands `user` into `user,noexec,nosuid,nodev`, and passes `_netdev`,
+//! `nofail` and every option it does not know as they are. The ones it keeps are
+//! still accepted here, for a helper run by hand with an fstab line's options.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use super::Mode;
+use crate::size::parse_size;
+
+/// mount(8)'s exit status for "incorrect invocation or permissions".
+pub const EXIT_USAGE: u8 = 1;
+/// mount(8)'s exit status for "mount failure".
+pub const EXIT_MOUNT_FAILED: u8 = 32;
+
+/// Options that concern only mount(8) or systemd (ordering, `mount -a`, failure
+/// handling), accepted and ignored.
+const IGNORED: &[&str] = &["_netdev", "nofail", "auto", "noauto", "defaults"];
+
+/// Options passed to the filesystem mount (mode fs) as they are: the usual
+/// hardening and access-time choices for a disk from elsewhere. In modes block
+/// and raw there is no filesystem mount, and the FUSE files are always
+/// nosuid and nodev.
+const FS_FLAGS: &[&str] = &[
+    "nosuid",
+    "nodev",
+    "noexec",
+    "suid",
+    "dev",
+    "exec",
+    "noatime",
+    "relatime",
+    "strictatime",
+    "nodiratime",
+];
+
+/// A bad helper command line: one line, naming what is wrong.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// What a helper invocation asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    /// The drive: `container/name`, a URL, or `BLOB@SNAPSHOT`.
+    pub spec: String,
+    pub dir: PathBuf,
+    pub options: Options,
+    /// `-f`: check everything, mount nothing (mount(8)'s "fake").
+    pub fake: bool,
+    /// `-v`: say what was mounted.
+    pub verbose: bool,
+}
+
+/// The `-o` options blobdrive understands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    pub read_only: bool,
+    pub mode: Mode,
+    pub mkfs: Option<String>,
+    /// As written (already checked to parse), for `--cache-size`.
+    pub cache_size: Option<String>,
+    pub credentials: Option<PathBuf>,
+    /// Flags for the filesystem mount (see [`FS_FLAGS`]).
+    pub fs_flags: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            read_only: false,
+            mode: Mode::Fs,
+            mkfs: None,
+            cache_size: None,
+            credentials: None,
+            fs_flags: Vec::new(),
+        }
+    }
+}
+
+/// Parses the helper's arguments (without argv[0]).
+pub fn parse_args<I, S>(args: I) -> Result<Invocation, UsageError>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    let mut positional = Vec::new();
+    let mut option_lists = Vec::new();
+    let (mut fake, mut verbose, mut sloppy) = (false, false, false);
+    let mut args = args.into_iter().map(Into::into);
+    while let Some(a) = args.next() {
+        if a == "--" {
+            positional.extend(args.by_ref());
+            break;
+        }
+        if let Some(rest) = a.strip_prefix("-o") {
+            option_lists.push(value_of(rest, "-o", &mut args)?);
+        } else if let Some(rest) = a.strip_prefix("-t") {
+            let t = value_of(rest, "-t", &mut args)?;
+            if t != "blobdrive" && !t.starts_with("blobdrive.") {
+                return Err(UsageError(format!(
+                    "filesystem type '{t}' is not blobdrive's (use type blobdrive)"
+                )));
+            }
+        } else if let Some(rest) = a.strip_prefix("-N") {
+            let ns = value_of(rest, "-N", &mut args)?;
+            return Err(UsageError(format!(
+                "-N {ns}: mounting into another mount namespace is not supported"
+            )));
+        } else if a.len() > 1 && a.starts_with('-') && !a.starts_with("--") {
+            for c in a[1..].chars() {
+                match c {
+                    's' => sloppy = true,
+                    'f' => fake = true,
+                    'n' => {} // no mtab: libmount keeps none to update
+                    'v' => verbose = true,
+                    other => {
+                        return Err(UsageError(format!(
+                            "unknown flag -{other} (mount.blobdrive SPEC DIR [-sfnv] [-o OPTIONS])"
+                        )))
+                    }
+                }
+            }
+        } else if a.starts_with("--") {
+            return Err(UsageError(format!(
+                "unknown argument {a} (mount.blobdrive SPEC DIR [-sfnv] [-o OPTIONS])"
+            )));
+        } else {
+            positional.push(a);
+        }
+    }
+    let [spec, dir]: [String; 2] = positional.try_into().map_err(|p: Vec<String>| {
+        UsageError(format!(
+            "expected SPEC and DIR, got {} argument(s) (mount.blobdrive SPEC DIR [-sfnv] [-o OPTIONS])",
+            p.len()
+        ))
+    })?;
+    let options = parse_options(&option_lists.join(","), sloppy)?;
+    Ok(Invocation {
+        spec,
+        dir: PathBuf::from(dir),
+        options,
+        fake,
+        verbose,
+    })
+}
+
+fn value_of(
+    attached: &str,
+    flag: &str,
+    rest: &mut impl Iterator<Item = String>,
+) -> Result<String, UsageError> {
+    if !attached.is_empty() {
+        return Ok(attached.to_string());
+    }
+    rest.next()
+        .ok_or_else(|| UsageError(format!("{flag} needs a value")))
+}
+
+/// Parses a comma-separated option list. With `sloppy` (mount's `-s`), options
+/// blobdrive does not know are ignored instead of refused.
+pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
+    let mut o = Options::default();
+    for opt in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, value) = match opt.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (opt, None),
+        };
+        let need = |what: &str| -> Result<&str, UsageError> {
+            value
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| UsageError(format!("option {name} needs a value: {name}={what}")))
+        };
+        match name {
+            "ro" if value.is_none() => o.read_only = true,
+            "rw" if value.is_none() => o.read_only = false,
+            "mode" => {
+                o.mode = match need("fs|block|raw")? {
+                    "fs" => Mode::Fs,
+                    "block" => Mode::Block,
+                    "raw" => Mode::Raw,
+                    other => {
+                        return Err(UsageError(format!(
+                            "option mode={other}: the mode is fs, block or raw"
+                        )))
+                    }
+                }
+            }
+            "mkfs" => match need("ext4|xfs")? {
+                t @ ("ext4" | "xfs") => o.mkfs = Some(t.to_string()),
+                other => {
+                    return Err(UsageError(format!(
+                        "option mkfs={other}: blobdrive creates ext4 or xfs"
+                    )))
+                }
+            },
+            "cache-size" => {
+                let v = need("SIZE")?;
+                parse_size(v).map_err(|e| UsageError(format!("option cache-size={v}: {e}")))?;
+                o.cache_size = Some(v.to_string());
+            }
+            "credentials" => o.credentials = Some(PathBuf::from(need("FILE")?)),
+            "user" | "users" | "owner" | "group" => {
+                return Err(UsageError(format!(
+                    "option {name}: blobdrive drives are mounted by root only (the mount needs FUSE, a loop device and a lease); remove {name}"
+                )))
+            }
+            n if value.is_none() && IGNORED.contains(&n) => {}
+            n if n.starts_with("x-") || n == "comment" => {}
+            n if value.is_none() && FS_FLAGS.contains(&n) => o.fs_flags.push(n.to_string()),
+            _ if sloppy => {}
+            _ => {
+                return Err(UsageError(format!(
+                    "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, credentials=FILE, nosuid, nodev, noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
+                )))
+            }
+        }
+    }
+    if o.mkfs.is_some() && o.read_only {
+        return Err(UsageError(
+            "option mkfs needs a writable mount, and ro was given".into(),
+        ));
+    }
+    if o.mkfs.is_some() && o.mode != Mode::Fs {
+        return Err(UsageError(format!(
+            "option mkfs only goes with mode=fs, not mode={}",
+            o.mode
+        )));
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inv(args: &[&str]) -> Result<Invocation, UsageError> {
+        parse_args(args.iter().copied())
+    }
+
+    #[test]
+    fn what_mount_passes_for_an_fstab_line() {
+        let i = inv(&[
+            "disks/data.vhd",
+            "/data",
+            "-v",
+            "-o",
+            "rw,credentials=/etc/blobdrive/acct.env,_netdev,nofail,mode=fs,mkfs=ext4,cache-size=64MiB,nosuid,nodev",
+        ])
+        .unwrap();
+        assert_eq!(i.spec, "disks/data.vhd");
+        assert_eq!(i.dir, PathBuf::from("/data"));
+        assert!(i.verbose && !i.fake);
+        assert_eq!(
+            i.options,
+            Options {
+                read_only: false,
+                mode: Mode::Fs,
+                mkfs: Some("ext4".into()),
+                cache_size: Some("64MiB".into()),
+                credentials: Some("/etc/blobdrive/acct.env".into()),
+                fs_flags: vec!["nosuid".into(), "nodev".into()],
+            }
+        );
+        // Flags together, options attached, a subtype, several -o.
+        let i = inv(&[
+            "c/n.vhd@2026-01-01T00:00:00Z",
+            "/m",
+            "-sfn",
+            "-oro",
+            "-o",
+            "mode=raw",
+            "-t",
+            "blobdrive",
+        ])
+        .unwrap();
+        assert!(i.fake && i.options.read_only && i.options.mode == Mode::Raw);
+        // What mount(8) keeps to itself is still accepted by hand.
+        let o = parse_options(
+            "defaults,auto,noauto,x-systemd.automount,x-foo=1,comment=hi",
+            false,
+        )
+        .unwrap();
+        assert_eq!(o, Options::default());
+    }
+
+    #[test]
+    fn anything_else_is_one_line_naming_it() {
+        let e = parse_options("rw,bogus=1", false).unwrap_err().0;
+        assert!(e.starts_with("unknown option 'bogus=1'"), "{e}");
+        assert!(!e.contains('\n'));
+        assert!(parse_options("rw,bogus=1", true).is_ok(), "-s ignores it");
+        let e = parse_options("mode=disk", false).unwrap_err().0;
+        assert!(e.contains("mode=disk"), "{e}");
+        let e = parse_options("mkfs=btrfs", false).unwrap_err().0;
+        assert!(e.contains("mkfs=btrfs"), "{e}");
+        let e = parse_options("cache-size=1GB", false).unwrap_err().0;
+        assert!(e.starts_with("option cache-size=1GB: "), "{e}");
+        let e = parse_options("credentials=", false).unwrap_err().0;
+        assert!(e.contains("credentials=FILE"), "{e}");
+        let e = parse_options("user,noexec,nosuid,nodev", false)
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("option user:"), "{e}");
+        let e = parse_options("ro,mkfs=xfs", false).unwrap_err().0;
+        assert!(e.contains("writable"), "{e}");
+        let e = parse_options("mode=block,mkfs=xfs", false).unwrap_err().0;
+        assert!(e.contains("mode=block"), "{e}");
+        // `ro=1` is not `ro`.
+        assert!(parse_options("ro=1", false).is_err());
+    }
+
+    #[test]
+    fn bad_command_lines() {
+        assert!(inv(&["only-one"]).unwrap_err().0.contains("SPEC and DIR"));
+        assert!(inv(&["a/b", "/m", "-o"])
+            .unwrap_err()
+            .0
+            .contains("-o needs"));
+        assert!(inv(&["a/b", "/m", "-t", "ext4"])
+            .unwrap_err()
+            .0
+            .contains("'ext4'"));
+        assert!(inv(&["a/b", "/m", "-N", "/proc/1/ns/mnt"])
+            .unwrap_err()
+            .0
+            .contains("namespace"));
+        assert!(inv(&["a/b", "/m", "-x"]).unwrap_err().0.contains("-x"));
+        assert!(inv(&["a/b", "/m", "--bogus"])
+            .unwrap_err()
+            .0
+            .contains("--bogus"));
+    }
+}
