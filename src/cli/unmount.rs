@@ -74,6 +74,13 @@ pub fn run(args: Args) -> Result<()> {
                     mp.display()
                 )
             }
+            Err(_) if record::load(&rec.id).is_none() => {
+                // It finished by itself just now (a plain umount of the
+                // filesystem, or SIGTERM), removing its record as a clean stop
+                // does; a daemon that died leaves it.
+                println!("unmounted {} ({})", mp.display(), rec.blob);
+                return Ok(());
+            }
             Err(_) => {} // it died just now: clean up below
         }
     }
@@ -112,7 +119,19 @@ fn clean_dead(mountpoint: &Path, mode: Mode, device: Option<&str>, fuse_dir: &Pa
             }
         }
     }
-    if let Some(dev) = device {
+    // Only while it still serves this drive's file: a device that detached itself
+    // (autoclear) may already have been given to another drive.
+    // (The kernel names the file by its real path; the FUSE directory itself
+    // cannot be looked at with its daemon dead.)
+    let real_dir = match (fuse_dir.parent(), fuse_dir.file_name()) {
+        (Some(parent), Some(name)) => parent
+            .canonicalize()
+            .map(|p| p.join(name))
+            .unwrap_or_else(|_| fuse_dir.to_path_buf()),
+        _ => fuse_dir.to_path_buf(),
+    };
+    let disk = real_dir.join("disk");
+    if let Some(dev) = device.filter(|d| system::loop_backing_file(d).is_some_and(|f| f == disk)) {
         system::loop_detach(dev)?;
     }
     if system::is_mountpoint(fuse_dir) {

@@ -28,7 +28,7 @@ pub enum CredentialsError {
     TooOpen { path: PathBuf, mode: u32 },
     #[error("the credentials file {0}, line {1}: expected KEY=VALUE")]
     Syntax(PathBuf, usize),
-    #[error("the credentials file {0}, line {1}: '{2}' is not a valid environment variable name (letters, digits and _, not starting with a digit)")]
+    #[error("the credentials file {0}, line {1}: {2} is not a valid environment variable name (letters, digits and _, not starting with a digit)")]
     BadName(PathBuf, usize, String),
     #[error("the credentials file {0}, line {1}: the value of {2} has an unterminated quote")]
     Unterminated(PathBuf, usize, String),
@@ -82,9 +82,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<(String, String)>, Credentia
             // A pasted secret without its `KEY=` may land here: name at most a
             // short prefix-free description, never the text.
             let shown = if key.len() <= 40 && !key.contains(char::is_whitespace) {
-                key.to_string()
+                format!("'{key}'")
             } else {
-                "(the text before '=')".to_string()
+                "the text before '='".to_string()
             };
             return Err(CredentialsError::BadName(path.into(), n, shown));
         }

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Installs blobdrive for mounting at boot (needs root):
+#   PREFIX/bin/blobdrive                  the program, built here in release mode
+#   /sbin/mount.blobdrive                 a symlink to it: the helper mount(8) runs
+#                                         for fstab lines of type blobdrive (mount(8)
+#                                         looks only in /sbin; on merged-/usr systems
+#                                         /sbin is /usr/sbin, and so is the link)
+#   UNITDIR/blobdrive@.service            the systemd unit template; UNITDIR is
+#                                         PREFIX/lib/systemd/system for /usr and
+#                                         /usr/local (systemd reads both, and
+#                                         /etc/systemd/system stays the admin's),
+#                                         else /etc/systemd/system
+#
+#   sudo scripts/install.sh [--prefix DIR] [--binary FILE] [--destdir DIR]
+#   sudo scripts/install.sh --uninstall [--prefix DIR] [--destdir DIR]
+#
+#   --prefix DIR   where the program goes (default /usr/local)
+#   --binary FILE  install this already built blobdrive instead of building one
+#   --destdir DIR  stage everything under DIR (for packaging; needs no root, and
+#                  nothing on this system is touched or reloaded)
+#   --uninstall    remove what an install put there (refused while drives are
+#                  mounted: their `blobdrive unmount` would be gone)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+prefix=/usr/local
+destdir=
+binary=
+uninstall=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --prefix) prefix="${2:?--prefix needs a directory}"; shift 2 ;;
+        --prefix=*) prefix="${1#*=}"; shift ;;
+        --destdir) destdir="${2:?--destdir needs a directory}"; shift 2 ;;
+        --destdir=*) destdir="${1#*=}"; shift ;;
+        --binary) binary="${2:?--binary needs a file}"; shift 2 ;;
+        --binary=*) binary="${1#*=}"; shift ;;
+        --uninstall) uninstall=1; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+case "$prefix" in
+    /*) prefix="${prefix%/}" ;;
+    *) echo "install.sh: --prefix must be an absolute path, not $prefix" >&2; exit 2 ;;
+esac
+if [ -z "$destdir" ] && [ "$(id -u)" -ne 0 ]; then
+    echo "install.sh: installing into the system needs root (sudo), or stage it with --destdir DIR" >&2
+    exit 1
+fi
+
+bin="$prefix/bin/blobdrive"
+helper=/sbin/mount.blobdrive
+case "$prefix" in
+    /usr|/usr/local) unitdir="$prefix/lib/systemd/system" ;;
+    *) unitdir=/etc/systemd/system ;;
+esac
+unit="$unitdir/blobdrive@.service"
+
+# systemd, when it runs this system (never for a staged install).
+reload_systemd() {
+    if [ -z "$destdir" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+        systemctl daemon-reload
+    fi
+}
+
+if [ "$uninstall" = 1 ]; then
+    if [ -z "$destdir" ] && [ -x "$bin" ]; then
+        mounted="$("$bin" list --json 2>/dev/null || echo '[]')"
+        if [ "$(echo "$mounted" | tr -d ' \n')" != "[]" ]; then
+            echo "install.sh: drives are mounted (see \`$bin list\`): unmount them first" >&2
+            exit 1
+        fi
+    fi
+    # The helper only if it is our link (another package may own the name).
+    if [ -L "$destdir$helper" ] && [ "$(readlink "$destdir$helper")" = "$bin" ]; then
+        rm -f "$destdir$helper"
+        echo "removed $helper"
+    fi
+    for f in "$unit" "$bin"; do
+        if [ -e "$destdir$f" ]; then
+            rm -f "$destdir$f"
+            echo "removed $f"
+        fi
+    done
+    reload_systemd
+    exit 0
+fi
+
+if [ -z "$binary" ]; then
+    echo "== cargo build --release --locked"
+    cargo build --release --locked
+    binary=target/release/blobdrive
+fi
+[ -x "$binary" ] || { echo "install.sh: $binary is not an executable" >&2; exit 1; }
+
+install -d -m 755 "$destdir$prefix/bin" "$destdir$(dirname "$helper")" "$destdir$unitdir"
+install -m 755 "$binary" "$destdir$bin"
+echo "installed $bin"
+if [ -e "$destdir$helper" ] && ! [ -L "$destdir$helper" ]; then
+    echo "install.sh: $helper exists and is not a link to blobdrive; not replacing it" >&2
+    exit 1
+fi
+ln -sfn "$bin" "$destdir$helper"
+echo "installed $helper -> $bin"
+sed "s|@BINDIR@|$prefix/bin|g" systemd/blobdrive@.service >"$destdir$unit.tmp"
+chmod 644 "$destdir$unit.tmp"
+mv -f "$destdir$unit.tmp" "$destdir$unit"
+echo "installed $unit"
+reload_systemd

@@ -1,0 +1,592 @@
+//! Mounting at boot, as root against Azurite: the mount(8) helper run by util-linux's
+//! own `mount -T FSTAB`, a plain `umount` that puts everything on the blob and frees
+//! the lease, refusals that leave nothing behind, secrets kept out of sight, and the
+//! systemd readiness protocol of `mount --foreground`.
+//!
+//! mount(8) looks for helpers only in /sbin (and /sbin/fs.d, /sbin/fs). So that no
+//! test ever installs anything there, the fstab tests run in a private mount
+//! namespace (`unshare -m`) in which an overlay puts `mount.blobdrive` (a symlink to
+//! the binary under test) in front of the real /sbin: the system's /sbin is never
+//! written, parallel tests cannot see each other's helper, and everything vanishes
+//! with the namespace, also when a test dies. /run/mount (libmount's utab) gets a
+//! private tmpfs there too. The daemon mounts inside that namespace, so the checks
+//! that look at mounts run inside it as well; the blob and the lease are checked
+//! from outside with the project's own CLI and by reading the filesystem image with
+//! debugfs (e2fsprogs), not with blobdrive's mount.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::azurite::{unique_container, Azurite, DEV_KEY};
+use common::util::{json, sh_ok, stdout_of_success};
+
+fn require_root() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "mount tests must run as root"
+    );
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "mount tests need /dev/fuse"
+    );
+}
+
+/// A private run directory for this test binary.
+fn run_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("boot-run");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_blobdrive")
+}
+
+fn bd(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .env(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            Azurite::shared().connection_string(),
+        )
+        .env("BLOBDRIVE_RUN_DIR", run_dir())
+        .output()
+        .expect("run blobdrive")
+}
+
+fn ok(args: &[&str]) -> String {
+    stdout_of_success(&args, bd(args))
+}
+
+fn new_drive(tag: &str) -> String {
+    let spec = format!("{}/disk.vhd", unique_container(tag));
+    ok(&["create", &spec, "--size", "64MiB", "--create-container"]);
+    spec
+}
+
+fn lease_state(spec: &str) -> String {
+    json(&ok(&["lease", "status", spec, "--json"]))["state"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// A scratch directory holding the mountpoint `mnt`, the helper directory `helper`
+/// (with `mount.blobdrive`), a credentials file `acct.env` (root's, 0600) and
+/// whatever a test puts there. Whatever is still mounted by blobdrive at `mnt` is
+/// unmounted when it is dropped.
+struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new() -> Scratch {
+        let dir = tempfile::Builder::new()
+            .prefix("blobdrive-boot.")
+            .tempdir()
+            .unwrap();
+        std::fs::create_dir(dir.path().join("mnt")).unwrap();
+        std::fs::create_dir(dir.path().join("helper")).unwrap();
+        std::os::unix::fs::symlink(bin(), dir.path().join("helper/mount.blobdrive")).unwrap();
+        let s = Scratch { dir };
+        s.write_credentials(
+            &format!(
+                "# the test account\nAZURE_STORAGE_CONNECTION_STRING={}\n",
+                Azurite::shared().connection_string()
+            ),
+            0o600,
+        );
+        s
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn mnt(&self) -> PathBuf {
+        self.path("mnt")
+    }
+
+    fn creds(&self) -> PathBuf {
+        self.path("acct.env")
+    }
+
+    fn helper(&self) -> PathBuf {
+        self.path("helper/mount.blobdrive")
+    }
+
+    fn write_credentials(&self, text: &str, mode: u32) {
+        std::fs::write(self.creds(), text).unwrap();
+        std::fs::set_permissions(self.creds(), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// Runs `script` with bash in a private mount namespace where `mount.blobdrive`
+    /// is in /sbin, with the run directory exported and, for the test's own
+    /// `blobdrive` calls, `$BD` and `$CS`. The helper's own environment has no
+    /// account: mount(8) passes only what the fstab line says.
+    fn in_namespace(&self, script: &str) -> Output {
+        let prologue = format!(
+            r#"set -euo pipefail
+mount -t tmpfs tmpfs /run/mount 2>/dev/null || {{ mkdir -p /run/mount && mount -t tmpfs tmpfs /run/mount; }}
+sbin="$(realpath /sbin)"
+mount -t overlay overlay -o "lowerdir={helper}:$sbin" "$sbin"
+export BLOBDRIVE_RUN_DIR='{run}'
+BD='{bin}'
+"#,
+            helper = self.path("helper").display(),
+            run = run_dir().display(),
+            bin = bin(),
+        );
+        Command::new("unshare")
+            .args(["-m", "--propagation", "private", "bash", "-c"])
+            .arg(format!("{prologue}{script}"))
+            .env_remove("AZURE_STORAGE_CONNECTION_STRING")
+            .env("CS", Azurite::shared().connection_string())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run unshare")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if daemon_pid(&self.mnt()).is_some() {
+            let _ = bd(&["unmount", self.mnt().to_str().unwrap()]);
+        }
+    }
+}
+
+/// The daemon's pid from its mount record, if it has one.
+fn daemon_pid(mp: &Path) -> Option<u32> {
+    let id = blobdrive::mount::record::id_for(mp);
+    let text = std::fs::read_to_string(run_dir().join(format!("mounts/{id}.json"))).ok()?;
+    json(&text)["pid"].as_u64().map(|p| p as u32)
+}
+
+/// Nothing of a refused mount may remain: no record, no mount at `mp`, no loop
+/// device over it, the lease free.
+fn assert_nothing_left(mp: &Path, spec: &str) {
+    assert_eq!(
+        daemon_pid(mp),
+        None,
+        "a mount record is left for {}",
+        mp.display()
+    );
+    let id = blobdrive::mount::record::id_for(mp);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(mp.to_str().unwrap()),
+        "mount left at {}",
+        mp.display()
+    );
+    let loops = sh_ok("losetup -a");
+    assert!(
+        !loops.contains(&format!("{id}.fuse")),
+        "loop device left: {loops}"
+    );
+    assert_eq!(lease_state(spec), "available");
+    assert_eq!(
+        std::fs::read_dir(mp).unwrap().count(),
+        0,
+        "files left in {}",
+        mp.display()
+    );
+}
+
+/// Downloads the drive as a raw image and returns `sha256sum` of the named files
+/// in its ext4 filesystem, read with debugfs.
+fn files_on_the_blob(spec: &str, scratch: &Scratch, files: &[&str]) -> String {
+    let image = scratch.path("image.raw");
+    let _ = std::fs::remove_file(&image);
+    ok(&["download", spec, image.to_str().unwrap(), "--format", "raw"]);
+    let mut out = String::new();
+    for f in files {
+        let dumped = scratch.path(&format!("dumped-{f}"));
+        sh_ok(&format!(
+            "debugfs -R 'dump /{f} {}' '{}' 2>/dev/null",
+            dumped.display(),
+            image.display()
+        ));
+        out.push_str(&sh_ok(&format!(
+            "cd '{}' && sha256sum dumped-{f}",
+            scratch.dir.path().display()
+        )));
+    }
+    out
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn fstab_mount_then_plain_umount_puts_everything_on_the_blob_and_frees_the_lease() {
+    require_root();
+    let spec = new_drive("fstab");
+    let s = Scratch::new();
+    let mnt = s.mnt();
+    let fstab = s.path("fstab");
+    std::fs::write(
+        &fstab,
+        format!(
+            "# a test fstab\n{spec}  {}  blobdrive  _netdev,nofail,credentials={},mkfs=ext4,cache-size=64MiB,nosuid,x-systemd.device-timeout=10  0 0\n",
+            mnt.display(),
+            s.creds().display()
+        ),
+    )
+    .unwrap();
+    let key_part = &DEV_KEY[..20];
+    // Inside the namespace: mount from the fstab, look at what the system shows,
+    // write (no sync), plain umount, and note how long the daemon took to go.
+    let out = s.in_namespace(&format!(
+        r#"
+mount -T '{fstab}' '{mnt}'
+pid=
+for r in "$BLOBDRIVE_RUN_DIR"/mounts/*.json; do grep -q '"{mnt}"' "$r" && pid="$(sed -n 's/.*"pid": \([0-9]*\).*/\1/p' "$r")"; done
+echo "pid=$pid"
+echo "fs=$(findmnt -n -o FSTYPE,OPTIONS '{mnt}')"
+echo "fuse=$(findmnt -n -o SOURCE -t fuse,fuse.blobdrive | tr '\n' ' ')"
+if grep -q '{key_part}' /proc/self/mountinfo; then echo SECRET-IN-MOUNTS; fi
+if tr '\0' ' ' < /proc/$pid/cmdline | grep -q '{key_part}'; then echo SECRET-IN-CMDLINE; fi
+if grep -q '{key_part}' "$BLOBDRIVE_RUN_DIR"/mounts/*.log 2>/dev/null; then echo SECRET-IN-LOG; fi
+if ! tr '\0' '\n' < /proc/$pid/environ | grep -q '^AZURE_STORAGE_CONNECTION_STRING=.*{key_part}'; then echo NO-ACCOUNT-IN-ENV; fi
+echo hello > '{mnt}/small'
+head -c 9M /dev/urandom > '{mnt}/big'
+(cd '{mnt}' && sha256sum small big) > '{sums}'
+umount '{mnt}'
+start=$(date +%s%N)
+for i in $(seq 1 300); do [ -d /proc/$pid ] || break; sleep 0.1; done
+echo "gone_after_ms=$(( ($(date +%s%N) - start) / 1000000 ))"
+[ -d /proc/$pid ] && echo DAEMON-STILL-RUNNING
+losetup -a | grep -F '{run}' || true
+"#,
+        fstab = fstab.display(),
+        mnt = mnt.display(),
+        sums = s.path("sums").display(),
+        run = run_dir().display(),
+    ));
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    for bad in [
+        "SECRET-IN-MOUNTS",
+        "SECRET-IN-CMDLINE",
+        "SECRET-IN-LOG",
+        "NO-ACCOUNT-IN-ENV",
+        "DAEMON-STILL-RUNNING",
+        "/dev/loop",
+    ] {
+        assert!(!stdout.contains(bad), "{bad}: {t}");
+    }
+    // The filesystem got the fstab's flag and nothing secret; the FUSE mount is
+    // named after the drive.
+    assert!(
+        stdout.contains("fs=ext4 ") && stdout.contains("nosuid"),
+        "{t}"
+    );
+    assert!(stdout.contains(&format!("blobdrive:{spec}")), "{t}");
+    let gone_ms: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("gone_after_ms="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{t}"));
+    assert!(
+        gone_ms < 30_000,
+        "the daemon took {gone_ms} ms to stop: {t}"
+    );
+    // Everything on the blob (another reader: download + debugfs), the lease
+    // free, nothing left on this machine.
+    assert_eq!(lease_state(&spec), "available");
+    let want = std::fs::read_to_string(s.path("sums")).unwrap();
+    let got = files_on_the_blob(&spec, &s, &["small", "big"]);
+    assert_eq!(got.replace("dumped-", ""), want);
+    assert_nothing_left(&mnt, &spec);
+}
+
+#[test]
+fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
+    require_root();
+    let spec = new_drive("badopts");
+    let s = Scratch::new();
+    let mnt = s.mnt();
+    let helper = |opts: &str| -> Output {
+        Command::new(s.helper())
+            .args([&spec, mnt.to_str().unwrap(), "-o", opts])
+            .env_remove("AZURE_STORAGE_CONNECTION_STRING")
+            .env("BLOBDRIVE_RUN_DIR", run_dir())
+            .output()
+            .unwrap()
+    };
+    let creds = format!("credentials={}", s.creds().display());
+    let refused = |opts: &str, needle: &str| {
+        let out = helper(opts);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(1), "{opts}: {}", text(&out));
+        assert_eq!(err.lines().count(), 1, "{opts}: one line, not: {err}");
+        assert!(
+            err.starts_with("mount.blobdrive: ") && err.contains(needle),
+            "{opts}: expected '{needle}' in: {err}"
+        );
+        assert_nothing_left(&mnt, &spec);
+        err
+    };
+    refused(&format!("rw,{creds},bogus"), "'bogus'");
+    refused(&format!("rw,{creds},compress=zstd"), "'compress=zstd'");
+    refused(&format!("{creds},mode=disk"), "mode=disk");
+    refused(&format!("{creds},cache-size=1GB"), "cache-size=1GB");
+    refused(&format!("ro,{creds},mkfs=ext4"), "writable");
+    refused(&format!("{creds},user"), "option user");
+    // The credentials file: readable by others, writable by the group, not root's.
+    for mode in [0o644, 0o620, 0o604] {
+        std::fs::set_permissions(s.creds(), std::fs::Permissions::from_mode(mode)).unwrap();
+        let err = refused(&creds, "group or others");
+        assert!(!err.contains(&DEV_KEY[..12]), "{err}");
+    }
+    std::fs::set_permissions(s.creds(), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(s.creds(), Some(65534), None).unwrap();
+    refused(&creds, "not root");
+    std::os::unix::fs::chown(s.creds(), Some(0), None).unwrap();
+    // A line that is not KEY=VALUE names its line, never its text.
+    s.write_credentials(&format!("{DEV_KEY}\n"), 0o600);
+    let err = refused(&creds, "line 1: ");
+    assert!(!err.contains(&DEV_KEY[..12]), "{err}");
+    // -f checks and mounts nothing.
+    s.write_credentials(
+        &format!(
+            "AZURE_STORAGE_CONNECTION_STRING={}\n",
+            Azurite::shared().connection_string()
+        ),
+        0o600,
+    );
+    let out = Command::new(s.helper())
+        .args([&spec, mnt.to_str().unwrap(), "-f", "-o", &creds])
+        .env("BLOBDRIVE_RUN_DIR", run_dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_nothing_left(&mnt, &spec);
+    // A mount that fails (no filesystem on the blank disk) is mount(8)'s 32 and is
+    // undone. Through util-linux's mount, which passes the helper's status and
+    // message on.
+    let out = s.in_namespace(&format!(
+        "mount -t blobdrive -o '{creds}' '{spec}' '{}'",
+        mnt.display()
+    ));
+    assert_eq!(out.status.code(), Some(32), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds no filesystem"), "{err}");
+    let out = s.in_namespace(&format!(
+        "mount -t blobdrive -o '{creds},bogus' '{spec}' '{}'",
+        mnt.display()
+    ));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("'bogus'"),
+        "{}",
+        text(&out)
+    );
+    assert_nothing_left(&mnt, &spec);
+}
+
+/// What the service manager heard, each message with whether the mountpoint had
+/// its filesystem at the moment it arrived.
+fn next_message(sock: &UnixDatagram, mnt: &Path, limit: Duration) -> Option<(String, bool)> {
+    sock.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 4096];
+    let n = sock.recv(&mut buf).ok()?;
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap()) && l.contains(" - ext4 "));
+    Some((String::from_utf8_lossy(&buf[..n]).to_string(), mounted))
+}
+
+#[test]
+fn foreground_mount_tells_systemd_ready_status_stopping_and_sigterm_keeps_everything() {
+    require_root();
+    let spec = new_drive("notify");
+    let s = Scratch::new();
+    let mnt = s.mnt();
+    let sock_path = s.path("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let mut child = Command::new(bin())
+        .args([
+            "mount",
+            &spec,
+            mnt.to_str().unwrap(),
+            "--mkfs",
+            "ext4",
+            "--foreground",
+        ])
+        .arg("--credentials")
+        .arg(s.creds())
+        .env_remove("AZURE_STORAGE_CONNECTION_STRING")
+        .env("BLOBDRIVE_RUN_DIR", run_dir())
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let stop = |child: &mut std::process::Child| {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let _ = child.wait();
+    };
+    let Some((first, mounted)) = next_message(&sock, &mnt, Duration::from_secs(60)) else {
+        stop(&mut child);
+        panic!("no READY=1 within 60 s");
+    };
+    assert!(
+        first.lines().any(|l| l == "READY=1"),
+        "first message: {first:?}"
+    );
+    assert!(
+        mounted,
+        "READY=1 came before {} had its filesystem",
+        mnt.display()
+    );
+    // And it serves: a file can be written there at once.
+    std::fs::write(mnt.join("probe"), b"x").unwrap();
+    assert!(
+        first.contains(&format!("STATUS=serving {spec}")),
+        "{first:?}"
+    );
+    // The secret went to the daemon (this very process) by its environment only.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(!String::from_utf8_lossy(&cmdline).contains(&DEV_KEY[..20]));
+    // Unsynced data, then a STATUS line saying there is some (or that it is out).
+    sh_ok(&format!(
+        "head -c 5M /dev/urandom > '{0}/data' && sha256sum '{0}/data' > '{1}'",
+        mnt.display(),
+        s.path("sum").display()
+    ));
+    let deadline = Instant::now() + Duration::from_secs(12);
+    let mut status = None;
+    while Instant::now() < deadline {
+        match next_message(&sock, &mnt, Duration::from_secs(1)) {
+            Some((m, _)) if m.starts_with("STATUS=") => {
+                status = Some(m);
+                break;
+            }
+            Some((m, _)) => panic!("unexpected message while serving: {m:?}"),
+            None => {}
+        }
+    }
+    let status = status.unwrap_or_else(|| {
+        stop(&mut child);
+        panic!("no STATUS= within 12 s")
+    });
+    assert!(
+        status.contains("not yet on the blob") && status.contains("lease held"),
+        "{status:?}"
+    );
+    // SIGTERM: STOPPING=1 first, then a clean exit with everything kept.
+    sh_ok(&format!("kill -TERM {pid}"));
+    let Some((stopping, _)) = next_message(&sock, &mnt, Duration::from_secs(10)) else {
+        stop(&mut child);
+        panic!("no STOPPING=1 after SIGTERM");
+    };
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "still running 60 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "exit {status:?}: {err}");
+    assert!(!err.contains(&DEV_KEY[..20]), "the key in the log: {err}");
+    assert_eq!(lease_state(&spec), "available");
+    let want = std::fs::read_to_string(s.path("sum")).unwrap();
+    let want_hash = want.split_whitespace().next().unwrap();
+    let got = files_on_the_blob(&spec, &s, &["data"]);
+    assert!(got.starts_with(want_hash), "blob has {got}, wrote {want}");
+    assert_nothing_left(&mnt, &spec);
+}
+
+#[test]
+fn block_and_raw_mounts_outlive_their_users_closing_the_disk() {
+    require_root();
+    let spec = new_drive("reopen");
+    let s = Scratch::new();
+    let mnt = s.mnt();
+    let mp = mnt.to_str().unwrap();
+    for mode in ["block", "raw"] {
+        let shown = ok(&["mount", &spec, mp, "--mode", mode]);
+        let target = shown.trim().to_string();
+        let pid = daemon_pid(&mnt).expect("mounted");
+        // Open, write, close, several times over: the user is done with it for
+        // now, not for good.
+        for i in 0..3 {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&target)
+                .unwrap();
+            f.write_all(&[i as u8; 4096]).unwrap();
+            drop(f);
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "{mode}: the daemon stopped when {target} was closed"
+        );
+        let first = std::fs::read(&target)
+            .map(|b| b[0])
+            .unwrap_or_else(|e| panic!("{mode}: {target}: {e}"));
+        assert_eq!(first, 2);
+        ok(&["unmount", mp]);
+        assert_nothing_left(&mnt, &spec);
+    }
+}
+
+#[test]
+fn the_unit_template_runs_the_foreground_daemon_with_credentials_outside_argv() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/systemd/blobdrive@.service"
+    ))
+    .unwrap();
+    let exec = unit.lines().find(|l| l.starts_with("ExecStart=")).unwrap();
+    assert!(
+        exec.contains(
+            "mount ${BLOB} %f --foreground --credentials ${CREDENTIALS_DIRECTORY}/account"
+        ),
+        "{exec}"
+    );
+    for line in [
+        "Type=notify",
+        "KillMode=mixed",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "LoadCredential=account:/etc/blobdrive/%i.credentials",
+    ] {
+        assert!(unit.lines().any(|l| l == line), "{line} missing");
+    }
+}
