@@ -207,6 +207,11 @@ fn files_on_the_blob(spec: &str, scratch: &Scratch, files: &[&str]) -> String {
     let image = scratch.path("image.raw");
     let _ = std::fs::remove_file(&image);
     ok(&["download", spec, image.to_str().unwrap(), "--format", "raw"]);
+    files_in_image(&image, scratch, files)
+}
+
+/// `sha256sum` of the named files in the ext4 filesystem of a raw image.
+fn files_in_image(image: &Path, scratch: &Scratch, files: &[&str]) -> String {
     let mut out = String::new();
     for f in files {
         let dumped = scratch.path(&format!("dumped-{f}"));
@@ -253,6 +258,7 @@ fn fstab_mount_then_plain_umount_puts_everything_on_the_blob_and_frees_the_lease
     // write (no sync), plain umount, and note how long the daemon took to go.
     let out = s.in_namespace(&format!(
         r#"
+spec='{spec}'
 mount -T '{fstab}' '{mnt}'
 pid=
 for r in "$BLOBDRIVE_RUN_DIR"/mounts/*.json; do grep -q '"{mnt}"' "$r" && pid="$(sed -n 's/.*"pid": \([0-9]*\).*/\1/p' "$r")"; done
@@ -267,6 +273,10 @@ echo hello > '{mnt}/small'
 head -c 9M /dev/urandom > '{mnt}/big'
 (cd '{mnt}' && sha256sum small big) > '{sums}'
 umount '{mnt}'
+# The daemon may not write a byte more: what umount left on the blob is read now.
+kill -STOP "$pid"
+AZURE_STORAGE_CONNECTION_STRING="$CS" "$BD" download '{spec}' '{image}' --format raw >/dev/null 2>&1 || echo DOWNLOAD-FAILED
+kill -CONT "$pid"
 start=$(date +%s%N)
 for i in $(seq 1 300); do [ -d /proc/$pid ] || break; sleep 0.1; done
 echo "gone_after_ms=$(( ($(date +%s%N) - start) / 1000000 ))"
@@ -277,6 +287,7 @@ losetup -a | grep -F '{run}' || true
         mnt = mnt.display(),
         sums = s.path("sums").display(),
         run = run_dir().display(),
+        image = s.path("at-umount.raw").display(),
     ));
     let t = text(&out);
     assert!(out.status.success(), "{t}");
@@ -287,6 +298,7 @@ losetup -a | grep -F '{run}' || true
         "SECRET-IN-LOG",
         "NO-ACCOUNT-IN-ENV",
         "DAEMON-STILL-RUNNING",
+        "DOWNLOAD-FAILED",
         "/dev/loop",
     ] {
         assert!(!stdout.contains(bad), "{bad}: {t}");
@@ -307,10 +319,17 @@ losetup -a | grep -F '{run}' || true
         gone_ms < 30_000,
         "the daemon took {gone_ms} ms to stop: {t}"
     );
-    // Everything on the blob (another reader: download + debugfs), the lease
-    // free, nothing left on this machine.
-    assert_eq!(lease_state(&spec), "available");
+    // Everything was on the blob when umount returned (read, with the daemon
+    // stopped, by another reader: download + debugfs), and is now; the lease is
+    // free and nothing is left on this machine.
     let want = std::fs::read_to_string(s.path("sums")).unwrap();
+    let at_umount = files_in_image(&s.path("at-umount.raw"), &s, &["small", "big"]);
+    assert_eq!(
+        at_umount.replace("dumped-", ""),
+        want,
+        "on the blob when umount returned"
+    );
+    assert_eq!(lease_state(&spec), "available");
     let got = files_on_the_blob(&spec, &s, &["small", "big"]);
     assert_eq!(got.replace("dumped-", ""), want);
     assert_nothing_left(&mnt, &spec);
