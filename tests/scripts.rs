@@ -74,3 +74,105 @@ fn the_demo_shows_the_build_and_its_headers_say_what_runs() {
         );
     }
 }
+
+/// `scripts/install.sh --destdir` stages exactly the binary, the mount(8) helper
+/// link and the unit (its ExecStart pointing at the installed binary) under the
+/// prefix asked for, and `--uninstall` takes them away again; nothing outside the
+/// staging directory is touched.
+#[test]
+fn install_script_stages_binary_helper_and_unit_and_uninstall_removes_them() {
+    let stage = tempfile::tempdir().unwrap();
+    let d = stage.path().to_str().unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(format!("{}/scripts/install.sh", root()))
+            .args(["--destdir", d])
+            .args(args)
+            .output()
+            .expect("run install.sh");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let listing = || -> Vec<String> {
+        let mut all: Vec<String> = walk(stage.path())
+            .into_iter()
+            .map(|p| format!("/{}", p.strip_prefix(stage.path()).unwrap().display()))
+            .collect();
+        all.sort();
+        all
+    };
+    let binary = env!("CARGO_BIN_EXE_blobdrive");
+    for (prefix, unit) in [
+        (
+            "/usr/local",
+            "/usr/local/lib/systemd/system/blobdrive@.service",
+        ),
+        ("/opt/bd", "/etc/systemd/system/blobdrive@.service"),
+    ] {
+        run(&["--prefix", prefix, "--binary", binary]);
+        let bin = format!("{prefix}/bin/blobdrive");
+        assert_eq!(
+            listing(),
+            {
+                let mut want = vec![
+                    bin.clone(),
+                    "/sbin/mount.blobdrive".to_string(),
+                    unit.to_string(),
+                ];
+                want.sort();
+                want
+            },
+            "{prefix}"
+        );
+        let staged_bin = format!("{d}{bin}");
+        assert_eq!(
+            std::fs::read(&staged_bin).unwrap(),
+            std::fs::read(binary).unwrap()
+        );
+        assert_eq!(
+            std::fs::read_link(format!("{d}/sbin/mount.blobdrive")).unwrap(),
+            std::path::PathBuf::from(&bin)
+        );
+        let unit_text = std::fs::read_to_string(format!("{d}{unit}")).unwrap();
+        assert!(
+            unit_text.contains(&format!(
+                "\nExecStart={bin} mount ${{BLOB}} %f --foreground"
+            )),
+            "{unit_text}"
+        );
+        assert!(!unit_text.contains("@BINDIR@"));
+        let out = run(&["--prefix", prefix, "--uninstall"]);
+        assert!(out.contains("removed /sbin/mount.blobdrive"), "{out}");
+        assert_eq!(
+            listing(),
+            Vec::<String>::new(),
+            "{prefix}: left after --uninstall"
+        );
+    }
+    // A helper of that name that is not ours is never replaced.
+    std::fs::create_dir_all(format!("{d}/sbin")).unwrap();
+    std::fs::write(format!("{d}/sbin/mount.blobdrive"), "someone else's").unwrap();
+    let out = Command::new(format!("{}/scripts/install.sh", root()))
+        .args(["--destdir", d, "--binary", binary])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a link to blobdrive"));
+    assert_eq!(
+        std::fs::read_to_string(format!("{d}/sbin/mount.blobdrive")).unwrap(),
+        "someone else's"
+    );
+}
+
+/// Files and symlinks under `dir` (directories are not listed).
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}

@@ -36,7 +36,12 @@ Examples:
   blobdrive info disks/data.vhd --json
   blobdrive lease break disks/data.vhd
   sudo blobdrive mount disks/data.vhd /mnt/data --mkfs ext4
-  sudo blobdrive unmount /mnt/data";
+  sudo blobdrive unmount /mnt/data
+
+At boot (after `sudo scripts/install.sh`): an fstab line of type blobdrive, e.g.
+  disks/data.vhd  /data  blobdrive  _netdev,nofail,credentials=/etc/blobdrive/acct.env  0 0
+(`mount.blobdrive --help` lists its options), or the unit blobdrive@.service (see the
+README). A plain `umount` of such a filesystem writes everything and releases the lease.";
 
 /// Azure page blobs (fixed VHDs) as Linux drives.
 #[derive(Debug, Parser)]

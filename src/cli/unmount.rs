@@ -13,7 +13,9 @@ storage service (it says every few seconds what it waits for), then releases the
 lease. It is refused, leaving everything mounted, while the filesystem is busy or a
 process holds the raw disk file open. It exits non-zero, naming what happened, if the
 lease was lost with data not yet written, or could not be released, and after
-cleaning up behind a daemon that died while holding the lease.")]
+cleaning up behind a daemon that died while holding the lease. A plain `umount` of
+the filesystem of a mode-fs mount takes the drive down the same way, without
+waiting for it or reporting progress.")]
 pub struct Args {
     /// Where the drive is mounted (as given to `blobdrive mount`).
     pub mountpoint: PathBuf,

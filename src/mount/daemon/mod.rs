@@ -158,6 +158,9 @@ pub fn run(
         Ok(v) => v,
         Err(e) => {
             let msg = e.to_string();
+            if let Some(n) = &m.notifier {
+                n.status(&format!("mount failed: {msg}"));
+            }
             match m.teardown() {
                 Ok(losses) => losses.iter().for_each(|l| error!("{l}")),
                 Err(t) => error!("cleaning up after a failed mount: {t}"),
