@@ -609,3 +609,49 @@ fn the_unit_template_runs_the_foreground_daemon_with_credentials_outside_argv() 
         assert!(unit.lines().any(|l| l == line), "{line} missing");
     }
 }
+
+/// systemd sends SIGTERM once; a drive that is busy then comes down as soon as it
+/// is let go, instead of waiting for a SIGKILL that would lose what is cached.
+#[test]
+fn sigterm_while_busy_takes_the_drive_down_once_it_is_let_go() {
+    require_root();
+    let spec = new_drive("termbusy");
+    let s = Scratch::new();
+    let mnt = s.mnt();
+    let mp = mnt.to_str().unwrap();
+    ok(&["mount", &spec, mp, "--mkfs", "ext4"]);
+    let pid = daemon_pid(&mnt).expect("mounted");
+    sh_ok(&format!(
+        "head -c 3M /dev/urandom > '{mp}/f' && sha256sum '{mp}/f' | cut -d' ' -f1 > '{}'",
+        s.path("sum").display()
+    ));
+    let mut holder = Command::new("sleep")
+        .arg("60")
+        .current_dir(&mnt)
+        .spawn()
+        .unwrap();
+    sh_ok(&format!("kill -TERM {pid}"));
+    std::thread::sleep(Duration::from_secs(3));
+    let alive = Path::new(&format!("/proc/{pid}")).exists();
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains(mp);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(
+        alive && mounted,
+        "a busy drive must stay up after SIGTERM (alive {alive}, mounted {mounted})"
+    );
+    let started = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the daemon is still running 30 s after the drive was let go"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_nothing_left(&mnt, &spec);
+    let want = std::fs::read_to_string(s.path("sum")).unwrap();
+    let got = files_on_the_blob(&spec, &s, &["f"]);
+    assert!(got.starts_with(want.trim()), "blob has {got}, wrote {want}");
+}

@@ -222,7 +222,7 @@ impl Mounted {
             }
             Err(e) => {
                 if !self.stop_refused_logged {
-                    error!("cannot unmount yet ({why}): {e}; trying again every second");
+                    error!("cannot unmount yet ({why}): {e}; trying again every second or two");
                     if let Some(n) = &self.notifier {
                         n.status(&format!("stopping, but cannot unmount yet: {e}"));
                     }
