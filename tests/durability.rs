@@ -355,6 +355,78 @@ fn unmount_waits_out_an_outage_and_loses_no_unsynced_file() {
     assert_eq!(sum, again);
 }
 
+/// A plain `umount` (systemd's at shutdown) while the service does not answer:
+/// like `blobdrive unmount`, it waits for the service without limit (a flush
+/// failed by the I/O timeout would make ext4 abort its journal and drop what it
+/// had not committed: the file written here, before this was fixed), then every
+/// byte is on the blob, the filesystem is clean and the lease released.
+#[test]
+fn a_plain_umount_during_an_outage_waits_for_the_service_and_loses_nothing() {
+    require_root();
+    let spec = new_drive("umountoutage", "64MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&cs);
+    let short = [
+        ("BLOBDRIVE_IO_TIMEOUT_SECS", "3"),
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "1"),
+    ];
+    ok(&cs, &short, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let pid = daemon_pid(&cs, &mp);
+    let sum = sh_ok(&format!(
+        "head -c 12M /dev/urandom > '{0}/r.bin' && sha256sum < '{0}/r.bin'",
+        mp.s()
+    ));
+    proxy.paused.store(true, SeqCst);
+    let mut umount = Command::new("umount")
+        .arg(mp.s())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lease = |state: &str| {
+        json(&ok(&az(), &[], &["lease", "status", &spec, "--json"]))["state"] == state
+    };
+    // Well past the I/O timeout: umount still waits, and so does the daemon,
+    // holding the lease.
+    std::thread::sleep(Duration::from_secs(10));
+    let waiting = umount.try_wait().unwrap().is_none();
+    let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let leased = lease("leased");
+    proxy.paused.store(false, SeqCst);
+    let out = umount.wait_with_output().unwrap();
+    assert!(out.status.success(), "umount: {out:?}");
+    assert!(
+        waiting && alive && leased,
+        "during the outage umount and the daemon must wait, holding the lease (umount waiting {waiting}, daemon alive {alive}, leased {leased})"
+    );
+    wait_for("the daemon to finish", Duration::from_secs(30), || {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    });
+    assert!(lease("available"), "the lease was not released");
+    // Every byte: the image is a clean filesystem (no journal to replay) holding
+    // the file.
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("image.raw");
+    ok(
+        &az(),
+        &[],
+        &[
+            "download",
+            &spec,
+            image.to_str().unwrap(),
+            "--format",
+            "raw",
+        ],
+    );
+    sh_ok(&format!("e2fsck -fn '{}'", image.display()));
+    let got = sh_ok(&format!(
+        "debugfs -R 'cat /r.bin' '{}' 2>/dev/null | sha256sum",
+        image.display()
+    ));
+    assert_eq!(sum, got);
+}
+
 #[test]
 fn memory_stays_within_the_cache_size_under_scattered_512_byte_writes() {
     require_root();

@@ -25,6 +25,7 @@ use tracing::{error, warn};
 
 use super::health::{Health, HealthSnapshot, Pending};
 use super::{Backend, DeviceError, MAX_RUN};
+use crate::azure::ops::fence::SEQUENCE_REFUSED;
 use crate::azure::{AzureError, BlobClient, WriteFence};
 
 /// How long I/O waits through an outage unless `BLOBDRIVE_IO_TIMEOUT_SECS` says
@@ -190,8 +191,19 @@ impl Patience {
         self.health.failed(a.started, &e.to_string());
         let within = !self.give_up.load(Ordering::SeqCst)
             && (self.unbounded.load(Ordering::SeqCst) || a.started.elapsed() < self.io_timeout);
-        if !e.outcome_unknown() || fenced.load(Ordering::SeqCst) || !within {
+        // A write the sequence-number fence refused was surely not carried out, so
+        // sending it again is as safe as after an outage. The pipeline sends it
+        // again itself while its retry budget lasts; one refused when that budget
+        // was spent (the first attempt after a long outage, whose late increment
+        // had moved the number on) would otherwise fail the I/O, and a failed
+        // flush makes a filesystem abort its journal.
+        let refused = e.code() == Some(SEQUENCE_REFUSED);
+        if !(e.outcome_unknown() || refused) || fenced.load(Ordering::SeqCst) || !within {
             return Err(map_error(fenced, e));
+        }
+        if refused {
+            tokio::time::sleep(OUTAGE_PAUSE).await;
+            return Ok(());
         }
         if !a.warned {
             warn!(

@@ -126,6 +126,25 @@ pub fn loop_backing_file(dev: &str) -> Option<std::path::PathBuf> {
     Some(std::path::PathBuf::from(text.trim_end_matches('\n')))
 }
 
+/// Whether any mount (in this mount namespace) has the block device `dev` as its
+/// source, per the `MAJOR:MINOR` of /proc/self/mountinfo. `None` when that
+/// cannot be told (the device node is gone, mountinfo unreadable).
+pub fn device_is_mounted(dev: &str) -> Option<bool> {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dev).ok()?;
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    let rdev = meta.rdev();
+    let want = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    Some(
+        info.lines()
+            .any(|l| l.split(' ').nth(2) == Some(want.as_str())),
+    )
+}
+
 /// `struct loop_info64` of <linux/loop.h>.
 #[repr(C)]
 struct LoopInfo64 {

@@ -173,6 +173,7 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 rotate_log(&log, &mut since_rotation_check);
+                m.noticed_umount_begun();
                 if stop.is_none() && m.noticed_plain_umount() {
                     m.notify_stopping("the filesystem was unmounted: writing back and stopping");
                     stop = Some("umount");

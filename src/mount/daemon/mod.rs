@@ -65,6 +65,9 @@ struct Mounted {
     /// The loop device's backing file as the kernel named it right after attaching:
     /// when sysfs stops saying so, the device was detached.
     loop_backing: Option<PathBuf>,
+    /// A plain `umount` of the filesystem has begun (see
+    /// `Mounted::noticed_umount_begun`): I/O waits through outages without limit.
+    umount_begun: bool,
     /// The service manager listening on `NOTIFY_SOCKET` (a `--foreground` daemon
     /// under systemd `Type=notify`), told of readiness, status and stopping.
     notifier: Option<Notifier>,
@@ -130,6 +133,7 @@ pub fn run(
         fs_mounted: false,
         autoclear: false,
         loop_backing: None,
+        umount_begun: false,
         notifier: Notifier::from_env(),
         stop_refused_logged: false,
         open_disk: None,

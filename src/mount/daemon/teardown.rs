@@ -28,7 +28,7 @@ impl Mounted {
         // writes back as it unmounts: I/O waits for the service without limit.
         self.set_unbounded_waits(true);
         let result = self.take_down();
-        if result.is_err() {
+        if result.is_err() && !self.umount_begun {
             self.set_unbounded_waits(false);
         }
         result
@@ -64,6 +64,34 @@ impl Mounted {
         self.fs_mounted = false;
         self.device = None;
         self.autoclear = false;
+        true
+    }
+
+    /// Whether a plain `umount` of the filesystem has begun: no mount of the
+    /// loop device is left in the mount table while the device is still attached.
+    /// The kernel takes a mount out of the table before the filesystem's last
+    /// sync, so this is seen while that sync still runs. Its writes and flushes
+    /// must then wait for the service without limit, as in `blobdrive unmount`:
+    /// a flush failed by the I/O timeout would make the filesystem abort its
+    /// journal and drop what it had not committed. (A lazy `umount -l` of a busy
+    /// filesystem is seen the same way: its last users' fsyncs then wait without
+    /// limit too.) Turns the unlimited waits on, once.
+    pub(super) fn noticed_umount_begun(&mut self) -> bool {
+        if !self.autoclear || !self.fs_mounted || self.umount_begun {
+            return false;
+        }
+        let Some(dev) = &self.device else {
+            return false;
+        };
+        if system::device_is_mounted(dev) != Some(false) {
+            return false;
+        }
+        info!(
+            "{} is being unmounted: its last writes wait for the storage service without limit",
+            self.req.mountpoint.display()
+        );
+        self.umount_begun = true;
+        self.set_unbounded_waits(true);
         true
     }
 
