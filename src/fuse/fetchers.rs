@@ -8,8 +8,11 @@
 //!
 //! The workers are plain threads because the cache's read path blocks (on its lock,
 //! on other fetches, on the backend's runtime); each job's buffer is allocated for
-//! it and freed with it, so idle workers hold no memory.
+//! it and freed with it, so idle workers hold no memory, and the bytes handed to
+//! them at once are capped ([`MAX_BYTES`]) so the daemon's fixed overhead stays
+//! bounded: past the cap a read is served on its FUSE thread, as before.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
@@ -24,6 +27,10 @@ use crate::device::Backend;
 /// as many background requests (`max_background`).
 pub const WORKERS: usize = 64;
 
+/// Bytes of reads handed to the workers at once (their buffers): 32 MiB, room for
+/// 32 reads of 1 MiB (the largest FUSE sends) or thousands of small ones.
+const MAX_BYTES: usize = 32 << 20;
+
 /// Stack of a worker: the read path needs little, and 64 default 8 MiB stacks
 /// would only inflate the address space.
 const STACK: usize = 256 * 1024;
@@ -37,6 +44,8 @@ struct Job {
 /// A pool of threads answering reads that miss the cache.
 pub struct Fetchers {
     jobs: SyncSender<Job>,
+    /// Bytes of the jobs queued or being served.
+    bytes: Arc<AtomicUsize>,
 }
 
 impl Fetchers {
@@ -45,26 +54,35 @@ impl Fetchers {
         // is busy and as many jobs again wait, so memory stays bounded too.
         let (jobs, rx) = sync_channel::<Job>(WORKERS);
         let rx = Arc::new(Mutex::new(rx));
+        let bytes = Arc::new(AtomicUsize::new(0));
         for i in 0..WORKERS {
-            let (cache, rx) = (cache.clone(), rx.clone());
+            let (cache, rx, bytes) = (cache.clone(), rx.clone(), bytes.clone());
             std::thread::Builder::new()
                 .name(format!("fetch-{i}"))
                 .stack_size(STACK)
-                .spawn(move || work(&cache, &rx))?;
+                .spawn(move || work(&cache, &rx, &bytes))?;
         }
-        Ok(Fetchers { jobs })
+        Ok(Fetchers { jobs, bytes })
     }
 
-    /// Queues a read; its reply is sent when the fetch is done.
-    pub fn read(&self, offset: u64, len: usize, reply: ReplyData) {
+    /// Queues a read, whose reply is sent when the fetch is done; or, when the
+    /// workers already hold [`MAX_BYTES`], gives it back to be served by the caller.
+    pub fn read(&self, offset: u64, len: usize, reply: ReplyData) -> Option<ReplyData> {
+        let before = self.bytes.fetch_add(len, Ordering::SeqCst);
+        if before > 0 && before + len > MAX_BYTES {
+            self.bytes.fetch_sub(len, Ordering::SeqCst);
+            return Some(reply);
+        }
         if let Err(e) = self.jobs.send(Job { offset, len, reply }) {
             // Only when every worker is gone (the daemon is ending).
+            self.bytes.fetch_sub(len, Ordering::SeqCst);
             e.0.reply.error(Errno::EIO);
         }
+        None
     }
 }
 
-fn work<B: Backend>(cache: &Cache<B>, rx: &Mutex<Receiver<Job>>) {
+fn work<B: Backend>(cache: &Cache<B>, rx: &Mutex<Receiver<Job>>, bytes: &AtomicUsize) {
     loop {
         // The lock is held only while waiting for a job, never while working.
         let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
@@ -79,5 +97,7 @@ fn work<B: Backend>(cache: &Cache<B>, rx: &Mutex<Receiver<Job>>) {
                 job.reply.error(Errno::from_i32(e.errno()));
             }
         }
+        drop(buf);
+        bytes.fetch_sub(job.len, Ordering::SeqCst);
     }
 }

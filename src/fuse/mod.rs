@@ -221,9 +221,13 @@ impl<B: Backend> Filesystem for DiskFs<B> {
                     return reply.data(&[]);
                 }
                 let len = (size as u64).min(disk - offset) as usize;
+                let mut reply = reply;
                 if let Some(fetchers) = &self.fetchers {
                     if !self.cache.is_cached(offset, len as u64) {
-                        return fetchers.read(offset, len, reply);
+                        match fetchers.read(offset, len, reply) {
+                            None => return,
+                            Some(back) => reply = back,
+                        }
                     }
                 }
                 READ_BUF.with_borrow_mut(|buf| {
