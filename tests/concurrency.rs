@@ -66,7 +66,7 @@ fn spawn_fio(target: &str) -> Child {
 /// that were waiting on the proxy at once before it let them go.
 fn most_in_flight(proxy: &Proxy, target: &str) -> u64 {
     proxy.paused.store(true, Relaxed);
-    let mut fio = spawn_fio(target);
+    let fio = spawn_fio(target);
     let start = Instant::now();
     let mut most = 0;
     // Until every read waits, or long enough that more will not come.

@@ -1,7 +1,7 @@
 //! Running the blobdrive binary against a connection string and mounting drives
 //! that are unmounted when the test ends, whatever happens.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use super::util::stdout_of_success;
@@ -24,7 +24,7 @@ pub fn run_dir(name: &str) -> PathBuf {
 }
 
 /// blobdrive with `args`, reaching the account through `cs`.
-pub fn bd(run: &PathBuf, cs: &str, args: &[&str]) -> Output {
+pub fn bd(run: &Path, cs: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_blobdrive"))
         .args(args)
         .env("AZURE_STORAGE_CONNECTION_STRING", cs)
@@ -34,7 +34,7 @@ pub fn bd(run: &PathBuf, cs: &str, args: &[&str]) -> Output {
 }
 
 /// blobdrive with `args`, which must succeed: its standard output.
-pub fn ok(run: &PathBuf, cs: &str, args: &[&str]) -> String {
+pub fn ok(run: &Path, cs: &str, args: &[&str]) -> String {
     stdout_of_success(&args, bd(run, cs, args))
 }
 
@@ -46,13 +46,13 @@ pub struct Mp {
 }
 
 impl Mp {
-    pub fn new(run: &PathBuf, cs: &str) -> Mp {
+    pub fn new(run: &Path, cs: &str) -> Mp {
         Mp {
             dir: tempfile::Builder::new()
                 .prefix("blobdrive-test-mnt.")
                 .tempdir()
                 .unwrap(),
-            run: run.clone(),
+            run: run.to_path_buf(),
             cs: cs.to_string(),
         }
     }
