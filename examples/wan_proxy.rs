@@ -8,8 +8,10 @@
 //! - **Per-blob caps** (`--blob-requests-s`, `--blob-mib-s`): on arrival at the
 //!   "server" end, each request to a blob takes from that blob's token buckets
 //!   (requests, and bytes sent by Put Page or asked for by a ranged Get). An empty
-//!   bucket gets `503 ServerBusy` with `Retry-After: 1`, as the service throttles;
-//!   the request is not forwarded. Requests to containers and the account are free.
+//!   bucket gets `503 ServerBusy`, as the service throttles, with `Retry-After`
+//!   only if `--retry-after SECONDS` is given (Azure's documentation promises none
+//!   for storage and asks clients for exponential backoff); the request is not
+//!   forwarded. Requests to containers and the account are free.
 //! - **Counters**: `--stats-file` is rewritten every 200 ms with JSON: requests
 //!   forwarded, requests refused with 503, and bytes each way.
 //!
@@ -18,7 +20,7 @@
 //! can be written back in place of an answer.
 //!
 //! usage: wan_proxy --upstream HOST:PORT [--delay-ms MS] [--blob-requests-s N]
-//!        [--blob-mib-s N] [--stats-file PATH]
+//!        [--blob-mib-s N] [--retry-after SECONDS] [--stats-file PATH]
 //! Prints the port it listens on (127.0.0.1) on its first line of stdout.
 
 use std::collections::HashMap;
@@ -63,6 +65,8 @@ struct Shared {
     upstream: String,
     delay: Duration,
     caps: Caps,
+    /// `Retry-After` sent with each 503, if any.
+    retry_after: Option<String>,
     blobs: Mutex<HashMap<String, Buckets>>,
     counters: Counters,
 }
@@ -121,7 +125,7 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(upstream) = arg(&args, "--upstream") else {
-        eprintln!("usage: wan_proxy --upstream HOST:PORT [--delay-ms MS] [--blob-requests-s N] [--blob-mib-s N] [--stats-file PATH]");
+        eprintln!("usage: wan_proxy --upstream HOST:PORT [--delay-ms MS] [--blob-requests-s N] [--blob-mib-s N] [--retry-after SECONDS] [--stats-file PATH]");
         std::process::exit(2);
     };
     let num = |name: &str| arg(&args, name).map(|v| v.parse::<f64>().expect(name));
@@ -132,6 +136,7 @@ async fn main() {
             requests_s: num("--blob-requests-s"),
             bytes_s: num("--blob-mib-s").map(|m| m * 1048576.0),
         },
+        retry_after: arg(&args, "--retry-after"),
         blobs: Mutex::new(HashMap::new()),
         counters: Counters::default(),
     });
@@ -236,8 +241,13 @@ async fn server_end(
             if !s.admit(blob, req.cost) {
                 s.counters.refused.fetch_add(1, Relaxed);
                 let body = "<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>ServerBusy</Code><Message>Operations per second is over the blob limit.</Message></Error>";
+                let hint = s
+                    .retry_after
+                    .as_ref()
+                    .map(|v| format!("Retry-After: {v}\r\n"))
+                    .unwrap_or_default();
                 let resp = format!(
-                    "HTTP/1.1 503 The server is busy.\r\nContent-Type: application/xml\r\nx-ms-error-code: ServerBusy\r\nRetry-After: 1\r\nContent-Length: {}\r\n\r\n{body}",
+                    "HTTP/1.1 503 The server is busy.\r\nContent-Type: application/xml\r\nx-ms-error-code: ServerBusy\r\n{hint}Content-Length: {}\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = down.send((Instant::now() + s.delay, resp.into_bytes()));

@@ -10,7 +10,8 @@
 #
 # Knobs (environment): BENCH_WAN_DELAY_MS (each way, default 5, so 10 ms round
 # trips), BENCH_WAN_CAP_MIB_S (default 60) and BENCH_WAN_CAP_REQUESTS_S (default
-# 500): a standard page blob's published targets.
+# 500): a standard page blob's published targets; BENCH_WAN_RETRY_AFTER_S makes the
+# throttling answers carry Retry-After (Azure documents none for storage).
 # Results: target/bench/results-wan-<time>.json and a summary with the targets.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -183,7 +184,10 @@ proxy_stop
 
 say "W4. under the per-blob caps (${CAP_MIB_S} MiB/s, ${CAP_REQ_S} requests/s)"
 fresh_azurite
-proxy_start --blob-mib-s "$CAP_MIB_S" --blob-requests-s "$CAP_REQ_S"
+retry_after=()
+[ -n "${BENCH_WAN_RETRY_AFTER_S:-}" ] && retry_after=(--retry-after "$BENCH_WAN_RETRY_AFTER_S")
+proxy_start --blob-mib-s "$CAP_MIB_S" --blob-requests-s "$CAP_REQ_S" "${retry_after[@]}"
+put wan_caps.retry_after_s "${BENCH_WAN_RETRY_AFTER_S:-0}"
 put wan_caps.cap_mib_s "$CAP_MIB_S"
 put wan_caps.cap_requests_s "$CAP_REQ_S"
 export AZURE_STORAGE_CONNECTION_STRING="$WAN_CS"
