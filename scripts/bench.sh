@@ -3,6 +3,8 @@
 #
 #   sudo scripts/bench.sh           # full run (1 GiB sequential, 30 s random jobs)
 #   sudo scripts/bench.sh --quick   # same pipeline, small sizes (CI keeps it working)
+#   sudo scripts/bench.sh --wan [--quick]   # WAN profile: 10 ms round trips, caps
+#                                           # (scripts/bench-wan.sh)
 #
 # Order: backend ceiling (blobdrive's client, no FUSE) -> local ceiling (ext4 on a
 # loop device over a plain file) -> blobdrive (ext4 via --mode fs, and --mode raw) ->
@@ -13,16 +15,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
-QUICK=0
-[ "${1:-}" = "--quick" ] && QUICK=1
+QUICK=0; WAN=0
+for arg in "$@"; do
+    case "$arg" in
+        --quick) QUICK=1 ;;
+        --wan) WAN=1 ;;
+        *) echo "usage: scripts/bench.sh [--quick] [--wan]" >&2; exit 2 ;;
+    esac
+done
+# The WAN profile: the same daemon behind a proxy that adds network latency.
+[ "$WAN" = 1 ] && exec "$ROOT/scripts/bench-wan.sh" "$@"
 if [ "$QUICK" = 1 ]; then
     SIZE=64M; SIZE_MIB=64; RSIZE=32M; RUNTIME=3; CEIL_MIB=64; SMALL_S=2; PROFILE=debug
 else
     SIZE=1G; SIZE_MIB=1024; RSIZE=256M; RUNTIME=30; CEIL_MIB=1024; SMALL_S=10; PROFILE=release
 fi
 [ "$(id -u)" = 0 ] || { echo "bench.sh needs root (FUSE, loop devices, mount)" >&2; exit 1; }
-
-say() { printf '\n== %s\n' "$*" >&2; }
+# shellcheck source=scripts/bench-lib.sh
+. "$ROOT/scripts/bench-lib.sh"
 
 say "dependencies"
 scripts/install-deps.sh --bench >&2
@@ -61,61 +71,7 @@ cleanup() {
     scripts/azurite.sh stop "$WORK/azurite" >/dev/null 2>&1
     rm -rf "$WORK"
 }
-wait_pid() {
-    for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
-    kill -KILL "$1" 2>/dev/null || true
-}
 trap cleanup EXIT
-
-# put KEY JSON-VALUE: records one figure.
-put() {
-    python3 - "$WORK/r.json" "$1" "$2" <<'PY'
-import json, sys
-path, key, value = sys.argv[1], sys.argv[2], sys.argv[3]
-r = json.load(open(path))
-node = r
-parts = key.split(".")
-for p in parts[:-1]:
-    node = node.setdefault(p, {})
-node[parts[-1]] = json.loads(value)
-json.dump(r, open(path, "w"), indent=2)
-PY
-}
-
-# fio_run JOB DIR -> prints "MiB/s IOPS" of the job.
-fio_run() {
-    BENCH_DIR="$2" BENCH_SIZE="$SIZE" BENCH_RSIZE="$RSIZE" BENCH_RUNTIME="$RUNTIME" \
-        fio --output-format=json "scripts/fio/$1.fio" >"$WORK/fio.json"
-    python3 - "$WORK/fio.json" <<'PY'
-import json, sys
-j = json.load(open(sys.argv[1]))["jobs"][0]
-side = j["write"] if j["write"]["io_bytes"] > 0 else j["read"]
-print(round(side["bw_bytes"] / 1048576, 2), round(side["iops"], 1))
-PY
-}
-
-drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
-
-hwm_mib() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
-
-stat_of() { "$BD" stats "$1" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['$2'])"; }
-
-daemon_pid() {
-    "$BD" list --json | python3 -c "import json,sys; print([m['pid'] for m in json.load(sys.stdin) if m['mountpoint']=='$1'][0])"
-}
-
-# Each group of jobs, and each ceiling, starts on a freshly started emulator. A
-# long-lived emulator carries what earlier jobs left (Azurite keeps deleted blobs'
-# memory until its garbage collector gets to it): measured on this 2-core machine,
-# a sequential write right after the 1 GiB ceiling ran 173-285 MiB/s, and 279-313
-# MiB/s on a fresh Azurite. Fresh starts keep every figure and its ceiling alike.
-AZURITE_UP=0
-fresh_azurite() {
-    [ "$AZURITE_UP" = 1 ] && scripts/azurite.sh stop "$WORK/azurite" >/dev/null
-    scripts/azurite.sh start "$WORK/azurite" >/dev/null
-    AZURITE_UP=1
-    export AZURE_STORAGE_CONNECTION_STRING="DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;BlobEndpoint=http://127.0.0.1:$(cat "$WORK/azurite/port")/devstoreaccount1;"
-}
 
 put machine "$(python3 -c "import json,os,platform; print(json.dumps({'cores': os.cpu_count(), 'kernel': platform.release(), 'memory_gib': round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30, 1), 'quick': $QUICK == 1, 'profile': '$PROFILE'}))")"
 

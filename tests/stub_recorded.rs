@@ -500,6 +500,35 @@ fn a_fenced_write_refused_for_its_number_learns_the_current_one_and_lands() {
 }
 
 #[test]
+fn a_throttled_fenced_write_is_sent_again_with_the_same_number() {
+    // 503 ServerBusy is a refusal before the request ran: raising the fence for it
+    // would cost one more request to a blob that is already over its target.
+    let stub = fenced_stub(5, |i| {
+        if i < 2 {
+            Reply::error(503, "ServerBusy", &fixture("error-503.xml"))
+        } else {
+            Reply::status(201)
+        }
+    });
+    let svc = service(&stub, fast_policy());
+    let blob = svc.blob("disks", "a.vhd");
+    let fence = blobdrive::azure::WriteFence::new(blob.clone(), None);
+    rt().block_on(blob.put_pages_fenced(0, Bytes::from(vec![2u8; 512]), None, &fence))
+        .unwrap();
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(
+        fence_trace(&stub),
+        vec![
+            ("properties".into(), None, s("increment")),
+            ("page".into(), s("5"), None),
+            ("page".into(), s("5"), None),
+            ("page".into(), s("5"), None),
+        ]
+    );
+    assert_eq!(fence.current(), Some(5));
+}
+
+#[test]
 fn retry_after_on_503_is_honoured() {
     let stub = Stub::start(|_, i| {
         if i == 0 {

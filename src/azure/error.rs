@@ -138,11 +138,28 @@ impl AzureError {
 
     /// True when the request may or may not have been carried out: no answer came
     /// (timeout, broken connection), or a server error that can follow the work.
+    ///
+    /// A 503 `ServerBusy` is the one retryable answer that says the request was
+    /// not carried out: the service throttles a request before it runs. Counting it
+    /// as unknown would make every throttled write raise the write fence (one more
+    /// request to the same blob) right when the blob is over its request target.
     pub fn outcome_unknown(&self) -> bool {
+        self.is_transient() && !self.is_throttled()
+    }
+
+    /// True when trying again later may succeed: no answer, a server error, or
+    /// throttling. An I/O waits through these as through an outage.
+    pub fn is_transient(&self) -> bool {
         matches!(self, AzureError::Unreachable { .. })
             || self
                 .status()
                 .is_some_and(crate::azure::retry::is_retryable_status)
+    }
+
+    /// True for 503 `ServerBusy`: the blob or account is over its scalability
+    /// target and the request was refused before it ran.
+    pub fn is_throttled(&self) -> bool {
+        self.status() == Some(503) && self.code() == Some("ServerBusy")
     }
 
     /// True for 404 of any kind.

@@ -251,13 +251,15 @@ impl BlobService {
                         debug!(op = %req.op, target = %req.target, status = resp.status, code = ?err.code(), "failed");
                         ClientStats::add(&self.inner.stats.failed_requests, 1);
                         return Err(err);
-                    } else {
+                    } else if err.outcome_unknown() {
                         // A server error may come after the work was done.
                         unknown = true;
                         if let (Some(f), Some(n)) = (&req.fence, carried) {
                             f.abandoned(n);
                         }
                     }
+                    // Otherwise throttled (503 ServerBusy): refused before it ran,
+                    // so it is sent again as it is, after the `Retry-After` pause.
                     hinted = retry_after(&resp);
                     err
                 }

@@ -100,6 +100,8 @@ pub struct Proxy {
     pub late: Arc<Mutex<Vec<LateCommit>>>,
     /// Requests being held right now (not yet forwarded).
     pub holding: Arc<AtomicU64>,
+    /// Requests waiting while `paused` is set: how many the client has in flight.
+    pub waiting: Arc<AtomicU64>,
     pub faults: Arc<Mutex<Vec<Fault>>>,
     pub requests: Arc<AtomicU64>,
 }
@@ -132,6 +134,7 @@ impl Proxy {
             requests: Arc::new(AtomicU64::new(0)),
             late: Arc::new(Mutex::new(Vec::new())),
             holding: Arc::new(AtomicU64::new(0)),
+            waiting: Arc::new(AtomicU64::new(0)),
             held: AtomicU64::new(0),
             rng: Mutex::new(Rng(cfg.seed)),
             cfg,
@@ -154,6 +157,7 @@ impl Proxy {
             paused: shared.paused.clone(),
             late: shared.late.clone(),
             holding: shared.holding.clone(),
+            waiting: shared.waiting.clone(),
             faults: shared.faults.clone(),
             requests: shared.requests.clone(),
         }
@@ -186,6 +190,7 @@ struct Shared {
     requests: Arc<AtomicU64>,
     late: Arc<Mutex<Vec<LateCommit>>>,
     holding: Arc<AtomicU64>,
+    waiting: Arc<AtomicU64>,
     /// Requests held so far (at most `hold.count`).
     held: AtomicU64,
     rng: Mutex<Rng>,
@@ -302,8 +307,12 @@ fn serve(conn: TcpStream, s: &Shared) {
             return;
         }
         s.requests.fetch_add(1, Relaxed);
-        while s.paused.load(Relaxed) {
-            std::thread::sleep(Duration::from_millis(20));
+        if s.paused.load(Relaxed) {
+            s.waiting.fetch_add(1, Relaxed);
+            while s.paused.load(Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            s.waiting.fetch_sub(1, Relaxed);
         }
         if let Some(delay) = s.take_hold(&head) {
             // The client gives up long before this; the request lands anyway.

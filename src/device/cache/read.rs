@@ -162,23 +162,7 @@ impl<B: Backend> Cache<B> {
         let mut mine: Vec<u64> = Vec::new();
         let mut b = offset / BLOCK;
         while b * BLOCK < end {
-            let bs = b * BLOCK;
-            let be = (bs + BLOCK).min(self.size);
-            // Sectors of the request in this block that hold data but are not valid.
-            let rs = offset.max(bs);
-            let re = end.min(be);
-            let want = mask((rs - bs) / SECTOR, (re - bs).div_ceil(SECTOR));
-            let valid = st.block(b).map_or(0, |blk| blk.valid);
-            let need = want & !valid != 0 && {
-                let data = st
-                    .sparse
-                    .data_in(rs / SECTOR * SECTOR, re.div_ceil(SECTOR) * SECTOR);
-                data.iter().any(|r| {
-                    let m = mask((r.start - bs) / SECTOR, (r.end - bs).div_ceil(SECTOR));
-                    m & want & !valid != 0
-                })
-            };
-            if need && !mine.contains(&b) {
+            if self.block_misses(st, b, offset, end) && !mine.contains(&b) {
                 if desperate {
                     mine.push(b);
                 } else if st.fetching.contains(&b) {
@@ -204,6 +188,43 @@ impl<B: Backend> Cache<B> {
             }
         }
         plan
+    }
+
+    /// True when a read of `[offset, offset+len)` would be answered from memory
+    /// alone (cached sectors and holes), with nothing to fetch or wait for. A hint
+    /// for the FUSE layer, which answers such reads on the spot and hands the others
+    /// to its fetch workers: by the time the read runs, eviction may have changed it.
+    pub fn is_cached(&self, offset: u64, len: u64) -> bool {
+        let end = offset.saturating_add(len).min(self.size);
+        let st = self.lock();
+        let mut b = offset / BLOCK;
+        while b * BLOCK < end {
+            if self.block_misses(&st, b, offset, end) {
+                return false;
+            }
+            b += 1;
+        }
+        true
+    }
+
+    /// True when block `b` lacks sectors of `[offset, end)` that hold data (holes
+    /// are never fetched: they read as zeros).
+    fn block_misses(&self, st: &State, b: u64, offset: u64, end: u64) -> bool {
+        let bs = b * BLOCK;
+        let be = (bs + BLOCK).min(self.size);
+        let rs = offset.max(bs);
+        let re = end.min(be);
+        let want = mask((rs - bs) / SECTOR, (re - bs).div_ceil(SECTOR));
+        let valid = st.block(b).map_or(0, |blk| blk.valid);
+        want & !valid != 0 && {
+            let data = st
+                .sparse
+                .data_in(rs / SECTOR * SECTOR, re.div_ceil(SECTOR) * SECTOR);
+            data.iter().any(|r| {
+                let m = mask((r.start - bs) / SECTOR, (r.end - bs).div_ceil(SECTOR));
+                m & want & !valid != 0
+            })
+        }
     }
 
     /// Copies `[offset, offset+len)` into `buf`. Valid cached sectors always win

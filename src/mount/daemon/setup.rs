@@ -196,6 +196,7 @@ pub(super) fn setup(
     if m.req.mode != Mode::Raw {
         let dev = system::loop_attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
         system::loop_readahead(&dev, 4096);
+        system::loop_direct_io(&dev);
         m.device = Some(dev.clone());
         m.loop_backing = system::loop_backing_file(&dev);
         rec.device = Some(dev.clone());

@@ -21,6 +21,9 @@ use tracing::{debug, warn};
 use crate::device::cache::Cache;
 use crate::device::{Backend, DeviceError};
 
+mod fetchers;
+use fetchers::Fetchers;
+
 thread_local! {
     /// Each FUSE thread's read buffer, reused: a fresh zeroed buffer per request
     /// cost a memset and new pages every time (`Cache::read` writes every byte).
@@ -41,6 +44,9 @@ pub type StatsFn = Arc<dyn Fn() -> String + Send + Sync>;
 
 pub struct DiskFs<B: Backend> {
     cache: Arc<Cache<B>>,
+    /// Where reads that miss the cache go; started by `init` (the FUSE session's
+    /// start), so a filesystem that is never mounted starts no threads.
+    fetchers: Option<Fetchers>,
     stats: StatsFn,
     /// Handles open on `disk` (a loop device over it holds one).
     open_disk: Arc<AtomicUsize>,
@@ -55,6 +61,7 @@ impl<B: Backend> DiskFs<B> {
     pub fn new(cache: Arc<Cache<B>>, stats: StatsFn, read_only: bool, uid: u32, gid: u32) -> Self {
         DiskFs {
             cache,
+            fetchers: None,
             stats,
             open_disk: Arc::new(AtomicUsize::new(0)),
             read_only,
@@ -118,6 +125,13 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         // written back through FUSE like any write, and msync/fsync flush them. An
         // older kernel refuses the flag and mmap stays ENODEV.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+        // Asynchronous direct I/O: the kernel sends queued direct reads and writes
+        // of one process together instead of one at a time, and lets this many be
+        // outstanding, so a queue depth above one reaches the storage service.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO);
+        let _ = config.set_max_background(fetchers::WORKERS as u16);
+        let _ = config.set_congestion_threshold(fetchers::WORKERS as u16 * 3 / 4);
+        self.fetchers = Some(Fetchers::start(self.cache.clone())?);
         Ok(())
     }
 
@@ -207,6 +221,15 @@ impl<B: Backend> Filesystem for DiskFs<B> {
                     return reply.data(&[]);
                 }
                 let len = (size as u64).min(disk - offset) as usize;
+                let mut reply = reply;
+                if let Some(fetchers) = &self.fetchers {
+                    if !self.cache.is_cached(offset, len as u64) {
+                        match fetchers.read(offset, len, reply) {
+                            None => return,
+                            Some(back) => reply = back,
+                        }
+                    }
+                }
                 READ_BUF.with_borrow_mut(|buf| {
                     if buf.len() < len {
                         buf.resize(len, 0);

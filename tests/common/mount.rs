@@ -1,0 +1,73 @@
+//! Running the blobdrive binary against a connection string and mounting drives
+//! that are unmounted when the test ends, whatever happens.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use super::util::stdout_of_success;
+
+/// Mount tests need root (FUSE, loop devices, mount).
+pub fn require_root() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "these tests must run as root"
+    );
+}
+
+/// A run directory of the test binary's own, so its mounts are its alone.
+pub fn run_dir(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// blobdrive with `args`, reaching the account through `cs`.
+pub fn bd(run: &Path, cs: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .args(args)
+        .env("AZURE_STORAGE_CONNECTION_STRING", cs)
+        .env("BLOBDRIVE_RUN_DIR", run)
+        .output()
+        .expect("run blobdrive")
+}
+
+/// blobdrive with `args`, which must succeed: its standard output.
+pub fn ok(run: &Path, cs: &str, args: &[&str]) -> String {
+    stdout_of_success(&args, bd(run, cs, args))
+}
+
+/// A mountpoint that is unmounted (through `cs`) when dropped.
+pub struct Mp {
+    pub dir: tempfile::TempDir,
+    pub run: PathBuf,
+    pub cs: String,
+}
+
+impl Mp {
+    pub fn new(run: &Path, cs: &str) -> Mp {
+        Mp {
+            dir: tempfile::Builder::new()
+                .prefix("blobdrive-test-mnt.")
+                .tempdir()
+                .unwrap(),
+            run: run.to_path_buf(),
+            cs: cs.to_string(),
+        }
+    }
+
+    pub fn s(&self) -> &str {
+        self.dir.path().to_str().unwrap()
+    }
+
+    pub fn disk(&self) -> String {
+        format!("{}/disk", self.s())
+    }
+}
+
+impl Drop for Mp {
+    fn drop(&mut self) {
+        let _ = bd(&self.run, &self.cs, &["unmount", self.s()]);
+    }
+}
