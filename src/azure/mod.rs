@@ -8,6 +8,7 @@
 pub mod account;
 pub mod auth;
 pub mod error;
+pub mod http;
 pub mod ops;
 pub mod pipeline;
 pub mod ranges;

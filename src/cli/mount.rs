@@ -14,6 +14,7 @@ use blobdrive::blobref::BlobRef;
 use blobdrive::mount::{daemon, record, system, Mode, MountRequest, Ready};
 use blobdrive::size::{human, parse_size};
 
+use super::auth::{AuthChoice, AUTH_ENV};
 use super::Context;
 
 /// Env var carrying the daemon's request.
@@ -127,7 +128,7 @@ pub fn run(ctx: &Context, args: Args, connection_string: Option<&str>) -> Result
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.
         let blob = r.to_string();
-        daemon::run(req, ctx.account.clone(), &mut |outcome| {
+        daemon::run(req, ctx.account_for(&r)?, &mut |outcome| {
             if let Ok(ready) = outcome {
                 // The daemon's own log (stderr here) already said the warnings.
                 let quiet = Ready {
@@ -139,7 +140,7 @@ pub fn run(ctx: &Context, args: Args, connection_string: Option<&str>) -> Result
         })?;
         return Ok(());
     }
-    spawn_daemon(&req, connection_string, &r.to_string())
+    spawn_daemon(&req, connection_string, ctx.auth, &r.to_string())
 }
 
 /// Refusals that need no network: root, /dev/fuse, an empty directory that is not
@@ -170,7 +171,12 @@ fn preflight(mountpoint: &Path) -> Result<()> {
     Ok(())
 }
 
-fn spawn_daemon(req: &MountRequest, connection_string: Option<&str>, blob: &str) -> Result<()> {
+fn spawn_daemon(
+    req: &MountRequest,
+    connection_string: Option<&str>,
+    auth: AuthChoice,
+    blob: &str,
+) -> Result<()> {
     record::ensure_dir().context("cannot create the run directory")?;
     let id = record::id_for(&req.mountpoint);
     let (_, _, log_path, _) = record::paths(&id);
@@ -185,7 +191,10 @@ fn spawn_daemon(req: &MountRequest, connection_string: Option<&str>, blob: &str)
         .env(REQUEST_ENV, serde_json::to_string(req)?)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::from(log));
+        .stderr(Stdio::from(log))
+        // The daemon signs in itself (and renews for as long as it runs), from
+        // the same environment; `--auth` reaches it here, never in its argv.
+        .env(AUTH_ENV, auth.name());
     match connection_string {
         Some(cs) => cmd.env("AZURE_STORAGE_CONNECTION_STRING", cs),
         None => cmd.env_remove("AZURE_STORAGE_CONNECTION_STRING"),
@@ -252,7 +261,7 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
     )?;
     // SAFETY: setsid has no memory-safety preconditions.
     unsafe { libc::setsid() };
-    let result = daemon::run(req, ctx.account.clone(), &mut |r| {
+    let mut report = |r: Result<&Ready, String>| {
         use std::io::Write;
         let line = match r {
             Ok(ready) => format!("READY {}", serde_json::to_string(ready).unwrap_or_default()),
@@ -263,8 +272,20 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
         let _ = out.flush();
         drop(out);
         detach_stdout();
-    });
-    result.map_err(Into::into)
+    };
+    // Signing in is the daemon's first step: its failure is reported like any
+    // other failed mount.
+    let account = match BlobRef::parse(&req.blob)
+        .map_err(anyhow::Error::from)
+        .and_then(|r| ctx.account_for(&r))
+    {
+        Ok(a) => a,
+        Err(e) => {
+            report(Err(format!("{e:#}")));
+            return Err(e);
+        }
+    };
+    daemon::run(req, account, &mut report).map_err(Into::into)
 }
 
 fn detach_stdout() {

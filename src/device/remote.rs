@@ -190,7 +190,7 @@ impl Patience {
         self.health.failed(a.started, &e.to_string());
         let within = !self.give_up.load(Ordering::SeqCst)
             && (self.unbounded.load(Ordering::SeqCst) || a.started.elapsed() < self.io_timeout);
-        if !e.outcome_unknown() || fenced.load(Ordering::SeqCst) || !within {
+        if !e.is_outage() || fenced.load(Ordering::SeqCst) || !within {
             return Err(map_error(fenced, e));
         }
         if !a.warned {
