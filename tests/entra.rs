@@ -237,19 +237,23 @@ fn auth_forces_a_source_or_a_credential_kind() {
 fn no_credential_anywhere_says_what_was_tried_within_30s() {
     let az = TlsAzurite::shared();
     let url = format!("{}/disks/a.vhd", az.endpoint());
-    for (imds, label) in [
-        (
-            Some(format!("http://127.0.0.1:{}", closed_port())),
-            "closed local IMDS",
-        ),
+    let closed = format!("http://127.0.0.1:{}", closed_port());
+    for (imds, label, blob) in [
+        (Some(closed.clone()), "closed local IMDS", url.as_str()),
         // The real IMDS address: outside Azure nothing answers there.
-        (None, "169.254.169.254"),
+        (None, "169.254.169.254", url.as_str()),
+        // An account named by AZURE_STORAGE_ACCOUNT, no key: Entra ID, not the
+        // emulator (its endpoint is public Azure's; nothing is sent there).
+        (Some(closed.clone()), "AZURE_STORAGE_ACCOUNT", "disks/a.vhd"),
     ] {
         let mut env = trusting(vec![]);
         if let Some(h) = &imds {
             env.push(("AZURE_POD_IDENTITY_AUTHORITY_HOST".into(), h.clone()));
         }
-        let args = ["info", &url];
+        if label == "AZURE_STORAGE_ACCOUNT" {
+            env.push(("AZURE_STORAGE_ACCOUNT".into(), "acct".into()));
+        }
+        let args = ["info", blob];
         let (out, took) = blobdrive_timed(&env, &args);
         let m = error_line(&args, out);
         assert!(took < Duration::from_secs(30), "{label}: took {took:?}");

@@ -241,7 +241,7 @@ impl BlobService {
                     debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
                     return Ok(resp);
                 }
-                Ok(resp) if resp.status == 401 && !renewed => {
+                Ok(resp) if !renewed && token_refused(&resp) => {
                     // A token that expired or was revoked early: renew it once and
                     // try again, outside the attempt count (the request was
                     // refused, so it surely did nothing).
@@ -450,6 +450,16 @@ impl BlobService {
 fn retry_after(resp: &Response) -> Option<Duration> {
     let secs: u64 = resp.header("retry-after")?.trim().parse().ok()?;
     Some(Duration::from_secs(secs.min(60)))
+}
+
+/// Whether the service refused the request's credential itself, so a renewed
+/// token may be accepted: any 401 (Azure's answer to an expired or revoked
+/// token), or Azurite's 403 for an expired one.
+fn token_refused(resp: &Response) -> bool {
+    resp.status == 401
+        || (resp.status == 403
+            && resp.header("x-ms-error-code").as_deref() == Some("AuthenticationFailed")
+            && String::from_utf8_lossy(&resp.body).contains("Lifetime validation failed"))
 }
 
 /// Why an attempt got no answer.

@@ -15,7 +15,8 @@ fn tool_command(name: &str) -> Command {
     let mut c = Command::new(name);
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy();
-        if k.starts_with("AZURE_") || k.starts_with("BLOBDRIVE_") {
+        // IDENTITY_HEADER is App Service's managed identity secret.
+        if k.starts_with("AZURE_") || k.starts_with("BLOBDRIVE_") || k.starts_with("IDENTITY_") {
             c.env_remove(&*k);
         }
     }

@@ -108,5 +108,16 @@ mod tests {
         assert!(d.contains("redacted"), "{d}");
         account.credential = Credential::Anonymous;
         assert_eq!(format!("{:?}", for_account(&account)), "Anonymous");
+        let token = entra::AccessToken::new(
+            "eyJTOPSECRET".into(),
+            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        );
+        assert!(!format!("{token:?}").contains("TOPSECRET"));
+        let source: Arc<dyn entra::TokenSource> =
+            Arc::new(entra::azure_cli::AzureCli::new("/nonexistent/az"));
+        account.credential = Credential::Entra(entra::keeper::TokenKeeper::start(source, token));
+        let d = format!("{:?} {:?}", for_account(&account), account.credential);
+        assert!(!d.contains("TOPSECRET") && d.contains("azure-cli"), "{d}");
+        assert_eq!(account.credential.describe(), "Entra ID (azure-cli)");
     }
 }

@@ -74,15 +74,22 @@ fn pem_blocks(text: &str) -> Vec<(String, Vec<u8>)> {
 impl CertificateKey {
     /// Reads a PEM file with a certificate and its private key. Errors are one line
     /// naming the file and what to do.
-    pub fn load(path: &Path) -> Result<CertificateKey, String> {
+    /// `password_given`: `AZURE_CLIENT_CERTIFICATE_PASSWORD` is set, which only a
+    /// PKCS#12 file or an encrypted key would use; the refusals then say so.
+    pub fn load(path: &Path, password_given: bool) -> Result<CertificateKey, String> {
         let shown = path.display();
+        let password_note = if password_given {
+            " (AZURE_CLIENT_CERTIFICATE_PASSWORD is not used: decrypt once with that command)"
+        } else {
+            ""
+        };
         let bytes = std::fs::read(path).map_err(|e| {
             format!("cannot read the client certificate AZURE_CLIENT_CERTIFICATE_PATH={shown}: {e}")
         })?;
         let text = String::from_utf8_lossy(&bytes);
         if !text.contains("-----BEGIN ") {
             return Err(format!(
-                "the client certificate {shown} is not PEM (a PKCS#12/.pfx file?): blobdrive reads PEM holding the certificate and its unencrypted private key; convert it with `openssl pkcs12 -in {shown} -nodes -out cert.pem`"
+                "the client certificate {shown} is not PEM (a PKCS#12/.pfx file?): blobdrive reads PEM holding the certificate and its unencrypted private key; convert it with `openssl pkcs12 -in {shown} -nodes -out cert.pem`{password_note}"
             ));
         }
         let blocks = pem_blocks(&text);
@@ -95,7 +102,7 @@ impl CertificateKey {
             })?;
         if blocks.iter().any(|(l, _)| l == "ENCRYPTED PRIVATE KEY") {
             return Err(format!(
-                "the private key in {shown} is encrypted; blobdrive needs it unencrypted (file mode 0600): `openssl pkey -in {shown} -out key.pem`, then put it beside the certificate"
+                "the private key in {shown} is encrypted; blobdrive needs it unencrypted (file mode 0600): `openssl pkey -in {shown} -out key.pem`, then put it beside the certificate{password_note}"
             ));
         }
         let key = blocks
@@ -167,9 +174,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pfx = dir.path().join("c.pfx");
         std::fs::write(&pfx, [0x30, 0x82, 0x01, 0x00, 0xff]).unwrap();
-        let m = CertificateKey::load(&pfx).unwrap_err();
+        let m = CertificateKey::load(&pfx, false).unwrap_err();
         assert!(m.contains("not PEM") && m.contains("openssl pkcs12"), "{m}");
-        let m = CertificateKey::load(&dir.path().join("nope.pem")).unwrap_err();
+        let m = CertificateKey::load(&pfx, true).unwrap_err();
+        assert!(
+            m.contains("AZURE_CLIENT_CERTIFICATE_PASSWORD is not used"),
+            "{m}"
+        );
+        let m = CertificateKey::load(&dir.path().join("nope.pem"), false).unwrap_err();
         assert!(m.contains("cannot read the client certificate"), "{m}");
         let only_cert = dir.path().join("c.pem");
         std::fs::write(
@@ -177,7 +189,7 @@ mod tests {
             "-----BEGIN CERTIFICATE-----\nAAEC\n-----END CERTIFICATE-----\n",
         )
         .unwrap();
-        let m = CertificateKey::load(&only_cert).unwrap_err();
+        let m = CertificateKey::load(&only_cert, false).unwrap_err();
         assert!(m.contains("holds no private key"), "{m}");
         assert!(!m.contains('\n'));
     }

@@ -137,7 +137,8 @@ impl EntraEnv {
         let proof = match (&self.client_secret, &self.certificate_path) {
             (Some(s), _) => ClientProof::Secret(s.clone()),
             (None, Some(p)) => ClientProof::Certificate(Box::new(
-                CertificateKey::load(&PathBuf::from(p)).map_err(TokenError::Failed)?,
+                CertificateKey::load(&PathBuf::from(p), self.certificate_password.is_some())
+                    .map_err(TokenError::Failed)?,
             )),
             (None, None) => unreachable!("checked above"),
         };
