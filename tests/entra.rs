@@ -9,8 +9,6 @@ mod common;
 #[allow(dead_code)]
 mod stub;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blobdrive::azure::auth::entra::chain::EntraEnv;
@@ -477,54 +475,76 @@ fn workload_identity_renewals_read_the_rotated_file() {
     );
 }
 
-/// A 401 (a token revoked or expired early) makes the credential renew once and
-/// the request go again with the new token.
+/// A 401 (a token revoked or expired early), or Azurite's 403 for an expired
+/// token, makes the credential renew once and the request go again with the new
+/// token; a 403 for another reason does not.
 #[test]
-fn a_401_renews_the_token_once_and_retries() {
+fn a_refused_token_is_renewed_once_and_the_request_retried() {
     let tokens = TokenServer::start();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
-    let stub = Stub::start(move |_, i| {
-        c.fetch_add(1, Ordering::SeqCst);
-        if i == 0 {
-            Reply::error(
-                401,
-                "InvalidAuthenticationInfo",
-                "<Error><Code>InvalidAuthenticationInfo</Code><Message>Server failed to authenticate the request.\nLifetime validation failed. The token is expired.</Message></Error>",
-            )
-        } else {
-            Reply::status(201)
-                .with("x-ms-request-id", "1")
-                .with("ETag", "\"0x1\"")
-        }
-    });
     let env = EntraEnv {
         imds_host: Some(tokens.imds()),
         ..EntraEnv::default()
     };
     let rt = common::util::rt();
-    let keeper = TokenKeeper::sign_in(env.clone(), None).unwrap();
-    let account = Account {
-        name: "devstoreaccount1".into(),
-        blob_endpoint: url::Url::parse(&stub.endpoint()).unwrap(),
-        credential: Credential::Entra(keeper),
+    let service = |stub: &Stub| {
+        BlobService::new(Account {
+            name: "devstoreaccount1".into(),
+            blob_endpoint: url::Url::parse(&stub.endpoint()).unwrap(),
+            credential: Credential::Entra(TokenKeeper::sign_in(env.clone(), None).unwrap()),
+        })
     };
-    let svc = BlobService::new(account);
-    rt.block_on(svc.container("disks").create()).unwrap();
-    let reqs = stub.requests();
-    assert_eq!(reqs.len(), 2, "one refused, one retried");
-    let a0 = reqs[0].header("authorization").unwrap().to_string();
-    let a1 = reqs[1].header("authorization").unwrap().to_string();
-    assert_ne!(a0, a1, "the retry carries the renewed token");
-    assert_eq!(tokens.issued("imds"), 2);
+    for (status, code, message, renews) in [
+        (
+            401,
+            "InvalidAuthenticationInfo",
+            "Server failed to authenticate the request.",
+            true,
+        ),
+        (
+            403,
+            "AuthenticationFailed",
+            "Lifetime validation failed. The token is expired.",
+            true,
+        ),
+        (
+            403,
+            "AuthenticationFailed",
+            "Signature did not match.",
+            false,
+        ),
+    ] {
+        let body =
+            format!("<Error><Code>{code}</Code><Message>{message}\nRequestId:1</Message></Error>");
+        let stub = Stub::start(move |_, i| {
+            if i == 0 {
+                Reply::error(status, code, &body)
+            } else {
+                Reply::status(201).with("ETag", "\"0x1\"")
+            }
+        });
+        let issued = tokens.issued("imds");
+        let outcome = rt.block_on(service(&stub).container("disks").create());
+        let reqs = stub.requests();
+        if renews {
+            outcome.unwrap();
+            assert_eq!(
+                reqs.len(),
+                2,
+                "{status} {message}: one refused, one retried"
+            );
+            let a0 = reqs[0].header("authorization").unwrap();
+            let a1 = reqs[1].header("authorization").unwrap();
+            assert_ne!(a0, a1, "the retry carries the renewed token");
+            assert_eq!(tokens.issued("imds"), issued + 2, "sign-in and one renewal");
+        } else {
+            assert_eq!(outcome.unwrap_err().status(), Some(403));
+            assert_eq!(reqs.len(), 1, "{message}: not retried");
+        }
+    }
 
     // A second 401 in a row is the answer: one renewal per request.
     let stub = Stub::start(|_, _| Reply::error(401, "InvalidAuthenticationInfo", ""));
-    let svc = BlobService::new(Account {
-        name: "devstoreaccount1".into(),
-        blob_endpoint: url::Url::parse(&stub.endpoint()).unwrap(),
-        credential: Credential::Entra(TokenKeeper::sign_in(env, None).unwrap()),
-    });
+    let svc = service(&stub);
     let started = Instant::now();
     let e = rt.block_on(svc.container("disks").create()).unwrap_err();
     assert_eq!(e.status(), Some(401), "{e}");

@@ -206,13 +206,12 @@ impl BlobService {
         mut sink: Option<&mut [u8]>,
     ) -> Result<Response, AzureError> {
         let policy = &self.inner.policy;
-        let max_attempts = req.max_attempts.unwrap_or(policy.max_attempts).max(1);
+        let mut max_attempts = req.max_attempts.unwrap_or(policy.max_attempts).max(1);
         let started = Instant::now();
-        let mut max_attempts = max_attempts;
         let mut attempt = 0u32;
         // Whether an attempt went unanswered (it may have been carried out).
         let mut unknown = false;
-        // Whether a 401 already made the credential renew its token.
+        // Whether a refused token already made the credential renew it.
         let mut renewed = false;
         loop {
             attempt += 1;
@@ -251,7 +250,7 @@ impl BlobService {
                         return Err(err);
                     };
                     renewed = true;
-                    debug!(op = %req.op, target = %req.target, "401: renewing the token and trying again");
+                    debug!(op = %req.op, target = %req.target, status = resp.status, "token refused: renewing it and trying again");
                     if let Err(e) = renewal.await {
                         debug!("renewal after 401 failed: {e}");
                     }
@@ -285,11 +284,9 @@ impl BlobService {
                     target: req.target.clone(),
                     detail: e.0,
                 },
-                // Final: no retry makes a certificate trusted.
+                // Final: no retry makes a certificate trusted. Refused in the
+                // handshake, before any of the request was sent.
                 Err(Failure::Certificate(reason)) => {
-                    if let (Some(f), Some(n)) = (&req.fence, carried) {
-                        f.abandoned(n);
-                    }
                     let err = AzureError::Certificate {
                         op: req.op,
                         target: req.target.clone(),
@@ -298,6 +295,14 @@ impl BlobService {
                     self.inner.stats.attempt_ended(Some(err.to_string()));
                     ClientStats::add(&self.inner.stats.failed_requests, 1);
                     return Err(err);
+                }
+                Err(Failure::Unsendable(reason)) => {
+                    ClientStats::add(&self.inner.stats.failed_requests, 1);
+                    return Err(AzureError::Invalid {
+                        op: req.op,
+                        target: req.target.clone(),
+                        reason,
+                    });
                 }
                 Err(Failure::Transport(detail)) => {
                     unknown = true;
@@ -379,7 +384,7 @@ impl BlobService {
         let mut map = HeaderMap::with_capacity(headers.len());
         for (k, v) in &headers {
             // Never the value in the message: it may be a token.
-            let bad = || Failure::Unsent(AuthError(format!("header {k} cannot be sent")));
+            let bad = || Failure::Unsendable(format!("header {k} cannot be sent"));
             let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| bad())?;
             let value = HeaderValue::from_str(v).map_err(|_| bad())?;
             map.append(name, value);
@@ -466,6 +471,8 @@ fn token_refused(resp: &Response) -> bool {
 enum Failure {
     /// It could not be authorised, so it was not sent.
     Unsent(AuthError),
+    /// A header is not valid HTTP (nothing was sent; retrying cannot help).
+    Unsendable(String),
     /// The server's certificate is not trusted (rustls's reason).
     Certificate(String),
     /// No answer: refused, reset, timed out.
