@@ -224,6 +224,23 @@ fn auth_forces_a_source_or_a_credential_kind() {
     let args = ["--auth", "sas", "info", &drive];
     let m = error_line(&args, blobdrive(&env, &args));
     assert!(m.contains("--auth sas needs a SAS"), "{m}");
+    // A token never travels in the clear: plain http is refused before signing in.
+    let mut plain = env.clone();
+    plain.push((
+        "AZURE_STORAGE_CONNECTION_STRING".into(),
+        "BlobEndpoint=http://acct.blob.core.windows.net".into(),
+    ));
+    let before = tokens.log().len();
+    let args = ["info", "disks/a.vhd"];
+    let (out, took) = blobdrive_timed(&plain, &args);
+    let m = error_line(&args, out);
+    assert!(
+        m.contains("sent only over https")
+            && m.contains("http://acct.blob.core.windows.net is plain http"),
+        "{m}"
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_eq!(tokens.log().len(), before);
     // Anonymous on a private container: Azurite refuses, nothing signed in.
     let before = tokens.log().len();
     let args = ["--auth", "anonymous", "info", &drive];

@@ -12,6 +12,7 @@
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Result};
+use blobdrive::azure::auth::bearer::may_carry_token;
 use blobdrive::azure::auth::entra::chain::EntraEnv;
 use blobdrive::azure::auth::entra::keeper::TokenKeeper;
 use blobdrive::azure::auth::entra::SourceKind;
@@ -85,6 +86,21 @@ impl EntraSession {
 /// `account` with the credential `choice` asks for.
 pub fn apply(choice: AuthChoice, mut account: Account, session: &EntraSession) -> Result<Account> {
     let given = account.credential.clone();
+    let entra = !matches!(
+        (choice, &given),
+        (AuthChoice::Key | AuthChoice::Sas | AuthChoice::Anonymous, _)
+            | (
+                AuthChoice::Auto,
+                Credential::SharedKey { .. } | Credential::Sas(_)
+            )
+    );
+    if entra && !may_carry_token(&account.blob_endpoint) {
+        // Refused before signing in: a token would travel in the clear.
+        bail!(
+            "an Entra ID token is sent only over https, and the blob endpoint {} is plain http: use https (or give a key or SAS)",
+            account.endpoint_for_messages()
+        );
+    }
     account.credential = match (choice, given) {
         (AuthChoice::Auto, c @ (Credential::SharedKey { .. } | Credential::Sas(_))) => c,
         (AuthChoice::Auto, Credential::Entra(k)) => Credential::Entra(k),

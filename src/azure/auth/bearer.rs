@@ -31,6 +31,11 @@ impl fmt::Debug for Bearer {
     }
 }
 
+/// Whether a token may be sent to `url`: https, or plain http to this machine.
+pub fn may_carry_token(url: &Url) -> bool {
+    url.scheme() == "https" || is_loopback(url)
+}
+
 fn is_loopback(url: &Url) -> bool {
     match url.host() {
         Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
@@ -47,7 +52,7 @@ impl Authorizer for Bearer {
         url: &mut Url,
         headers: &mut Vec<(String, String)>,
     ) -> Result<(), AuthError> {
-        if url.scheme() != "https" && !is_loopback(url) {
+        if !may_carry_token(url) {
             return Err(AuthError(format!(
                 "an Entra ID token is sent only over https, and the blob endpoint {} is plain http",
                 url.origin().ascii_serialization()
