@@ -52,12 +52,13 @@ impl Pki {
         PKI.get_or_init(Pki::make)
     }
 
+    /// Made afresh in the target's temp directory, one per test binary (so the
+    /// binaries that run at once never share one, and runs leave no litter in /tmp).
     fn make() -> Pki {
-        let dir = tempfile::Builder::new()
-            .prefix("blobdrive-pki.")
-            .tempdir()
-            .unwrap()
-            .keep();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("pki-{}", env!("CARGO_CRATE_NAME")));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
         let p = |n: &str| dir.join(n);
         let openssl = |args: &[&str]| {
             run_ok(Command::new("openssl").args(args).current_dir(&dir));
