@@ -33,6 +33,10 @@ case "$mode" in
         pkg_of[qemu-img]=qemu-utils
         pkg_of[mkfs.xfs]=xfsprogs
         pkg_of[fio]=fio
+        # tests/entra*.rs: a CA made at test time, and the token server's check of
+        # certificate assertions (tests/fixtures/entra/token_server.py).
+        pkg_of[openssl]=openssl
+        pkg_of[py:cryptography]=python3-cryptography
         ;;
     bench)
         # The benchmark pipeline only: fio jobs, the s3backer peer, moto in a venv.

@@ -129,8 +129,10 @@ impl BlobRef {
                 let name = account_from_endpoint(endpoint).unwrap_or_default();
                 let credential = match sas {
                     Some(s) => Credential::Sas(s.clone()),
+                    // The same service (scheme, host and port: emulators on one
+                    // host differ by port) and account: its credential.
                     None if name == default.name
-                        && endpoint.host_str() == default.blob_endpoint.host_str() =>
+                        && endpoint.origin() == default.blob_endpoint.origin() =>
                     {
                         default.credential.clone()
                     }

@@ -36,8 +36,15 @@ fn benchmark_only_packages_are_installed_by_the_benchmark_only() {
         assert!(!tests.contains(&only_bench.to_string()), "{tests:?}");
         assert!(!demo.contains(&only_bench.to_string()), "{demo:?}");
     }
-    // The tests need qemu-img, xfs and fio; the demo none of them.
-    for p in ["qemu-utils", "xfsprogs", "fio"] {
+    // The tests need qemu-img, xfs, fio, openssl and Python's cryptography; the
+    // demo none of them.
+    for p in [
+        "qemu-utils",
+        "xfsprogs",
+        "fio",
+        "openssl",
+        "python3-cryptography",
+    ] {
         assert!(tests.contains(&p.to_string()), "{tests:?}");
         assert!(!demo.contains(&p.to_string()), "{demo:?}");
     }

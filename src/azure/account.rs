@@ -94,8 +94,25 @@ pub enum Credential {
     SharedKey { key: Vec<u8> },
     /// A SAS token (the query string, without `?`), appended to every URL.
     Sas(String),
-    /// No authorisation (public containers only).
+    /// No key or SAS was given. As parsed, this means "not said": the command line
+    /// turns it into Entra ID when a token source is found (see `--auth`), and keeps
+    /// it, unsigned requests for public containers, only when asked to.
     Anonymous,
+    /// Entra ID: bearer tokens from one source, renewed in the background.
+    Entra(std::sync::Arc<super::auth::entra::keeper::TokenKeeper>),
+}
+
+impl Credential {
+    /// What `info` and `list` show: the kind of credential and, for Entra ID, its
+    /// source; never a secret.
+    pub fn describe(&self) -> String {
+        match self {
+            Credential::SharedKey { .. } => "account key".to_string(),
+            Credential::Sas(_) => "SAS".to_string(),
+            Credential::Anonymous => "anonymous".to_string(),
+            Credential::Entra(k) => format!("Entra ID ({})", k.kind()),
+        }
+    }
 }
 
 impl fmt::Debug for Credential {
@@ -104,6 +121,7 @@ impl fmt::Debug for Credential {
             Credential::SharedKey { .. } => f.write_str("SharedKey(<redacted>)"),
             Credential::Sas(_) => f.write_str("Sas(<redacted>)"),
             Credential::Anonymous => f.write_str("Anonymous"),
+            Credential::Entra(k) => write!(f, "Entra({})", k.kind()),
         }
     }
 }

@@ -33,6 +33,20 @@ pub enum Op {
     ContainerProperties,
 }
 
+impl Op {
+    /// Whether the operation only reads (a read-only role suffices for it).
+    pub fn is_read(self) -> bool {
+        matches!(
+            self,
+            Op::GetProperties
+                | Op::Read
+                | Op::GetPageRanges
+                | Op::ListBlobs
+                | Op::ContainerProperties
+        )
+    }
+}
+
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = match self {
@@ -64,13 +78,17 @@ impl fmt::Display for Op {
 #[derive(Debug, Error)]
 pub enum AzureError {
     /// The service answered with an error status.
-    #[error("{}", service_message(*op, target, *status, code.as_deref(), message.as_deref()))]
+    #[error("{}", service_message(*op, target, *status, code.as_deref(), message.as_deref(), denied.as_deref()))]
     Service {
         op: Op,
         target: String,
         status: u16,
         code: Option<String>,
         message: Option<String>,
+        /// What a 403 means for this credential, when the credential knows better
+        /// than the generic "key or SAS" advice (an Entra ID identity lacking a
+        /// role, say).
+        denied: Option<String>,
     },
     /// No answer within the retry budget (connection refused, reset, timed out).
     /// `endpoint` is the blob service URL tried, without query or credentials.
@@ -82,6 +100,23 @@ pub enum AzureError {
         detail: String,
         attempts: u32,
         elapsed: Duration,
+    },
+    /// The server's TLS certificate is not trusted: final, nothing was sent.
+    /// `detail` names the host, the reason and how to trust a CA.
+    #[error("cannot {op} {target}: {detail}")]
+    Certificate {
+        op: Op,
+        target: String,
+        detail: String,
+    },
+    /// The request could not be authorised, so it was not sent: the credential
+    /// has no valid token (an Entra ID token that expired while its renewal keeps
+    /// failing). An outage of the identity service, waited out like one.
+    #[error("cannot {op} {target}: {detail}")]
+    NotAuthorized {
+        op: Op,
+        target: String,
+        detail: String,
     },
     /// The request was refused by the client itself; nothing was sent.
     #[error("cannot {op} {target}: {reason}")]
@@ -162,6 +197,13 @@ impl AzureError {
         self.status() == Some(503) && self.code() == Some("ServerBusy")
     }
 
+    /// True when waiting may help: the service did not answer, failed
+    /// internally or throttled, or no token could be had yet (its renewal keeps
+    /// failing). Mounts wait through these up to their I/O timeout.
+    pub fn is_outage(&self) -> bool {
+        self.is_transient() || matches!(self, AzureError::NotAuthorized { .. })
+    }
+
     /// True for 404 of any kind.
     pub fn is_not_found(&self) -> bool {
         self.status() == Some(404)
@@ -174,9 +216,11 @@ fn service_message(
     status: u16,
     code: Option<&str>,
     message: Option<&str>,
+    denied: Option<&str>,
 ) -> String {
     let code_s = code.unwrap_or("");
     let hint = match (status, code_s) {
+        (403, _) if denied.is_some() => denied.map(str::to_string),
         (403, _) => Some(
             "access denied: the account key or SAS is wrong, expired or lacks permission, or this machine's clock is off"
                 .to_string(),
@@ -249,6 +293,7 @@ mod tests {
             status,
             code: code.map(str::to_string),
             message: Some("Some text.\nRequestId:1\nTime:2".into()),
+            denied: None,
         }
     }
 

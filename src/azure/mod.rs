@@ -1,13 +1,15 @@
 //! The Azure Blob Storage REST client for page blobs.
 //!
 //! No FUSE, no disks: accounts ([`account`]), how requests are authorised ([`auth`]:
-//! Shared Key, SAS), the request pipeline with its retries ([`pipeline`], [`retry`]),
+//! Shared Key, SAS, Entra ID tokens), the HTTP client and its TLS trust ([`http`]),
+//! the request pipeline with its retries ([`pipeline`], [`retry`]),
 //! one async function per operation grouped by what it acts on ([`ops`]), typed errors
 //! ([`error`]) and the XML bodies ([`xml`]).
 
 pub mod account;
 pub mod auth;
 pub mod error;
+pub mod http;
 pub mod ops;
 pub mod pipeline;
 pub mod ranges;

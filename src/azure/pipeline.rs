@@ -17,8 +17,9 @@ use tracing::debug;
 use url::Url;
 
 use super::account::Account;
-use super::auth::{self, Authorizer};
+use super::auth::{self, AuthError, Authorizer};
 use super::error::{AzureError, Op};
+use super::http::{describe, Transport};
 use super::ops::fence::SEQUENCE_REFUSED;
 use super::ops::{BlobClient, ContainerClient, WriteFence};
 use super::retry::{is_retryable_status, RetryPolicy};
@@ -120,11 +121,7 @@ impl BlobService {
     }
 
     pub fn with_policy(account: Account, policy: RetryPolicy) -> BlobService {
-        let http = reqwest::Client::builder()
-            .connect_timeout(policy.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            .user_agent(concat!("blobdrive/", env!("CARGO_PKG_VERSION")))
+        let http = super::http::client_builder(policy.connect_timeout)
             .build()
             .expect("the HTTP client configuration is static and valid");
         BlobService {
@@ -209,11 +206,13 @@ impl BlobService {
         mut sink: Option<&mut [u8]>,
     ) -> Result<Response, AzureError> {
         let policy = &self.inner.policy;
-        let max_attempts = req.max_attempts.unwrap_or(policy.max_attempts).max(1);
+        let mut max_attempts = req.max_attempts.unwrap_or(policy.max_attempts).max(1);
         let started = Instant::now();
         let mut attempt = 0u32;
         // Whether an attempt went unanswered (it may have been carried out).
         let mut unknown = false;
+        // Whether a refused token already made the credential renew it.
+        let mut renewed = false;
         loop {
             attempt += 1;
             let remaining = policy.budget.saturating_sub(started.elapsed());
@@ -241,6 +240,24 @@ impl BlobService {
                     debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
                     return Ok(resp);
                 }
+                Ok(resp) if !renewed && token_refused(&resp) => {
+                    // A token that expired or was revoked early: renew it once and
+                    // try again, outside the attempt count (the request was
+                    // refused, so it surely did nothing).
+                    let err = self.service_error(&req, &resp);
+                    let Some(renewal) = self.inner.auth.renew() else {
+                        ClientStats::add(&self.inner.stats.failed_requests, 1);
+                        return Err(err);
+                    };
+                    renewed = true;
+                    debug!(op = %req.op, target = %req.target, status = resp.status, "token refused: renewing it and trying again");
+                    if let Err(e) = renewal.await {
+                        debug!("renewal after 401 failed: {e}");
+                    }
+                    max_attempts += 1;
+                    self.inner.stats.attempt_ended(Some(err.to_string()));
+                    continue;
+                }
                 Ok(resp) => {
                     let err = self.service_error(&req, &resp);
                     let refused = err.code() == Some(SEQUENCE_REFUSED);
@@ -263,7 +280,33 @@ impl BlobService {
                     hinted = retry_after(&resp);
                     err
                 }
-                Err(detail) => {
+                // Not sent: nothing to fence; a token may come, so try again.
+                Err(Failure::Unsent(e)) => AzureError::NotAuthorized {
+                    op: req.op,
+                    target: req.target.clone(),
+                    detail: e.0,
+                },
+                // Final: no retry makes a certificate trusted. Refused in the
+                // handshake, before any of the request was sent.
+                Err(Failure::Certificate(reason)) => {
+                    let err = AzureError::Certificate {
+                        op: req.op,
+                        target: req.target.clone(),
+                        detail: super::http::certificate_message(&req.url, &reason),
+                    };
+                    self.inner.stats.attempt_ended(Some(err.to_string()));
+                    ClientStats::add(&self.inner.stats.failed_requests, 1);
+                    return Err(err);
+                }
+                Err(Failure::Unsendable(reason)) => {
+                    ClientStats::add(&self.inner.stats.failed_requests, 1);
+                    return Err(AzureError::Invalid {
+                        op: req.op,
+                        target: req.target.clone(),
+                        reason,
+                    });
+                }
+                Err(Failure::Transport(detail)) => {
                     unknown = true;
                     if let (Some(f), Some(n)) = (&req.fence, carried) {
                         f.abandoned(n);
@@ -310,15 +353,14 @@ impl BlobService {
         }
     }
 
-    /// One signed attempt. `Err` carries a description of a transport failure, free
-    /// of URLs.
+    /// One signed attempt. `Err` says why no answer came, free of URLs.
     async fn attempt(
         &self,
         req: &Request,
         sequence: Option<u64>,
         timeout: Duration,
         sink: Option<&mut [u8]>,
-    ) -> Result<Response, String> {
+    ) -> Result<Response, Failure> {
         let date = httpdate::fmt_http_date(SystemTime::now());
         let mut headers: Vec<(String, String)> = Vec::with_capacity(req.headers.len() + 5);
         headers.push(("x-ms-date".into(), date));
@@ -340,11 +382,13 @@ impl BlobService {
         self.inner
             .auth
             .authorize(&req.method, &mut url, &mut headers)
-            .map_err(|e| e.to_string())?;
+            .map_err(Failure::Unsent)?;
         let mut map = HeaderMap::with_capacity(headers.len());
         for (k, v) in &headers {
-            let name = HeaderName::from_bytes(k.as_bytes()).map_err(|e| e.to_string())?;
-            let value = HeaderValue::from_str(v).map_err(|e| e.to_string())?;
+            // Never the value in the message: it may be a token.
+            let bad = || Failure::Unsendable(format!("header {k} cannot be sent"));
+            let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| bad())?;
+            let value = HeaderValue::from_str(v).map_err(|_| bad())?;
             map.append(name, value);
         }
         let send = async {
@@ -382,8 +426,14 @@ impl BlobService {
             })
         };
         match tokio::time::timeout(timeout, send).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("timed out after {:.1}s", timeout.as_secs_f64())),
+            Ok(r) => r.map_err(|t| match t {
+                Transport::Certificate(reason) => Failure::Certificate(reason),
+                Transport::Other(detail) => Failure::Transport(detail),
+            }),
+            Err(_) => Err(Failure::Transport(format!(
+                "timed out after {:.1}s",
+                timeout.as_secs_f64()
+            ))),
         }
     }
 
@@ -396,6 +446,9 @@ impl BlobService {
             status: resp.status,
             code,
             message,
+            denied: (resp.status == 403)
+                .then(|| self.inner.auth.denied(req.op))
+                .flatten(),
         }
     }
 }
@@ -406,29 +459,24 @@ fn retry_after(resp: &Response) -> Option<Duration> {
     Some(Duration::from_secs(secs.min(60)))
 }
 
-/// A transport error without its URL (which could hold a SAS), with its causes.
-fn describe(e: reqwest::Error) -> String {
-    let kind = if e.is_timeout() {
-        "timed out"
-    } else if e.is_connect() {
-        "connection failed"
-    } else if e.is_body() || e.is_decode() {
-        "connection broke while receiving"
-    } else if e.is_request() {
-        "request failed"
-    } else {
-        "transport error"
-    };
-    let e = e.without_url();
-    let mut chain = Vec::new();
-    let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
-    while let Some(s) = src {
-        chain.push(s.to_string());
-        src = s.source();
-    }
-    chain.dedup();
-    match chain.last() {
-        Some(root) => format!("{kind}: {root}"),
-        None => kind.to_string(),
-    }
+/// Whether the service refused the request's credential itself, so a renewed
+/// token may be accepted: any 401 (Azure's answer to an expired or revoked
+/// token), or Azurite's 403 for an expired one.
+fn token_refused(resp: &Response) -> bool {
+    resp.status == 401
+        || (resp.status == 403
+            && resp.header("x-ms-error-code").as_deref() == Some("AuthenticationFailed")
+            && String::from_utf8_lossy(&resp.body).contains("Lifetime validation failed"))
+}
+
+/// Why an attempt got no answer.
+enum Failure {
+    /// It could not be authorised, so it was not sent.
+    Unsent(AuthError),
+    /// A header is not valid HTTP (nothing was sent; retrying cannot help).
+    Unsendable(String),
+    /// The server's certificate is not trusted (rustls's reason).
+    Certificate(String),
+    /// No answer: refused, reset, timed out.
+    Transport(String),
 }

@@ -8,38 +8,67 @@ use blobdrive::azure::account::DEV_BLOB_ENDPOINT;
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use blobdrive::blobref::BlobRef;
 
+use super::auth::{self, AuthChoice, EntraSession};
+
 /// The parsed global options.
 pub struct Context {
     pub account: Account,
-    /// Whether a connection string was given; without one the account is the local
-    /// emulator's, which a new user may not have running.
+    /// Whether a connection string (or `AZURE_STORAGE_ACCOUNT`) was given; without
+    /// one the account is the local emulator's, which a new user may not have
+    /// running.
     pub configured: bool,
+    /// `--auth`.
+    pub auth: AuthChoice,
+    entra: EntraSession,
 }
+
+/// The account `AZURE_STORAGE_ACCOUNT` names when no connection string is given:
+/// the public cloud's endpoint and no key, so Entra ID signs in.
+const ACCOUNT_ENV: &str = "AZURE_STORAGE_ACCOUNT";
 
 /// What to do when the default emulator does not answer; one line.
 const NOT_CONFIGURED_HINT: &str = "no connection string is set, so the local emulator was tried: set AZURE_STORAGE_CONNECTION_STRING (or --connection-string) to your storage account's connection string, or start an emulator with `scripts/azurite.sh start DIR` and point AZURE_STORAGE_CONNECTION_STRING at it (see the README)";
 
 impl Context {
-    pub fn new(connection_string: Option<&str>) -> Result<Context> {
-        let (account, configured) = match connection_string.map(str::trim).filter(|s| !s.is_empty())
-        {
-            Some(cs) => (Account::from_connection_string(cs)?, true),
-            None => (Account::development(), false),
+    pub fn new(connection_string: Option<&str>, auth: AuthChoice) -> Result<Context> {
+        let named = std::env::var(ACCOUNT_ENV)
+            .ok()
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty());
+        let (account, configured) = match (
+            connection_string.map(str::trim).filter(|s| !s.is_empty()),
+            named,
+        ) {
+            (Some(cs), _) => (Account::from_connection_string(cs)?, true),
+            (None, Some(name)) => (
+                Account::from_connection_string(&format!("AccountName={name}"))
+                    .with_context(|| format!("{ACCOUNT_ENV}={name}"))?,
+                true,
+            ),
+            (None, None) => (Account::development(), false),
         };
         Ok(Context {
             account,
             configured,
+            auth,
+            entra: EntraSession::default(),
         })
+    }
+
+    /// The account `r` lives in, with the credential `--auth` asks for (signing in
+    /// to Entra ID if it comes to that).
+    pub fn account_for(&self, r: &BlobRef) -> Result<Account> {
+        let account = r.account(&self.account);
+        if !self.configured && !r.has_own_endpoint() {
+            emulator_listens(&account)?;
+        }
+        auth::apply(self.auth, account, &self.entra)
     }
 
     /// Parses a BLOB argument and makes a client for it.
     pub fn blob(&self, spec: &str) -> Result<(BlobRef, BlobClient)> {
         let r = BlobRef::parse(spec)?;
-        let account = r.account(&self.account);
-        if !self.configured {
-            emulator_listens(&account)?;
-        }
-        let svc = BlobService::new(account);
+        let svc = BlobService::new(self.account_for(&r)?);
         let client = r.client(&svc);
         Ok((r, client))
     }

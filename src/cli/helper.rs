@@ -107,7 +107,12 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
     } else {
         Say::Quiet
     };
-    match mount::run(args, connection_string.as_deref(), say) {
+    // As for `blobdrive mount`, BLOBDRIVE_AUTH may force one way of signing in.
+    let auth = std::env::var(super::auth::AUTH_ENV)
+        .ok()
+        .and_then(|v| <super::auth::AuthChoice as clap::ValueEnum>::from_str(&v, true).ok())
+        .unwrap_or_default();
+    match mount::run(args, connection_string.as_deref(), auth, say) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{HELPER_NAME}: {e:#}");

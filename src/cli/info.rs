@@ -34,6 +34,9 @@ struct Info {
     snapshots: Option<usize>,
     etag: Option<String>,
     last_modified: Option<String>,
+    /// How the blob was reached: "account key", "SAS", "anonymous" or
+    /// "Entra ID (SOURCE)"; never a secret.
+    auth: String,
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<()> {
@@ -76,6 +79,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
             snapshots,
             etag: drive.props.etag.clone(),
             last_modified: drive.props.last_modified.clone(),
+            auth: blob.service().account().credential.describe(),
         })
     })??;
     if args.json {
@@ -115,5 +119,6 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
     if let Some(m) = &info.last_modified {
         println!("modified:     {m}");
     }
+    println!("auth:         {}", info.auth);
     Ok(())
 }

@@ -20,6 +20,7 @@ pub fn run(args: Args) -> Result<()> {
             .map(|r| {
                 json!({
                     "blob": r.blob,
+                    "auth": r.auth,
                     "snapshot": r.snapshot,
                     "mountpoint": r.mountpoint,
                     "mode": r.mode,
@@ -37,7 +38,8 @@ pub fn run(args: Args) -> Result<()> {
         println!("no drives mounted");
         return Ok(());
     }
-    let mut rows = vec![["BLOB", "MOUNTPOINT", "MODE", "DEVICE", "RO", "PID"].map(String::from)];
+    let mut rows =
+        vec![["BLOB", "MOUNTPOINT", "MODE", "DEVICE", "RO", "AUTH", "PID"].map(String::from)];
     for r in &records {
         let blob = match &r.snapshot {
             Some(s) => format!("{}@{s}", r.blob),
@@ -54,6 +56,7 @@ pub fn run(args: Args) -> Result<()> {
             r.mode.to_string(),
             r.device.as_deref().unwrap_or("-").to_string(),
             if r.read_only { "yes" } else { "no" }.to_string(),
+            if r.auth.is_empty() { "-" } else { &r.auth }.to_string(),
             pid,
         ]);
     }

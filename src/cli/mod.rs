@@ -1,6 +1,7 @@
 //! The command line: clap definitions and dispatch. Each command lives in its own
 //! file and is a thin layer over the library.
 
+mod auth;
 mod context;
 mod create;
 mod delete;
@@ -24,9 +25,28 @@ BLOB@SNAPSHOT names a snapshot of it (e.g. disks/a.vhd@2026-11-22T11:05:54.58100
 SIZE is a whole number of bytes, or with a binary unit: KiB, MiB, GiB, TiB (K, M, G, T
 mean the same). Decimal spellings (KB, MB, GB, TB) are refused as ambiguous.
 
-The account comes from --connection-string or AZURE_STORAGE_CONNECTION_STRING and
-defaults to the local emulator (UseDevelopmentStorage=true). Prefer the environment
-variable for real keys: a command-line argument is visible to every user in `ps`.
+The account comes from --connection-string or AZURE_STORAGE_CONNECTION_STRING (else
+AZURE_STORAGE_ACCOUNT names it, signed in with Entra ID) and defaults to the local
+emulator (UseDevelopmentStorage=true). Prefer the environment variable for real keys:
+a command-line argument is visible to every user in `ps`.
+
+Signing in: a blob given with no key or SAS (a URL, a connection string with only
+BlobEndpoint, or AZURE_STORAGE_ACCOUNT) signs in with Microsoft Entra ID, trying in
+this order and using the first that is set up:
+  service-principal  AZURE_TENANT_ID + AZURE_CLIENT_ID + AZURE_CLIENT_SECRET, or
+                     AZURE_CLIENT_CERTIFICATE_PATH (PEM with certificate and key)
+  workload-identity  AZURE_FEDERATED_TOKEN_FILE + AZURE_TENANT_ID + AZURE_CLIENT_ID
+  managed-identity   IMDS (AZURE_POD_IDENTITY_AUTHORITY_HOST replaces its host), or
+                     IDENTITY_ENDPOINT + IDENTITY_HEADER; user-assigned by
+                     --identity-client-id or AZURE_CLIENT_ID
+  azure-cli          `az account get-access-token` (after `az login`)
+AZURE_AUTHORITY_HOST picks a sovereign cloud. --auth NAME uses one of these only;
+--auth key|sas uses the key or SAS; --auth anonymous sends unsigned requests (public
+containers). The identity needs the role \"Storage Blob Data Contributor\" (or
+\"Storage Blob Data Reader\" for read-only use). Mounts renew their tokens themselves.
+
+TLS trusts the system's certificate store; SSL_CERT_FILE or SSL_CERT_DIR replace it.
+A private CA: add it with update-ca-certificates, or point SSL_CERT_FILE at it.
 
 qemu-img probes a fixed VHD as raw (its footer is at the end, not the start): pass
 `-f vpc` when giving it one, e.g. `qemu-img info -f vpc disk.vhd` on a downloaded drive.
@@ -56,6 +76,22 @@ pub struct Cli {
         value_name = "CS"
     )]
     pub connection_string: Option<String>,
+
+    /// Which credential to use: key, sas, anonymous, entra (the first Entra ID
+    /// source set up), or one Entra ID source [default: auto: the key or SAS
+    /// given, else Entra ID]. `blobdrive --help` explains the chain.
+    #[arg(long, global = true, value_enum, env = auth::AUTH_ENV, value_name = "HOW")]
+    pub auth: Option<auth::AuthChoice>,
+
+    /// Client id of a user-assigned managed identity [default: AZURE_CLIENT_ID, else
+    /// the system-assigned identity].
+    #[arg(
+        long,
+        global = true,
+        env = blobdrive::azure::auth::entra::chain::IDENTITY_CLIENT_ID_ENV,
+        value_name = "ID"
+    )]
+    pub identity_client_id: Option<String>,
 
     /// More log output on stderr (-v info, -vv debug, -vvv trace); BLOBDRIVE_LOG
     /// takes a full filter instead.
@@ -101,11 +137,24 @@ pub enum Command {
 
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
+        if let Some(id) = &self.identity_client_id {
+            // The chain and the mount daemon read it from the environment.
+            std::env::set_var(
+                blobdrive::azure::auth::entra::chain::IDENTITY_CLIENT_ID_ENV,
+                id,
+            );
+        }
+        let auth = self.auth.unwrap_or_default();
         if let Command::Mount(a) = self.command {
             // Its account may come from a credentials file instead.
-            return mount::run(a, self.connection_string.as_deref(), mount::Say::Mounted);
+            return mount::run(
+                a,
+                self.connection_string.as_deref(),
+                auth,
+                mount::Say::Mounted,
+            );
         }
-        let ctx = Context::new(self.connection_string.as_deref())?;
+        let ctx = Context::new(self.connection_string.as_deref(), auth)?;
         let configured = ctx.configured;
         let result = match self.command {
             Command::Create(a) => create::run(&ctx, a),

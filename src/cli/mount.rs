@@ -15,6 +15,7 @@ use blobdrive::mount::notify::NOTIFY_SOCKET_ENV;
 use blobdrive::mount::{credentials, daemon, record, system, Mode, MountRequest, Ready};
 use blobdrive::size::{human, parse_size};
 
+use super::auth::{AuthChoice, AUTH_ENV};
 use super::Context;
 
 /// The variable a connection string is read from.
@@ -121,7 +122,7 @@ fn check_cache_size(cache_size: u64, mem_total: Option<u64>) -> Result<()> {
 
 /// `blobdrive mount`. It makes its own account context, after its credentials
 /// file (if any) said what the account is.
-pub fn run(args: Args, connection_string: Option<&str>, say: Say) -> Result<()> {
+pub fn run(args: Args, connection_string: Option<&str>, auth: AuthChoice, say: Say) -> Result<()> {
     let creds = match &args.credentials {
         Some(path) => Some(credentials::load(path)?),
         None => None,
@@ -133,10 +134,14 @@ pub fn run(args: Args, connection_string: Option<&str>, say: Say) -> Result<()> 
             .map(|(_, v)| v.clone()),
         None => connection_string.map(str::to_string),
     };
-    if let (Some(env), true) = (&creds, args.foreground) {
+    // The file's variables become this process's too (before any thread starts):
+    // signing in here, to check the drive before the daemon starts, must use the
+    // same account as the daemon will (Entra ID reads its variables from the
+    // environment).
+    if let Some(env) = &creds {
         adopt_env(env);
     }
-    let ctx = Context::new(connection_string.as_deref())?;
+    let ctx = Context::new(connection_string.as_deref(), auth)?;
     let configured = ctx.configured;
     mount(
         &ctx,
@@ -148,10 +153,10 @@ pub fn run(args: Args, connection_string: Option<&str>, say: Say) -> Result<()> 
     .map_err(|e| super::context::explain(e, configured))
 }
 
-/// A foreground daemon is this process: a credentials file's variables become
-/// its own environment, replacing every `AZURE_*` it had, so that whatever
-/// reads the account from the environment reads the file's. Called before any
-/// thread is started (changing the environment is not thread-safe).
+/// A credentials file's variables become this process's environment, replacing
+/// every `AZURE_*` it had, so that whatever reads the account from the
+/// environment reads the file's (a foreground daemon is this process). Called
+/// before any thread is started (changing the environment is not thread-safe).
 fn adopt_env(env: &[(String, String)]) {
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("AZURE_") {
@@ -203,7 +208,7 @@ fn mount(
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.
         let blob = r.to_string();
-        daemon::run(req, ctx.account.clone(), &mut |outcome| {
+        daemon::run(req, ctx.account_for(&r)?, &mut |outcome| {
             if let Ok(ready) = outcome {
                 // The daemon's own log (stderr here) already said the warnings.
                 let quiet = Ready {
@@ -217,7 +222,14 @@ fn mount(
         })?;
         return Ok(());
     }
-    spawn_daemon(&req, connection_string, creds, &r.to_string(), say)
+    spawn_daemon(
+        &req,
+        connection_string,
+        creds,
+        ctx.auth,
+        &r.to_string(),
+        say,
+    )
 }
 
 /// Refusals that need no network: root, /dev/fuse, an empty directory that is not
@@ -256,6 +268,7 @@ fn spawn_daemon(
     req: &MountRequest,
     connection_string: Option<&str>,
     creds: Option<&[(String, String)]>,
+    auth: AuthChoice,
     blob: &str,
     say: Say,
 ) -> Result<()> {
@@ -273,7 +286,10 @@ fn spawn_daemon(
         .env(REQUEST_ENV, serde_json::to_string(req)?)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::from(log));
+        .stderr(Stdio::from(log))
+        // The daemon signs in itself (and renews for as long as it runs), from
+        // the same environment; `--auth` reaches it here, never in its argv.
+        .env(AUTH_ENV, auth.name());
     cmd.env_remove(NOTIFY_SOCKET_ENV);
     match creds {
         Some(env) => {
@@ -359,7 +375,7 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
     )?;
     // SAFETY: setsid has no memory-safety preconditions.
     unsafe { libc::setsid() };
-    let result = daemon::run(req, ctx.account.clone(), &mut |r| {
+    let mut report = |r: Result<&Ready, String>| {
         use std::io::Write;
         let line = match r {
             Ok(ready) => format!("READY {}", serde_json::to_string(ready).unwrap_or_default()),
@@ -370,8 +386,20 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
         let _ = out.flush();
         drop(out);
         detach_stdout();
-    });
-    result.map_err(Into::into)
+    };
+    // Signing in is the daemon's first step: its failure is reported like any
+    // other failed mount.
+    let account = match BlobRef::parse(&req.blob)
+        .map_err(anyhow::Error::from)
+        .and_then(|r| ctx.account_for(&r))
+    {
+        Ok(a) => a,
+        Err(e) => {
+            report(Err(format!("{e:#}")));
+            return Err(e);
+        }
+    };
+    daemon::run(req, account, &mut report).map_err(Into::into)
 }
 
 fn detach_stdout() {

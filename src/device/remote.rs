@@ -198,7 +198,7 @@ impl Patience {
         // had moved the number on) would otherwise fail the I/O, and a failed
         // flush makes a filesystem abort its journal.
         let refused = e.code() == Some(SEQUENCE_REFUSED);
-        if !(e.is_transient() || refused) || fenced.load(Ordering::SeqCst) || !within {
+        if !(e.is_outage() || refused) || fenced.load(Ordering::SeqCst) || !within {
             return Err(map_error(fenced, e));
         }
         if refused {

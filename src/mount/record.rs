@@ -19,6 +19,10 @@ pub struct MountRecord {
     #[serde(default)]
     pub endpoint: String,
     pub blob: String,
+    /// How the daemon authorises its requests: "account key", "SAS",
+    /// "anonymous" or "Entra ID (SOURCE)". Never a secret.
+    #[serde(default)]
+    pub auth: String,
     pub snapshot: Option<String>,
     pub mountpoint: PathBuf,
     pub mode: Mode,

@@ -25,7 +25,12 @@ fn tool_command(name: &str) -> Command {
     }
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy();
-        if k.starts_with("AZURE_") || k.starts_with("BLOBDRIVE_") || k == "NOTIFY_SOCKET" {
+        // IDENTITY_HEADER is App Service's managed identity secret.
+        if k.starts_with("AZURE_")
+            || k.starts_with("BLOBDRIVE_")
+            || k.starts_with("IDENTITY_")
+            || k == "NOTIFY_SOCKET"
+        {
             c.env_remove(&*k);
         }
     }

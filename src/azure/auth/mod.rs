@@ -1,5 +1,6 @@
 //! How a request is authorised: one small interface, [`Authorizer`], and one file per
-//! kind of credential ([`shared_key`], [`sas`], [`anonymous`]).
+//! kind of credential ([`shared_key`], [`sas`], [`anonymous`], [`bearer`] for Entra ID
+//! tokens, whose sources are under [`entra`]).
 //!
 //! The pipeline builds one authorizer per service handle from the parsed
 //! [`Credential`] ([`for_account`]) and calls it once per attempt, after every other
@@ -14,20 +15,26 @@ use thiserror::Error;
 use url::Url;
 
 use super::account::{Account, Credential};
+use super::error::Op;
 
 pub mod anonymous;
+pub mod bearer;
+pub mod entra;
 pub mod sas;
 pub mod shared_key;
 
 pub use anonymous::Anonymous;
+pub use bearer::Bearer;
+pub use entra::BoxFuture;
 pub use sas::Sas;
 pub use shared_key::SharedKey;
 
 /// Why a request could not be authorised. Never holds the secret.
 ///
-/// The pipeline treats it like a failure to reach the service: the attempt is
-/// retried within the retry policy, and if none succeeds the operation fails with
-/// [`AzureError::Unreachable`](super::AzureError::Unreachable) carrying this message.
+/// Nothing was sent. The pipeline retries within its policy (a token may be on its
+/// way), and if no attempt could be authorised the operation fails with
+/// [`AzureError::NotAuthorized`](super::AzureError::NotAuthorized) carrying this
+/// message, which a mount waits out like an outage.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("cannot authorise the request: {0}")]
 pub struct AuthError(pub String);
@@ -61,6 +68,18 @@ pub trait Authorizer: Send + Sync + fmt::Debug {
     /// accepts a source of the same account under the destination's own
     /// authorisation, or a public one.
     fn authorize_copy_source(&self, _url: &mut Url) {}
+
+    /// Gets a new secret after the service refused the current one (401), if this
+    /// credential has one to get; the pipeline then retries once.
+    fn renew(&self) -> Option<BoxFuture<'_, Result<(), AuthError>>> {
+        None
+    }
+
+    /// What a 403 for `op` means with this credential, when it knows better than
+    /// the generic advice.
+    fn denied(&self, _op: Op) -> Option<String> {
+        None
+    }
 }
 
 /// The authorizer for `account`'s credential.
@@ -69,6 +88,7 @@ pub fn for_account(account: &Account) -> Arc<dyn Authorizer> {
         Credential::SharedKey { key } => Arc::new(SharedKey::new(&account.name, key.clone())),
         Credential::Sas(sas) => Arc::new(Sas::new(sas.clone())),
         Credential::Anonymous => Arc::new(Anonymous),
+        Credential::Entra(keeper) => Arc::new(Bearer::new(keeper.clone())),
     }
 }
 
@@ -88,5 +108,16 @@ mod tests {
         assert!(d.contains("redacted"), "{d}");
         account.credential = Credential::Anonymous;
         assert_eq!(format!("{:?}", for_account(&account)), "Anonymous");
+        let token = entra::AccessToken::new(
+            "eyJTOPSECRET".into(),
+            std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        );
+        assert!(!format!("{token:?}").contains("TOPSECRET"));
+        let source: Arc<dyn entra::TokenSource> =
+            Arc::new(entra::azure_cli::AzureCli::new("/nonexistent/az"));
+        account.credential = Credential::Entra(entra::keeper::TokenKeeper::start(source, token));
+        let d = format!("{:?} {:?}", for_account(&account), account.credential);
+        assert!(!d.contains("TOPSECRET") && d.contains("azure-cli"), "{d}");
+        assert_eq!(account.credential.describe(), "Entra ID (azure-cli)");
     }
 }

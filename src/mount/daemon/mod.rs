@@ -147,6 +147,7 @@ pub fn run(
         id: id.clone(),
         endpoint: svc.account().blob_endpoint.to_string(),
         blob: blob_ref.base().to_string(),
+        auth: svc.account().credential.describe(),
         snapshot: blob_ref.snapshot.clone(),
         mountpoint: req.mountpoint.clone(),
         mode: req.mode,

@@ -1,0 +1,105 @@
+//! Entra ID bearer tokens: the [`Bearer`] authorizer, which sends the current token
+//! of a [`TokenKeeper`] as `Authorization: Bearer`.
+//!
+//! A token is as good as a password for an hour, so it is sent only over https, or
+//! plain http to this machine's loopback (a local proxy or test stub), never over
+//! the network in the clear.
+
+use std::fmt;
+use std::sync::Arc;
+
+use reqwest::Method;
+use url::Url;
+
+use super::entra::keeper::TokenKeeper;
+use super::{AuthError, Authorizer, BoxFuture};
+use crate::azure::error::Op;
+
+pub struct Bearer {
+    keeper: Arc<TokenKeeper>,
+}
+
+impl Bearer {
+    pub fn new(keeper: Arc<TokenKeeper>) -> Bearer {
+        Bearer { keeper }
+    }
+}
+
+impl fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Bearer({}, <redacted>)", self.keeper.kind())
+    }
+}
+
+/// Whether a token may be sent to `url`: https, or plain http to this machine.
+pub fn may_carry_token(url: &Url) -> bool {
+    url.scheme() == "https" || is_loopback(url)
+}
+
+fn is_loopback(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}
+
+impl Authorizer for Bearer {
+    fn authorize(
+        &self,
+        _method: &Method,
+        url: &mut Url,
+        headers: &mut Vec<(String, String)>,
+    ) -> Result<(), AuthError> {
+        if !may_carry_token(url) {
+            return Err(AuthError(format!(
+                "an Entra ID token is sent only over https, and the blob endpoint {} is plain http",
+                url.origin().ascii_serialization()
+            )));
+        }
+        let token = self.keeper.bearer()?;
+        headers.push(("authorization".into(), format!("Bearer {token}")));
+        Ok(())
+    }
+
+    fn renew(&self) -> Option<BoxFuture<'_, Result<(), AuthError>>> {
+        Some(Box::pin(self.keeper.renew_now()))
+    }
+
+    fn denied(&self, op: Op) -> Option<String> {
+        let (role, why) = if op.is_read() {
+            (
+                "Storage Blob Data Reader",
+                "to read; \"Storage Blob Data Contributor\" to write",
+            )
+        } else {
+            (
+                "Storage Blob Data Contributor",
+                "to write, lease and snapshot",
+            )
+        };
+        Some(format!(
+            "access denied: the identity signed in through {} has no data access here; it needs the role \"{role}\" ({why}) on the storage account or container (role assignments can take a few minutes to apply)",
+            self.keeper.kind()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_is_told_apart() {
+        for (u, yes) in [
+            ("http://127.0.0.1:10000/a", true),
+            ("http://localhost/a", true),
+            ("http://[::1]:1/a", true),
+            ("http://10.0.0.1/a", false),
+            ("http://acct.blob.core.windows.net/a", false),
+        ] {
+            assert_eq!(is_loopback(&Url::parse(u).unwrap()), yes, "{u}");
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! HTTP calls to token endpoints: a few quick retries for what is worth it, answers
+//! read as JSON, and failures described without URLs' queries or any secret.
+
+use std::time::{Duration, SystemTime};
+
+use reqwest::Method;
+use serde_json::Value;
+use url::Url;
+
+use super::{epoch, jwt, AccessToken};
+use crate::azure::http::{certificate_message, client_builder, describe, Transport};
+
+/// Attempts per call: token endpoints are either there or not, and a sign-in that
+/// finds nothing must say so within seconds.
+const ATTEMPTS: u32 = 3;
+
+/// A client for token endpoints.
+#[derive(Debug, Clone)]
+pub struct TokenHttp {
+    client: reqwest::Client,
+}
+
+/// An answer with a status.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    /// The body as JSON, or `Value::String` of its first line when it is not JSON.
+    pub body: Value,
+}
+
+/// A call that got no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// Nothing answered (refused, timed out, reset); the message names the
+    /// endpoint (scheme, host, port) and the cause.
+    Unreachable(String),
+    /// The endpoint's TLS certificate is not trusted; final.
+    Certificate(String),
+}
+
+impl CallError {
+    pub fn message(&self) -> &str {
+        match self {
+            CallError::Unreachable(m) | CallError::Certificate(m) => m,
+        }
+    }
+}
+
+/// `scheme://host:port` of a URL, for messages.
+pub fn origin(url: &Url) -> String {
+    url.origin().ascii_serialization()
+}
+
+impl TokenHttp {
+    /// `connect_timeout` is short where a missing endpoint is the normal case (the
+    /// managed identity probe on a machine outside Azure).
+    pub fn new(connect_timeout: Duration, request_timeout: Duration) -> TokenHttp {
+        TokenHttp::build(client_builder(connect_timeout), request_timeout)
+    }
+
+    /// [`TokenHttp::new`], never through a proxy: for the host's own identity
+    /// endpoint (link-local IMDS, App Service's localhost), which a proxy cannot
+    /// reach and must never see the request for.
+    pub fn direct(connect_timeout: Duration, request_timeout: Duration) -> TokenHttp {
+        TokenHttp::build(client_builder(connect_timeout).no_proxy(), request_timeout)
+    }
+
+    fn build(builder: reqwest::ClientBuilder, request_timeout: Duration) -> TokenHttp {
+        let client = builder
+            .timeout(request_timeout)
+            // A token endpoint never redirects; following one could send a secret
+            // somewhere else.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("the HTTP client configuration is static and valid");
+        TokenHttp { client }
+    }
+
+    /// Sends a request (a form body when `form` is given), retrying connection
+    /// failures, 429 and 5xx a few times, and returns the answer.
+    pub async fn call(
+        &self,
+        method: Method,
+        url: &Url,
+        headers: &[(&str, &str)],
+        form: Option<&[(&str, &str)]>,
+    ) -> Result<Reply, CallError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut req = self.client.request(method.clone(), url.clone());
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            if let Some(form) = form {
+                req = req.form(form);
+            }
+            let last = attempt >= ATTEMPTS;
+            match req.send().await {
+                Ok(resp) => {
+                    let status = resp.status().as_u16();
+                    let retry = status == 429 || status >= 500;
+                    if retry && !last {
+                        pause(attempt).await;
+                        continue;
+                    }
+                    let text = resp.text().await.unwrap_or_default();
+                    let body = serde_json::from_str(&text).unwrap_or_else(|_| {
+                        Value::String(text.lines().next().unwrap_or("").trim().to_string())
+                    });
+                    return Ok(Reply { status, body });
+                }
+                Err(e) => match describe(e) {
+                    Transport::Certificate(reason) => {
+                        return Err(CallError::Certificate(certificate_message(url, &reason)))
+                    }
+                    Transport::Other(detail) if last => {
+                        return Err(CallError::Unreachable(format!(
+                            "token endpoint {} unreachable ({detail})",
+                            origin(url)
+                        )))
+                    }
+                    Transport::Other(_) => pause(attempt).await,
+                },
+            }
+        }
+    }
+}
+
+async fn pause(attempt: u32) {
+    tokio::time::sleep(Duration::from_millis(300 * u64::from(attempt))).await;
+}
+
+/// The token in a successful answer: `access_token` (or the CLI's `accessToken`),
+/// expiring at `expires_on` (seconds since the epoch, number or string),
+/// else after `expires_in` seconds, else at the token's own `exp` claim.
+pub fn token_from(body: &Value) -> Result<AccessToken, String> {
+    let secret = body
+        .get("access_token")
+        .or_else(|| body.get("accessToken"))
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .ok_or("the answer holds no access_token")?;
+    let number = |v: &Value| {
+        v.as_u64()
+            .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+    };
+    let expires_on = if let Some(on) = body.get("expires_on").and_then(number) {
+        epoch(on)
+    } else if let Some(secs) = body.get("expires_in").and_then(number) {
+        SystemTime::now() + Duration::from_secs(secs)
+    } else if let Some(exp) = jwt::expiry(secret) {
+        epoch(exp)
+    } else {
+        return Err("the answer does not say when the token expires".to_string());
+    };
+    Ok(AccessToken::new(secret.to_string(), expires_on))
+}
+
+/// The reason in an error answer, on one line: OAuth's `error_description` (its
+/// first line; Entra appends trace ids), App Service's `message`, or the body.
+pub fn error_text(reply: &Reply) -> String {
+    let b = &reply.body;
+    let described = b
+        .get("error_description")
+        .or_else(|| b.get("message"))
+        .or_else(|| b.get("Message"))
+        .and_then(Value::as_str);
+    let code = b.get("error").and_then(|e| {
+        e.as_str()
+            .map(str::to_string)
+            .or_else(|| e.get("code").and_then(Value::as_str).map(str::to_string))
+    });
+    let text = match (code, described) {
+        (Some(c), Some(d)) => format!("{c}: {}", first_line(d)),
+        (Some(c), None) => c,
+        (None, Some(d)) => first_line(d).to_string(),
+        (None, None) => match b {
+            Value::String(s) if !s.is_empty() => s.clone(),
+            _ => String::new(),
+        },
+    };
+    if text.is_empty() {
+        format!("HTTP {}", reply.status)
+    } else {
+        format!("HTTP {} {text}", reply.status)
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or("").trim()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn expiry_from_any_of_the_three_spellings() {
+        let t = token_from(&json!({"access_token": "x", "expires_on": "1800000000"})).unwrap();
+        assert_eq!(t.expires_on, epoch(1_800_000_000));
+        let t = token_from(&json!({"accessToken": "x", "expires_on": 1_800_000_001u64})).unwrap();
+        assert_eq!(t.expires_on, epoch(1_800_000_001));
+        let t = token_from(&json!({"access_token": "x", "expires_in": 3599})).unwrap();
+        assert!(t.lifetime() > Duration::from_secs(3590));
+        let jwt = format!("a.{}.c", jwt::b64url(br#"{"exp":1800000002}"#));
+        let t = token_from(&json!({ "accessToken": jwt })).unwrap();
+        assert_eq!(t.expires_on, epoch(1_800_000_002));
+        assert!(token_from(&json!({"access_token": "x"})).is_err());
+        assert!(token_from(&json!({"expires_in": 1})).is_err());
+    }
+
+    #[test]
+    fn error_text_is_one_line() {
+        let r = Reply {
+            status: 401,
+            body: json!({"error": "invalid_client", "error_description": "AADSTS7000215: Invalid client secret provided.\r\nTrace ID: 1"}),
+        };
+        assert_eq!(
+            error_text(&r),
+            "HTTP 401 invalid_client: AADSTS7000215: Invalid client secret provided."
+        );
+        let r = Reply {
+            status: 500,
+            body: Value::String(String::new()),
+        };
+        assert_eq!(error_text(&r), "HTTP 500");
+    }
+}

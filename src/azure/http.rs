@@ -1,0 +1,109 @@
+//! The HTTP client every request of this crate goes through (blob service and token
+//! endpoints alike), and how its transport failures are told apart.
+//!
+//! TLS is rustls with the system's trust store (`/etc/ssl/certs`, or `SSL_CERT_FILE`
+//! / `SSL_CERT_DIR` when set, as OpenSSL does), so private clouds, Azure Stack Hub
+//! and TLS-inspecting proxies work once their CA is trusted by the machine. The
+//! compiled-in Mozilla roots are used only when the system store holds nothing at
+//! all (a minimal container without ca-certificates), so public Azure still works
+//! there.
+//!
+//! A certificate that is not trusted is not an outage: no retry will change it.
+//! [`describe`] sets it apart so callers fail at once and say how to trust a CA.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use url::Url;
+
+/// Whether the system trust store (or `SSL_CERT_FILE`/`SSL_CERT_DIR`) holds no
+/// certificate; checked once per process.
+fn system_store_empty() -> bool {
+    static EMPTY: OnceLock<bool> = OnceLock::new();
+    *EMPTY.get_or_init(|| rustls_native_certs::load_native_certs().certs.is_empty())
+}
+
+/// A client builder with this crate's TLS roots and user agent.
+pub fn client_builder(connect_timeout: Duration) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_native_certs(true)
+        .tls_built_in_webpki_certs(system_store_empty())
+        .connect_timeout(connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        .user_agent(concat!("blobdrive/", env!("CARGO_PKG_VERSION")))
+}
+
+/// A transport failure (no HTTP answer), described without its URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// The server's certificate was refused: final, retrying cannot help.
+    /// Holds rustls's reason, e.g. `UnknownIssuer`.
+    Certificate(String),
+    /// Anything else (refused, reset, timed out): worth retrying.
+    Other(String),
+}
+
+/// Describes a reqwest error by its kind and root cause, never with its URL (a
+/// URL may carry a SAS).
+pub fn describe(e: reqwest::Error) -> Transport {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "connection failed"
+    } else if e.is_body() || e.is_decode() {
+        "connection broke while receiving"
+    } else if e.is_request() {
+        "request failed"
+    } else {
+        "transport error"
+    };
+    let e = e.without_url();
+    let mut chain = Vec::new();
+    let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
+    while let Some(s) = src {
+        chain.push(s.to_string());
+        src = s.source();
+    }
+    chain.dedup();
+    // rustls says "invalid peer certificate: REASON" for every refused certificate
+    // (unknown issuer, wrong name, expired, ...); its error type is not ours to
+    // downcast to across the io::Error reqwest wraps it in, so its text decides.
+    if let Some(reason) = chain
+        .iter()
+        .find_map(|c| c.split_once("invalid peer certificate: ").map(|x| x.1))
+    {
+        return Transport::Certificate(reason.to_string());
+    }
+    match chain.last() {
+        Some(root) => Transport::Other(format!("{kind}: {root}")),
+        None => Transport::Other(kind.to_string()),
+    }
+}
+
+/// The one-line explanation of a refused certificate of `url`'s host.
+pub fn certificate_message(url: &Url, reason: &str) -> String {
+    let host = match (url.host_str(), url.port()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_string(),
+        _ => "the server".to_string(),
+    };
+    format!(
+        "TLS certificate of {host} not trusted ({reason}); to trust a private CA, add it to the system store (e.g. copy it to /usr/local/share/ca-certificates/ and run update-ca-certificates) or set SSL_CERT_FILE=/path/to/ca.pem (which then replaces the system store)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificate_message_names_the_host_and_both_ways_to_trust_a_ca() {
+        let u = Url::parse("https://127.0.0.1:8443/devstoreaccount1?sv=1&sig=SECRET").unwrap();
+        let m = certificate_message(&u, "UnknownIssuer");
+        assert!(m.starts_with("TLS certificate of 127.0.0.1:8443 not trusted (UnknownIssuer)"));
+        assert!(m.contains("update-ca-certificates") && m.contains("SSL_CERT_FILE="));
+        assert!(!m.contains("SECRET"));
+    }
+}

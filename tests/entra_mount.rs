@@ -1,0 +1,248 @@
+//! Entra ID under a mounted drive (root, FUSE, loop devices): the daemon renews its
+//! token in the background for as long as it runs, and a renewal that keeps failing
+//! is an outage that writes and fsync wait out, with `stats` saying why.
+//!
+//! The long one (tokens living 60 s, writes and fsyncs across four lifetimes) takes
+//! about 4.5 minutes, so it is `#[ignore]`d in plain `cargo test` and
+//! `scripts/test.sh` runs it alongside the rest of the suite.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::azurite::unique_container;
+use common::entra::*;
+use common::util::json;
+
+fn require_root() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "mount tests must run as root"
+    );
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "mount tests need /dev/fuse"
+    );
+}
+
+/// A drive mounted (ext4) with managed identity tokens from `tokens`; unmounted
+/// when dropped.
+struct Mounted {
+    env: Vec<(String, String)>,
+    dir: tempfile::TempDir,
+    /// The drive, for messages.
+    drive: String,
+}
+
+impl Mounted {
+    fn new(tokens: &TokenServer, tag: &str) -> Mounted {
+        require_root();
+        let az = TlsAzurite::shared();
+        let mut env = trusting(tokens.env_imds());
+        env.push(("AZURE_STORAGE_CONNECTION_STRING".into(), az.endpoint_only()));
+        let drive = format!("{}/a.vhd", unique_container(tag));
+        let args = ["create", &drive, "--size", "64MiB", "--create-container"];
+        stdout_ok(&args, blobdrive(&env, &args));
+        let dir = tempfile::Builder::new()
+            .prefix("blobdrive-entra-mnt.")
+            .tempdir()
+            .unwrap();
+        let mp = dir.path().to_str().unwrap().to_string();
+        let args = ["mount", &drive, &mp, "--mkfs", "ext4"];
+        stdout_ok(&args, blobdrive(&env, &args));
+        Mounted { env, dir, drive }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = blobdrive(&self.env, args);
+        assert!(
+            out.status.success(),
+            "{args:?} on {}: {}",
+            self.drive,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        json(&self.cli(&["stats", self.path().to_str().unwrap(), "--json"]))
+    }
+
+    fn unmount(&self) {
+        self.cli(&["unmount", self.path().to_str().unwrap()]);
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = blobdrive(&self.env, &["unmount", self.dir.path().to_str().unwrap()]);
+    }
+}
+
+/// Writes `len` bytes of a pattern numbered `n` to `path` and fsyncs it.
+fn write_synced(path: &Path, n: usize, len: usize) -> std::io::Result<()> {
+    let data: Vec<u8> = (0..len).map(|i| ((i * 31 + n * 7) % 253) as u8).collect();
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(&data)?;
+    f.sync_all()
+}
+
+/// No file under the run directory holds a token (JWTs start with `eyJ`).
+fn assert_no_token_in_run_dir() {
+    let mut stack = vec![run_dir()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p: PathBuf = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.is_file() {
+                let text =
+                    String::from_utf8_lossy(&std::fs::read(&p).unwrap_or_default()).into_owned();
+                assert!(!text.contains("eyJ"), "a token in {}", p.display());
+                assert!(
+                    !text.contains(IDENTITY_HEADER) && !text.contains(SECRET),
+                    "a secret in {}",
+                    p.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "4.5 minutes: scripts/test.sh runs it in parallel with the rest of the suite"]
+fn a_mount_with_60s_tokens_keeps_writing_across_four_lifetimes() {
+    let tokens = TokenServer::start();
+    tokens.set("lifetime", "60");
+    let m = Mounted::new(&tokens, "long-tokens");
+    let mounted_at = Instant::now();
+    let issued_before = tokens.issued("imds");
+    let list = json(&m.cli(&["list", "--json"]));
+    let ours = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["mountpoint"] == m.path().to_str().unwrap())
+        .cloned()
+        .expect("the mount is listed");
+    assert_eq!(ours["auth"], "Entra ID (managed-identity)", "{ours}");
+    let table = m.cli(&["list"]);
+    assert!(table.contains("Entra ID (managed-identity)"), "{table}");
+
+    // Four lifetimes and a bit: every write and fsync must succeed.
+    let mut n = 0;
+    while mounted_at.elapsed() < Duration::from_secs(4 * 60 + 10) {
+        let f = m.path().join(format!("f{n}.bin"));
+        write_synced(&f, n, 256 << 10)
+            .unwrap_or_else(|e| panic!("write {n} after {:?}: {e}", mounted_at.elapsed()));
+        n += 1;
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let s = m.stats();
+    assert_eq!(s["stalled_secs"], 0.0, "{s}");
+    let renewals = tokens.issued("imds") - issued_before;
+    // Renewed at half of each 60 s lifetime: about eight in 250 s, at least four.
+    assert!(renewals >= 4, "{renewals} renewals: {:?}", tokens.log());
+    // Each ahead of time, in the background: never a token left to expire (a
+    // renewal forced by a refused request would come 60 s or more apart).
+    let times: Vec<f64> = tokens
+        .log()
+        .iter()
+        .filter(|e| e["kind"] == "imds" && e["status"] == 200)
+        .map(|e| e["t"].as_f64().unwrap())
+        .collect();
+    let gaps: Vec<f64> = times[issued_before - 1..]
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .collect();
+    assert!(gaps.iter().all(|g| *g < 45.0), "renewal gaps {gaps:?}");
+    assert_no_token_in_run_dir();
+    m.unmount();
+    eprintln!("{n} files written and synced, {renewals} token renewals");
+}
+
+#[test]
+fn a_renewal_that_keeps_failing_is_an_outage_writes_wait_out() {
+    let tokens = TokenServer::start();
+    tokens.set("lifetime", "10");
+    let m = Mounted::new(&tokens, "renewal-outage");
+    write_synced(&m.path().join("before.bin"), 0, 64 << 10).unwrap();
+
+    // The identity endpoint goes down: renewals fail, and within one lifetime the
+    // token has expired.
+    tokens.set("mode", "down");
+    std::thread::sleep(Duration::from_secs(12));
+    let path = m.path().join("during.bin");
+    let writer = std::thread::spawn(move || {
+        let started = Instant::now();
+        write_synced(&path, 1, 64 << 10).map(|_| started.elapsed())
+    });
+    // The write waits; stats say why once it has waited long enough to count.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let stats = loop {
+        let s = m.stats();
+        if s["stalled_secs"].as_f64().unwrap_or(0.0) > 0.0 && s["last_error"].is_string() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no stall shown: {s}");
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    let why = stats["last_error"].as_str().unwrap();
+    assert!(
+        why.contains("the Entra ID token (managed-identity) expired and renewing it keeps failing")
+            && why.contains("HTTP 503"),
+        "{stats}"
+    );
+    assert!(!writer.is_finished(), "the fsync waits for a token");
+    // Reads of what is written go on meanwhile.
+    let before = std::fs::read(m.path().join("before.bin")).unwrap();
+    assert_eq!(before.len(), 64 << 10);
+
+    // Back: the renewal succeeds (its backoff is at most 30 s) and the fsync returns.
+    tokens.set("mode", "ok");
+    let took = writer
+        .join()
+        .unwrap()
+        .expect("the write and fsync succeed once tokens come back");
+    assert!(took < Duration::from_secs(120), "{took:?}");
+    let s = m.stats();
+    assert!(s["last_error"].is_null(), "{s}");
+    m.unmount();
+}
+
+#[test]
+fn a_mount_that_cannot_sign_in_fails_in_one_line_and_leaves_nothing() {
+    require_root();
+    let az = TlsAzurite::shared();
+    let env = trusting(kv(&[
+        ("AZURE_STORAGE_CONNECTION_STRING", &az.endpoint_only()),
+        (
+            "AZURE_POD_IDENTITY_AUTHORITY_HOST",
+            &format!("http://127.0.0.1:{}", closed_port()),
+        ),
+    ]));
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().to_str().unwrap();
+    let args = ["mount", "disks/a.vhd", mp, "--mkfs", "ext4"];
+    let (out, took) = blobdrive_timed(&env, &args);
+    let m = error_line(&args, out);
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    assert!(
+        m.contains("no Entra ID credential found (tried service-principal"),
+        "{m}"
+    );
+    let list = json(&stdout_ok(&["list"], blobdrive(&env, &["list", "--json"])));
+    assert!(
+        !list.to_string().contains(mp),
+        "nothing recorded for the failed mount: {list}"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
