@@ -4,6 +4,7 @@
 
 mod stub;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blobdrive::azure::{
@@ -526,6 +527,61 @@ fn a_throttled_fenced_write_is_sent_again_with_the_same_number() {
         ]
     );
     assert_eq!(fence.current(), Some(5));
+}
+
+#[test]
+fn a_throttled_client_keeps_fewer_requests_in_flight_instead_of_probing() {
+    // A blob whose service takes 2 requests at a time and refuses the rest with 503
+    // ServerBusy, as one over its target does. 16 writers send 64 Put Pages.
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let busy = Arc::new(AtomicUsize::new(0));
+    let b = busy.clone();
+    let stub = Stub::start(move |_, _| {
+        if b.fetch_add(1, SeqCst) >= 2 {
+            b.fetch_sub(1, SeqCst);
+            return Reply::error(503, "ServerBusy", &fixture("error-503.xml"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        b.fetch_sub(1, SeqCst);
+        Reply::status(201)
+    });
+    let policy = RetryPolicy {
+        max_attempts: 1000,
+        budget: Duration::from_secs(60),
+        ..fast_policy()
+    };
+    let svc = service(&stub, policy);
+    let blob = svc.blob("disks", "a.vhd");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for w in 0..16u64 {
+            let blob = blob.clone();
+            tasks.spawn(async move {
+                for i in 0..4u64 {
+                    blob.put_pages((w * 4 + i) * 512, Bytes::from(vec![3u8; 512]), None)
+                        .await
+                        .unwrap();
+                }
+            });
+        }
+        while let Some(t) = tasks.join_next().await {
+            t.unwrap();
+        }
+    });
+    let requests = stub.requests().len();
+    let refused = requests - 64;
+    eprintln!("{refused} requests refused for 64 served");
+    // Each writer backing off alone kept all 16 probing: several refusals per
+    // request served. Slowed as a whole, the client settles near what is served.
+    assert!(
+        refused <= 64,
+        "{refused} requests refused for 64 served: the client kept probing"
+    );
 }
 
 #[test]

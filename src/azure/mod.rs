@@ -9,6 +9,7 @@
 pub mod account;
 pub mod auth;
 pub mod error;
+pub mod gate;
 pub mod http;
 pub mod ops;
 pub mod pipeline;

@@ -19,6 +19,7 @@ use url::Url;
 use super::account::Account;
 use super::auth::{self, AuthError, Authorizer};
 use super::error::{AzureError, Op};
+use super::gate::Gate;
 use super::http::{describe, Transport};
 use super::ops::fence::SEQUENCE_REFUSED;
 use super::ops::{BlobClient, ContainerClient, WriteFence};
@@ -43,6 +44,8 @@ pub(super) struct Inner {
     pub(super) auth: Arc<dyn Authorizer>,
     policy: RetryPolicy,
     pub(super) stats: ClientStats,
+    /// Requests allowed in flight once the service throttles (see [`Gate`]).
+    gate: Gate,
 }
 
 /// One request, described once and sent as often as the retry policy allows.
@@ -131,6 +134,7 @@ impl BlobService {
                 account,
                 policy,
                 stats: ClientStats::default(),
+                gate: Gate::default(),
             }),
         }
     }
@@ -226,10 +230,23 @@ impl BlobService {
                 None => None,
             };
             let mut hinted = None;
-            let failure = match self
+            let pass = self.inner.gate.enter().await;
+            let answer = self
                 .attempt(&req, carried, timeout, sink.as_deref_mut())
-                .await
-            {
+                .await;
+            let window = pass.window();
+            drop(pass);
+            match &answer {
+                Ok(resp) if req.ok.contains(&resp.status) => self.inner.gate.succeeded(),
+                Ok(resp)
+                    if resp.status == 503
+                        && resp.header("x-ms-error-code").as_deref() == Some("ServerBusy") =>
+                {
+                    self.inner.gate.throttled(window)
+                }
+                _ => {}
+            }
+            let failure = match answer {
                 Ok(resp) if resp.status == 404 && req.gone_after_unknown_is_done && unknown => {
                     self.inner.stats.attempt_ended(None);
                     debug!(op = %req.op, target = %req.target, attempt, "gone: an earlier attempt did it");
