@@ -24,20 +24,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::azurite::{unique_container, Azurite, DEV_KEY};
+use common::mount::require_root;
 use common::util::{json, sh_ok, stdout_of_success};
-
-fn require_root() {
-    // SAFETY: geteuid cannot fail.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "mount tests must run as root"
-    );
-    assert!(
-        Path::new("/dev/fuse").exists(),
-        "mount tests need /dev/fuse"
-    );
-}
 
 /// A private run directory for this test binary.
 fn run_dir() -> PathBuf {

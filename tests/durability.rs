@@ -15,16 +15,8 @@ use std::time::{Duration, Instant};
 
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use common::azurite::{unique_container, Azurite};
+use common::mount::require_root;
 use faultproxy::{Config, Hold, Proxy};
-
-fn require_root() {
-    // SAFETY: geteuid cannot fail.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "these tests must run as root"
-    );
-}
 
 fn run_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("durability-run");

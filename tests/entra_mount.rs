@@ -14,20 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::azurite::unique_container;
 use common::entra::*;
+use common::mount::require_root;
 use common::util::json;
-
-fn require_root() {
-    // SAFETY: geteuid cannot fail.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "mount tests must run as root"
-    );
-    assert!(
-        Path::new("/dev/fuse").exists(),
-        "mount tests need /dev/fuse"
-    );
-}
 
 /// A drive mounted (ext4) with managed identity tokens from `tokens`; unmounted
 /// when dropped.

@@ -10,23 +10,10 @@ use std::time::Duration;
 
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use common::azurite::{unique_container, Azurite};
+use common::mount::require_root;
 use serde_json::Value;
 
 const MIB: u64 = 1024 * 1024;
-
-/// Mount tests need root and /dev/fuse; without them they fail (CI runs as root).
-fn require_root() {
-    // SAFETY: geteuid cannot fail.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "mount tests must run as root"
-    );
-    assert!(
-        Path::new("/dev/fuse").exists(),
-        "mount tests need /dev/fuse"
-    );
-}
 
 /// A private run directory for this test binary, so tests never touch real mounts.
 fn run_dir() -> PathBuf {

@@ -14,16 +14,8 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use common::azurite::{unique_container, Azurite, DEV_KEY};
+use common::mount::require_root;
 use faultproxy::{Config, Fault, Proxy};
-
-fn require_root() {
-    // SAFETY: geteuid cannot fail.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "these tests must run as root"
-    );
-}
 
 fn run_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reliability-run");

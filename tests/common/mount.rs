@@ -6,13 +6,17 @@ use std::process::{Command, Output};
 
 use super::util::stdout_of_success;
 
-/// Mount tests need root (FUSE, loop devices, mount).
+/// Mount tests need root (FUSE, loop devices, mount) and /dev/fuse.
 pub fn require_root() {
     // SAFETY: geteuid cannot fail.
     assert_eq!(
         unsafe { libc::geteuid() },
         0,
-        "these tests must run as root"
+        "mount tests must run as root"
+    );
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "mount tests need /dev/fuse"
     );
 }
 
