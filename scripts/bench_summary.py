@@ -1,10 +1,12 @@
 """Prints a benchmark run's figures next to their ceilings and the targets, and
 fails (exit 1) if any expected figure is missing: the quick run in CI checks that
 the whole pipeline still produces every number, not how fast it is."""
-import json
 import sys
 
-r = json.load(open(sys.argv[1]))
+from bench_results import Results
+
+res = Results(sys.argv[1])
+r = res.r
 
 EXPECTED = [
     "backend_ceiling.put_mib_s", "backend_ceiling.get_mib_s", "backend_ceiling.put_requests_s",
@@ -22,18 +24,9 @@ EXPECTED = [
     "s3backer.rand_write_iops", "s3backer.rand_read_iops", "s3backer.peak_mib",
 ]
 
-
-def get(key):
-    node = r
-    for p in key.split("."):
-        if not isinstance(node, dict) or p not in node:
-            return None
-        node = node[p]
-    return node
-
-
-missing = [k for k in EXPECTED if not isinstance(get(k), (int, float))]
-g = lambda k: float(get(k) or 0)
+get = res.get
+g = res.g
+missing = res.missing(EXPECTED)
 frac = lambda a, b: (g(a) / g(b)) if g(b) else 0.0
 
 print(f"machine: {r.get('machine')}")

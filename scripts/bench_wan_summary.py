@@ -1,10 +1,12 @@
 """Prints a WAN-profile benchmark run (scripts/bench-wan.sh) next to its ceilings and
 the targets of issue 14, and fails (exit 1) if any expected figure is missing. CI's
 quick run checks that every figure is produced, not how fast it is."""
-import json
 import sys
 
-r = json.load(open(sys.argv[1]))
+from bench_results import Results
+
+res = Results(sys.argv[1])
+r = res.r
 
 EXPECTED = [
     "machine.rtt_ms",
@@ -23,18 +25,9 @@ EXPECTED = [
     "wan_caps.rand_read_refused_503",
 ]
 
-
-def get(key):
-    node = r
-    for p in key.split("."):
-        if not isinstance(node, dict) or p not in node:
-            return None
-        node = node[p]
-    return node
-
-
-missing = [k for k in EXPECTED if not isinstance(get(k), (int, float))]
-g = lambda k: float(get(k) or 0)
+get = res.get
+g = res.g
+missing = res.missing(EXPECTED)
 rtt = g("machine.rtt_ms")
 # What 32 requests in flight can carry: the backend's own figure at 32 in flight,
 # or 32 per round trip, whichever is lower.
