@@ -22,7 +22,9 @@ use crate::device::cache::Cache;
 use crate::device::{Backend, DeviceError};
 
 mod fetchers;
+mod syncers;
 use fetchers::Fetchers;
+use syncers::Syncers;
 
 thread_local! {
     /// Each FUSE thread's read buffer, reused: a fresh zeroed buffer per request
@@ -47,6 +49,8 @@ pub struct DiskFs<B: Backend> {
     /// Where reads that miss the cache go; started by `init` (the FUSE session's
     /// start), so a filesystem that is never mounted starts no threads.
     fetchers: Option<Fetchers>,
+    /// Where fsync and close of `disk` go, so no FUSE thread waits on a flush.
+    syncers: Option<Syncers>,
     stats: StatsFn,
     /// Handles open on `disk` (a loop device over it holds one).
     open_disk: Arc<AtomicUsize>,
@@ -62,6 +66,7 @@ impl<B: Backend> DiskFs<B> {
         DiskFs {
             cache,
             fetchers: None,
+            syncers: None,
             stats,
             open_disk: Arc::new(AtomicUsize::new(0)),
             read_only,
@@ -132,6 +137,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         let _ = config.set_max_background(fetchers::WORKERS as u16);
         let _ = config.set_congestion_threshold(fetchers::WORKERS as u16 * 3 / 4);
         self.fetchers = Some(Fetchers::start(self.cache.clone())?);
+        self.syncers = Some(Syncers::start(self.cache.clone())?);
         Ok(())
     }
 
@@ -444,6 +450,9 @@ impl<B: Backend> DiskFs<B> {
     fn sync(&self, ino: INodeNo, reply: ReplyEmpty) {
         if u64::from(ino) != DISK || self.read_only {
             return reply.ok();
+        }
+        if let Some(syncers) = &self.syncers {
+            return syncers.flush(reply);
         }
         match self.cache.flush() {
             Ok(()) => reply.ok(),
