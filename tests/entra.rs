@@ -17,7 +17,7 @@ use blobdrive::azure::auth::entra::SourceKind;
 use blobdrive::azure::{Account, BlobService, Credential};
 use common::azurite::unique_container;
 use common::entra::*;
-use common::util::json;
+use common::util::{json, stdout_of_success};
 use stub::{Reply, Stub};
 
 const MIB: usize = 1 << 20;
@@ -41,12 +41,12 @@ fn exercise(env: &[(String, String)], kind: &str, as_url: bool) {
     }
     let drive = blob_of("a.vhd");
     let args = ["create", &drive, "--size", "4MiB", "--create-container"];
-    stdout_ok(&args, blobdrive(&env, &args));
+    stdout_of_success(&args, blobdrive(&env, &args));
     let args = ["info", &drive, "--json"];
-    let info = json(&stdout_ok(&args, blobdrive(&env, &args)));
+    let info = json(&stdout_of_success(&args, blobdrive(&env, &args)));
     assert_eq!(info["auth"], format!("Entra ID ({kind})"), "{info}");
     assert_eq!(info["size_bytes"], 4 * MIB as u64);
-    let text = stdout_ok(&["info"], blobdrive(&env, &["info", &drive]));
+    let text = stdout_of_success(&["info"], blobdrive(&env, &["info", &drive]));
     assert!(
         text.contains(&format!("auth:         Entra ID ({kind})")),
         "{text}"
@@ -58,10 +58,10 @@ fn exercise(env: &[(String, String)], kind: &str, as_url: bool) {
     std::fs::write(&src, &data).unwrap();
     let copy = blob_of("b.vhd");
     let args = ["upload", src.to_str().unwrap(), &copy];
-    stdout_ok(&args, blobdrive(&env, &args));
+    stdout_of_success(&args, blobdrive(&env, &args));
     let back = dir.path().join("out.img");
     let args = ["download", &copy, back.to_str().unwrap(), "--format", "raw"];
-    stdout_ok(&args, blobdrive(&env, &args));
+    stdout_of_success(&args, blobdrive(&env, &args));
     let got = std::fs::read(&back).unwrap();
     assert_eq!(got.len(), 2 * MIB, "uploads round up to a whole MiB");
     assert!(
@@ -180,20 +180,20 @@ fn auth_forces_a_source_or_a_credential_kind() {
     env.push(("AZURE_STORAGE_CONNECTION_STRING".into(), az.endpoint_only()));
     let drive = format!("{container}/a.vhd");
     let args = ["create", &drive, "--size", "4MiB", "--create-container"];
-    stdout_ok(&args, blobdrive(&env, &args));
+    stdout_of_success(&args, blobdrive(&env, &args));
     assert_eq!(
         tokens.issued("imds"),
         0,
         "the chain starts with the service principal"
     );
     let args = ["--auth", "managed-identity", "info", &drive, "--json"];
-    let info = json(&stdout_ok(&args, blobdrive(&env, &args)));
+    let info = json(&stdout_of_success(&args, blobdrive(&env, &args)));
     assert_eq!(info["auth"], "Entra ID (managed-identity)");
     assert_eq!(tokens.issued("imds"), 1);
     // BLOBDRIVE_AUTH is the same as --auth (the mount daemon gets it that way).
     let mut by_env = env.clone();
     by_env.push(("BLOBDRIVE_AUTH".into(), "managed-identity".into()));
-    let info = json(&stdout_ok(
+    let info = json(&stdout_of_success(
         &["info"],
         blobdrive(&by_env, &["info", &drive, "--json"]),
     ));
@@ -207,7 +207,7 @@ fn auth_forces_a_source_or_a_credential_kind() {
         "info",
         &drive,
     ];
-    stdout_ok(&args, blobdrive(&env, &args));
+    stdout_of_success(&args, blobdrive(&env, &args));
     let last = tokens.log().last().cloned().unwrap();
     assert_eq!(last["client_id"], "abc-123", "{last}");
 
@@ -216,7 +216,7 @@ fn auth_forces_a_source_or_a_credential_kind() {
     keyed.push(("AZURE_STORAGE_CONNECTION_STRING".into(), az.with_key()));
     let args = ["--auth", "key", "info", &drive, "--json"];
     assert_eq!(
-        json(&stdout_ok(&args, blobdrive(&keyed, &args)))["auth"],
+        json(&stdout_of_success(&args, blobdrive(&keyed, &args)))["auth"],
         "account key"
     );
     let m = error_line(&args, blobdrive(&env, &args));
@@ -435,14 +435,14 @@ fn an_untrusted_certificate_fails_at_once_and_says_how_to_trust_a_ca() {
     );
     assert!(!m.contains("attempt"), "{m}");
     // Trusted through SSL_CERT_FILE, the same command works.
-    stdout_ok(&args, blobdrive(&trusting(keyed.clone()), &args));
+    stdout_of_success(&args, blobdrive(&trusting(keyed.clone()), &args));
     // And through SSL_CERT_DIR (a directory of PEM files), too.
     let certs = tempfile::tempdir().unwrap();
     std::fs::copy(&Pki::shared().ca, certs.path().join("ca.pem")).unwrap();
     let mut by_dir = keyed.clone();
     by_dir.push(("SSL_CERT_DIR".into(), certs.path().to_str().unwrap().into()));
     let args = ["info", &drive];
-    stdout_ok(&args, blobdrive(&by_dir, &args));
+    stdout_of_success(&args, blobdrive(&by_dir, &args));
 
     // A token endpoint with an untrusted certificate: the same advice.
     let tokens = TokenServer::start();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::azurite::unique_container;
 use common::entra::*;
 use common::mount::require_root;
-use common::util::json;
+use common::util::{json, stdout_of_success};
 
 /// A drive mounted (ext4) with managed identity tokens from `tokens`; unmounted
 /// when dropped.
@@ -34,14 +34,14 @@ impl Mounted {
         env.push(("AZURE_STORAGE_CONNECTION_STRING".into(), az.endpoint_only()));
         let drive = format!("{}/a.vhd", unique_container(tag));
         let args = ["create", &drive, "--size", "64MiB", "--create-container"];
-        stdout_ok(&args, blobdrive(&env, &args));
+        stdout_of_success(&args, blobdrive(&env, &args));
         let dir = tempfile::Builder::new()
             .prefix("blobdrive-entra-mnt.")
             .tempdir()
             .unwrap();
         let mp = dir.path().to_str().unwrap().to_string();
         let args = ["mount", &drive, &mp, "--mkfs", "ext4"];
-        stdout_ok(&args, blobdrive(&env, &args));
+        stdout_of_success(&args, blobdrive(&env, &args));
         Mounted { env, dir, drive }
     }
 
@@ -227,7 +227,10 @@ fn a_mount_that_cannot_sign_in_fails_in_one_line_and_leaves_nothing() {
         m.contains("no Entra ID credential found (tried service-principal"),
         "{m}"
     );
-    let list = json(&stdout_ok(&["list"], blobdrive(&env, &["list", "--json"])));
+    let list = json(&stdout_of_success(
+        &["list"],
+        blobdrive(&env, &["list", "--json"]),
+    ));
     assert!(
         !list.to_string().contains(mp),
         "nothing recorded for the failed mount: {list}"

@@ -501,16 +501,6 @@ pub fn trusting(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
     env
 }
 
-pub fn stdout_ok(what: &[&str], out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// The one error line of a failed command.
 pub fn error_line(what: &[&str], out: Output) -> String {
     assert!(
