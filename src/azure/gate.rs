@@ -93,9 +93,10 @@ impl Gate {
         let mut st = self.lock();
         if st.limit < UNLIMITED {
             st.limit = (st.limit + 1.0 / st.limit).min(UNLIMITED);
+            drop(st);
+            // A request may be waiting for the raised limit. Unlimited, none waits.
+            self.freed.notify_waiters();
         }
-        drop(st);
-        self.freed.notify_waiters();
     }
 
     /// Requests allowed in flight now (for tests and stats).

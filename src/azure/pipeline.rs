@@ -236,16 +236,6 @@ impl BlobService {
                 .await;
             let window = pass.window();
             drop(pass);
-            match &answer {
-                Ok(resp) if req.ok.contains(&resp.status) => self.inner.gate.succeeded(),
-                Ok(resp)
-                    if resp.status == 503
-                        && resp.header("x-ms-error-code").as_deref() == Some("ServerBusy") =>
-                {
-                    self.inner.gate.throttled(window)
-                }
-                _ => {}
-            }
             let failure = match answer {
                 Ok(resp) if resp.status == 404 && req.gone_after_unknown_is_done && unknown => {
                     self.inner.stats.attempt_ended(None);
@@ -253,6 +243,7 @@ impl BlobService {
                     return Ok(resp);
                 }
                 Ok(resp) if req.ok.contains(&resp.status) => {
+                    self.inner.gate.succeeded();
                     self.inner.stats.attempt_ended(None);
                     debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
                     return Ok(resp);
@@ -277,6 +268,9 @@ impl BlobService {
                 }
                 Ok(resp) => {
                     let err = self.service_error(&req, &resp);
+                    if err.is_throttled() {
+                        self.inner.gate.throttled(window);
+                    }
                     let refused = err.code() == Some(SEQUENCE_REFUSED);
                     if let (Some(f), Some(n), true) = (&req.fence, carried, refused) {
                         // Surely not written: send again with the number as it is now.
