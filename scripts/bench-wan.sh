@@ -7,6 +7,8 @@
 #
 #   sudo scripts/bench.sh --wan            # full run (release build)
 #   sudo scripts/bench.sh --wan --quick    # small sizes, debug build (CI)
+#   sudo scripts/bench.sh --wan --only caps,fs   # some parts: ceiling, raw, fs, caps
+#                                          # (the summary then skips what is missing)
 #
 # Knobs (environment): BENCH_WAN_DELAY_MS (each way, default 5, so 10 ms round
 # trips), BENCH_WAN_CAP_MIB_S (default 60) and BENCH_WAN_CAP_REQUESTS_S (default
@@ -18,13 +20,25 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
 QUICK=0
-for arg in "$@"; do
-    case "$arg" in
+ONLY="ceiling,raw,fs,caps"
+PARTIAL=()
+usage() { echo "usage: scripts/bench.sh --wan [--quick] [--only ceiling,raw,fs,caps]" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case "$1" in
         --quick) QUICK=1 ;;
         --wan) ;;
-        *) echo "usage: scripts/bench.sh --wan [--quick]" >&2; exit 2 ;;
+        --only)
+            [ $# -ge 2 ] || usage
+            ONLY="$2"; PARTIAL=(--partial); shift
+            for part in ${ONLY//,/ }; do
+                case "$part" in ceiling | raw | fs | caps) ;; *) usage ;; esac
+            done ;;
+        *) usage ;;
     esac
+    shift
 done
+# part NAME: whether this run measures that part.
+part() { [[ ",$ONLY," == *",$1,"* ]]; }
 DELAY_MS="${BENCH_WAN_DELAY_MS:-5}"
 CAP_MIB_S="${BENCH_WAN_CAP_MIB_S:-60}"
 CAP_REQ_S="${BENCH_WAN_CAP_REQUESTS_S:-500}"
@@ -141,12 +155,15 @@ settle_azurite() {
 RTT_MS=$((DELAY_MS * 2))
 put machine "$(python3 -c "import json,os,platform; print(json.dumps({'cores': os.cpu_count(), 'kernel': platform.release(), 'quick': $QUICK == 1, 'profile': '$PROFILE', 'delay_ms_each_way': $DELAY_MS, 'rtt_ms': $RTT_MS}))")"
 
+if part ceiling; then
 say "W1. backend ceiling through the proxy (${RTT_MS} ms round trips)"
 fresh_azurite
 proxy_start
 put wan_ceiling "$("$CEILING" "$WAN_CS" bench-ceiling "$CEIL_MIB" "$SMALL_S")"
 proxy_stop
+fi
 
+if part raw; then
 say "W2. --mode raw and --mode block: random reads at QD 1 and 32, write + fsync"
 fresh_azurite
 proxy_start
@@ -171,7 +188,9 @@ put wan_block.rand_read_qd32_iops "$(rand_read "$DEV" 32)"
 put wan_block.miss_fraction "$(miss_fraction "$MNT")"
 "$BD" unmount "$MNT" >/dev/null
 proxy_stop
+fi
 
+if part fs; then
 say "W3. --mode fs (ext4): sequential write and cold read, random reads, fsync"
 fresh_azurite
 proxy_start
@@ -199,7 +218,9 @@ put wan_fs.requests_per_fsync "$(python3 -c "print(round(($(proxy_stat forwarded
 put wan_fs.put_pages_per_fsync "$(python3 -c "print(round(($(stat_of "$MNT" put_page_requests) - $P0) / $n, 2))")"
 "$BD" unmount "$MNT" >/dev/null
 proxy_stop
+fi
 
+if part caps; then
 say "W4. under the per-blob caps (${CAP_MIB_S} MiB/s, ${CAP_REQ_S} requests/s)"
 fresh_azurite
 retry_after=()
@@ -228,8 +249,9 @@ put wan_caps.rand_read_refused_503 "$(( $(proxy_stat refused_503) - R0 ))"
 put wan_caps.rand_read_seconds "$RUNTIME"
 "$BD" unmount "$MNT" >/dev/null
 proxy_stop
+fi
 
 say "summary"
 cp "$WORK/r.json" "$RESULT"
-python3 scripts/bench_wan_summary.py "$RESULT"
+python3 scripts/bench_wan_summary.py "$RESULT" "${PARTIAL[@]}"
 echo "results: $RESULT" >&2

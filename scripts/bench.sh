@@ -3,8 +3,8 @@
 #
 #   sudo scripts/bench.sh           # full run (1 GiB sequential, 30 s random jobs)
 #   sudo scripts/bench.sh --quick   # same pipeline, small sizes (CI keeps it working)
-#   sudo scripts/bench.sh --wan [--quick]   # WAN profile: 10 ms round trips, caps
-#                                           # (scripts/bench-wan.sh)
+#   sudo scripts/bench.sh --wan [--quick] [--only PARTS]   # WAN profile: 10 ms
+#                          # round trips, caps (scripts/bench-wan.sh, which see)
 #
 # Order: backend ceiling (blobdrive's client, no FUSE) -> local ceiling (ext4 on a
 # loop device over a plain file) -> blobdrive (ext4 via --mode fs, and --mode raw) ->
@@ -15,16 +15,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
-QUICK=0; WAN=0
+# The WAN profile: the same daemon behind a proxy that adds network latency; it
+# reads its own options.
+for arg in "$@"; do
+    [ "$arg" = --wan ] && exec "$ROOT/scripts/bench-wan.sh" "$@"
+done
+QUICK=0
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
-        --wan) WAN=1 ;;
-        *) echo "usage: scripts/bench.sh [--quick] [--wan]" >&2; exit 2 ;;
+        *) echo "usage: scripts/bench.sh [--quick] [--wan [--only PARTS]]" >&2; exit 2 ;;
     esac
 done
-# The WAN profile: the same daemon behind a proxy that adds network latency.
-[ "$WAN" = 1 ] && exec "$ROOT/scripts/bench-wan.sh" "$@"
 if [ "$QUICK" = 1 ]; then
     SIZE=64M; SIZE_MIB=64; RSIZE=32M; RUNTIME=3; CEIL_MIB=64; SMALL_S=2; PROFILE=debug
 else

@@ -1,6 +1,7 @@
 """Prints a WAN-profile benchmark run (scripts/bench-wan.sh) next to its ceilings and
-the targets of issue 14, and fails (exit 1) if any expected figure is missing. CI's
-quick run checks that every figure is produced, not how fast it is."""
+the targets of issue 14, and fails (exit 1) if any expected figure is missing
+(unless `--partial`: a run of some parts only). CI's quick run checks that every
+figure is produced, not how fast it is."""
 import sys
 
 from bench_results import Results
@@ -22,7 +23,7 @@ EXPECTED = [
     "wan_caps.cap_mib_s", "wan_caps.cap_requests_s",
     "wan_caps.seq_write_mib_s", "wan_caps.seq_write_requests", "wan_caps.seq_write_refused_503",
     "wan_caps.rand_read_qd32_iops", "wan_caps.rand_read_requests",
-    "wan_caps.rand_read_refused_503",
+    "wan_caps.rand_read_refused_503", "wan_caps.rand_read_seconds",
 ]
 
 get = res.get
@@ -33,6 +34,9 @@ rtt = g("machine.rtt_ms")
 # or 32 per round trip, whichever is lower.
 qd32_ceiling = min(g("wan_ceiling.rand_read_4k_qd32_s"), 32 * 1000 / rtt if rtt else 0)
 frac = lambda v, c: v / c if c else 0.0
+# Under the request cap what counts is the requests the service served per second
+# (fio's IOPS also counts reads answered from the cache).
+capped_read_rate = frac(g("wan_caps.rand_read_requests"), g("wan_caps.rand_read_seconds"))
 
 print(f"machine: {r.get('machine')}")
 print()
@@ -47,40 +51,57 @@ rows = [
     ("fs sequential write, MiB/s", "wan_fs.seq_write_mib_s", g("wan_ceiling.put_mib_s")),
     ("fs sequential read cold, MiB/s", "wan_fs.seq_read_cold_mib_s", g("wan_ceiling.get_mib_s")),
     ("capped raw sequential write, MiB/s", "wan_caps.seq_write_mib_s", g("wan_caps.cap_mib_s")),
-    ("capped raw random read QD 32, IOPS", "wan_caps.rand_read_qd32_iops", g("wan_caps.cap_requests_s")),
+    ("capped raw random read QD 32, requests served/s", capped_read_rate, g("wan_caps.cap_requests_s")),
 ]
 for name, k, c in rows:
-    print(f"{name:<48} {g(k):>10.1f} {c:>10.1f} {frac(g(k), c):>9.2f}")
+    v = k if isinstance(k, float) else g(k)
+    print(f"{name:<48} {v:>10.1f} {c:>10.1f} {frac(v, c):>9.2f}")
 print(f"  (the 64 KiB ranged-read ceiling at 32 in flight, what a cache miss fetches: "
       f"{g('wan_ceiling.rand_read_64k_qd32_s'):.0f}/s; share of reads that missed the cache: "
       f"raw {g('wan_raw.miss_fraction'):.2f}, block {g('wan_block.miss_fraction'):.2f})")
 print()
 ratio = lambda a, b: g(a) / g(b) if g(b) else 0.0
 capped = lambda ref, bad: g(bad) / g(ref) if g(ref) else 0.0
+# Each target with the parts of the run it needs (a run of some parts only leaves
+# the others unmeasured).
 targets = [
-    ("raw QD 32 >= 0.8 x min(backend at 32, 32/RTT)", frac(g("wan_raw.rand_read_qd32_iops"), qd32_ceiling) >= 0.8),
-    ("block QD 32 >= 0.6 x that", frac(g("wan_block.rand_read_qd32_iops"), qd32_ceiling) >= 0.6),
-    ("fs QD 32 >= 0.6 x that", frac(g("wan_fs.rand_read_qd32_iops"), qd32_ceiling) >= 0.6),
-    ("QD 32 >= 8 x QD 1 on raw", ratio("wan_raw.rand_read_qd32_iops", "wan_raw.rand_read_qd1_iops") >= 8),
-    ("QD 32 >= 8 x QD 1 on block", ratio("wan_block.rand_read_qd32_iops", "wan_block.rand_read_qd1_iops") >= 8),
-    ("QD 32 >= 8 x QD 1 on fs", ratio("wan_fs.rand_read_qd32_iops", "wan_fs.rand_read_qd1_iops") >= 8),
-    ("fs sequential write >= 0.8 of the Put Page ceiling", ratio("wan_fs.seq_write_mib_s", "wan_ceiling.put_mib_s") >= 0.8),
-    ("fs sequential cold read >= 0.8 of the ranged-read ceiling", ratio("wan_fs.seq_read_cold_mib_s", "wan_ceiling.get_mib_s") >= 0.8),
-    ("raw 4 KiB write + fsync <= 2 RTT", 0 < g("wan_raw.write_fsync_ms") <= 2 * rtt),
-    ("capped sequential write >= 0.9 of the MiB/s cap", ratio("wan_caps.seq_write_mib_s", "wan_caps.cap_mib_s") >= 0.9),
-    ("capped random reads >= 0.9 of the request cap", ratio("wan_caps.rand_read_qd32_iops", "wan_caps.cap_requests_s") >= 0.9),
-    ("no request storm: 503s <= requests served, both capped jobs",
-     capped("wan_caps.seq_write_requests", "wan_caps.seq_write_refused_503") <= 1
-     and capped("wan_caps.rand_read_requests", "wan_caps.rand_read_refused_503") <= 1),
+    ("raw QD 32 >= 0.8 x min(backend at 32, 32/RTT)", ["wan_ceiling", "wan_raw"],
+     frac(g("wan_raw.rand_read_qd32_iops"), qd32_ceiling) >= 0.8),
+    ("block QD 32 >= 0.6 x that", ["wan_ceiling", "wan_block"],
+     frac(g("wan_block.rand_read_qd32_iops"), qd32_ceiling) >= 0.6),
+    ("fs QD 32 >= 0.6 x that", ["wan_ceiling", "wan_fs"],
+     frac(g("wan_fs.rand_read_qd32_iops"), qd32_ceiling) >= 0.6),
+    ("QD 32 >= 8 x QD 1 on raw", ["wan_raw"],
+     ratio("wan_raw.rand_read_qd32_iops", "wan_raw.rand_read_qd1_iops") >= 8),
+    ("QD 32 >= 8 x QD 1 on block", ["wan_block"],
+     ratio("wan_block.rand_read_qd32_iops", "wan_block.rand_read_qd1_iops") >= 8),
+    ("QD 32 >= 8 x QD 1 on fs", ["wan_fs"],
+     ratio("wan_fs.rand_read_qd32_iops", "wan_fs.rand_read_qd1_iops") >= 8),
+    ("fs sequential write >= 0.8 of the Put Page ceiling", ["wan_ceiling", "wan_fs"],
+     ratio("wan_fs.seq_write_mib_s", "wan_ceiling.put_mib_s") >= 0.8),
+    ("fs sequential cold read >= 0.8 of the ranged-read ceiling", ["wan_ceiling", "wan_fs"],
+     ratio("wan_fs.seq_read_cold_mib_s", "wan_ceiling.get_mib_s") >= 0.8),
+    ("raw 4 KiB write + fsync <= 2 RTT", ["wan_raw"],
+     0 < g("wan_raw.write_fsync_ms") <= 2 * rtt),
+    ("capped sequential write >= 0.9 of the MiB/s cap", ["wan_caps"],
+     ratio("wan_caps.seq_write_mib_s", "wan_caps.cap_mib_s") >= 0.9),
+    ("capped random reads >= 0.9 of the request cap", ["wan_caps"],
+     frac(capped_read_rate, g("wan_caps.cap_requests_s")) >= 0.9),
+    ("no request storm: at most one 503 per 4 requests served, both capped jobs", ["wan_caps"],
+     capped("wan_caps.seq_write_requests", "wan_caps.seq_write_refused_503") <= 0.25
+     and capped("wan_caps.rand_read_requests", "wan_caps.rand_read_refused_503") <= 0.25),
 ]
-for name, met in targets:
-    print(f"  [{'met' if met else 'MISSED'}] {name}")
+for name, needs, met in targets:
+    state = "met" if met else "MISSED"
+    if any(r.get(part) is None for part in needs):
+        state = "not measured"
+    print(f"  [{state}] {name}")
 print(f"  write + fsync: raw {g('wan_raw.write_fsync_ms'):.1f} ms ({g('wan_raw.write_fsync_ms') / rtt if rtt else 0:.2f} RTT); "
       f"ext4 {g('wan_fs.write_fsync_ms'):.1f} ms ({g('wan_fs.write_fsync_ms') / rtt if rtt else 0:.2f} RTT), "
       f"{g('wan_fs.requests_per_fsync'):.2f} requests and {g('wan_fs.put_pages_per_fsync'):.2f} Put Page calls per fsync")
 print(f"  caps: sequential write {get('wan_caps.seq_write_requests')} requests served, "
       f"{get('wan_caps.seq_write_refused_503')} answered 503; random reads {get('wan_caps.rand_read_requests')} served, "
       f"{get('wan_caps.rand_read_refused_503')} answered 503")
-if missing:
+if missing and "--partial" not in sys.argv[2:]:
     print(f"MISSING FIGURES: {missing}", file=sys.stderr)
     sys.exit(1)

@@ -529,10 +529,47 @@ fn a_throttled_fenced_write_is_sent_again_with_the_same_number() {
     assert_eq!(fence.current(), Some(5));
 }
 
+/// Writers sending Put Pages to a stub service, all at once; returns the
+/// requests refused and the time taken. The client runs its default retry policy
+/// (backoff from 50-100 ms), with attempts enough never to give up.
+fn refusals_against(stub: &Stub, writers: u64, each: u64) -> (usize, Duration) {
+    let policy = RetryPolicy {
+        max_attempts: 1000,
+        budget: Duration::from_secs(120),
+        ..RetryPolicy::default()
+    };
+    let svc = service(stub, policy);
+    let blob = svc.blob("disks", "a.vhd");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for w in 0..writers {
+            let blob = blob.clone();
+            tasks.spawn(async move {
+                for i in 0..each {
+                    blob.put_pages((w * each + i) * 512, Bytes::from(vec![3u8; 512]), None)
+                        .await
+                        .unwrap();
+                }
+            });
+        }
+        while let Some(t) = tasks.join_next().await {
+            t.unwrap();
+        }
+    });
+    let served = (writers * each) as usize;
+    (stub.requests().len() - served, started.elapsed())
+}
+
 #[test]
-fn a_throttled_client_keeps_fewer_requests_in_flight_instead_of_probing() {
-    // A blob whose service takes 2 requests at a time and refuses the rest with 503
-    // ServerBusy, as one over its target does. 16 writers send 64 Put Pages.
+fn a_throttled_client_slows_down_instead_of_probing_a_busy_service() {
+    // A blob whose service takes 2 requests at a time, 20 ms each, and refuses the
+    // rest with 503 ServerBusy. 16 writers send 128 Put Pages at once.
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     let busy = Arc::new(AtomicUsize::new(0));
     let b = busy.clone();
@@ -545,42 +582,37 @@ fn a_throttled_client_keeps_fewer_requests_in_flight_instead_of_probing() {
         b.fetch_sub(1, SeqCst);
         Reply::status(201)
     });
-    let policy = RetryPolicy {
-        max_attempts: 1000,
-        budget: Duration::from_secs(60),
-        ..fast_policy()
-    };
-    let svc = service(&stub, policy);
-    let blob = svc.blob("disks", "a.vhd");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut tasks = tokio::task::JoinSet::new();
-        for w in 0..16u64 {
-            let blob = blob.clone();
-            tasks.spawn(async move {
-                for i in 0..4u64 {
-                    blob.put_pages((w * 4 + i) * 512, Bytes::from(vec![3u8; 512]), None)
-                        .await
-                        .unwrap();
-                }
-            });
-        }
-        while let Some(t) = tasks.join_next().await {
-            t.unwrap();
-        }
-    });
-    let requests = stub.requests().len();
-    let refused = requests - 64;
-    eprintln!("{refused} requests refused for 64 served");
+    let (refused, took) = refusals_against(&stub, 16, 8);
+    eprintln!("{refused} requests refused for 128 served in {took:?} (1.28 s at best)");
     // Each writer backing off alone kept all 16 probing: several refusals per
-    // request served. Slowed as a whole, the client settles near what is served.
+    // request served. Paced as a whole, the client settles near what is served.
     assert!(
-        refused <= 64,
-        "{refused} requests refused for 64 served: the client kept probing"
+        refused <= 45,
+        "{refused} requests refused for 128 served: the client kept probing"
+    );
+}
+
+#[test]
+fn a_throttled_client_paces_itself_to_a_rate_target() {
+    // A blob over its scalability target: 100 requests a second, with a burst of
+    // 10, as Azure's targets are rates. 8 writers send 160 Put Pages at once.
+    let bucket = Arc::new(std::sync::Mutex::new((10.0f64, Instant::now())));
+    let stub = Stub::start(move |_, _| {
+        let mut b = bucket.lock().unwrap();
+        let now = Instant::now();
+        b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * 100.0).min(10.0);
+        b.1 = now;
+        if b.0 < 1.0 {
+            return Reply::error(503, "ServerBusy", &fixture("error-503.xml"));
+        }
+        b.0 -= 1.0;
+        Reply::status(201)
+    });
+    let (refused, took) = refusals_against(&stub, 8, 20);
+    eprintln!("{refused} requests refused for 160 served in {took:?} (1.5 s at best)");
+    assert!(
+        refused <= 40,
+        "{refused} requests refused for 160 served: the client kept probing"
     );
 }
 

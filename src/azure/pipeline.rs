@@ -44,7 +44,7 @@ pub(super) struct Inner {
     pub(super) auth: Arc<dyn Authorizer>,
     policy: RetryPolicy,
     pub(super) stats: ClientStats,
-    /// Requests allowed in flight once the service throttles (see [`Gate`]).
+    /// The client's pace once the service throttles (see [`Gate`]).
     gate: Gate,
 }
 
@@ -230,12 +230,10 @@ impl BlobService {
                 None => None,
             };
             let mut hinted = None;
-            let pass = self.inner.gate.enter().await;
+            let window = self.inner.gate.enter().await;
             let answer = self
                 .attempt(&req, carried, timeout, sink.as_deref_mut())
                 .await;
-            let window = pass.window();
-            drop(pass);
             let failure = match answer {
                 Ok(resp) if resp.status == 404 && req.gone_after_unknown_is_done && unknown => {
                     self.inner.stats.attempt_ended(None);
