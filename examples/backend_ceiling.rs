@@ -2,7 +2,14 @@
 //! storage endpoint can carry, so every mount figure has its reference in the same
 //! run. Prints one JSON object.
 //!
-//! usage: backend_ceiling CONNECTION_STRING CONTAINER MIB SECONDS_FOR_SMALL_WRITES
+//! usage: backend_ceiling CONNECTION_STRING CONTAINER MIB SECONDS_FOR_SMALL_WRITES [BLOB]
+//!
+//! With 0 seconds only the large writes and reads run: the sequential ceiling
+//! measured beside a job, on the emulator as the job finds it. With BLOB (in the
+//! same container) the ranged reads also read the first MIB of that blob's written
+//! ranges, 4 MiB at a time, 8 in flight (`blob_get_mib_s`): the emulator's cost per
+//! read grows with a blob's history, so a drive's own blob is the fair reference
+//! for reading it back.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,8 +24,8 @@ const PARALLEL: usize = 8;
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 5 {
-        eprintln!("usage: backend_ceiling CONNECTION_STRING CONTAINER MIB SECONDS");
+    if !(5..=6).contains(&args.len()) {
+        eprintln!("usage: backend_ceiling CONNECTION_STRING CONTAINER MIB SECONDS [BLOB]");
         std::process::exit(2);
     }
     let svc =
@@ -70,6 +77,77 @@ async fn main() {
     while tasks.join_next().await.is_some() {}
     let read_s = started.elapsed().as_secs_f64();
 
+    let existing = match args.get(5) {
+        Some(name) => Some(read_written(&svc.blob(&args[2], name), bytes, &sem).await),
+        None => None,
+    };
+    let small = if secs > 0.0 {
+        Some(small_and_random(&blob, bytes, secs).await)
+    } else {
+        None
+    };
+    let _ = blob
+        .delete(blobdrive::azure::DeleteSnapshots::None, None)
+        .await;
+    let mib_f = mib as f64;
+    let calls = (bytes / CHUNK) as f64;
+    let mut out = serde_json::json!({
+        "put_mib_s": mib_f / write_s,
+        "put_requests_s": calls / write_s,
+        "get_mib_s": mib_f / read_s,
+        "get_requests_s": calls / read_s,
+        "bytes": bytes,
+    });
+    if let (Some(small), Some(out)) = (small, out.as_object_mut()) {
+        out.extend(small.as_object().cloned().unwrap_or_default());
+    }
+    if let (Some(mib_s), Some(out)) = (existing, out.as_object_mut()) {
+        out.insert("blob_get_mib_s".into(), mib_s.into());
+    }
+    println!("{out}");
+}
+
+/// Reads up to `bytes` of `blob`'s written ranges in pieces of at most 4 MiB,
+/// `PARALLEL` in flight: MiB/s.
+async fn read_written(
+    blob: &blobdrive::azure::BlobClient,
+    bytes: u64,
+    sem: &Arc<Semaphore>,
+) -> f64 {
+    let ranges = blob.page_ranges(None).await.expect("page ranges");
+    let mut pieces = Vec::new();
+    let mut total = 0;
+    'ranges: for r in ranges {
+        let mut at = r.start;
+        while at < r.end {
+            let len = CHUNK.min(r.end - at).min(bytes - total);
+            pieces.push((at, len));
+            at += len;
+            total += len;
+            if total == bytes {
+                break 'ranges;
+            }
+        }
+    }
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (off, len) in pieces {
+        let (b, p) = (blob.clone(), sem.clone().acquire_owned().await.unwrap());
+        tasks.spawn(async move {
+            b.read(off, len).await.expect("read");
+            drop(p);
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    total as f64 / 1048576.0 / started.elapsed().as_secs_f64()
+}
+
+/// Small Put Page calls and random ranged reads, each for `secs` seconds.
+async fn small_and_random(
+    blob: &blobdrive::azure::BlobClient,
+    bytes: u64,
+    secs: f64,
+) -> serde_json::Value {
     // Small (4 KiB) Put Page calls, as many as PARALLEL workers manage in `secs`.
     let small = Bytes::from(vec![7u8; 4096]);
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
@@ -98,28 +176,15 @@ async fn main() {
 
     // Random ranged reads of 4 KiB (what an ideal client sends for a 4 KiB miss)
     // and 64 KiB (what the cache fetches for one), at 1 and 32 in flight.
-    let rr1 = random_reads(&blob, bytes, 4096, 1, secs).await;
-    let rr32 = random_reads(&blob, bytes, 4096, 32, secs).await;
-    let rb32 = random_reads(&blob, bytes, 65536, 32, secs).await;
-    let _ = blob
-        .delete(blobdrive::azure::DeleteSnapshots::None, None)
-        .await;
-    let mib_f = mib as f64;
-    let calls = (bytes / CHUNK) as f64;
-    println!(
-        "{}",
-        serde_json::json!({
-            "put_mib_s": mib_f / write_s,
-            "put_requests_s": calls / write_s,
-            "get_mib_s": mib_f / read_s,
-            "get_requests_s": calls / read_s,
-            "small_put_requests_s": small_calls as f64 / small_s,
-            "rand_read_4k_qd1_s": rr1,
-            "rand_read_4k_qd32_s": rr32,
-            "rand_read_64k_qd32_s": rb32,
-            "bytes": bytes,
-        })
-    );
+    let rr1 = random_reads(blob, bytes, 4096, 1, secs).await;
+    let rr32 = random_reads(blob, bytes, 4096, 32, secs).await;
+    let rb32 = random_reads(blob, bytes, 65536, 32, secs).await;
+    serde_json::json!({
+        "small_put_requests_s": small_calls as f64 / small_s,
+        "rand_read_4k_qd1_s": rr1,
+        "rand_read_4k_qd32_s": rr32,
+        "rand_read_64k_qd32_s": rb32,
+    })
 }
 
 /// Ranged reads of `len` bytes at random aligned offsets, `inflight` at a time for

@@ -42,6 +42,32 @@ hwm_mib() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
 
 stat_of() { "$BD" stats "$1" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['$2'])"; }
 
+# cpu_now PID...: the machine's busy and idle clock ticks, then each PID's (user and
+# system), on one line, for cpu_json.
+cpu_now() {
+    local line p
+    line="$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat)"
+    for p in "$@"; do line="$line $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)"; done
+    echo "$line"
+}
+
+# cpu_json BEFORE AFTER NAME...: what the machine and each process (named in the
+# order cpu_now got their PIDs) used between two cpu_now lines, as JSON: the busy
+# share of all cores and CPU seconds per process. On a 2-core machine shared with
+# the emulator this says whether a job was bound by the CPU rather than the path.
+cpu_json() {
+    python3 - "$@" <<'PY'
+import json, os, sys
+before, after = [list(map(int, a.split())) for a in sys.argv[1:3]]
+names = sys.argv[3:]
+d = [a - b for a, b in zip(after, before)]
+hz = os.sysconf("SC_CLK_TCK")
+out = {"busy_share": round(d[0] / max(1, d[0] + d[1]), 3)}
+out.update({f"{n}_cpu_s": round(v / hz, 2) for n, v in zip(names, d[2:])})
+print(json.dumps(out))
+PY
+}
+
 daemon_pid() {
     "$BD" list --json | python3 -c "import json,sys; print([m['pid'] for m in json.load(sys.stdin) if m['mountpoint']=='$1'][0])"
 }

@@ -12,6 +12,7 @@ r = res.r
 EXPECTED = [
     "machine.rtt_ms",
     "wan_ceiling.put_mib_s", "wan_ceiling.get_mib_s",
+    "wan_fs_ceiling.put_mib_s", "wan_fs_ceiling.get_mib_s",
     "wan_ceiling.rand_read_4k_qd1_s", "wan_ceiling.rand_read_4k_qd32_s",
     "wan_ceiling.rand_read_64k_qd32_s",
     "wan_raw.rand_read_qd1_iops", "wan_raw.rand_read_qd32_iops", "wan_raw.miss_fraction",
@@ -34,6 +35,12 @@ rtt = g("machine.rtt_ms")
 # or 32 per round trip, whichever is lower.
 qd32_ceiling = min(g("wan_ceiling.rand_read_4k_qd32_s"), 32 * 1000 / rtt if rtt else 0)
 frac = lambda v, c: v / c if c else 0.0
+# The sequential jobs through ext4 are measured against the ceiling taken after
+# them on the same emulator (runs before it had only the fresh one); the cold read
+# against the better of reading a fresh blob and reading the drive's own blob.
+seq_put = g("wan_fs_ceiling.put_mib_s") or g("wan_ceiling.put_mib_s")
+seq_get = (max(g("wan_fs_ceiling.get_mib_s"), g("wan_fs_ceiling.blob_get_mib_s"))
+           or g("wan_ceiling.get_mib_s"))
 # Under the request cap what counts is the requests the service served per second
 # (fio's IOPS also counts reads answered from the cache).
 capped_read_rate = frac(g("wan_caps.rand_read_requests"), g("wan_caps.rand_read_seconds"))
@@ -48,8 +55,8 @@ rows = [
     ("raw random 4 KiB read QD 1, IOPS", "wan_raw.rand_read_qd1_iops", g("wan_ceiling.rand_read_4k_qd1_s")),
     ("block random 4 KiB read QD 1, IOPS", "wan_block.rand_read_qd1_iops", g("wan_ceiling.rand_read_4k_qd1_s")),
     ("fs random 4 KiB read QD 1, IOPS", "wan_fs.rand_read_qd1_iops", g("wan_ceiling.rand_read_4k_qd1_s")),
-    ("fs sequential write, MiB/s", "wan_fs.seq_write_mib_s", g("wan_ceiling.put_mib_s")),
-    ("fs sequential read cold, MiB/s", "wan_fs.seq_read_cold_mib_s", g("wan_ceiling.get_mib_s")),
+    ("fs sequential write, MiB/s", "wan_fs.seq_write_mib_s", seq_put),
+    ("fs sequential read cold, MiB/s", "wan_fs.seq_read_cold_mib_s", seq_get),
     ("capped raw sequential write, MiB/s", "wan_caps.seq_write_mib_s", g("wan_caps.cap_mib_s")),
     ("capped raw random read QD 32, requests served/s", capped_read_rate, g("wan_caps.cap_requests_s")),
 ]
@@ -59,6 +66,19 @@ for name, k, c in rows:
 print(f"  (the 64 KiB ranged-read ceiling at 32 in flight, what a cache miss fetches: "
       f"{g('wan_ceiling.rand_read_64k_qd32_s'):.0f}/s; share of reads that missed the cache: "
       f"raw {g('wan_raw.miss_fraction'):.2f}, block {g('wan_block.miss_fraction'):.2f})")
+print(f"  (8 x 4 MiB Put Page / ranged reads: {g('wan_ceiling.put_mib_s'):.0f} / {g('wan_ceiling.get_mib_s'):.0f} MiB/s "
+      f"on a fresh emulator, {g('wan_fs_ceiling.put_mib_s'):.0f} / {g('wan_fs_ceiling.get_mib_s'):.0f} "
+      f"on the ext4 jobs' emulator after them, where reading the drive's own blob ran "
+      f"{g('wan_fs_ceiling.blob_get_mib_s'):.0f})")
+def cpu(key):
+    c = r.get("wan_fs", {}).get(key) if key != "ceiling" else r.get("wan_fs_ceiling", {}).get("cpu")
+    if not c:
+        return "not measured"
+    return (f"cores {c['busy_share']:.0%} busy; CPU s: azurite {c.get('azurite_cpu_s', 0)}, "
+            f"proxy {c.get('proxy_cpu_s', 0)}" + (f", daemon {c['daemon_cpu_s']}" if "daemon_cpu_s" in c else ""))
+print(f"  CPU during the fs sequential write: {cpu('seq_write_cpu')}")
+print(f"  CPU during the fs sequential cold read: {cpu('seq_read_cold_cpu')}")
+print(f"  CPU during that ceiling (1 GiB put + get): {cpu('ceiling')}")
 print()
 ratio = lambda a, b: g(a) / g(b) if g(b) else 0.0
 capped = lambda ref, bad: g(bad) / g(ref) if g(ref) else 0.0
@@ -77,10 +97,10 @@ targets = [
      ratio("wan_block.rand_read_qd32_iops", "wan_block.rand_read_qd1_iops") >= 8),
     ("QD 32 >= 8 x QD 1 on fs", ["wan_fs"],
      ratio("wan_fs.rand_read_qd32_iops", "wan_fs.rand_read_qd1_iops") >= 8),
-    ("fs sequential write >= 0.8 of the Put Page ceiling", ["wan_ceiling", "wan_fs"],
-     ratio("wan_fs.seq_write_mib_s", "wan_ceiling.put_mib_s") >= 0.8),
-    ("fs sequential cold read >= 0.8 of the ranged-read ceiling", ["wan_ceiling", "wan_fs"],
-     ratio("wan_fs.seq_read_cold_mib_s", "wan_ceiling.get_mib_s") >= 0.8),
+    ("fs sequential write >= 0.8 of the Put Page ceiling", ["wan_fs"],
+     frac(g("wan_fs.seq_write_mib_s"), seq_put) >= 0.8),
+    ("fs sequential cold read >= 0.8 of the ranged-read ceiling", ["wan_fs"],
+     frac(g("wan_fs.seq_read_cold_mib_s"), seq_get) >= 0.8),
     ("raw 4 KiB write + fsync <= 2 RTT", ["wan_raw"],
      0 < g("wan_raw.write_fsync_ms") <= 2 * rtt),
     ("capped sequential write >= 0.9 of the MiB/s cap", ["wan_caps"],

@@ -47,9 +47,16 @@ impl BufPool {
     pub fn give(&self, mut buf: Vec<u8>) {
         buf.clear();
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        if free.len() < self.keep && buf.capacity() >= self.capacity {
+        // Only buffers of the pool's size: a larger one would hold more memory
+        // idle than the pool promises.
+        if free.len() < self.keep && (self.capacity..=self.capacity * 2).contains(&buf.capacity()) {
             free.push(buf);
         }
+    }
+
+    /// The size of the pool's buffers.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Idle buffers held now.

@@ -7,10 +7,12 @@
 //! FUSE thread itself: a hand-off would only add latency to it.
 //!
 //! The workers are plain threads because the cache's read path blocks (on its lock,
-//! on other fetches, on the backend's runtime); each job's buffer is allocated for
-//! it and freed with it, so idle workers hold no memory, and the bytes handed to
-//! them at once are capped ([`MAX_BYTES`]) so the daemon's fixed overhead stays
-//! bounded: past the cap a read is served on its FUSE thread, as before.
+//! on other fetches, on the backend's runtime); each job's buffer comes from a small
+//! shared pool ([`POOL_KEEP`] idle buffers of 1 MiB at most: a fresh allocation of
+//! 1 MiB per read cost page faults and zeroing, a visible share of the daemon's
+//! CPU in a cold sequential read), so idle workers hold no memory of their own, and
+//! the bytes handed to them at once are capped ([`MAX_BYTES`]) so the daemon's fixed
+//! overhead stays bounded: past the cap a read is served on its FUSE thread.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -19,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use fuser::{Errno, ReplyData};
 use tracing::warn;
 
+use crate::device::bufpool::BufPool;
 use crate::device::cache::Cache;
 use crate::device::Backend;
 
@@ -30,6 +33,12 @@ pub const WORKERS: usize = 64;
 /// Bytes of reads handed to the workers at once (their buffers): 32 MiB, room for
 /// 32 reads of 1 MiB (the largest FUSE sends) or thousands of small ones.
 const MAX_BYTES: usize = 32 << 20;
+
+/// The largest read FUSE sends (its default of 256 pages): the pooled buffers' size.
+const POOLED: usize = 1 << 20;
+
+/// Idle read buffers kept between jobs.
+const POOL_KEEP: usize = 8;
 
 /// Stack of a worker: the read path needs little, and 64 default 8 MiB stacks
 /// would only inflate the address space.
@@ -55,12 +64,13 @@ impl Fetchers {
         let (jobs, rx) = sync_channel::<Job>(WORKERS);
         let rx = Arc::new(Mutex::new(rx));
         let bytes = Arc::new(AtomicUsize::new(0));
+        let pool = BufPool::new(POOLED, POOL_KEEP);
         for i in 0..WORKERS {
-            let (cache, rx, bytes) = (cache.clone(), rx.clone(), bytes.clone());
+            let (cache, rx, bytes, pool) = (cache.clone(), rx.clone(), bytes.clone(), pool.clone());
             std::thread::Builder::new()
                 .name(format!("fetch-{i}"))
                 .stack_size(STACK)
-                .spawn(move || work(&cache, &rx, &bytes))?;
+                .spawn(move || work(&cache, &rx, &bytes, &pool))?;
         }
         Ok(Fetchers { jobs, bytes })
     }
@@ -82,14 +92,24 @@ impl Fetchers {
     }
 }
 
-fn work<B: Backend>(cache: &Cache<B>, rx: &Mutex<Receiver<Job>>, bytes: &AtomicUsize) {
+fn work<B: Backend>(
+    cache: &Cache<B>,
+    rx: &Mutex<Receiver<Job>>,
+    bytes: &AtomicUsize,
+    pool: &BufPool,
+) {
     loop {
         // The lock is held only while waiting for a job, never while working.
         let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
             Ok(job) => job,
             Err(_) => return,
         };
-        let mut buf = vec![0u8; job.len];
+        let mut buf = if job.len <= POOLED {
+            pool.take()
+        } else {
+            Vec::with_capacity(job.len)
+        };
+        buf.resize(job.len, 0);
         match cache.read(job.offset, &mut buf) {
             Ok(()) => job.reply.data(&buf),
             Err(e) => {
@@ -97,7 +117,7 @@ fn work<B: Backend>(cache: &Cache<B>, rx: &Mutex<Receiver<Job>>, bytes: &AtomicU
                 job.reply.error(Errno::from_i32(e.errno()));
             }
         }
-        drop(buf);
+        pool.give(buf);
         bytes.fetch_sub(job.len, Ordering::SeqCst);
     }
 }

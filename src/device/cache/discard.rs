@@ -4,8 +4,9 @@
 //!
 //! Relies on the rules in `mod.rs` ("Rules that keep data safe"): discards and
 //! flushes are serialised (it holds the flush lock, `order_lock` in `flush.rs`), so
-//! an older run can never land on top of the cleared range; and it bumps
-//! `mutations` before and after the clear, so data fetched meanwhile is not cached.
+//! an older run can never land on top of the cleared range; and it records the
+//! range as changed before and after the clear (`State::changed`), so data of it
+//! fetched meanwhile is not cached.
 //! A discard that fails gives the range's written parts back to the sparse map, so
 //! reads ask the blob again and see what it holds, as a remount would: never
 //! zeros the blob does not have.
@@ -41,7 +42,7 @@ impl<B: Backend> Cache<B> {
         let _order = self.order_lock();
         let written = {
             let mut st = self.lock();
-            st.mutations += 1;
+            st.changed(s, e);
             let written = st.sparse.data_in(s, e);
             let mut b = s / BLOCK;
             while b * BLOCK < e {
@@ -83,7 +84,7 @@ impl<B: Backend> Cache<B> {
         // A fetch planned between the first bump and the clear may have read the
         // old bytes: this second bump keeps them out of the cache.
         let mut st = self.lock();
-        st.mutations += 1;
+        st.changed(s, e);
         if result.is_err() {
             // The blob may still hold any of the old bytes.
             for r in written {

@@ -11,7 +11,8 @@
 //! snapshot of the dirty sectors and clears a block's dirty bits only if its
 //! generation did not change meanwhile; flushes and discards are serialised under
 //! `flush_lock`, and a block is never in two units in flight; every unit that lands
-//! bumps `mutations`, so data fetched while it travelled is not cached.
+//! is recorded as a change of its span (`State::changed`), so data of that range
+//! fetched while it travelled is not cached.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::Relaxed;
@@ -187,11 +188,19 @@ impl<B: Backend> Cache<B> {
             }
             let bytes: u64 = unit.runs.iter().map(|(_, d)| d.len() as u64).sum();
             debug!(runs = unit.runs.len(), bytes, "flushing");
+            // The span the unit's runs touch.
+            let span = unit.runs.iter().map(|r| r.0).min().unwrap_or(0)
+                ..unit
+                    .runs
+                    .iter()
+                    .map(|(o, d)| o + d.len() as u64)
+                    .max()
+                    .unwrap_or(0);
             let result = self.backend.write_runs(unit.runs);
             {
                 let mut st = self.lock();
                 if result.is_ok() {
-                    st.mutations += 1;
+                    st.changed(span.start, span.end);
                     for &(b, gen, m) in &unit.taken {
                         let now_clean = match st.dirty.get_mut(&b) {
                             Some(blk) if blk.gen == gen => {

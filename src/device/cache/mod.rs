@@ -19,8 +19,10 @@
 //! - writers wait (not fail) while dirty data is at its limit;
 //! - discards and flushes are serialised, so an older run can never land on top of
 //!   a range cleared after it, and a block is never in two runs in flight;
-//! - fetched data is cached only if no flush or discard landed while it travelled
-//!   (it could be older than what the cache wrote and evicted meanwhile).
+//! - fetched data is cached only if no flush or discard that touched its range
+//!   landed while it travelled (it could be older than what the cache wrote and
+//!   evicted meanwhile); when the record of recent changes no longer reaches back
+//!   to the fetch's start, any change counts.
 //!
 //! Where each part lives:
 //! - `read.rs`: the read path, and why a read fetched, waited or planned again;
@@ -31,7 +33,7 @@
 //! - `discard.rs`: discards (whole sectors become holes);
 //! - `evict.rs`: eviction of clean blocks and recycling of block memory.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -144,9 +146,13 @@ struct State {
     last_write: Option<Instant>,
     next_gen: u64,
     /// Bumped whenever the backend's content changes under the cache (a flush
-    /// landed, a discard cleared pages). Data fetched before a bump may be older than
-    /// what the cache has since written and evicted, so it is not cached.
+    /// landed, a discard cleared pages), through [`State::changed`]. Data fetched
+    /// before a bump that touched its range may be older than what the cache has
+    /// since written and evicted, so it is not cached.
     mutations: u64,
+    /// The latest changes, oldest first: the `mutations` count each one made, and
+    /// the byte range it touched (at most [`CHANGES_KEPT`]).
+    changes: VecDeque<(u64, u64, u64)>,
     /// Blocks a started fetch (a reader's own or a prefetch) is bringing in:
     /// readers that need one wait for it instead of fetching it again.
     fetching: BTreeSet<u64>,
@@ -162,10 +168,44 @@ struct State {
     free: Vec<BlockMem>,
 }
 
+/// Changes remembered for [`State::changed_since`]. A fetch that travelled across
+/// more than this many (a long outage) counts as outdated, as every fetch did
+/// across any change before the ranges were kept: a flush landing anywhere on the
+/// drive threw away all the read-ahead in flight, and a cold sequential read
+/// through ext4 (whose journal commits land while it reads) fetched about a third
+/// of its data twice.
+const CHANGES_KEPT: usize = 1024;
+
 /// Most freed block buffers kept for reuse: one mapping batch (2 MiB).
 const FREE_KEEP: usize = super::blockmem::BATCH;
 
 impl State {
+    /// Records that the backend's bytes in `[start, end)` changed (a flush unit
+    /// landed, pages were cleared).
+    fn changed(&mut self, start: u64, end: u64) {
+        self.mutations += 1;
+        self.changes.push_back((self.mutations, start, end));
+        if self.changes.len() > CHANGES_KEPT {
+            self.changes.pop_front();
+        }
+    }
+
+    /// Whether the backend's bytes in `[start, end)` may have changed since the
+    /// moment `mutations` was `epoch`: a change after it touched the range, or
+    /// changes after it were forgotten.
+    fn changed_since(&self, epoch: u64, start: u64, end: u64) -> bool {
+        if self.mutations == epoch {
+            return false;
+        }
+        match self.changes.front() {
+            Some(&(first, _, _)) if first <= epoch + 1 => self
+                .changes
+                .iter()
+                .any(|&(n, s, e)| n > epoch && s < end && start < e),
+            _ => true,
+        }
+    }
+
     /// Memory held by dirty blocks, what the dirty limit bounds: a block with one
     /// dirty sector holds all of its 64 KiB until it is written.
     fn dirty_memory(&self) -> u64 {
@@ -259,6 +299,7 @@ impl<B: Backend> Cache<B> {
                 last_write: None,
                 next_gen: 1,
                 mutations: 0,
+                changes: VecDeque::new(),
                 fetching: BTreeSet::new(),
                 queued: BTreeMap::new(),
                 ra_next: 0,

@@ -8,8 +8,8 @@
 //! round ([`DESPERATE`]) that bounds how often it can be sent back.
 //!
 //! Relies on the rules in `mod.rs` ("Rules that keep data safe"): fetched data is
-//! cached only if no flush or discard landed while it travelled (the `mutations`
-//! epoch); fetched bytes never overwrite valid sectors, and dirty blocks are never
+//! cached only if no flush or discard of its range landed while it travelled (the
+//! `mutations` epoch and `State::changed_since`); fetched bytes never overwrite valid sectors, and dirty blocks are never
 //! evicted, so written data always wins over what is fetched; flushes and discards
 //! are serialised under the flush lock, which the desperate round holds
 //! (`order_lock`, in `flush.rs`) so that nothing lands while it fetches.
@@ -78,7 +78,8 @@ impl<B: Backend> Cache<B> {
     /// another fetch is already bringing in are waited for (never fetched twice),
     /// queued read-ahead for the request is taken over, and the rest is fetched
     /// here. Fetched data may only fill sectors that the cache did not hold when the
-    /// round was planned: if a flush or discard lands meanwhile, a block written
+    /// round was planned: if a flush or discard of the fetched range lands
+    /// meanwhile, a block written
     /// before this read may have been flushed and evicted, and the fetched bytes for
     /// it can be older, so the round is planned again. From round [`DESPERATE`] on,
     /// the read holds the flush lock (nothing can land) and fetches everything it
@@ -122,15 +123,44 @@ impl<B: Backend> Cache<B> {
                 (plan, st.mutations, claim)
             };
             missed = true;
+            // Large runs go into pooled buffers: a fresh one costs page faults and
+            // zeroing per fetch, a large share of the daemon's CPU in a cold
+            // sequential read. Small ones (a random read's block) stay on the heap.
             let mut fetched = Vec::with_capacity(plan.runs.len());
+            let mut failed = None;
             for &(s, e) in &plan.runs {
-                let mut data = vec![0u8; (e - s) as usize];
-                self.backend.read(s, &mut data)?;
+                let len = (e - s) as usize;
+                let cap = self.pool.capacity();
+                let mut data = if (cap / 4..=cap).contains(&len) {
+                    self.pool.take()
+                } else {
+                    Vec::with_capacity(len)
+                };
+                data.resize(len, 0);
+                let result = self.backend.read(s, &mut data);
                 fetched.push((s, data));
+                if let Err(e) = result {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            let give_back = |fetched: Vec<(u64, Vec<u8>)>| {
+                for (_, data) in fetched {
+                    self.pool.give(data);
+                }
+            };
+            if let Some(e) = failed {
+                give_back(fetched);
+                return Err(e);
             }
             let mut st = self.lock();
             claim.release(&mut st);
-            if st.mutations != epoch {
+            if plan
+                .runs
+                .iter()
+                .any(|&(s, e)| st.changed_since(epoch, s, e))
+            {
+                give_back(fetched);
                 continue;
             }
             if plan.waits.is_empty() {
@@ -140,6 +170,7 @@ impl<B: Backend> Cache<B> {
                 self.insert_clean(&mut st, *s, data);
             }
             self.evict(&mut st);
+            give_back(fetched);
             if plan.waits.is_empty() {
                 self.counters.misses.fetch_add(1, Relaxed);
                 return Ok(());

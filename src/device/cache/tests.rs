@@ -529,3 +529,113 @@ fn sequential_reads_fetch_each_block_once_with_read_ahead_in_flight() {
         "some reads found read-ahead already cached"
     );
 }
+
+#[test]
+fn a_stream_read_out_of_order_by_a_few_mib_keeps_its_read_ahead() {
+    let c = cache(1024 * MIB, 256 * MIB);
+    let mut st = c.lock();
+    // 1 MiB requests of a 4 MiB read-ahead, in flight together and arriving in
+    // any order, as ext4 on the loop device sends them.
+    let order = [
+        0u64, 1, 3, 2, 5, 7, 4, 6, 10, 8, 11, 9, 14, 12, 15, 13, 17, 16,
+    ];
+    for &i in &order {
+        c.track_stream(&mut st, i * MIB, (i + 1) * MIB);
+    }
+    assert_eq!(
+        st.readahead, c.cfg.readahead_max,
+        "the window grew to its most"
+    );
+    assert_eq!(st.seq_next, 18 * MIB);
+    // A read far away starts a new stream.
+    c.track_stream(&mut st, 900 * MIB, 901 * MIB);
+    assert_eq!(st.readahead, 0);
+    assert_eq!(st.seq_next, 901 * MIB);
+}
+
+#[test]
+fn a_fetch_is_outdated_only_by_a_change_of_its_range() {
+    let c = cache(64 * MIB, 64 * MIB);
+    let mut st = c.lock();
+    let epoch = st.mutations;
+    assert!(!st.changed_since(epoch, 0, MIB), "nothing changed");
+    st.changed(8 * MIB, 12 * MIB);
+    assert!(!st.changed_since(epoch, 0, MIB), "a change elsewhere");
+    assert!(
+        st.changed_since(epoch, 11 * MIB, 13 * MIB),
+        "a change of the range"
+    );
+    assert!(
+        !st.changed_since(st.mutations, 11 * MIB, 13 * MIB),
+        "before the fetch"
+    );
+    // Changes no longer remembered count as touching everything.
+    for _ in 0..CHANGES_KEPT {
+        st.changed(32 * MIB, 33 * MIB);
+    }
+    assert!(st.changed_since(epoch, 0, MIB), "the record lost its start");
+}
+
+#[test]
+fn read_ahead_in_flight_survives_flushes_landing_elsewhere() {
+    // A sequential reader while another part of the drive is written and flushed
+    // all along (as ext4's journal commits while a file is read): read-ahead in
+    // flight is kept, so every byte comes from the backend once.
+    let size = 64 * MIB;
+    let c = Arc::new(cache(4 * size, 256 * MIB));
+    let data: Vec<u8> = (0..size).map(|p| (p / SECTOR % 251) as u8 + 1).collect();
+    c.backend
+        .write_runs(
+            (0..size)
+                .step_by(MAX_RUN as usize)
+                .map(|o| {
+                    (
+                        o,
+                        Bytes::copy_from_slice(&data[o as usize..(o + MAX_RUN) as usize]),
+                    )
+                })
+                .collect(),
+        )
+        .unwrap();
+    c.lock().sparse.insert(0, size);
+    c.backend.read_delay_us.store(2000, Relaxed);
+    let workers = background(&c, 8);
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (c, done) = (c.clone(), done.clone());
+        std::thread::spawn(move || {
+            let block = vec![9u8; BLOCK as usize];
+            let mut i = 0u64;
+            while !done.load(Relaxed) {
+                c.write(3 * size + (i % 512) * BLOCK, &block).unwrap();
+                c.flush().unwrap();
+                i += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            i
+        })
+    };
+    let mut b = vec![0u8; MIB as usize];
+    for off in (0..size).step_by(MIB as usize) {
+        c.read(off, &mut b).unwrap();
+        assert!(
+            b == data[off as usize..(off + MIB) as usize],
+            "bytes at {off}"
+        );
+    }
+    done.store(true, Relaxed);
+    let flushes = writer.join().unwrap();
+    c.close();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert!(
+        flushes > 10,
+        "only {flushes} flushes landed during the read"
+    );
+    assert_eq!(
+        c.backend.bytes_read.load(Relaxed),
+        size,
+        "bytes fetched again after {flushes} unrelated flushes"
+    );
+}
