@@ -7,8 +7,8 @@
 //! FUSE thread itself: a hand-off would only add latency to it.
 //!
 //! The workers are plain threads because the cache's read path blocks (on its lock,
-//! on other fetches, on the backend's runtime); each job's buffer comes from a small
-//! shared pool ([`POOL_KEEP`] idle buffers of 1 MiB at most: a fresh allocation of
+//! on other fetches, on the backend's runtime); a large read's buffer comes from a
+//! small shared pool ([`POOL_KEEP`] idle buffers of 1 MiB: a fresh allocation of
 //! 1 MiB per read cost page faults and zeroing, a visible share of the daemon's
 //! CPU in a cold sequential read), so idle workers hold no memory of their own, and
 //! the bytes handed to them at once are capped ([`MAX_BYTES`]) so the daemon's fixed
@@ -104,7 +104,9 @@ fn work<B: Backend>(
             Ok(job) => job,
             Err(_) => return,
         };
-        let mut buf = if job.len <= POOLED {
+        // Large reads (a sequential stream's) take a pooled buffer; small ones (a
+        // random read's) a plain allocation, which the heap serves cheaply.
+        let mut buf = if (POOLED / 4..=POOLED).contains(&job.len) {
             pool.take()
         } else {
             Vec::with_capacity(job.len)
