@@ -78,7 +78,7 @@ def cpu(key):
             f"proxy {c.get('proxy_cpu_s', 0)}" + (f", daemon {c['daemon_cpu_s']}" if "daemon_cpu_s" in c else ""))
 print(f"  CPU during the fs sequential write: {cpu('seq_write_cpu')}")
 print(f"  CPU during the fs sequential cold read: {cpu('seq_read_cold_cpu')}")
-print(f"  CPU during that ceiling (1 GiB put + get): {cpu('ceiling')}")
+print(f"  CPU during that ceiling (put + get): {cpu('ceiling')}")
 print()
 ratio = lambda a, b: g(a) / g(b) if g(b) else 0.0
 capped = lambda ref, bad: g(bad) / g(ref) if g(ref) else 0.0
