@@ -24,6 +24,27 @@ fn cache_with(size: u64, cfg: CacheConfig) -> Cache<MemBackend> {
     )
 }
 
+/// Fills the first `size` bytes of the backend (whole 4 MiB runs) with a pattern
+/// that differs per sector, known to the cache as written; returns the bytes.
+fn stored(c: &Cache<MemBackend>, size: u64) -> Vec<u8> {
+    let data: Vec<u8> = (0..size).map(|p| (p / SECTOR % 249) as u8 + 1).collect();
+    c.backend
+        .write_runs(
+            (0..size)
+                .step_by(MAX_RUN as usize)
+                .map(|o| {
+                    (
+                        o,
+                        Bytes::copy_from_slice(&data[o as usize..(o + MAX_RUN) as usize]),
+                    )
+                })
+                .collect(),
+        )
+        .unwrap();
+    c.lock().sparse.insert(0, size);
+    data
+}
+
 /// Starts the flusher and `prefetchers` prefetch workers, as the daemon does.
 fn background(c: &Arc<Cache<MemBackend>>, prefetchers: usize) -> Vec<std::thread::JoinHandle<()>> {
     let f = c.clone();
@@ -486,21 +507,7 @@ fn concurrent_readers_under_eviction_see_only_real_data() {
 fn sequential_reads_fetch_each_block_once_with_read_ahead_in_flight() {
     let size = 64 * MIB;
     let c = Arc::new(cache(size, 256 * MIB));
-    let data: Vec<u8> = (0..size).map(|p| (p / SECTOR % 249) as u8 + 1).collect();
-    c.backend
-        .write_runs(
-            (0..size)
-                .step_by(MAX_RUN as usize)
-                .map(|o| {
-                    (
-                        o,
-                        Bytes::copy_from_slice(&data[o as usize..(o + MAX_RUN) as usize]),
-                    )
-                })
-                .collect(),
-        )
-        .unwrap();
-    c.lock().sparse.insert(0, size);
+    let data = stored(&c, size);
     c.backend.read_delay_us.store(2000, Relaxed);
     let workers = background(&c, 8);
     let mut b = vec![0u8; MIB as usize];
@@ -583,21 +590,7 @@ fn read_ahead_in_flight_survives_flushes_landing_elsewhere() {
     // flight is kept, so every byte comes from the backend once.
     let size = 64 * MIB;
     let c = Arc::new(cache(4 * size, 256 * MIB));
-    let data: Vec<u8> = (0..size).map(|p| (p / SECTOR % 251) as u8 + 1).collect();
-    c.backend
-        .write_runs(
-            (0..size)
-                .step_by(MAX_RUN as usize)
-                .map(|o| {
-                    (
-                        o,
-                        Bytes::copy_from_slice(&data[o as usize..(o + MAX_RUN) as usize]),
-                    )
-                })
-                .collect(),
-        )
-        .unwrap();
-    c.lock().sparse.insert(0, size);
+    let data = stored(&c, size);
     c.backend.read_delay_us.store(2000, Relaxed);
     let workers = background(&c, 8);
     let done = Arc::new(AtomicBool::new(false));
