@@ -34,6 +34,20 @@ impl BufPool {
         idle.unwrap_or_else(|| Vec::with_capacity(self.capacity))
     }
 
+    /// A buffer of `len` zeroed bytes: pooled when `len` is between a quarter of
+    /// the pool's capacity and all of it, a plain allocation otherwise (a small
+    /// buffer costs the heap little, and a pooled one would hold its whole
+    /// capacity for it). Either may be given back; only pooled sizes are kept.
+    pub fn take_zeroed(&self, len: usize) -> Vec<u8> {
+        let mut buf = if (self.capacity / 4..=self.capacity).contains(&len) {
+            self.take()
+        } else {
+            Vec::with_capacity(len)
+        };
+        buf.resize(len, 0);
+        buf
+    }
+
     /// Freezes `buf` into [`Bytes`] that give the buffer back to the pool when the
     /// last clone is dropped (after a request, and its retries, are done with it).
     pub fn freeze(self: &Arc<Self>, buf: Vec<u8>) -> Bytes {
@@ -52,11 +66,6 @@ impl BufPool {
         if free.len() < self.keep && (self.capacity..=self.capacity * 2).contains(&buf.capacity()) {
             free.push(buf);
         }
-    }
-
-    /// The size of the pool's buffers.
-    pub fn capacity(&self) -> usize {
-        self.capacity
     }
 
     /// Idle buffers held now.
@@ -113,5 +122,28 @@ mod tests {
         drop(a);
         drop(b);
         assert_eq!(pool.idle(), 1);
+    }
+
+    #[test]
+    fn zeroed_buffers_are_pooled_only_at_the_pools_size() {
+        let pool = BufPool::new(4096, 2);
+        let mut big = pool.take_zeroed(2048);
+        assert_eq!(big, vec![0u8; 2048]);
+        big.fill(9);
+        let ptr = big.as_ptr();
+        pool.give(big);
+        let again = pool.take_zeroed(4096);
+        assert_eq!(again.as_ptr(), ptr, "a pooled size reuses the buffer");
+        assert_eq!(again, vec![0u8; 4096], "and zeroes it");
+        pool.give(again);
+        let small = pool.take_zeroed(100);
+        assert!(small.capacity() < 4096, "a small one is not pooled");
+        pool.give(small);
+        pool.give(vec![0u8; 3 * 4096]);
+        assert_eq!(
+            pool.idle(),
+            1,
+            "neither a small nor an oversized one is kept"
+        );
     }
 }

@@ -9,7 +9,8 @@
 //!
 //! Relies on the rules in `mod.rs` ("Rules that keep data safe"): fetched data is
 //! cached only if no flush or discard of its range landed while it travelled (the
-//! `mutations` epoch and `State::changed_since`); fetched bytes never overwrite valid sectors, and dirty blocks are never
+//! `mutations` epoch and `State::changed_since`); fetched bytes never overwrite
+//! valid sectors, and dirty blocks are never
 //! evicted, so written data always wins over what is fetched; flushes and discards
 //! are serialised under the flush lock, which the desperate round holds
 //! (`order_lock`, in `flush.rs`) so that nothing lands while it fetches.
@@ -123,20 +124,13 @@ impl<B: Backend> Cache<B> {
                 (plan, st.mutations, claim)
             };
             missed = true;
-            // Large runs go into pooled buffers: a fresh one costs page faults and
-            // zeroing per fetch, a large share of the daemon's CPU in a cold
-            // sequential read. Small ones (a random read's block) stay on the heap.
+            // Large runs go into pooled buffers (`take_zeroed`): a fresh one costs
+            // page faults and zeroing per fetch, a large share of the daemon's CPU
+            // in a cold sequential read.
             let mut fetched = Vec::with_capacity(plan.runs.len());
             let mut failed = None;
             for &(s, e) in &plan.runs {
-                let len = (e - s) as usize;
-                let cap = self.pool.capacity();
-                let mut data = if (cap / 4..=cap).contains(&len) {
-                    self.pool.take()
-                } else {
-                    Vec::with_capacity(len)
-                };
-                data.resize(len, 0);
+                let mut data = self.pool.take_zeroed((e - s) as usize);
                 let result = self.backend.read(s, &mut data);
                 fetched.push((s, data));
                 if let Err(e) = result {

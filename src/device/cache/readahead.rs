@@ -6,9 +6,9 @@
 //!
 //! Relies on the rules in `mod.rs` ("Rules that keep data safe"): prefetched data
 //! is cached only if no flush or discard of its range landed while it travelled,
-//! and never over valid sectors (`insert_clean`, in `read.rs`). Queued jobs never overlap blocks
-//! being fetched (`State::queued`), and a worker's [`Claim`] is released even if
-//! its fetch fails, so no reader waits forever.
+//! and never over valid sectors (`insert_clean`, in `read.rs`). Queued jobs never
+//! overlap blocks being fetched (`State::queued`), and a worker's [`Claim`] is
+//! released even if its fetch fails, so no reader waits forever.
 
 use std::sync::atomic::Ordering::Relaxed;
 

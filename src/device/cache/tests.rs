@@ -45,6 +45,19 @@ fn stored(c: &Cache<MemBackend>, size: u64) -> Vec<u8> {
     data
 }
 
+/// Reads `data.len()` bytes from the start in 1 MiB steps, as a sequential reader
+/// does, and checks them against `data`.
+fn read_back_by_mib(c: &Cache<MemBackend>, data: &[u8]) {
+    let mut b = vec![0u8; MIB as usize];
+    for off in (0..data.len() as u64).step_by(MIB as usize) {
+        c.read(off, &mut b).unwrap();
+        assert!(
+            b == data[off as usize..(off + MIB) as usize],
+            "bytes at {off}"
+        );
+    }
+}
+
 /// Starts the flusher and `prefetchers` prefetch workers, as the daemon does.
 fn background(c: &Arc<Cache<MemBackend>>, prefetchers: usize) -> Vec<std::thread::JoinHandle<()>> {
     let f = c.clone();
@@ -510,14 +523,7 @@ fn sequential_reads_fetch_each_block_once_with_read_ahead_in_flight() {
     let data = stored(&c, size);
     c.backend.read_delay_us.store(2000, Relaxed);
     let workers = background(&c, 8);
-    let mut b = vec![0u8; MIB as usize];
-    for off in (0..size).step_by(MIB as usize) {
-        c.read(off, &mut b).unwrap();
-        assert!(
-            b == data[off as usize..(off + MIB) as usize],
-            "bytes at {off}"
-        );
-    }
+    read_back_by_mib(&c, &data);
     c.close();
     for w in workers {
         w.join().unwrap();
@@ -608,14 +614,7 @@ fn read_ahead_in_flight_survives_flushes_landing_elsewhere() {
             i
         })
     };
-    let mut b = vec![0u8; MIB as usize];
-    for off in (0..size).step_by(MIB as usize) {
-        c.read(off, &mut b).unwrap();
-        assert!(
-            b == data[off as usize..(off + MIB) as usize],
-            "bytes at {off}"
-        );
-    }
+    read_back_by_mib(&c, &data);
     done.store(true, Relaxed);
     let flushes = writer.join().unwrap();
     c.close();
