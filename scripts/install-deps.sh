@@ -6,6 +6,10 @@
 #   scripts/install-deps.sh --bench   what scripts/bench.sh needs: the demo's set plus
 #                                     the benchmark-only tools (fio, s3backer, venv)
 #   add --list to print the packages of that set, one a line, and install nothing.
+# The test set also builds fsx (the File System eXerciser, from crates.io, a pinned
+# version with its own lock file) into target/tools for tests/fsx.rs, and puts
+# Microsoft's Python SDK for Blob Storage (scripts/test-requirements.txt) in a
+# virtual environment at target/tools/py.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
@@ -37,6 +41,8 @@ case "$mode" in
         # certificate assertions (tests/fixtures/entra/token_server.py).
         pkg_of[openssl]=openssl
         pkg_of[py:cryptography]=python3-cryptography
+        # The test tools' virtual environment (below).
+        pkg_of[py:ensurepip]=python3-venv
         ;;
     bench)
         # The benchmark pipeline only: fio jobs, the s3backer peer, moto in a venv.
@@ -66,4 +72,24 @@ if [ "${#missing[@]}" -gt 0 ]; then
     echo "installing missing packages for the $mode set: ${install[*]}"
     apt-get update -qq </dev/null
     apt-get install -y -qq --no-install-recommends "${install[@]}" </dev/null
+fi
+
+# Tools from crates.io and PyPI, into target/tools (rebuilt when their pins change).
+if [ "$mode" = test ]; then
+    root="$(cd "$(dirname "$0")/.." && pwd)"
+    tools="$root/target/tools"
+    # fsx: not packaged for Debian; a Rust port of the tool, built once with cargo.
+    FSX_VERSION=0.3.2
+    if ! "$tools/bin/fsx" --version 2>/dev/null | grep -qx "fsx $FSX_VERSION"; then
+        echo "building fsx $FSX_VERSION from crates.io into $tools"
+        cargo install --quiet --locked --version "$FSX_VERSION" --root "$tools" fsx </dev/null
+    fi
+    reqs="$root/scripts/test-requirements.txt"
+    if ! cmp -s "$reqs" "$tools/py/installed.txt"; then
+        echo "installing $reqs into $tools/py"
+        rm -rf "$tools/py"
+        python3 -m venv "$tools/py"
+        "$tools/py/bin/pip" install --quiet --disable-pip-version-check -r "$reqs" </dev/null
+        cp "$reqs" "$tools/py/installed.txt"
+    fi
 fi

@@ -4,6 +4,7 @@
 pub mod azurite;
 pub mod entra;
 pub mod mount;
+pub mod sdk;
 pub mod util;
 
 #[allow(unused_imports)]

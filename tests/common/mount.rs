@@ -29,10 +29,16 @@ pub fn run_dir(name: &str) -> PathBuf {
 
 /// blobdrive with `args`, reaching the account through `cs`.
 pub fn bd(run: &Path, cs: &str, args: &[&str]) -> Output {
+    bd_env(run, cs, &[], args)
+}
+
+/// blobdrive with `args` and the extra environment `env` (timeouts, say).
+pub fn bd_env(run: &Path, cs: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_blobdrive"))
         .args(args)
         .env("AZURE_STORAGE_CONNECTION_STRING", cs)
         .env("BLOBDRIVE_RUN_DIR", run)
+        .envs(env.iter().copied())
         .output()
         .expect("run blobdrive")
 }
@@ -40,6 +46,11 @@ pub fn bd(run: &Path, cs: &str, args: &[&str]) -> Output {
 /// blobdrive with `args`, which must succeed: its standard output.
 pub fn ok(run: &Path, cs: &str, args: &[&str]) -> String {
     stdout_of_success(&args, bd(run, cs, args))
+}
+
+/// [`ok`] with the extra environment `env`.
+pub fn ok_env(run: &Path, cs: &str, env: &[(&str, &str)], args: &[&str]) -> String {
+    stdout_of_success(&args, bd_env(run, cs, env, args))
 }
 
 /// A mountpoint that is unmounted (through `cs`) when dropped.
