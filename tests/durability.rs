@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use common::azurite::{unique_container, Azurite};
-use common::mount::require_root;
+use common::mount::{cleanup_unmount, require_root};
 use faultproxy::{Config, Hold, Proxy};
 
 fn run_dir() -> PathBuf {
@@ -95,7 +95,7 @@ impl Mp {
 
 impl Drop for Mp {
     fn drop(&mut self) {
-        let _ = bd(&self.cs, &[], &["unmount", self.s()]);
+        let _ = bd(&self.cs, &[], &cleanup_unmount(self.s()));
     }
 }
 

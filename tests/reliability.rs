@@ -117,7 +117,7 @@ impl Mp {
 
 impl Drop for Mp {
     fn drop(&mut self) {
-        let _ = bd_with(&self.cs, &[], &["unmount", self.s()]);
+        let _ = bd_with(&self.cs, &[], &common::mount::cleanup_unmount(self.s()));
     }
 }
 
@@ -200,9 +200,9 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
     let cs = proxy.connection_string();
     // I/O waits through an outage up to the I/O timeout (short here), then fails.
     let env = [
-        ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
-        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2"),
-        ("BLOBDRIVE_IO_TIMEOUT_SECS", "4"),
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "2"),
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "1"),
+        ("BLOBDRIVE_IO_TIMEOUT_SECS", "20"),
     ];
     let mp = Mp::new(&cs);
     ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
@@ -221,7 +221,35 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
         "fsync must fail while the backend is gone"
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("Input/output error"));
-    assert!(took < Duration::from_secs(30), "took {took:?}");
+    assert!(took < Duration::from_secs(120), "took {took:?}");
+    // The outage is older than the I/O timeout now: each further fsync fails
+    // after one try (a few seconds), not after a whole timeout of its own.
+    let mut waits = Vec::new();
+    for i in 0..3u64 {
+        let out = sh(&format!(
+            "python3 -c \"import os, time\n\
+             fd = os.open('{disk}', os.O_WRONLY)\n\
+             os.pwrite(fd, b'later{i}', {})\n\
+             t = time.monotonic()\n\
+             try:\n    os.fsync(fd); print('synced')\n\
+             except OSError as e:\n    print(e.strerror)\n\
+             print(time.monotonic() - t)\"",
+            (16 + 8 * i) * 512
+        ));
+        waits.push(String::from_utf8_lossy(&out.stdout).to_string());
+    }
+    eprintln!("fsyncs past the I/O timeout (error, seconds): {waits:?}");
+    let slow = waits.iter().any(|w| {
+        !w.starts_with("Input/output error")
+            || w.lines()
+                .nth(1)
+                .and_then(|s| s.parse::<f64>().ok())
+                .is_none_or(|t| t >= 14.0)
+    });
+    if slow {
+        proxy.dead.store(false, std::sync::atomic::Ordering::SeqCst);
+        panic!("an fsync past the I/O timeout did not fail after one try: {waits:?}");
+    }
     // The daemon is still up and says what happened.
     let st = json(&ok_with(&cs, &[], &["stats", mp.s(), "--json"]));
     assert!(
@@ -238,6 +266,13 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
     let b = blob_of(&spec);
     assert_eq!(&rt().block_on(b.read(0, 6)).unwrap()[..], b"safe-1");
     assert_eq!(&rt().block_on(b.read(4096, 6)).unwrap()[..], b"risky!");
+    for i in 0..3u64 {
+        assert_eq!(
+            rt().block_on(b.read((16 + 8 * i) * 512, 6)).unwrap(),
+            format!("later{i}").as_bytes(),
+            "a write whose fsync failed was not kept"
+        );
+    }
 }
 
 #[test]

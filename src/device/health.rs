@@ -13,6 +13,12 @@ use std::time::{Duration, Instant};
 /// request timeout), and a healthy request takes well under a second.
 pub const STALL_AFTER: Duration = Duration::from_secs(10);
 
+/// Two failures this far apart, with no operation under way through both, belong
+/// to separate outages: nothing tried in between (the drive was idle) could have
+/// shown whether the service answered. Counting them as one would make an old
+/// outage look ongoing, and the next blip fail I/O at once (past the I/O timeout).
+pub const OUTAGE_GAP: Duration = Duration::from_secs(60);
+
 /// The outcome of the latest backend operations.
 #[derive(Debug, Default)]
 pub struct Health {
@@ -24,8 +30,11 @@ struct State {
     /// Operations under way, by a serial number, with their start.
     pending: BTreeMap<u64, Instant>,
     next: u64,
-    /// When the earliest operation that has failed since the last success started.
+    /// When the earliest operation that has failed since the last success started
+    /// (in this outage: see [`OUTAGE_GAP`]).
     failing_since: Option<Instant>,
+    /// When an operation last failed.
+    last_failed: Option<Instant>,
     /// That failure's message (secrets never reach error messages).
     last_error: Option<String>,
 }
@@ -69,14 +78,34 @@ impl Health {
     pub fn succeeded(&self) {
         let mut s = self.state();
         s.failing_since = None;
+        s.last_failed = None;
         s.last_error = None;
     }
 
     /// An operation that started at `started` failed with `error`.
     pub fn failed(&self, started: Instant, error: &str) {
+        self.failed_at(started, Instant::now(), error);
+    }
+
+    fn failed_at(&self, started: Instant, now: Instant, error: &str) {
         let mut s = self.state();
-        s.failing_since = Some(s.failing_since.map_or(started, |t| t.min(started)));
+        // The outage goes on if this operation was already under way at the last
+        // failure (it has failed ever since), or that failure was recent.
+        let goes_on = s.last_failed.is_some_and(|last| {
+            started <= last || now.saturating_duration_since(last) <= OUTAGE_GAP
+        });
+        s.failing_since = match s.failing_since {
+            Some(t) if goes_on => Some(t.min(started)),
+            _ => Some(started),
+        };
+        s.last_failed = Some(now);
         s.last_error = Some(error.to_string());
+    }
+
+    /// How long operations have been failing: since the earliest one that failed
+    /// since the last success started; `None` while the service answers.
+    pub fn failing_for(&self) -> Option<std::time::Duration> {
+        self.state().failing_since.map(|t| t.elapsed())
     }
 
     /// The stall: since the first operation failed, or since the oldest one still
@@ -122,8 +151,36 @@ mod tests {
             s.last_error.as_deref(),
             Some("earlier start, reported last")
         );
+        assert!(h.failing_for().unwrap() >= Duration::from_secs(30));
         h.succeeded();
         assert_eq!(h.snapshot(None), HealthSnapshot::default());
+        assert_eq!(h.failing_for(), None);
+    }
+
+    #[test]
+    fn failures_with_a_quiet_gap_between_them_are_separate_outages() {
+        let h = Health::default();
+        let t0 = Instant::now() - Duration::from_secs(1000);
+        h.failed_at(t0, t0 + Duration::from_secs(25), "first");
+        // Another operation fails soon after: the same outage.
+        let t1 = t0 + Duration::from_secs(40);
+        h.failed_at(t1, t1 + Duration::from_secs(25), "second");
+        assert!(h.failing_for().unwrap() >= Duration::from_secs(1000));
+        // An operation under way all along fails again much later: still the same.
+        h.failed_at(
+            t0 + Duration::from_secs(30),
+            t0 + Duration::from_secs(400),
+            "retrying",
+        );
+        assert!(h.failing_for().unwrap() >= Duration::from_secs(1000));
+        // After a quiet spell, an operation that started since fails: a new outage.
+        let later = Instant::now() - Duration::from_secs(5);
+        h.failed_at(later, Instant::now(), "after a quiet spell");
+        let f = h.failing_for().unwrap();
+        assert!(
+            f >= Duration::from_secs(5) && f < Duration::from_secs(100),
+            "{f:?}"
+        );
     }
 
     #[test]

@@ -8,10 +8,11 @@
 //! Outages: one client operation gives up after its retry budget (25 s by
 //! default), far shorter than the outages a storage service can have. Here an
 //! operation that failed for want of an answer is tried again, as a disk retries
-//! a command, until it succeeds or the I/O timeout runs out (5 minutes by
-//! default); during unmount it waits without limit, because the cache then holds
-//! the only copy of the data. So a writer or fsync is slowed by an outage, not
-//! failed, and [`Health`] says what it waits for.
+//! a command, until it succeeds or the outage is older than the I/O timeout (5
+//! minutes by default; from then on each I/O fails after one try, until the
+//! service answers again); during unmount it waits without limit, because the
+//! cache then holds the only copy of the data. So a writer or fsync is slowed by
+//! an outage, not failed, and [`Health`] says what it waits for.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -189,8 +190,17 @@ impl Patience {
         e: AzureError,
     ) -> Result<(), DeviceError> {
         self.health.failed(a.started, &e.to_string());
+        // The I/O timeout counts from the start of the outage, not of this I/O:
+        // once the service has failed everything for that long, each further I/O
+        // fails after one try (as a disk's I/O fails fast once its path is gone)
+        // instead of every close and fsync waiting out a whole timeout of its own.
+        let outage = self
+            .health
+            .failing_for()
+            .unwrap_or_default()
+            .max(a.started.elapsed());
         let within = !self.give_up.load(Ordering::SeqCst)
-            && (self.unbounded.load(Ordering::SeqCst) || a.started.elapsed() < self.io_timeout);
+            && (self.unbounded.load(Ordering::SeqCst) || outage < self.io_timeout);
         // A write the sequence-number fence refused was surely not carried out, so
         // sending it again is as safe as after an outage. The pipeline sends it
         // again itself while its retry budget lasts; one refused when that budget

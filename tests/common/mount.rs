@@ -53,6 +53,18 @@ pub fn ok_env(run: &Path, cs: &str, env: &[(&str, &str)], args: &[&str]) -> Stri
     stdout_of_success(&args, bd_env(run, cs, env, args))
 }
 
+/// The `unmount` a test's cleanup runs. After a failed assertion the service may
+/// be left unreachable (a paused proxy): a plain unmount would then wait for it
+/// without limit and hang the test run, so the cached data, which the failing test
+/// no longer needs, is dropped instead.
+pub fn cleanup_unmount(mountpoint: &str) -> Vec<&str> {
+    if std::thread::panicking() {
+        vec!["unmount", mountpoint, "--discard-dirty", "--yes"]
+    } else {
+        vec!["unmount", mountpoint]
+    }
+}
+
 /// A mountpoint that is unmounted (through `cs`) when dropped.
 pub struct Mp {
     pub dir: tempfile::TempDir,
@@ -83,6 +95,6 @@ impl Mp {
 
 impl Drop for Mp {
     fn drop(&mut self) {
-        let _ = bd(&self.run, &self.cs, &["unmount", self.s()]);
+        let _ = bd(&self.run, &self.cs, &cleanup_unmount(self.s()));
     }
 }
