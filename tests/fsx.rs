@@ -25,7 +25,7 @@ use common::azurite::{unique_container, Azurite};
 use common::mount::{ok, ok_env, require_root, run_dir, Mp};
 use common::sdk;
 use common::util::sh;
-use faultproxy::{Config, Fault, Hold, Proxy};
+use faultproxy::{Config, Hold, Proxy};
 
 /// fsx settings shared by both runs: reads and writes of up to 1 MiB at any byte
 /// offset, through pread/pwrite, mmap, sendfile and copy_file_range, with hole
@@ -194,20 +194,8 @@ fn fsx_on_the_raw_disk_through_faults_and_late_commits_leaves_its_image_on_the_b
         rate: 0.015,
         seed,
         stall: Duration::from_secs(3),
-        kinds: &[
-            Fault::Busy503,
-            Fault::Internal500,
-            Fault::Timeout408,
-            Fault::ResetBefore,
-            Fault::ResetAfter,
-            Fault::Stall,
-            Fault::Late,
-        ],
-        hold: Some(Hold {
-            needles: vec!["x-ms-page-write: update".into()],
-            count: 2,
-            delay: Duration::from_secs(5),
-        }),
+        kinds: &faultproxy::ALL_AND_LATE,
+        hold: Some(Hold::put_pages(2, Duration::from_secs(5))),
         ..Config::clean(Azurite::shared().port)
     });
     let cs = proxy.connection_string();
@@ -319,18 +307,8 @@ fn fsx_on_a_file_in_ext4_at_default_settings_through_faults_and_outages_survives
     let proxy = Proxy::start(Config {
         rate: 0.03,
         seed,
-        kinds: &[
-            Fault::Busy503,
-            Fault::Internal500,
-            Fault::Timeout408,
-            Fault::ResetBefore,
-            Fault::ResetAfter,
-        ],
-        hold: Some(Hold {
-            needles: vec!["x-ms-page-write: update".into()],
-            count: 2,
-            delay: Duration::from_secs(25),
-        }),
+        kinds: &faultproxy::QUICK,
+        hold: Some(Hold::put_pages(2, Duration::from_secs(25))),
         ..Config::clean(Azurite::shared().port)
     });
     let cs = proxy.connection_string();

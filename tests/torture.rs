@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use common::azurite::{unique_container, Azurite};
 use common::util::{json, rt, stdout_of_success};
-use faultproxy::{Config, Fault, Hold, Proxy};
+use faultproxy::{Config, Hold, Proxy};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -375,15 +375,7 @@ fn random_io_with_crashes_outages_and_late_commits_matches_a_byte_model() {
         rate: 0.05,
         seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(7),
         stall: Duration::from_secs(3),
-        kinds: &[
-            Fault::Busy503,
-            Fault::Internal500,
-            Fault::Timeout408,
-            Fault::ResetBefore,
-            Fault::ResetAfter,
-            Fault::Stall,
-            Fault::Late,
-        ],
+        kinds: &faultproxy::ALL_AND_LATE,
         ..Config::clean(Azurite::shared().port)
     });
     let env = vec![("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2".to_string())];
@@ -403,18 +395,8 @@ fn random_io_with_faults_at_default_settings_matches_a_byte_model() {
     let proxy = Proxy::start(Config {
         rate: 0.03,
         seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(11),
-        kinds: &[
-            Fault::Busy503,
-            Fault::Internal500,
-            Fault::Timeout408,
-            Fault::ResetBefore,
-            Fault::ResetAfter,
-        ],
-        hold: Some(Hold {
-            needles: vec!["x-ms-page-write: update".into()],
-            count: 2,
-            delay: Duration::from_secs(25),
-        }),
+        kinds: &faultproxy::QUICK,
+        hold: Some(Hold::put_pages(2, Duration::from_secs(25))),
         ..Config::clean(Azurite::shared().port)
     });
     let late = torture(

@@ -43,6 +43,27 @@ pub const ALL: [Fault; 6] = [
     Fault::Stall,
 ];
 
+/// Every kind of fault, late commits included (for short request timeouts).
+pub const ALL_AND_LATE: [Fault; 7] = [
+    Fault::Busy503,
+    Fault::Internal500,
+    Fault::Timeout408,
+    Fault::ResetBefore,
+    Fault::ResetAfter,
+    Fault::Stall,
+    Fault::Late,
+];
+
+/// The faults that answer at once (none needs a request timeout to be noticed):
+/// the mix for tests at the shipped timeouts, where a stall would cost 20 s.
+pub const QUICK: [Fault; 5] = [
+    Fault::Busy503,
+    Fault::Internal500,
+    Fault::Timeout408,
+    Fault::ResetBefore,
+    Fault::ResetAfter,
+];
+
 /// Requests to hold, then forward anyway: those whose head contains every one of
 /// `needles` (case-insensitive), at most `count` of them, each held for `delay`.
 #[derive(Clone, Debug)]
@@ -50,6 +71,17 @@ pub struct Hold {
     pub needles: Vec<String>,
     pub count: usize,
     pub delay: Duration,
+}
+
+impl Hold {
+    /// The first `count` Put Page (write) calls, each forwarded `delay` late.
+    pub fn put_pages(count: usize, delay: Duration) -> Hold {
+        Hold {
+            needles: vec!["x-ms-page-write: update".into()],
+            count,
+            delay,
+        }
+    }
 }
 
 pub struct Config {
