@@ -104,7 +104,7 @@ impl Health {
 
     /// How long operations have been failing: since the earliest one that failed
     /// since the last success started; `None` while the service answers.
-    pub fn failing_for(&self) -> Option<std::time::Duration> {
+    pub fn failing_for(&self) -> Option<Duration> {
         self.state().failing_since.map(|t| t.elapsed())
     }
 

@@ -189,7 +189,14 @@ impl Patience {
         fenced: &AtomicBool,
         e: AzureError,
     ) -> Result<(), DeviceError> {
-        self.health.failed(a.started, &e.to_string());
+        let refused = e.code() == Some(SEQUENCE_REFUSED);
+        if refused {
+            // A refusal is an answer: whatever outage there was is over (the
+            // first write after a long one is often refused, see below).
+            self.health.succeeded();
+        } else {
+            self.health.failed(a.started, &e.to_string());
+        }
         // The I/O timeout counts from the start of the outage, not of this I/O:
         // once the service has failed everything for that long, each further I/O
         // fails after one try (as a disk's I/O fails fast once its path is gone)
@@ -207,7 +214,6 @@ impl Patience {
         // was spent (the first attempt after a long outage, whose late increment
         // had moved the number on) would otherwise fail the I/O, and a failed
         // flush makes a filesystem abort its journal.
-        let refused = e.code() == Some(SEQUENCE_REFUSED);
         if !(e.is_outage() || refused) || fenced.load(Ordering::SeqCst) || !within {
             return Err(map_error(fenced, e));
         }
@@ -343,5 +349,73 @@ impl Backend for RemoteBackend {
             pos += l;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn patience(io_timeout: Duration) -> Patience {
+        Patience {
+            io_timeout,
+            unbounded: AtomicBool::new(false),
+            give_up: AtomicBool::new(false),
+            health: Arc::new(Health::default()),
+        }
+    }
+
+    fn unreachable() -> AzureError {
+        AzureError::Unreachable {
+            op: crate::azure::Op::PutPage,
+            target: "c/d.vhd".into(),
+            endpoint: "http://127.0.0.1:1/acct".into(),
+            detail: "connection refused".into(),
+            attempts: 3,
+            elapsed: Duration::from_secs(2),
+        }
+    }
+
+    fn refused() -> AzureError {
+        AzureError::Service {
+            op: crate::azure::Op::PutPage,
+            target: "c/d.vhd".into(),
+            status: 412,
+            code: Some(SEQUENCE_REFUSED.into()),
+            message: None,
+            denied: None,
+        }
+    }
+
+    #[test]
+    fn past_the_io_timeout_of_an_outage_io_fails_after_one_try_until_the_service_answers() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let p = patience(Duration::from_secs(10));
+        let fenced = AtomicBool::new(false);
+        // A new I/O early in an outage waits and tries again.
+        let mut a = p.begin();
+        assert!(rt
+            .block_on(p.wait_or_fail(&mut a, &fenced, unreachable()))
+            .is_ok());
+        drop(a);
+        // The service has failed everything for longer than the I/O timeout: a
+        // new I/O fails after its one try.
+        p.health
+            .failed(Instant::now() - Duration::from_secs(20), "down");
+        let mut a = p.begin();
+        assert!(rt
+            .block_on(p.wait_or_fail(&mut a, &fenced, unreachable()))
+            .is_err());
+        drop(a);
+        // A write the sequence-number fence refused is an answer: the outage is
+        // over, and the write is sent again instead of failing.
+        let mut a = p.begin();
+        assert!(rt
+            .block_on(p.wait_or_fail(&mut a, &fenced, refused()))
+            .is_ok());
+        assert_eq!(p.health.failing_for(), None);
     }
 }
