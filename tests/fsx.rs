@@ -24,7 +24,7 @@ use std::time::Duration;
 use common::azurite::{unique_container, Azurite};
 use common::mount::{ok, ok_env, require_root, run_dir, Mp};
 use common::sdk;
-use common::util::sh;
+use common::util::{env_u64, sh};
 use faultproxy::{Config, Hold, Proxy};
 
 /// fsx settings shared by both runs: reads and writes of up to 1 MiB at any byte
@@ -57,10 +57,6 @@ fn file_config() -> String {
     format!(
         "flen = 41943040\n[opsize]\nmax = 1048576\n[weights]\n{COMMON_WEIGHTS}close_open = 1\ntruncate = 2\nposix_fallocate = 2\n"
     )
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok()?.trim().parse().ok()
 }
 
 fn ops() -> u64 {
@@ -148,19 +144,6 @@ fn new_drive(run: &Path, tag: &str, size: &str) -> String {
     spec
 }
 
-/// Waits until every request the proxy holds has been carried out: the late
-/// commits are all counted then.
-fn wait_for_held(proxy: &Proxy) {
-    let start = std::time::Instant::now();
-    while proxy.holding.load(SeqCst) > 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "a held request never went out"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// What the proxy did to the run's requests, for the test's output.
 fn report(proxy: &Proxy, what: &str) {
     let mut kinds = std::collections::BTreeMap::new();
@@ -194,7 +177,7 @@ fn fsx_on_the_raw_disk_through_faults_and_late_commits_leaves_its_image_on_the_b
         rate: 0.015,
         seed,
         stall: Duration::from_secs(3),
-        kinds: &faultproxy::ALL_AND_LATE,
+        kinds: faultproxy::ALL_AND_LATE,
         hold: Some(Hold::put_pages(2, Duration::from_secs(5))),
         ..Config::clean(Azurite::shared().port)
     });
@@ -219,7 +202,7 @@ fn fsx_on_the_raw_disk_through_faults_and_late_commits_leaves_its_image_on_the_b
     let dir = artifacts("raw");
     fsx(&raw_config(), Path::new(&mp.disk()), ops, seed, &dir);
     ok_env(&run, &cs, &env, &["unmount", mp.s()]);
-    wait_for_held(&proxy);
+    proxy.wait_for_held();
     report(&proxy, "fsx run");
     assert!(!proxy.injected().is_empty(), "no fault was injected");
     assert!(
@@ -307,7 +290,7 @@ fn fsx_on_a_file_in_ext4_at_default_settings_through_faults_and_outages_survives
     let proxy = Proxy::start(Config {
         rate: 0.03,
         seed,
-        kinds: &faultproxy::QUICK,
+        kinds: faultproxy::QUICK,
         hold: Some(Hold::put_pages(2, Duration::from_secs(25))),
         ..Config::clean(Azurite::shared().port)
     });
@@ -329,7 +312,7 @@ fn fsx_on_a_file_in_ext4_at_default_settings_through_faults_and_outages_survives
     );
     let outages = outages.finish();
     ok(&run, &cs, &["unmount", mp.s()]);
-    wait_for_held(&proxy);
+    proxy.wait_for_held();
     report(&proxy, "fsx run");
     assert!(!proxy.injected().is_empty(), "no fault was injected");
     assert!(outages > 0, "fsx ended before the first outage");

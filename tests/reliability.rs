@@ -142,7 +142,7 @@ fn five_percent_faults_lose_and_corrupt_nothing() {
         stall: Duration::from_secs(3),
         max_latency: Duration::from_millis(3),
         hold: None,
-        kinds: &faultproxy::ALL,
+        kinds: faultproxy::ALL,
     });
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
@@ -195,7 +195,7 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
         stall: Duration::from_secs(1),
         max_latency: Duration::from_millis(0),
         hold: None,
-        kinds: &faultproxy::ALL,
+        kinds: faultproxy::ALL,
     });
     let cs = proxy.connection_string();
     // I/O waits through an outage up to the I/O timeout (short here), then fails.

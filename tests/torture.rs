@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use common::azurite::{unique_container, Azurite};
-use common::util::{json, rt, stdout_of_success};
+use common::util::{env_u64, json, rt, stdout_of_success};
 use faultproxy::{Config, Hold, Proxy};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -39,10 +39,6 @@ fn run_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("torture-run");
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok()?.trim().parse().ok()
 }
 
 /// The drive as the test believes it is.
@@ -196,11 +192,7 @@ impl Drive {
         let spec = self.spec.clone();
         self.ok(&["lease", "break", &spec]);
         // Whatever the dead daemon left in the network lands (or not) now.
-        let start = Instant::now();
-        while self.proxy.holding.load(SeqCst) > 0 {
-            assert!(start.elapsed() < Duration::from_secs(60));
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.proxy.wait_for_held();
     }
 
     fn blob_bytes(&self) -> Vec<u8> {
@@ -375,7 +367,7 @@ fn random_io_with_crashes_outages_and_late_commits_matches_a_byte_model() {
         rate: 0.05,
         seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(7),
         stall: Duration::from_secs(3),
-        kinds: &faultproxy::ALL_AND_LATE,
+        kinds: faultproxy::ALL_AND_LATE,
         ..Config::clean(Azurite::shared().port)
     });
     let env = vec![("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2".to_string())];
@@ -395,7 +387,7 @@ fn random_io_with_faults_at_default_settings_matches_a_byte_model() {
     let proxy = Proxy::start(Config {
         rate: 0.03,
         seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(11),
-        kinds: &faultproxy::QUICK,
+        kinds: faultproxy::QUICK,
         hold: Some(Hold::put_pages(2, Duration::from_secs(25))),
         ..Config::clean(Azurite::shared().port)
     });

@@ -36,3 +36,9 @@ pub fn sh(script: &str) -> Output {
 pub fn sh_ok(script: &str) -> String {
     stdout_of_success(&script, sh(script))
 }
+
+/// A whole number from the environment variable `name`, if set and valid (the
+/// knobs that lengthen soak tests and replay their seeds).
+pub fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}

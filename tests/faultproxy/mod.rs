@@ -32,19 +32,9 @@ pub enum Fault {
     Late,
 }
 
-/// The faults a proxy injects unless its config names others (late commits only
-/// when asked for: each costs a whole request timeout).
-pub const ALL: [Fault; 6] = [
-    Fault::Busy503,
-    Fault::Internal500,
-    Fault::Timeout408,
-    Fault::ResetBefore,
-    Fault::ResetAfter,
-    Fault::Stall,
-];
-
-/// Every kind of fault, late commits included (for short request timeouts).
-pub const ALL_AND_LATE: [Fault; 7] = [
+/// Every kind of fault, ordered so that each mix below is a prefix of it: first
+/// those that answer at once, then the stall, then the late commit.
+pub const ALL_AND_LATE: &[Fault] = &[
     Fault::Busy503,
     Fault::Internal500,
     Fault::Timeout408,
@@ -54,15 +44,13 @@ pub const ALL_AND_LATE: [Fault; 7] = [
     Fault::Late,
 ];
 
+/// The faults a proxy injects unless its config names others (late commits only
+/// when asked for: each costs a whole request timeout).
+pub const ALL: &[Fault] = ALL_AND_LATE.split_at(6).0;
+
 /// The faults that answer at once (none needs a request timeout to be noticed):
 /// the mix for tests at the shipped timeouts, where a stall would cost 20 s.
-pub const QUICK: [Fault; 5] = [
-    Fault::Busy503,
-    Fault::Internal500,
-    Fault::Timeout408,
-    Fault::ResetBefore,
-    Fault::ResetAfter,
-];
+pub const QUICK: &[Fault] = ALL_AND_LATE.split_at(5).0;
 
 /// Requests to hold, then forward anyway: those whose head contains every one of
 /// `needles` (case-insensitive), at most `count` of them, each held for `delay`.
@@ -109,7 +97,7 @@ impl Config {
             stall: Duration::from_secs(1),
             max_latency: Duration::ZERO,
             hold: None,
-            kinds: &ALL,
+            kinds: ALL,
         }
     }
 }
@@ -205,6 +193,19 @@ impl Proxy {
 
     pub fn injected(&self) -> Vec<Fault> {
         self.faults.lock().unwrap().clone()
+    }
+
+    /// Waits (a minute at most) until every request held back has been carried
+    /// out: the late commits are all counted then.
+    pub fn wait_for_held(&self) {
+        let start = std::time::Instant::now();
+        while self.holding.load(Relaxed) > 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "a held request never went out"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// The late commits so far.
