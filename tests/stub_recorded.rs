@@ -641,3 +641,40 @@ fn every_request_tells_the_server_when_to_give_up() {
         .unwrap();
     assert_eq!(stub.requests()[0].query("timeout").as_deref(), Some("5"));
 }
+
+#[test]
+fn a_try_cut_off_on_a_pooled_connection_is_made_again_on_a_new_one() {
+    // The first answer leaves its connection in the client's pool; the next
+    // request on that connection is cut off, as on a connection an outage left
+    // dead while the service is back. Even with a single attempt allowed (a
+    // mount's I/O past its I/O timeout gets one try), the operation succeeds: a
+    // try on a kept connection that got no answer is made again on a new one.
+    const EMPTY: &str = "<?xml version=\"1.0\" encoding=\"utf-8\"?><PageList></PageList>";
+    let stub = Stub::start(|req: &Recorded, index| {
+        if index > 0 && req.connection == 0 {
+            Reply::Hangup
+        } else {
+            Reply::xml(200, EMPTY)
+        }
+    });
+    let policy = RetryPolicy {
+        max_attempts: 1,
+        ..fast_policy()
+    };
+    let svc = service(&stub, policy);
+    let blob = svc.blob("disks", "a.vhd");
+    let rt = rt();
+    rt.block_on(blob.page_ranges(None)).unwrap();
+    let second = rt.block_on(blob.page_ranges(None));
+    let seen: Vec<usize> = stub.requests().iter().map(|r| r.connection).collect();
+    assert!(
+        second.is_ok(),
+        "failed on a dead pooled connection: {second:?} (connections {seen:?})"
+    );
+    assert_eq!(seen.len(), 3, "connections of the requests: {seen:?}");
+    assert_eq!(
+        seen[1], 0,
+        "the second request reused the pooled connection"
+    );
+    assert_ne!(seen[2], 0, "the try again went on a new connection");
+}

@@ -202,6 +202,19 @@ impl Drive {
 
 impl Drop for Drive {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // What the daemon saw is what explains a failure here (the log of the
+            // mount at this mountpoint, kept in the test's run directory).
+            let mp = std::fs::canonicalize(self.mp()).unwrap_or_else(|_| self.mp().into());
+            let id = blobdrive::mount::record::id_for(&mp);
+            let log = run_dir().join("mounts").join(format!("{id}.log"));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!("--- last lines of the daemon's log ({}):", log.display());
+            for l in &lines[lines.len().saturating_sub(80)..] {
+                eprintln!("  {l}");
+            }
+        }
         self.disk = None;
         let mp = self.mp().to_string();
         let _ = self.bd(&Azurite::shared().connection_string(), &["unmount", &mp]);

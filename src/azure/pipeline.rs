@@ -39,6 +39,11 @@ pub struct BlobService {
 
 pub(super) struct Inner {
     http: reqwest::Client,
+    /// The same client without a connection pool: every request on a connection of
+    /// its own. An attempt after one that got no answer goes through it, since the
+    /// pool may still hold connections the outage left dead (a request on one fails
+    /// while the service answers).
+    fresh_http: reqwest::Client,
     account: Account,
     /// Built once from `account.credential`.
     pub(super) auth: Arc<dyn Authorizer>,
@@ -127,9 +132,14 @@ impl BlobService {
         let http = super::http::client_builder(policy.connect_timeout)
             .build()
             .expect("the HTTP client configuration is static and valid");
+        let fresh_http = super::http::client_builder(policy.connect_timeout)
+            .pool_max_idle_per_host(0)
+            .build()
+            .expect("the HTTP client configuration is static and valid");
         BlobService {
             inner: Arc::new(Inner {
                 http,
+                fresh_http,
                 auth: auth::for_account(&account),
                 account,
                 policy,
@@ -217,14 +227,28 @@ impl BlobService {
         let mut unknown = false;
         // Whether a refused token already made the credential renew it.
         let mut renewed = false;
+        // Whether the last attempt got no answer: the next one then goes on a new
+        // connection (see `Inner::fresh_http`).
+        let mut unanswered = false;
+        // Whether an attempt went on a new connection, and so surely reached for
+        // the service rather than a connection the pool kept.
+        let mut fresh_tried = false;
+        // The one attempt past the budget (below) runs with the full request timeout.
+        let mut last_chance = false;
         loop {
             attempt += 1;
             let remaining = policy.budget.saturating_sub(started.elapsed());
             // Shorten the last attempts to the budget, but never below what a single
             // small request needs, so the bound holds without spurious timeouts.
-            let timeout = policy
-                .request_timeout
-                .min(remaining.max(Duration::from_secs(2)));
+            let timeout = if last_chance {
+                policy.request_timeout
+            } else {
+                policy
+                    .request_timeout
+                    .min(remaining.max(Duration::from_secs(2)))
+            };
+            let fresh = unanswered;
+            fresh_tried |= fresh;
             let carried = match &req.fence {
                 Some(f) => Some(f.number().await?),
                 None => None,
@@ -232,8 +256,9 @@ impl BlobService {
             let mut hinted = None;
             let window = self.inner.gate.enter().await;
             let answer = self
-                .attempt(&req, carried, timeout, sink.as_deref_mut())
+                .attempt(&req, carried, timeout, fresh, sink.as_deref_mut())
                 .await;
+            unanswered = matches!(answer, Err(Failure::Transport(_)));
             let failure = match answer {
                 Ok(resp) if resp.status == 404 && req.gone_after_unknown_is_done && unknown => {
                     self.inner.stats.attempt_ended(None);
@@ -333,7 +358,21 @@ impl BlobService {
             self.inner.stats.attempt_ended(Some(failure.to_string()));
             // A busy service's `Retry-After` is a floor for the backoff.
             let delay = policy.backoff(attempt).max(hinted.unwrap_or_default());
-            if attempt >= max_attempts || started.elapsed() + delay >= policy.budget {
+            let spent = attempt >= max_attempts || started.elapsed() + delay >= policy.budget;
+            if spent && unanswered && !fresh_tried && req.max_attempts.is_none() {
+                // Every attempt went unanswered on a connection the pool kept, which
+                // an outage may have left dead while the service is back: one more
+                // on a new connection, at once, before giving up. So "one try" (a
+                // mount's I/O past its I/O timeout gets one operation) is one that
+                // reached for the service, and the first I/O after an outage does
+                // not fail on a dead connection. Not for a request whose caller
+                // set its attempts (a snapshot: it retries, idempotently, itself).
+                debug!(op = %req.op, target = %req.target, attempt, "trying once more on a new connection: {failure}");
+                ClientStats::add(&self.inner.stats.retries, 1);
+                last_chance = true;
+                continue;
+            }
+            if spent {
                 // The error itself is what callers report (the daemon logs its own
                 // warnings where it waits): logging it here too printed it twice.
                 debug!(op = %req.op, target = %req.target, attempts = attempt, "giving up: {failure}");
@@ -368,6 +407,7 @@ impl BlobService {
         req: &Request,
         sequence: Option<u64>,
         timeout: Duration,
+        fresh: bool,
         sink: Option<&mut [u8]>,
     ) -> Result<Response, Failure> {
         let date = httpdate::fmt_http_date(SystemTime::now());
@@ -400,10 +440,13 @@ impl BlobService {
             let value = HeaderValue::from_str(v).map_err(|_| bad())?;
             map.append(name, value);
         }
+        let http = if fresh {
+            &self.inner.fresh_http
+        } else {
+            &self.inner.http
+        };
         let send = async {
-            let resp = self
-                .inner
-                .http
+            let resp = http
                 .request(req.method.clone(), url)
                 .headers(map)
                 .body(req.body.clone())

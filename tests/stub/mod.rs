@@ -16,6 +16,8 @@ pub struct Recorded {
     pub target: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// Which connection it came on, counting accepted connections from 0.
+    pub connection: usize,
 }
 
 impl Recorded {
@@ -105,11 +107,11 @@ impl Stub {
         let handler: Arc<Handler> = Arc::new(handler);
         let reqs = requests.clone();
         std::thread::spawn(move || {
-            for conn in listener.incoming() {
+            for (connection, conn) in listener.incoming().enumerate() {
                 let Ok(conn) = conn else { return };
                 let reqs = reqs.clone();
                 let handler = handler.clone();
-                std::thread::spawn(move || serve(conn, reqs, handler));
+                std::thread::spawn(move || serve(conn, connection, reqs, handler));
             }
         });
         Stub { port, requests }
@@ -124,7 +126,12 @@ impl Stub {
     }
 }
 
-fn serve(conn: TcpStream, reqs: Arc<Mutex<Vec<Recorded>>>, handler: Arc<Handler>) {
+fn serve(
+    conn: TcpStream,
+    connection: usize,
+    reqs: Arc<Mutex<Vec<Recorded>>>,
+    handler: Arc<Handler>,
+) {
     conn.set_read_timeout(Some(Duration::from_secs(30))).ok();
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut writer = conn;
@@ -164,6 +171,7 @@ fn serve(conn: TcpStream, reqs: Arc<Mutex<Vec<Recorded>>>, handler: Arc<Handler>
             target,
             headers,
             body,
+            connection,
         };
         let index = {
             let mut r = reqs.lock().unwrap();
