@@ -15,7 +15,7 @@ use base64::Engine;
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use common::azurite::{unique_container, Azurite, DEV_KEY};
 use common::mount::require_root;
-use faultproxy::{Config, Fault, Proxy};
+use faultproxy::{Config, Fault, Hold, Proxy};
 
 fn run_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reliability-run");
@@ -579,4 +579,78 @@ fn secrets_never_reach_logs_outputs_or_the_command_line() {
     ] {
         assert!(!seen.contains(secret), "secret leaked: {secret}");
     }
+}
+
+/// The bytes of `[offset, offset+len)` of the raw `disk`, read past the kernel's
+/// page cache (what the daemon serves).
+fn read_direct(disk: &str, offset: u64, len: u64) -> Vec<u8> {
+    let out = sh(&format!(
+        "dd if='{disk}' bs={len} skip={} count=1 iflag=direct,skip_bytes status=none",
+        offset
+    ));
+    assert!(
+        out.status.success(),
+        "direct read of {disk}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+#[test]
+fn a_failed_discard_whose_clear_lands_late_never_leaves_cache_and_blob_apart() {
+    require_root();
+    let spec = new_drive("lateclear", "16MiB");
+    // Every Clear Pages is held past the client's request timeout and carried out
+    // ten seconds later: each attempt is abandoned, the discard fails with EIO.
+    let proxy = Proxy::start(Config {
+        hold: Some(Hold {
+            needles: vec!["x-ms-page-write: clear".into()],
+            count: 1000,
+            delay: Duration::from_secs(10),
+        }),
+        ..Config::clean(Azurite::shared().port)
+    });
+    let cs = proxy.connection_string();
+    let env = [
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "2"),
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "1"),
+        ("BLOBDRIVE_IO_TIMEOUT_SECS", "3"),
+    ];
+    let mp = Mp::new(&cs);
+    ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let disk = format!("{}/disk", mp.s());
+    sh_ok(&format!(
+        "python3 -c \"import os; fd = os.open('{disk}', os.O_WRONLY); os.pwrite(fd, b'\\x55' * 65536, 0); os.fsync(fd)\""
+    ));
+    let out = sh(&format!(
+        "fallocate --punch-hole --keep-size -o 0 -l 65536 '{disk}'"
+    ));
+    assert!(
+        !out.status.success(),
+        "the discard should fail: every Clear Pages went unanswered"
+    );
+    // The blob still holds the old bytes, and a read caches them.
+    assert_eq!(read_direct(&disk, 0, 65536), vec![0x55u8; 65536]);
+    // Whatever was held lands now (or is refused by the fence).
+    proxy.wait_for_held();
+    let late = proxy.late_commits();
+    assert!(!late.is_empty(), "no Clear Pages was held");
+    let blob = rt()
+        .block_on(blob_of(&spec).read(0, 65536))
+        .unwrap()
+        .to_vec();
+    let served = read_direct(&disk, 0, 65536);
+    assert!(
+        served == blob,
+        "the drive serves bytes the blob no longer holds (first served {:?}, blob {:?}); late clears: {:?}",
+        &served[..4],
+        &blob[..4],
+        late.iter().map(|l| l.status).collect::<Vec<_>>()
+    );
+    assert!(
+        late.iter().all(|l| l.status == Some(412)),
+        "a Clear Pages given up on was carried out: {:?}",
+        late.iter().map(|l| l.status).collect::<Vec<_>>()
+    );
+    ok_with(&cs, &env, &["unmount", mp.s()]);
 }

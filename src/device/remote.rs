@@ -342,10 +342,19 @@ impl Backend for RemoteBackend {
         let mut pos = offset;
         while pos < offset + len {
             let l = (offset + len - pos).min(MAX_CLEAR);
-            self.rt.block_on(self.patience.run(&self.fenced, || {
+            let cleared = self.rt.block_on(self.patience.run(&self.fenced, || {
                 self.blob
                     .clear_pages_fenced(pos, l, Some(&lease), &self.write_fence)
-            }))?;
+            }));
+            if let Err(e) = cleared {
+                // The last attempt may still be carried out, long after the cache
+                // took the range back from the blob: fence it now, or it could
+                // clear pages under bytes a read cached meanwhile.
+                if let Err(f) = self.rt.block_on(self.write_fence.settle()) {
+                    warn!("could not fence a Clear Pages that got no answer: {f}");
+                }
+                return Err(e);
+            }
             pos += l;
         }
         Ok(())

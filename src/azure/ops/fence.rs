@@ -96,6 +96,21 @@ impl WriteFence {
         Ok(current)
     }
 
+    /// Raises the number now if an abandoned attempt still carries the current
+    /// one. For an operation that failed after such an attempt: nothing may be
+    /// sent again, but the attempt can still land, and reads in between never
+    /// raise the number; once this returns, it is refused whenever it arrives.
+    pub async fn settle(&self) -> Result<(), AzureError> {
+        let unsettled = {
+            let n = self.numbers();
+            n.abandoned.is_some() && n.usable().is_none()
+        };
+        if unsettled {
+            self.number().await?;
+        }
+        Ok(())
+    }
+
     /// An attempt carrying `carried` ended without an answer (timeout, broken
     /// connection, or a server error that may come after the write): it may still
     /// land, so the number must rise before anything is sent again.
