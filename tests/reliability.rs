@@ -654,3 +654,60 @@ fn a_failed_discard_whose_clear_lands_late_never_leaves_cache_and_blob_apart() {
     );
     ok_with(&cs, &env, &["unmount", mp.s()]);
 }
+
+#[test]
+fn unmount_after_a_daemon_stopped_by_itself_with_losses_says_what_was_lost() {
+    // A daemon that stops by itself (SIGTERM, a plain umount) removes its record
+    // whatever the outcome; `unmount` must not take "record gone" for a clean stop.
+    require_root();
+    let spec = new_drive("selfstop", "16MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&cs);
+    ok_with(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let pid = mp.pid() as i32;
+    // Written while the service does not answer (the close waits to flush it);
+    // meanwhile another host breaks the lease: it can never reach the blob.
+    proxy
+        .paused
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let disk = format!("{}/disk", mp.s());
+    let mut writer = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import os; fd = os.open('{disk}', os.O_WRONLY); os.pwrite(fd, b'unkept!!' * 1024, 0); os.close(fd)"
+        ))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    rt().block_on(blob_of(&spec).break_lease(Some(0))).unwrap();
+    proxy
+        .paused
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let closed = writer.wait().unwrap();
+    assert!(!closed.success(), "the close flushed without the lease");
+    // SAFETY: kill(2) on the daemon's pid, read from its own mount record.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let start = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the daemon did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = bd_with(&cs, &[], &["unmount", mp.s()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "unmount exited 0 after a stop that dropped data: {}{err}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        err.contains("could not keep everything") && err.contains("dropped"),
+        "{err}"
+    );
+    // Said once: a second unmount finds nothing mounted.
+    let again = bd_with(&cs, &[], &["unmount", mp.s()]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("nothing is mounted"));
+}

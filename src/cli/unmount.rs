@@ -39,7 +39,14 @@ pub fn run(args: Args) -> Result<()> {
         .canonicalize()
         .unwrap_or_else(|_| args.mountpoint.clone());
     record::check_readable().map_err(anyhow::Error::msg)?;
-    let Some(rec) = record::load(&record::id_for(&mp)) else {
+    let id = record::id_for(&mp);
+    let Some(rec) = record::load(&id) else {
+        if let Some(lost) = record::take_outcome(&id) {
+            bail!(
+                "the daemon of {} stopped by itself and could not keep everything: {lost}",
+                mp.display()
+            );
+        }
         bail!(
             "nothing is mounted by blobdrive at {} (see `blobdrive list`)",
             mp.display()
@@ -60,12 +67,14 @@ pub fn run(args: Args) -> Result<()> {
         match answer {
             Ok(a) if a == "ok" => {
                 wait_gone(rec.pid);
+                record::take_outcome(&rec.id);
                 println!("unmounted {} ({})", mp.display(), rec.blob);
                 return Ok(());
             }
             Ok(a) if a.starts_with("failed ") => {
                 // The daemon stopped, but not everything was kept.
                 wait_gone(rec.pid);
+                record::take_outcome(&rec.id);
                 bail!("{}", &a["failed ".len()..]);
             }
             Ok(a) => bail!("{}", a.strip_prefix("error ").unwrap_or(&a)),
@@ -78,8 +87,14 @@ pub fn run(args: Args) -> Result<()> {
             }
             Err(_) if record::load(&rec.id).is_none() => {
                 // It finished by itself just now (a plain umount of the
-                // filesystem, or SIGTERM), removing its record as a clean stop
-                // does; a daemon that died leaves it.
+                // filesystem, or SIGTERM), removing its record (a daemon that died
+                // leaves it), and a note first if it could not keep everything.
+                if let Some(lost) = record::take_outcome(&rec.id) {
+                    bail!(
+                        "the daemon of {} stopped by itself and could not keep everything: {lost}",
+                        mp.display()
+                    );
+                }
                 println!("unmounted {} ({})", mp.display(), rec.blob);
                 return Ok(());
             }

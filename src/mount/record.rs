@@ -78,6 +78,8 @@ pub fn create_exclusive(r: &MountRecord) -> std::io::Result<()> {
         .write(true)
         .create_new(true)
         .open(&path)?;
+    // A note left by an earlier mount here that nobody read is stale now.
+    let _ = fs::remove_file(outcome_path(&r.id));
     f.write_all(
         serde_json::to_string_pretty(r)
             .expect("serialisable")
@@ -97,6 +99,48 @@ pub fn remove(id: &str) {
     let (path, sock, ..) = paths(id);
     let _ = fs::remove_file(path);
     let _ = fs::remove_file(sock);
+}
+
+/// Where a daemon that stopped with losses leaves what it could not keep.
+fn outcome_path(id: &str) -> PathBuf {
+    mounts_dir().join(format!("{id}.lost"))
+}
+
+/// The most of an outcome note that is read back.
+const OUTCOME_MAX_BYTES: u64 = 64 << 10;
+
+/// Leaves `what` (what could not be kept) for the `blobdrive unmount` that comes
+/// after a daemon stopped with losses: its record is gone then, which alone would
+/// read as a clean stop. Written before the record is removed.
+pub fn write_outcome(id: &str, what: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(outcome_path(id))?;
+    f.write_all(what.as_bytes())
+}
+
+/// Takes (reads and removes) the note a daemon left when it stopped with losses.
+pub fn take_outcome(id: &str) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = outcome_path(id);
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+        .ok()?;
+    let _ = fs::remove_file(&path);
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(OUTCOME_MAX_BYTES).read_to_string(&mut text).ok()?;
+    Some(text)
 }
 
 /// Removes a mount's daemon log and its rotated copy: done after a clean unmount

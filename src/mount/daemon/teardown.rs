@@ -164,6 +164,11 @@ impl Mounted {
             self.made_fuse_dir = false;
         }
         if self.record_written {
+            if !losses.is_empty() {
+                if let Err(e) = record::write_outcome(&self.record_id, &losses.join("; ")) {
+                    warn!("could not leave a note of what was lost for `blobdrive unmount`: {e}");
+                }
+            }
             record::remove(&self.record_id);
             self.record_written = false;
         }
