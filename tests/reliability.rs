@@ -36,7 +36,7 @@ fn bd_with(cs: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
 }
 
 fn az() -> String {
-    Azurite::shared().connection_string()
+    Azurite::isolated().connection_string()
 }
 
 fn ok_with(cs: &str, env: &[(&str, &str)], args: &[&str]) -> String {
@@ -136,7 +136,7 @@ fn five_percent_faults_lose_and_corrupt_nothing() {
     require_root();
     let spec = new_drive("faults", "512MiB");
     let proxy = Proxy::start(Config {
-        upstream_port: Azurite::shared().port,
+        upstream_port: Azurite::isolated().port,
         rate: 0.05,
         seed: 20261122,
         stall: Duration::from_secs(3),
@@ -189,7 +189,7 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
     require_root();
     let spec = new_drive("gone", "64MiB");
     let proxy = Proxy::start(Config {
-        upstream_port: Azurite::shared().port,
+        upstream_port: Azurite::isolated().port,
         rate: 0.0,
         seed: 1,
         stall: Duration::from_secs(1),
@@ -408,7 +408,7 @@ fn account_sas(permissions: &str, expiry: &str) -> String {
 fn sas_cs(sas: &str) -> String {
     format!(
         "BlobEndpoint={};SharedAccessSignature={sas}",
-        Azurite::shared().blob_endpoint()
+        Azurite::isolated().blob_endpoint()
     )
 }
 
@@ -608,7 +608,7 @@ fn a_failed_discard_whose_clear_lands_late_never_leaves_cache_and_blob_apart() {
             count: 1000,
             delay: Duration::from_secs(10),
         }),
-        ..Config::clean(Azurite::shared().port)
+        ..Config::clean(Azurite::isolated().port)
     });
     let cs = proxy.connection_string();
     let env = [
@@ -661,7 +661,7 @@ fn unmount_after_a_daemon_stopped_by_itself_with_losses_says_what_was_lost() {
     // whatever the outcome; `unmount` must not take "record gone" for a clean stop.
     require_root();
     let spec = new_drive("selfstop", "16MiB");
-    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
     let cs = proxy.connection_string();
     let mp = Mp::new(&cs);
     ok_with(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
@@ -710,4 +710,80 @@ fn unmount_after_a_daemon_stopped_by_itself_with_losses_says_what_was_lost() {
     // Said once: a second unmount finds nothing mounted.
     let again = bd_with(&cs, &[], &["unmount", mp.s()]);
     assert!(String::from_utf8_lossy(&again.stderr).contains("nothing is mounted"));
+}
+
+/// Aborts the FUSE connection of the mount at `path`, as an operator can through
+/// `/sys/fs/fuse/connections/N/abort` (N: the minor number of its device),
+/// mounting `fusectl` there for the moment when it is not.
+fn abort_fuse_connection(path: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let conns = Path::new("/sys/fs/fuse/connections");
+    let dev = std::fs::metadata(path).unwrap().dev();
+    let n = libc::minor(dev);
+    let mounted_here = !conns.join(n.to_string()).exists();
+    if mounted_here {
+        sh_ok("mount -t fusectl fusectl /sys/fs/fuse/connections");
+    }
+    std::fs::write(conns.join(n.to_string()).join("abort"), "1").unwrap();
+    if mounted_here {
+        sh_ok("umount /sys/fs/fuse/connections");
+    }
+}
+
+#[test]
+fn a_fuse_connection_aborted_under_a_busy_drive_still_writes_back_and_frees_the_lease() {
+    require_root();
+    let spec = new_drive("fuseabort", "16MiB");
+    let cs = az();
+    let mp = Mp::new(&cs);
+    ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    let pid = mp.pid() as i32;
+    // A process writes (no fsync: the data is only in the daemon's cache) and
+    // keeps `disk` open, so a normal unmount would be refused as busy.
+    let disk = format!("{}/disk", mp.s());
+    let mut holder = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import os, sys, time\n\
+             fd = os.open('{disk}', os.O_RDWR)\n\
+             os.pwrite(fd, b'cached!!' * 1024, 0)\n\
+             print('written', flush=True)\n\
+             time.sleep(600)"
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line, "written\n");
+    abort_fuse_connection(mp.s());
+    let start = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the daemon did not stop after its FUSE connection was aborted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let blob = blob_of(&spec);
+    let got = rt().block_on(blob.read(0, 8192)).unwrap().to_vec();
+    assert!(
+        got == b"cached!!".repeat(1024),
+        "what the daemon had cached was not written back (the blob begins {:?})",
+        &got[..16]
+    );
+    // The lease was released, and nothing of the mount is left.
+    let id = rt()
+        .block_on(blob.acquire_lease("00000000-0000-0000-0000-0000000000ab", Some(15)))
+        .expect("the lease is still held");
+    rt().block_on(blob.release_lease(&id)).unwrap();
+    let list = ok_with(&cs, &[], &["list", "--json"]);
+    assert!(!list.contains(mp.s()), "the mount is still listed: {list}");
+    assert!(!Path::new(&format!("{}/disk", mp.s())).exists());
 }

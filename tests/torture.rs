@@ -217,7 +217,7 @@ impl Drop for Drive {
         }
         self.disk = None;
         let mp = self.mp().to_string();
-        let _ = self.bd(&Azurite::shared().connection_string(), &["unmount", &mp]);
+        let _ = self.bd(&Azurite::isolated().connection_string(), &["unmount", &mp]);
     }
 }
 
@@ -256,7 +256,7 @@ fn torture(tag: &str, ops: u64, proxy: Proxy, env: Vec<(&'static str, String)>) 
         "torture {tag}: seed {seed} ({ops} operations; BLOBDRIVE_TORTURE_SEED={seed} replays it)"
     );
     let mut rng = StdRng::seed_from_u64(seed);
-    let az = Azurite::shared().connection_string();
+    let az = Azurite::isolated().connection_string();
     let spec = format!("{}/disk.vhd", unique_container(tag));
     let svc = BlobService::new(Account::from_connection_string(&az).unwrap());
     let (c, n) = spec.split_once('/').unwrap();
@@ -381,7 +381,7 @@ fn random_io_with_crashes_outages_and_late_commits_matches_a_byte_model() {
         seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(7),
         stall: Duration::from_secs(3),
         kinds: faultproxy::ALL_AND_LATE,
-        ..Config::clean(Azurite::shared().port)
+        ..Config::clean(Azurite::isolated().port)
     });
     let env = vec![("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2".to_string())];
     torture(
@@ -402,7 +402,7 @@ fn random_io_with_faults_at_default_settings_matches_a_byte_model() {
         seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(11),
         kinds: faultproxy::QUICK,
         hold: Some(Hold::put_pages(2, Duration::from_secs(25))),
-        ..Config::clean(Azurite::shared().port)
+        ..Config::clean(Azurite::isolated().port)
     });
     let late = torture(
         "tortdefault",

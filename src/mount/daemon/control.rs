@@ -190,8 +190,7 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                     error!(
                         "the FUSE mount went away underneath; writing what is cached and stopping"
                     );
-                    m.session = None;
-                    return finished(m.teardown()?);
+                    return finished(m.teardown_after_fuse_gone());
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => return finished(m.teardown()?),

@@ -27,11 +27,61 @@ impl Mounted {
         // From here on the cache may hold the only copy of what the filesystem
         // writes back as it unmounts: I/O waits for the service without limit.
         self.set_unbounded_waits(true);
-        let result = self.take_down();
+        let result = self.take_down(Vec::new());
         if result.is_err() && !self.umount_begun {
             self.set_unbounded_waits(false);
         }
         result
+    }
+
+    /// Takes everything down after the FUSE session ended under the daemon (its
+    /// connection aborted through `/sys/fs/fuse/connections`, or the FUSE
+    /// directory unmounted lazily): nothing new can be written any more, so what
+    /// is cached is written back first, even while processes still hold `disk` or
+    /// sit in the mountpoint; what sits on the dead file (the filesystem, the loop
+    /// device) is then taken down lazily if busy, the lease released and the record
+    /// removed. Returns what could not be kept.
+    pub(super) fn teardown_after_fuse_gone(&mut self) -> Vec<String> {
+        self.set_unbounded_waits(true);
+        self.fuse_gone.store(true, Ordering::SeqCst);
+        self.session = None;
+        let mut losses = Vec::new();
+        if let Some(cache) = self.cache.clone() {
+            if !self.req.read_only {
+                losses.extend(self.write_back(&cache));
+            }
+        }
+        self.noticed_plain_umount();
+        if self.fs_mounted {
+            if let Err(e) = system::umount(&self.req.mountpoint, false) {
+                warn!(
+                    "{} is busy ({e}): detaching it lazily; its files are gone with the drive",
+                    self.req.mountpoint.display()
+                );
+                if let Err(e) = system::umount(&self.req.mountpoint, true) {
+                    error!("cannot detach {}: {e}", self.req.mountpoint.display());
+                }
+            }
+            self.fs_mounted = false;
+        }
+        if let Some(dev) = self.device.take() {
+            if let Err(e) = system::loop_detach(&dev) {
+                warn!("cannot detach {dev} yet ({e}): it goes once its last user lets go");
+            }
+        }
+        if system::is_mountpoint(&self.fuse_dir) {
+            if let Err(e) = system::umount(&self.fuse_dir, true) {
+                warn!("cannot detach {}: {e}", self.fuse_dir.display());
+            }
+        }
+        // Nothing is left that could refuse: the rest of the usual way down.
+        self.open_disk = None;
+        let so_far = losses.clone();
+        self.take_down(losses).unwrap_or_else(|e| {
+            let mut all = so_far;
+            all.push(format!("taking the drive down: {e}"));
+            all
+        })
     }
 
     fn set_unbounded_waits(&self, on: bool) {
@@ -95,7 +145,8 @@ impl Mounted {
         true
     }
 
-    fn take_down(&mut self) -> Result<Vec<String>, MountError> {
+    /// `losses`: what was already lost on the way here.
+    fn take_down(&mut self, mut losses: Vec<String>) -> Result<Vec<String>, MountError> {
         // A plain umount that came first leaves nothing of the filesystem here.
         self.noticed_plain_umount();
         self.refuse_if_disk_open()?;
@@ -127,9 +178,8 @@ impl Mounted {
             }
         }
         self.fuse_gone.store(true, Ordering::SeqCst);
-        let mut losses = Vec::new();
         if let Some(cache) = self.cache.clone() {
-            if !self.req.read_only {
+            if !self.req.read_only && losses.is_empty() {
                 losses.extend(self.write_back(&cache));
             }
             cache.close();
