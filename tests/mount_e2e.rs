@@ -731,3 +731,104 @@ for call in calls:
     ok(&["unmount", mp.s()]);
     assert!(!log.exists(), "a clean unmount left its log behind");
 }
+
+/// The options of the mount at `path`, from /proc/self/mountinfo.
+fn mount_options(path: &str) -> Vec<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(path))
+        .last()
+        .unwrap_or_else(|| panic!("{path} is not mounted"));
+    line.split(' ')
+        .nth(5)
+        .unwrap()
+        .split(',')
+        .map(str::to_string)
+        .collect()
+}
+
+/// What `id -u` prints when a user with nothing (65534) runs `program`.
+fn run_as_nobody(program: &str) -> String {
+    sh_ok(&format!(
+        "setpriv --reuid=65534 --regid=65534 --clear-groups -- '{program}' -u"
+    ))
+    .trim()
+    .to_string()
+}
+
+#[test]
+fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
+    require_root();
+    let spec = new_drive("nosuid", "64MiB");
+    let mp = Mp::new();
+    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let opts = mount_options(mp.s());
+    assert!(
+        opts.contains(&"nosuid".to_string()) && opts.contains(&"nodev".to_string()),
+        "{opts:?}"
+    );
+    // Whoever writes the blob plants a setuid-root program and a device node.
+    sh_ok(&format!(
+        "cp /usr/bin/id '{m}/id' && chown 0:0 '{m}/id' && chmod 4755 '{m}/id' && mknod -m 666 '{m}/null' c 1 3",
+        m = mp.s()
+    ));
+    ok(&["unmount", mp.s()]);
+    ok(&["mount", &spec, mp.s()]);
+    assert_eq!(
+        run_as_nobody(&format!("{}/id", mp.s())),
+        "65534",
+        "a setuid program from the blob ran as root"
+    );
+    let dev = sh(&format!("echo x > '{}/null'", mp.s()));
+    assert!(
+        !dev.status.success(),
+        "a device node from the blob could be opened"
+    );
+    ok(&["unmount", mp.s()]);
+    // Opted in: the flags are off, and the setuid bit works.
+    ok(&["mount", &spec, mp.s(), "--suid", "--dev"]);
+    let opts = mount_options(mp.s());
+    assert!(
+        !opts.contains(&"nosuid".to_string()) && !opts.contains(&"nodev".to_string()),
+        "{opts:?}"
+    );
+    assert_eq!(run_as_nobody(&format!("{}/id", mp.s())), "0");
+    sh_ok(&format!("echo x > '{}/null'", mp.s()));
+    ok(&["unmount", mp.s()]);
+}
+
+#[test]
+fn only_ext4_and_xfs_are_mounted_and_other_filesystems_are_left_untouched() {
+    require_root();
+    for (fs, mkfs) in [("minix", "mkfs.minix"), ("ext2", "mkfs.ext2 -q -F")] {
+        let spec = new_drive(&format!("fstype-{fs}"), "16MiB");
+        let mp = Mp::new();
+        let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
+            .trim()
+            .to_string();
+        sh_ok(&format!("{mkfs} {dev} >/dev/null"));
+        ok(&["unmount", mp.s()]);
+        let before = fingerprint(&spec);
+        let err = fails(
+            &["mount", &spec, mp.s()],
+            &format!("holds a {fs} filesystem; blobdrive mounts only ext4 and xfs"),
+        );
+        assert_eq!(
+            err.lines().filter(|l| l.contains("error")).count(),
+            1,
+            "{err}"
+        );
+        assert_eq!(fingerprint(&spec), before, "the refused {fs} drive changed");
+        assert_nothing_left(&mp, &spec);
+    }
+}
+
+/// The blob's ETag and content.
+fn fingerprint(spec: &str) -> (Option<String>, Vec<u8>) {
+    let b = blob_of(spec);
+    rt().block_on(async {
+        let p = b.properties().await.unwrap();
+        (p.etag, b.read(0, p.content_length).await.unwrap().to_vec())
+    })
+}

@@ -99,6 +99,9 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
         cache_size: o.cache_size,
         foreground: false,
         credentials: o.credentials,
+        // fstab's `suid` and `dev` arrive among the flags.
+        suid: false,
+        dev: false,
         fs_flags: o.fs_flags,
     };
     let connection_string = std::env::var("AZURE_STORAGE_CONNECTION_STRING").ok();

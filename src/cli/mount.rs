@@ -65,6 +65,17 @@ pub struct Args {
     /// others. Its variables replace every AZURE_* variable of the environment.
     #[arg(long, value_name = "FILE")]
     pub credentials: Option<PathBuf>,
+    /// Honour setuid and setgid bits on the filesystem (mode fs). Off by default:
+    /// whoever can write the blob (a SAS holder, another host) could plant a
+    /// setuid-root program that any local user runs to become root here. Only for
+    /// a drive whose every writer you trust with root on this host.
+    #[arg(long)]
+    pub suid: bool,
+    /// Allow device nodes on the filesystem (mode fs). Off by default, for the
+    /// same reason as --suid: a device node planted in the blob opens this host's
+    /// disks and memory to any local user.
+    #[arg(long)]
+    pub dev: bool,
     /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)
     /// helper from an fstab line.
     #[arg(skip)]
@@ -204,7 +215,12 @@ fn mount(
         cache_size,
         uid,
         gid,
-        fs_flags: args.fs_flags.clone(),
+        fs_flags: {
+            let mut f = args.fs_flags.clone();
+            f.extend(args.suid.then(|| "suid".to_string()));
+            f.extend(args.dev.then(|| "dev".to_string()));
+            f
+        },
     };
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.

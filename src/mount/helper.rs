@@ -219,7 +219,7 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
             _ if sloppy => {}
             _ => {
                 return Err(UsageError(format!(
-                    "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, credentials=FILE, nosuid, nodev, noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
+                    "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, credentials=FILE, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
                 )))
             }
         }

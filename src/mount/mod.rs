@@ -59,6 +59,34 @@ pub struct MountRequest {
     pub fs_flags: Vec<String>,
 }
 
+/// The filesystem types blobdrive mounts. A drive is bytes from the network that
+/// whoever can write the blob controls; these are the filesystems whose kernel
+/// drivers are built and fuzzed for disks, and the ones `--mkfs` creates.
+pub const MOUNTABLE_FS: &[&str] = &["ext4", "xfs"];
+
+/// The flags a filesystem is mounted with: `flags` as given, plus `nosuid` and
+/// `nodev` unless `suid` or `dev` opts in (the last of each pair wins, as in
+/// mount(8)). Whoever can write the blob could otherwise plant a setuid-root
+/// program or a device node that any local user can use to become root.
+pub fn hardened_fs_flags(flags: &[String]) -> Vec<String> {
+    let last = |on: &str, off: &str| {
+        flags
+            .iter()
+            .rev()
+            .find(|f| *f == on || *f == off)
+            .is_some_and(|f| f == on)
+    };
+    let (suid, dev) = (last("suid", "nosuid"), last("dev", "nodev"));
+    let mut out: Vec<String> = flags
+        .iter()
+        .filter(|f| !matches!(f.as_str(), "suid" | "nosuid" | "dev" | "nodev"))
+        .cloned()
+        .collect();
+    out.push(if suid { "suid" } else { "nosuid" }.to_string());
+    out.push(if dev { "dev" } else { "nodev" }.to_string());
+    out
+}
+
 /// What a ready mount reports.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Ready {
@@ -90,4 +118,29 @@ pub enum MountError {
     Busy(String),
     #[error("{0}")]
     Data(String),
+}
+
+#[cfg(test)]
+mod flag_tests {
+    use super::hardened_fs_flags;
+
+    fn v(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn filesystems_are_nosuid_and_nodev_unless_asked() {
+        assert_eq!(hardened_fs_flags(&[]), v(&["nosuid", "nodev"]));
+        assert_eq!(
+            hardened_fs_flags(&v(&["noatime"])),
+            v(&["noatime", "nosuid", "nodev"])
+        );
+        assert_eq!(hardened_fs_flags(&v(&["suid"])), v(&["suid", "nodev"]));
+        assert_eq!(hardened_fs_flags(&v(&["dev", "suid"])), v(&["suid", "dev"]));
+        // The last word wins, as in mount(8).
+        assert_eq!(
+            hardened_fs_flags(&v(&["suid", "nosuid", "nodev", "dev"])),
+            v(&["nosuid", "dev"])
+        );
+    }
 }

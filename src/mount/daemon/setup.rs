@@ -228,13 +228,20 @@ pub(super) fn setup(
                 )))
             }
         };
+        if !crate::mount::MOUNTABLE_FS.contains(&t.as_str()) {
+            // Checked before anything mounts it (no journal replay, nothing written).
+            return Err(MountError::System(format!(
+                "{} holds a {t} filesystem; blobdrive mounts only ext4 and xfs (use --mode block for the device)",
+                m.target
+            )));
+        }
         system::check_same_dir(&m.req.mountpoint, m.req.mountpoint_id)?;
         system::mount_fs(
             &dev,
             &m.req.mountpoint,
             &t,
             m.req.read_only,
-            &m.req.fs_flags,
+            &crate::mount::hardened_fs_flags(&m.req.fs_flags),
         )?;
         m.fs_mounted = true;
         // From now on a plain `umount` of the filesystem detaches the loop device,
