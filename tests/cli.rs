@@ -3,6 +3,7 @@
 
 mod common;
 mod raw;
+mod stub;
 
 use common::util::{json, rt, stdout_of_success};
 use std::process::{Command, Output};
@@ -453,31 +454,53 @@ fn unreachable_endpoint_fails_in_bounded_time() {
 }
 
 #[test]
-fn no_emulator_and_no_connection_string_says_what_was_tried_and_how_to_configure() {
-    // Only meaningful while nothing listens on the default emulator port.
-    if std::net::TcpStream::connect("127.0.0.1:10000").is_ok() {
-        eprintln!("skipped: something listens on 127.0.0.1:10000");
-        return;
+fn with_no_account_configured_nothing_is_contacted_not_even_the_default_emulator_port() {
+    // A local user listens where the emulator would (127.0.0.1:10000), ready to
+    // serve root an image of its choosing. When the port is taken, the part that
+    // listens is skipped; the refusal is checked all the same.
+    let trap = std::net::TcpListener::bind("127.0.0.1:10000").ok();
+    if let Some(t) = &trap {
+        t.set_nonblocking(true).unwrap();
     }
-    let started = std::time::Instant::now();
-    let mut cmd = bin();
-    cmd.env_remove("AZURE_STORAGE_CONNECTION_STRING")
-        .env_remove("BLOBDRIVE_RETRY_BUDGET_SECS")
-        .args(["info", "disks/a.vhd"]);
-    let err = fails_with(
-        cmd,
-        &[
-            "http://127.0.0.1:10000/devstoreaccount1",
-            "connection refused",
-            "AZURE_STORAGE_CONNECTION_STRING",
-            "scripts/azurite.sh start",
-        ],
-    );
-    assert!(!err.contains(common::azurite::DEV_KEY), "{err}");
+    let mp = tempfile::tempdir().unwrap();
+    let mps = mp.path().to_str().unwrap().to_string();
+    for args in [
+        vec!["info", "disks/a.vhd"],
+        vec!["create", "disks/a.vhd", "--size", "16MiB"],
+        vec!["mount", "disks/a.vhd", mps.as_str()],
+        vec!["snapshot", "list", "disks/a.vhd"],
+    ] {
+        let started = std::time::Instant::now();
+        let mut cmd = bin();
+        cmd.env_remove("AZURE_STORAGE_CONNECTION_STRING")
+            .env_remove("AZURE_STORAGE_ACCOUNT")
+            .args(&args);
+        let err = fails_with(
+            cmd,
+            &[
+                "no storage account is configured",
+                "AZURE_STORAGE_CONNECTION_STRING",
+                "AZURE_STORAGE_ACCOUNT",
+                "credentials",
+                "UseDevelopmentStorage=true",
+            ],
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(3),
+            "{args:?} did not fail at once: {:?}",
+            started.elapsed()
+        );
+        if let Some(t) = &trap {
+            assert!(
+                t.accept().is_err(),
+                "{args:?} connected to 127.0.0.1:10000 with nothing configured"
+            );
+        }
+    }
     assert!(
-        started.elapsed() < std::time::Duration::from_secs(3),
-        "a refused local emulator fails at once: {:?}",
-        started.elapsed()
+        std::fs::read_dir(mp.path()).unwrap().next().is_none(),
+        "something was mounted"
     );
 }
 
@@ -661,4 +684,87 @@ fn list_and_stats_say_when_the_run_directory_is_not_readable() {
             "{args:?}: {err}"
         );
     }
+}
+
+/// `blobdrive ARGS` in a network namespace of its own (nothing can leave it) with
+/// `cs` as the connection string (none when empty).
+fn in_empty_netns(cs: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("unshare");
+    c.arg("-n").arg(env!("CARGO_BIN_EXE_blobdrive")).args(args);
+    c.env_remove("AZURE_STORAGE_CONNECTION_STRING")
+        .env_remove("BLOBDRIVE_LOG");
+    if !cs.is_empty() {
+        c.env("AZURE_STORAGE_CONNECTION_STRING", cs);
+    }
+    c
+}
+
+#[test]
+fn keys_and_sas_go_only_over_https_or_to_this_machine() {
+    // Run as root in an empty network namespace: were anything sent, it would be
+    // retried for seconds; the refusal comes before connecting, at once.
+    let key = common::azurite::DEV_KEY;
+    let keyed = format!(
+        "DefaultEndpointsProtocol=http;AccountName=acct;AccountKey={key};BlobEndpoint=http://192.0.2.1/acct"
+    );
+    let sas_url = "http://192.0.2.1/acct/disks/a.vhd?sv=2021-12-02&sp=r&sig=SECRETSIG";
+    for (cs, args) in [
+        (keyed.as_str(), vec!["info", "disks/a.vhd"]),
+        ("", vec!["info", sas_url]),
+        (
+            keyed.as_str(),
+            vec!["create", "disks/b.vhd", "--size", "16MiB"],
+        ),
+    ] {
+        let started = std::time::Instant::now();
+        let err = fails_with(
+            in_empty_netns(cs, &args),
+            &["http://192.0.2.1", "only over https"],
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(3),
+            "{args:?}: not refused before connecting ({:?})",
+            started.elapsed()
+        );
+        assert!(!err.contains("SECRETSIG") && !err.contains(key), "{err}");
+    }
+    // Plain http to loopback stays allowed (the emulator these tests use).
+    ok(&["info", "--help"]);
+}
+
+#[test]
+fn a_redirect_is_an_error_naming_where_it_pointed_and_is_never_followed() {
+    let elsewhere = stub::Stub::start(|_, _| stub::Reply::status(200));
+    let to = format!(
+        "http://127.0.0.1:{}/devstoreaccount1/disks/a.vhd?sv=2021-12-02&sig=ELSEWHERESIG",
+        elsewhere.port
+    );
+    let endpoint = stub::Stub::start(move |_, _| stub::Reply::status(307).with("Location", &to));
+    let cs = format!(
+        "AccountName=devstoreaccount1;SharedAccessSignature=sv=2021-12-02&sp=r&sig=MYSIG;BlobEndpoint={}",
+        endpoint.endpoint()
+    );
+    let mut cmd = bin();
+    cmd.env("AZURE_STORAGE_CONNECTION_STRING", &cs)
+        .args(["info", "disks/a.vhd"]);
+    let err = fails_with(
+        cmd,
+        &[
+            "307",
+            &format!("http://127.0.0.1:{}", elsewhere.port),
+            "not followed",
+        ],
+    );
+    assert!(
+        !err.contains("ELSEWHERESIG") && !err.contains("MYSIG"),
+        "{err}"
+    );
+    assert!(
+        elsewhere.requests().is_empty(),
+        "the redirect was followed: {:?}",
+        elsewhere.requests()
+    );
+    let sent = endpoint.requests();
+    assert_eq!(sent.len(), 1, "a redirect is final, not retried: {sent:?}");
+    assert!(sent.iter().all(|r| r.header("referer").is_none()));
 }

@@ -33,6 +33,22 @@ pub fn client_builder(connect_timeout: Duration) -> reqwest::ClientBuilder {
         .pool_idle_timeout(Duration::from_secs(30))
         .tcp_nodelay(true)
         .user_agent(concat!("blobdrive/", env!("CARGO_PKG_VERSION")))
+        // Azure Storage and Entra ID never redirect these requests; following one
+        // would send a signed request, SAS or token included, wherever the answer
+        // points. A 3xx is an error (see `redirect_message`), and no `Referer`
+        // (which would carry the SAS) is ever sent.
+        .redirect(reqwest::redirect::Policy::none())
+        .referer(false)
+}
+
+/// What a 3xx answer says, as an error: its status and where it pointed (scheme,
+/// host and port only: a query may carry someone's SAS).
+pub fn redirect_message(status: u16, location: Option<&str>) -> String {
+    let to = location
+        .and_then(|l| url::Url::parse(l).ok())
+        .map(|u| u.origin().ascii_serialization())
+        .unwrap_or_else(|| "an unreadable location".to_string());
+    format!("the endpoint answered {status}, a redirect to {to}, which is not followed (Azure Storage never redirects)")
 }
 
 /// A transport failure (no HTTP answer), described without its URL.
@@ -105,5 +121,24 @@ mod tests {
         assert!(m.starts_with("TLS certificate of 127.0.0.1:8443 not trusted (UnknownIssuer)"));
         assert!(m.contains("update-ca-certificates") && m.contains("SSL_CERT_FILE="));
         assert!(!m.contains("SECRET"));
+    }
+}
+
+#[cfg(test)]
+mod redirect_tests {
+    use super::redirect_message;
+
+    #[test]
+    fn a_redirect_names_the_host_never_the_query() {
+        let m = redirect_message(
+            307,
+            Some("http://198.51.100.7:8080/acct/c/b.vhd?sv=1&sig=SECRET"),
+        );
+        assert!(
+            m.contains("307") && m.contains("http://198.51.100.7:8080"),
+            "{m}"
+        );
+        assert!(!m.contains("SECRET") && !m.contains("sig="), "{m}");
+        assert!(redirect_message(302, None).contains("unreadable"));
     }
 }

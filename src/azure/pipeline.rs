@@ -289,6 +289,20 @@ impl BlobService {
                     self.inner.stats.attempt_ended(Some(err.to_string()));
                     continue;
                 }
+                Ok(resp) if (300..400).contains(&resp.status) => {
+                    // Never followed: final, whatever the operation.
+                    let err = AzureError::Protocol {
+                        op: req.op,
+                        target: req.target.clone(),
+                        detail: super::http::redirect_message(
+                            resp.status,
+                            resp.header("location").as_deref(),
+                        ),
+                    };
+                    self.inner.stats.attempt_ended(Some(err.to_string()));
+                    ClientStats::add(&self.inner.stats.failed_requests, 1);
+                    return Err(err);
+                }
                 Ok(resp) => {
                     let err = self.service_error(&req, &resp);
                     if err.is_throttled() {

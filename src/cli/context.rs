@@ -1,22 +1,20 @@
-//! What every command needs: the default account and an async runtime.
+//! What every command needs: the account and an async runtime.
 
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
-
-use anyhow::{anyhow, bail, Context as _, Result};
-use blobdrive::azure::account::DEV_BLOB_ENDPOINT;
-use blobdrive::azure::{Account, BlobClient, BlobService};
+use anyhow::{bail, Context as _, Result};
+use blobdrive::azure::auth::bearer::may_carry_token;
+use blobdrive::azure::{Account, BlobClient, BlobService, Credential};
 use blobdrive::blobref::BlobRef;
 
 use super::auth::{self, AuthChoice, EntraSession};
 
 /// The parsed global options.
 pub struct Context {
-    pub account: Account,
-    /// Whether a connection string (or `AZURE_STORAGE_ACCOUNT`) was given; without
-    /// one the account is the local emulator's, which a new user may not have
-    /// running.
-    pub configured: bool,
+    /// The account named by a connection string or `AZURE_STORAGE_CONNECTION_STRING`
+    /// (or `AZURE_STORAGE_ACCOUNT`); `None` when nothing names one. There is no
+    /// default: blobdrive runs as root, and a default endpoint (the local emulator
+    /// on 127.0.0.1:10000 with its public key) would be whatever any local user
+    /// listens there with, serving the image root mounts.
+    pub account: Option<Account>,
     /// `--auth`.
     pub auth: AuthChoice,
     entra: EntraSession,
@@ -26,8 +24,8 @@ pub struct Context {
 /// the public cloud's endpoint and no key, so Entra ID signs in.
 const ACCOUNT_ENV: &str = "AZURE_STORAGE_ACCOUNT";
 
-/// What to do when the default emulator does not answer; one line.
-const NOT_CONFIGURED_HINT: &str = "no connection string is set, so the local emulator was tried: set AZURE_STORAGE_CONNECTION_STRING (or --connection-string) to your storage account's connection string, or start an emulator with `scripts/azurite.sh start DIR` and point AZURE_STORAGE_CONNECTION_STRING at it (see the README)";
+/// What a command that needs an account says when none is named; one line.
+pub const NOT_CONFIGURED: &str = "no storage account is configured: set AZURE_STORAGE_CONNECTION_STRING (or --connection-string), or AZURE_STORAGE_ACCOUNT to sign in with Entra ID, or give a credentials file (--credentials FILE, fstab credentials=FILE); for the local emulator say so: AZURE_STORAGE_CONNECTION_STRING=UseDevelopmentStorage=true";
 
 impl Context {
     pub fn new(connection_string: Option<&str>, auth: AuthChoice) -> Result<Context> {
@@ -35,34 +33,36 @@ impl Context {
             .ok()
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty());
-        let (account, configured) = match (
+        let account = match (
             connection_string.map(str::trim).filter(|s| !s.is_empty()),
             named,
         ) {
-            (Some(cs), _) => (Account::from_connection_string(cs)?, true),
-            (None, Some(name)) => (
+            (Some(cs), _) => Some(Account::from_connection_string(cs)?),
+            (None, Some(name)) => Some(
                 Account::from_connection_string(&format!("AccountName={name}"))
                     .with_context(|| format!("{ACCOUNT_ENV}={name}"))?,
-                true,
             ),
-            (None, None) => (Account::development(), false),
+            (None, None) => None,
         };
         Ok(Context {
             account,
-            configured,
             auth,
             entra: EntraSession::default(),
         })
     }
 
     /// The account `r` lives in, with the credential `--auth` asks for (signing in
-    /// to Entra ID if it comes to that).
+    /// to Entra ID if it comes to that). A blob given as a URL names its own
+    /// service; any other needs a configured account.
     pub fn account_for(&self, r: &BlobRef) -> Result<Account> {
-        let account = r.account(&self.account);
-        if !self.configured && !r.has_own_endpoint() {
-            emulator_listens(&account)?;
-        }
-        auth::apply(self.auth, account, &self.entra)
+        let account = match (&self.account, r.has_own_endpoint()) {
+            (Some(default), _) => r.account(default),
+            (None, true) => r.account(&no_account()),
+            (None, false) => bail!("{NOT_CONFIGURED}"),
+        };
+        let account = auth::apply(self.auth, account, &self.entra)?;
+        check_transport(&account)?;
+        Ok(account)
     }
 
     /// Parses a BLOB argument and makes a client for it.
@@ -85,55 +85,31 @@ impl Context {
     }
 }
 
-/// With no connection string, fails at once when nothing listens where the default
-/// emulator would: a refused connection on this machine's loopback is not an outage
-/// that retries could wait out (and the user has configured nothing that might come
-/// back), so eight attempts over several seconds would only delay the advice. Only
-/// the default emulator endpoint is checked; configured endpoints, loopback ones
-/// included, keep the full retry policy.
-fn emulator_listens(account: &Account) -> Result<()> {
-    if account.endpoint_for_messages() != DEV_BLOB_ENDPOINT {
+/// The default a blob URL is resolved against when no account is configured: one
+/// that matches no real service and carries no credential, so the URL's own SAS
+/// (or Entra ID) is all that is used.
+fn no_account() -> Account {
+    Account {
+        name: String::new(),
+        blob_endpoint: "https://unconfigured.invalid/"
+            .parse()
+            .expect("constant URL"),
+        credential: Credential::Anonymous,
+    }
+}
+
+/// Refuses, before anything is sent, to send a credential (a key's signature, a
+/// SAS, a token) in the clear: over plain http it can be read and replayed by
+/// anyone on the path, whose unauthenticated answers would then be trusted too.
+/// Plain http is fine to this machine's loopback (an emulator, a local proxy).
+fn check_transport(account: &Account) -> Result<()> {
+    if matches!(account.credential, Credential::Anonymous)
+        || may_carry_token(&account.blob_endpoint)
+    {
         return Ok(());
     }
-    let addr = SocketAddr::from(([127, 0, 0, 1], 10000));
-    match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => bail!(
-            "cannot reach the storage service at {DEV_BLOB_ENDPOINT}: connection refused (nothing listens on 127.0.0.1:10000); {NOT_CONFIGURED_HINT}"
-        ),
-        // Anything else (a slow answer, a firewall) goes to the normal retries.
-        _ => Ok(()),
-    }
-}
-
-/// Adds what to do to an error of a command run without a connection string whose
-/// default emulator did not answer (also when the error came back from the mount
-/// daemon as text).
-pub fn explain(err: anyhow::Error, configured: bool) -> anyhow::Error {
-    let text = format!("{err:#}");
-    let marker = format!("no answer from the storage service at {DEV_BLOB_ENDPOINT} ");
-    if configured || !text.contains(&marker) || text.contains(NOT_CONFIGURED_HINT) {
-        return err;
-    }
-    anyhow!("{text}; {NOT_CONFIGURED_HINT}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unanswered_default_emulator_gets_the_advice_once() {
-        let e = anyhow!(
-            "cannot read disks/a.vhd: no answer from the storage service at {DEV_BLOB_ENDPOINT} after 8 attempt(s) in 9.0s (timed out)"
-        );
-        let m = format!("{:#}", explain(e, false));
-        assert!(m.contains("AZURE_STORAGE_CONNECTION_STRING"), "{m}");
-        assert_eq!(m.matches(NOT_CONFIGURED_HINT).count(), 1, "{m}");
-        let again = format!("{:#}", explain(anyhow!("{m}"), false));
-        assert_eq!(again, m);
-        let e = anyhow!("cannot read disks/a.vhd: no answer from the storage service at {DEV_BLOB_ENDPOINT} after 1 attempt(s)");
-        assert!(!format!("{:#}", explain(e, true)).contains("scripts/azurite.sh"));
-        let e = anyhow!("cannot read x/y: no answer from the storage service at http://10.0.0.1/acct after 1 attempt(s)");
-        assert!(!format!("{:#}", explain(e, false)).contains("scripts/azurite.sh"));
-    }
+    bail!(
+        "the blob endpoint {} is plain http to another machine: an account key, SAS or token is sent only over https (or plain http to this machine's loopback); use an https:// endpoint",
+        account.endpoint_for_messages()
+    )
 }

@@ -26,9 +26,12 @@ SIZE is a whole number of bytes, or with a binary unit: KiB, MiB, GiB, TiB (K, M
 mean the same). Decimal spellings (KB, MB, GB, TB) are refused as ambiguous.
 
 The account comes from --connection-string or AZURE_STORAGE_CONNECTION_STRING (else
-AZURE_STORAGE_ACCOUNT names it, signed in with Entra ID) and defaults to the local
-emulator (UseDevelopmentStorage=true). Prefer the environment variable for real keys:
-a command-line argument is visible to every user in `ps`.
+AZURE_STORAGE_ACCOUNT names it, signed in with Entra ID), or from a credentials file
+(mount --credentials FILE, fstab credentials=FILE). There is no default: with none of
+them, commands that need an account fail at once. The local emulator is used only when
+named (UseDevelopmentStorage=true, or its endpoint in a connection string). Prefer the
+environment variable for real keys: a command-line argument is visible to every user
+in `ps`.
 
 Signing in: a blob given with no key or SAS (a URL, a connection string with only
 BlobEndpoint, or AZURE_STORAGE_ACCOUNT) signs in with Microsoft Entra ID, trying in
@@ -67,7 +70,8 @@ README). A plain `umount` of such a filesystem writes everything and releases th
 #[derive(Debug, Parser)]
 #[command(name = "blobdrive", version, about, after_help = AFTER_HELP)]
 pub struct Cli {
-    /// Azure Storage connection string [default: UseDevelopmentStorage=true].
+    /// Azure Storage connection string (no default; UseDevelopmentStorage=true names
+    /// the local emulator).
     #[arg(
         long,
         global = true,
@@ -155,8 +159,7 @@ impl Cli {
             );
         }
         let ctx = Context::new(self.connection_string.as_deref(), auth)?;
-        let configured = ctx.configured;
-        let result = match self.command {
+        match self.command {
             Command::Create(a) => create::run(&ctx, a),
             Command::Info(a) => info::run(&ctx, a),
             Command::Lease(c) => lease::run(&ctx, c),
@@ -170,7 +173,6 @@ impl Cli {
             Command::Download(a) => transfer::download(&ctx, a),
             Command::Restore(a) => transfer::restore(&ctx, a),
             Command::Daemon => mount::run_daemon(&ctx),
-        };
-        result.map_err(|e| context::explain(e, configured))
+        }
     }
 }

@@ -154,7 +154,6 @@ pub fn run(args: Args, connection_string: Option<&str>, auth: AuthChoice, say: S
         adopt_env(env);
     }
     let ctx = Context::new(connection_string.as_deref(), auth)?;
-    let configured = ctx.configured;
     mount(
         &ctx,
         args,
@@ -162,7 +161,6 @@ pub fn run(args: Args, connection_string: Option<&str>, auth: AuthChoice, say: S
         creds.as_deref(),
         say,
     )
-    .map_err(|e| super::context::explain(e, configured))
 }
 
 /// A credentials file's variables become this process's environment, replacing

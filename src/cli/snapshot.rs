@@ -56,7 +56,7 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
                 bail!("cannot snapshot a snapshot ({r})");
             }
             let base = r.to_string();
-            let endpoint = client.service().account().blob_endpoint.to_string();
+            let endpoint = client.service().account().endpoint_for_messages();
             let local = record::load_all().into_iter().find(|m| {
                 m.endpoint == endpoint
                     && m.blob == base
@@ -134,7 +134,7 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
             let Some(id) = r.snapshot.clone() else {
                 bail!("name the snapshot to delete as BLOB@SNAPSHOT (see `blobdrive snapshot list {r}`)");
             };
-            let endpoint = client.service().account().blob_endpoint.to_string();
+            let endpoint = client.service().account().endpoint_for_messages();
             if let Some(m) = mounted_here(&endpoint, &r.base().to_string(), &id) {
                 bail!(
                     "{r} is mounted at {}; unmount it before deleting it",
@@ -165,7 +165,7 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
                 println!("{r} has {} snapshot(s); nothing to prune", ids.len());
                 return Ok(());
             }
-            let endpoint = client.service().account().blob_endpoint.to_string();
+            let endpoint = client.service().account().endpoint_for_messages();
             let mut deleted = 0;
             let mut skipped = 0;
             for id in &doomed {

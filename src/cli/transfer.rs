@@ -115,7 +115,7 @@ pub fn upload(ctx: &Context, a: UploadArgs) -> Result<()> {
 pub fn download(ctx: &Context, a: DownloadArgs) -> Result<()> {
     let (r, blob) = ctx.blob(&a.blob)?;
     if r.snapshot.is_none() {
-        let endpoint = blob.service().account().blob_endpoint.to_string();
+        let endpoint = blob.service().account().endpoint_for_messages();
         let base = r.to_string();
         if let Some(m) = record::load_all().into_iter().find(|m| {
             (m.endpoint.is_empty() || m.endpoint == endpoint)

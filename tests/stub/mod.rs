@@ -3,6 +3,8 @@
 //! It covers only what Azurite cannot show (real-Azure behaviour); it listens on
 //! 127.0.0.1, records every request it gets, and stops with the test.
 
+#![allow(dead_code)] // each test binary uses its own part of the stub
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};

@@ -31,7 +31,8 @@ impl fmt::Debug for Bearer {
     }
 }
 
-/// Whether a token may be sent to `url`: https, or plain http to this machine.
+/// Whether a token (or any credential: a key's signature, a SAS) may be sent to
+/// `url`: https, or plain http to this machine.
 pub fn may_carry_token(url: &Url) -> bool {
     url.scheme() == "https" || is_loopback(url)
 }

@@ -145,7 +145,9 @@ pub fn run(
     };
     let rec = MountRecord {
         id: id.clone(),
-        endpoint: svc.account().blob_endpoint.to_string(),
+        // Scheme, host, port and path only: a query (a SAS put in BlobEndpoint)
+        // or user info would otherwise sit in a file `list` shows.
+        endpoint: svc.account().endpoint_for_messages(),
         blob: blob_ref.base().to_string(),
         auth: svc.account().credential.describe(),
         snapshot: blob_ref.snapshot.clone(),
