@@ -768,3 +768,156 @@ fn a_redirect_is_an_error_naming_where_it_pointed_and_is_never_followed() {
     assert_eq!(sent.len(), 1, "a redirect is final, not retried: {sent:?}");
     assert!(sent.iter().all(|r| r.header("referer").is_none()));
 }
+
+/// A fixed drive of 1 MiB as a hostile endpoint serves it (properties and footer
+/// as the service would), with `listing` answering Get Page Ranges and List Blobs.
+fn hostile_drive(
+    listing: impl Fn(&stub::Recorded, usize) -> stub::Reply + Send + Sync + 'static,
+) -> stub::Stub {
+    let footer = blobdrive::vhd::Footer::new_fixed(MIB).unwrap().to_bytes();
+    stub::Stub::start(move |req, i| {
+        if req.method == "HEAD" {
+            return stub::Reply::status(200)
+                .with("x-ms-blob-type", "PageBlob")
+                .with("Content-Length-Override", &(MIB + 512).to_string());
+        }
+        if req.query("comp").is_none() && req.header("x-ms-range").is_some() {
+            return stub::Reply::Respond {
+                status: 206,
+                headers: vec![],
+                body: footer.to_vec(),
+            };
+        }
+        listing(req, i)
+    })
+}
+
+/// Runs `blobdrive ARGS` against `endpoint` (an account key, a short retry budget),
+/// killed if it runs for two minutes; returns whether it succeeded, its stderr,
+/// and its peak resident memory in KiB.
+// The child is reaped by wait4(2), which also gives its peak memory.
+#[allow(clippy::zombie_processes)]
+fn run_against(endpoint: &str, args: &[&str]) -> (bool, String, i64) {
+    use std::io::Read;
+    let cs = format!(
+        "AccountName=devstoreaccount1;AccountKey={};BlobEndpoint={endpoint}",
+        common::azurite::DEV_KEY
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .args(args)
+        .env("AZURE_STORAGE_CONNECTION_STRING", cs)
+        .env("BLOBDRIVE_RETRY_BUDGET_SECS", "5")
+        .env_remove("BLOBDRIVE_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                if start.elapsed() > std::time::Duration::from_secs(120) {
+                    // SAFETY: kill(2) on our own child, not yet reaped.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            false
+        })
+    };
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter for wait4.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child; both out-pointers are valid.
+    unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let killed = watchdog.join().unwrap();
+    let err = reader.join().unwrap();
+    assert!(
+        !killed,
+        "{args:?} was still running after two minutes: {err}"
+    );
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    (ok, err, usage.ru_maxrss)
+}
+
+/// A hostile answer ends the command with one error line holding `needle`, and
+/// the command stays under 200 MiB resident.
+fn refuses_within_bounds(stub: &stub::Stub, args: &[&str], needle: &str) {
+    let (ok, err, peak_kib) = run_against(&stub.endpoint(), args);
+    assert!(!ok, "{args:?} succeeded against a hostile endpoint");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("blobdrive: error: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "{args:?}: one error line expected: {err}");
+    assert!(
+        lines[0].contains(needle),
+        "{args:?}: expected '{needle}' in: {err}"
+    );
+    assert!(
+        peak_kib < 200 * 1024,
+        "{args:?} peaked at {} MiB resident",
+        peak_kib / 1024
+    );
+}
+
+#[test]
+fn a_hostile_endpoint_cannot_make_commands_hold_memory_or_run_for_ever() {
+    // An error body nested 200,000 deep (1.4 MB).
+    let depth = 200_000;
+    let deep = format!("{}{}", "<Error>".repeat(depth), "</Error>".repeat(depth));
+    let s = hostile_drive(move |_, _| stub::Reply::error(400, "Deep", &deep));
+    refuses_within_bounds(&s, &["info", "disks/a.vhd"], "400");
+    refuses_within_bounds(&s, &["snapshot", "list", "disks/a.vhd"], "400");
+    // A Get Page Ranges answer of 4 GiB, and a listing of 4 GiB.
+    let unit = b"<PageRange><Start>0</Start><End>511</End></PageRange>".repeat(1000);
+    let s = hostile_drive(move |_, _| stub::Reply::Stream {
+        len: 4 << 30,
+        unit: unit.clone(),
+    });
+    refuses_within_bounds(
+        &s,
+        &["info", "disks/a.vhd"],
+        "longer than such an answer can be",
+    );
+    refuses_within_bounds(
+        &s,
+        &["snapshot", "list", "disks/a.vhd"],
+        "longer than such an answer can be",
+    );
+    // NextMarker for ever: always the same one, or always a new one.
+    for fresh in [false, true] {
+        let s = hostile_drive(move |req, i| {
+            let marker = if fresh { format!("m{i}") } else { "m".into() };
+            if req.query("comp").as_deref() == Some("pagelist") {
+                stub::Reply::xml(
+                    200,
+                    &format!("<?xml version=\"1.0\"?><PageList><PageRange><Start>0</Start><End>511</End></PageRange><NextMarker>{marker}</NextMarker></PageList>"),
+                )
+            } else {
+                stub::Reply::xml(
+                    200,
+                    &format!("<?xml version=\"1.0\"?><EnumerationResults><Blobs></Blobs><NextMarker>{marker}</NextMarker></EnumerationResults>"),
+                )
+            }
+        });
+        let needle = if fresh {
+            "pages"
+        } else {
+            "repeats an earlier one"
+        };
+        refuses_within_bounds(&s, &["info", "disks/a.vhd"], needle);
+        refuses_within_bounds(&s, &["snapshot", "list", "disks/a.vhd"], needle);
+    }
+}

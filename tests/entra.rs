@@ -6,7 +6,6 @@
 //! lifetimes, and a renewal outage) is in `tests/entra_mount.rs`.
 
 mod common;
-#[allow(dead_code)]
 mod stub;
 
 use std::time::{Duration, Instant};

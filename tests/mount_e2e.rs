@@ -737,8 +737,7 @@ fn mount_options(path: &str) -> Vec<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let line = info
         .lines()
-        .filter(|l| l.split(' ').nth(4) == Some(path))
-        .last()
+        .rfind(|l| l.split(' ').nth(4) == Some(path))
         .unwrap_or_else(|| panic!("{path} is not mounted"));
     line.split(' ')
         .nth(5)

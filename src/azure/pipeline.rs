@@ -75,6 +75,75 @@ pub(super) struct Request {
     pub(super) gone_after_unknown_is_done: bool,
 }
 
+/// The most of an error answer's body that is read: enough for Azure's error XML
+/// (a code and a message); the rest of a longer one is never read.
+const ERROR_BODY_MAX: usize = 8 << 10;
+/// The most a Get Page Ranges answer (one page of one segment) may hold: Azure
+/// pages its answers long before this.
+const PAGE_LIST_BODY_MAX: usize = 8 << 20;
+/// The most a listing answer (one page of up to 5000 blobs) may hold.
+const LISTING_BODY_MAX: usize = 16 << 20;
+/// The most any other answer may hold (properties, leases, writes: usually empty).
+const SMALL_BODY_MAX: usize = 64 << 10;
+
+/// The most of a successful answer's body `req` may bring: its operation's own
+/// bound, or for a ranged read the range asked for. An endpoint that sends more
+/// (hostile, or broken) fails the attempt instead of filling memory.
+fn body_max(req: &Request) -> usize {
+    match req.op {
+        Op::Read => req
+            .headers
+            .iter()
+            .find(|(k, _)| k == "x-ms-range")
+            .and_then(|(_, v)| {
+                let (a, b) = v.strip_prefix("bytes=")?.split_once('-')?;
+                let (a, b): (u64, u64) = (a.parse().ok()?, b.parse().ok()?);
+                usize::try_from(b.checked_sub(a)? + 1).ok()
+            })
+            .unwrap_or(SMALL_BODY_MAX),
+        Op::GetPageRanges => PAGE_LIST_BODY_MAX,
+        Op::ListBlobs => LISTING_BODY_MAX,
+        _ => SMALL_BODY_MAX,
+    }
+}
+
+/// Reads `resp`'s body, failing as soon as it passes `max` bytes (by its
+/// `Content-Length`, or as it streams in).
+async fn body_within(mut resp: reqwest::Response, max: usize) -> Result<Bytes, Transport> {
+    let too_long = |n: u64| {
+        Transport::Other(format!(
+            "the answer's body ({n} bytes or more) is longer than such an answer can be (at most {max} bytes)"
+        ))
+    };
+    if let Some(n) = resp.content_length().filter(|n| *n > max as u64) {
+        return Err(too_long(n));
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = resp.chunk().await.map_err(describe)? {
+        if body.len() + chunk.len() > max {
+            return Err(too_long((body.len() + chunk.len()) as u64));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// The first [`ERROR_BODY_MAX`] bytes of an error answer's body; the connection
+/// is dropped with the rest unread.
+async fn error_body_start(mut resp: reqwest::Response) -> Result<Bytes, Transport> {
+    let mut body = bytes::BytesMut::new();
+    while body.len() < ERROR_BODY_MAX {
+        match resp.chunk().await.map_err(describe)? {
+            Some(chunk) => {
+                let room = ERROR_BODY_MAX - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            None => break,
+        }
+    }
+    Ok(body.freeze())
+}
+
 /// A successful response, body read in full.
 pub(super) struct Response {
     pub(super) status: u16,
@@ -470,19 +539,25 @@ impl BlobService {
             let status = resp.status().as_u16();
             let headers = resp.headers().clone();
             let mut streamed = 0;
+            let success = req.ok.contains(&status);
             let body = match sink {
-                Some(sink) if req.ok.contains(&status) => {
+                Some(sink) if success => {
                     let mut resp = resp;
                     while let Some(chunk) = resp.chunk().await.map_err(describe)? {
-                        // More than asked for is kept out of the buffer but counted.
-                        if let Some(out) = sink.get_mut(streamed..streamed + chunk.len()) {
-                            out.copy_from_slice(&chunk);
-                        }
+                        let Some(out) = sink.get_mut(streamed..streamed + chunk.len()) else {
+                            return Err(Transport::Other(format!(
+                                "the answer is longer than the {} bytes asked for",
+                                sink.len()
+                            )));
+                        };
+                        out.copy_from_slice(&chunk);
                         streamed += chunk.len();
                     }
                     Bytes::new()
                 }
-                _ => resp.bytes().await.map_err(describe)?,
+                _ if success => body_within(resp, body_max(req)).await?,
+                // Only its start is read: the code and message are there.
+                _ => error_body_start(resp).await?,
             };
             Ok(Response {
                 status,

@@ -9,51 +9,74 @@ use quick_xml::Reader;
 
 use super::ranges::PageRange;
 
+/// How deep elements may nest. The service's bodies go five deep; an answer
+/// nesting deeper is not one of them (a hostile one nested 200,000 deep).
+const MAX_DEPTH: usize = 16;
+
 /// What the walker reports, in document order.
-enum Item {
+enum Item<'a> {
     /// Text inside the element at this path (names from the root, joined by `/`).
-    Text(String, String),
+    Text(&'a str, String),
     /// The element at this path closed.
-    End(String),
+    End(&'a str),
 }
 
-/// Flattens a body into text and end-of-element items with their paths.
-fn walk(body: &[u8]) -> Result<Vec<Item>, String> {
+/// Walks a body, calling `each` with its text and end-of-element items and their
+/// paths. Work and memory are linear in the body: the path is one string, grown
+/// and cut back as elements open and close, never joined again per element.
+fn walk(body: &[u8], mut each: impl FnMut(Item<'_>) -> Result<(), String>) -> Result<(), String> {
     let mut reader = Reader::from_reader(body);
-    let mut path: Vec<String> = Vec::new();
+    let mut path = String::new();
+    // Where each open element's name starts in `path` (minus its `/`).
+    let mut marks: Vec<usize> = Vec::new();
     let mut buf = Vec::new();
-    let mut out = Vec::new();
     loop {
         match reader.read_event_into(&mut buf) {
-            Ok(Event::Start(e)) => {
-                path.push(String::from_utf8_lossy(e.name().as_ref()).into_owned());
-            }
+            Ok(Event::Start(e)) => open(&mut path, &mut marks, e.name().as_ref())?,
             Ok(Event::Empty(e)) => {
-                path.push(String::from_utf8_lossy(e.name().as_ref()).into_owned());
-                out.push(Item::End(path.join("/")));
-                path.pop();
+                open(&mut path, &mut marks, e.name().as_ref())?;
+                each(Item::End(&path))?;
+                close(&mut path, &mut marks);
             }
             Ok(Event::Text(t)) => {
-                let text = t.unescape().map_err(|e| e.to_string())?;
-                if !path.is_empty() {
-                    out.push(Item::Text(path.join("/"), text.trim().to_string()));
+                if !marks.is_empty() {
+                    let text = t.unescape().map_err(|e| e.to_string())?;
+                    each(Item::Text(&path, text.trim().to_string()))?;
                 }
             }
             Ok(Event::CData(t)) => {
-                if !path.is_empty() {
+                if !marks.is_empty() {
                     let text = String::from_utf8_lossy(&t).trim().to_string();
-                    out.push(Item::Text(path.join("/"), text));
+                    each(Item::Text(&path, text))?;
                 }
             }
             Ok(Event::End(_)) => {
-                out.push(Item::End(path.join("/")));
-                path.pop();
+                each(Item::End(&path))?;
+                close(&mut path, &mut marks);
             }
-            Ok(Event::Eof) => return Ok(out),
+            Ok(Event::Eof) => return Ok(()),
             Ok(_) => {}
             Err(e) => return Err(format!("bad XML at byte {}: {e}", reader.buffer_position())),
         }
         buf.clear();
+    }
+}
+
+fn open(path: &mut String, marks: &mut Vec<usize>, name: &[u8]) -> Result<(), String> {
+    if marks.len() >= MAX_DEPTH {
+        return Err(format!("elements nested deeper than {MAX_DEPTH}"));
+    }
+    marks.push(path.len());
+    if !path.is_empty() {
+        path.push('/');
+    }
+    path.push_str(&String::from_utf8_lossy(name));
+    Ok(())
+}
+
+fn close(path: &mut String, marks: &mut Vec<usize>) {
+    if let Some(m) = marks.pop() {
+        path.truncate(m);
     }
 }
 
@@ -72,19 +95,19 @@ pub struct PageListPage {
 pub fn parse_page_list(body: &[u8]) -> Result<PageListPage, String> {
     let mut out = PageListPage::default();
     let (mut start, mut end) = (None, None);
-    for item in walk(body)? {
+    walk(body, |item| {
         match item {
             Item::Text(p, t) => {
-                let field = match p.as_str() {
+                let field = match p {
                     "PageList/PageRange/Start" | "PageList/ClearRange/Start" => &mut start,
                     "PageList/PageRange/End" | "PageList/ClearRange/End" => &mut end,
                     "PageList/NextMarker" => {
                         if !t.is_empty() {
                             out.next_marker = Some(t);
                         }
-                        continue;
+                        return Ok(());
                     }
-                    _ => continue,
+                    _ => return Ok(()),
                 };
                 *field = Some(
                     t.parse::<u64>()
@@ -93,7 +116,7 @@ pub fn parse_page_list(body: &[u8]) -> Result<PageListPage, String> {
             }
             Item::End(p) if p == "PageList/PageRange" || p == "PageList/ClearRange" => {
                 let range = match (start.take(), end.take()) {
-                    (Some(s), Some(e)) if e >= s => PageRange::new(s, e + 1),
+                    (Some(s), Some(e)) if e >= s && e < u64::MAX => PageRange::new(s, e + 1),
                     _ => return Err("page range without a valid Start and End".to_string()),
                 };
                 if p.ends_with("ClearRange") {
@@ -104,7 +127,8 @@ pub fn parse_page_list(body: &[u8]) -> Result<PageListPage, String> {
             }
             Item::End(_) => {}
         }
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 
@@ -133,14 +157,14 @@ pub fn parse_blob_list(body: &[u8]) -> Result<BlobListPage, String> {
     let mut out = BlobListPage::default();
     let mut cur = BlobItem::default();
     const BLOB: &str = "EnumerationResults/Blobs/Blob";
-    for item in walk(body)? {
+    walk(body, |item| {
         match item {
             Item::Text(p, t) => {
                 let Some(field) = p.strip_prefix(BLOB) else {
                     if p == "EnumerationResults/NextMarker" && !t.is_empty() {
                         out.next_marker = Some(t);
                     }
-                    continue;
+                    return Ok(());
                 };
                 match field {
                     "/Name" => cur.name = t,
@@ -156,7 +180,8 @@ pub fn parse_blob_list(body: &[u8]) -> Result<BlobListPage, String> {
             Item::End(p) if p == BLOB => out.items.push(std::mem::take(&mut cur)),
             Item::End(_) => {}
         }
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 
@@ -164,15 +189,17 @@ pub fn parse_blob_list(body: &[u8]) -> Result<BlobListPage, String> {
 pub fn parse_error(body: &[u8]) -> (Option<String>, Option<String>) {
     let mut code = None;
     let mut message = None;
-    for item in walk(body).unwrap_or_default() {
+    // A body that is not XML (or too deep) just has no code: the status speaks.
+    let _ = walk(body, |item| {
         if let Item::Text(p, t) = item {
-            match p.as_str() {
+            match p {
                 "Error/Code" => code = Some(t),
                 "Error/Message" => message = Some(t),
                 _ => {}
             }
         }
-    }
+        Ok(())
+    });
     (code, message)
 }
 
@@ -242,5 +269,18 @@ mod tests {
         let (c, m) = parse_error(b"<?xml version=\"1.0\"?><Error><Code>BlobNotFound</Code><Message>The specified blob does not exist.\nRequestId:x</Message></Error>");
         assert_eq!(c.as_deref(), Some("BlobNotFound"));
         assert!(m.unwrap().starts_with("The specified blob"));
+    }
+
+    #[test]
+    fn deep_nesting_is_refused() {
+        let depth = 200_000;
+        let mut body = "<a>".repeat(depth);
+        body.push_str(&"</a>".repeat(depth));
+        let e = parse_page_list(body.as_bytes()).unwrap_err();
+        assert!(e.contains("nested deeper than 16"), "{e}");
+        assert_eq!(parse_error(body.as_bytes()), (None, None));
+        // As deep as the service goes, and a little more, is fine.
+        let ok = format!("{}{}", "<a>".repeat(16), "</a>".repeat(16));
+        assert!(parse_blob_list(ok.as_bytes()).is_ok());
     }
 }

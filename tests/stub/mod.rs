@@ -48,6 +48,9 @@ pub enum Reply {
     },
     /// Close the connection without answering (a reset as the client sees it).
     Hangup,
+    /// A 200 whose body is `len` bytes of `unit` repeated, written as it goes
+    /// (never held in memory): a hostile endpoint's endless answer.
+    Stream { len: u64, unit: Vec<u8> },
 }
 
 impl Reply {
@@ -182,6 +185,22 @@ fn serve(
         };
         match handler(&rec, index) {
             Reply::Hangup => return,
+            Reply::Stream { len, unit } => {
+                let head = format!(
+                    "HTTP/1.1 200 Stub\r\nContent-Type: application/xml\r\nContent-Length: {len}\r\n\r\n"
+                );
+                if writer.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                let mut sent = 0u64;
+                while sent < len {
+                    let n = unit.len().min((len - sent) as usize);
+                    if writer.write_all(&unit[..n]).is_err() {
+                        return; // the client stopped reading
+                    }
+                    sent += n as u64;
+                }
+            }
             Reply::Respond {
                 status,
                 headers,

@@ -14,6 +14,11 @@ pub struct ContainerClient {
     pub(in crate::azure) name: String,
 }
 
+/// The most `NextMarker` pages one listing follows (each up to 5000 blobs).
+const LIST_MAX_PAGES: usize = 1000;
+/// The most blobs one listing gathers: far more than the snapshots of a drive.
+const LIST_MAX_ENTRIES: usize = 200_000;
+
 impl ContainerClient {
     pub fn name(&self) -> &str {
         &self.name
@@ -71,6 +76,12 @@ impl ContainerClient {
     ) -> Result<Vec<BlobItem>, AzureError> {
         let mut out = Vec::new();
         let mut marker: Option<String> = None;
+        let mut guard = super::PageGuard::new(
+            Op::ListBlobs,
+            self.name.clone(),
+            LIST_MAX_PAGES,
+            LIST_MAX_ENTRIES,
+        );
         loop {
             let mut q: Vec<(&str, &str)> = vec![("comp", "list")];
             if !prefix.is_empty() {
@@ -92,6 +103,7 @@ impl ContainerClient {
                 target: self.name.clone(),
                 detail,
             })?;
+            guard.page(page.items.len(), page.next_marker.as_deref())?;
             out.extend(page.items);
             match page.next_marker {
                 Some(m) => marker = Some(m),

@@ -44,6 +44,13 @@ pub struct SegmentPlan {
     pub shrink_above: usize,
 }
 
+/// The most `NextMarker` pages one Get Page Ranges query follows. The service
+/// pages a long answer; a drive's map comes from segmented queries, each short.
+pub const PAGE_LIST_MAX_PAGES: usize = 1000;
+/// The most ranges one Get Page Ranges query gathers (32 MiB of them): a bound on
+/// what a hostile endpoint's answers can make this client hold.
+pub const PAGE_LIST_MAX_RANGES: usize = 2 << 20;
+
 impl Default for SegmentPlan {
     fn default() -> Self {
         SegmentPlan {
@@ -222,7 +229,8 @@ impl BlobClient {
         self.svc.execute(req).await.map(|_| ())
     }
 
-    /// One Get Page Ranges query (all its `NextMarker` pages), unmerged.
+    /// One Get Page Ranges query (all its `NextMarker` pages, within
+    /// [`PAGE_LIST_MAX_PAGES`] and [`PAGE_LIST_MAX_RANGES`]), unmerged.
     async fn page_list(
         &self,
         range: Option<PageRange>,
@@ -231,6 +239,12 @@ impl BlobClient {
     ) -> Result<xml::PageListPage, AzureError> {
         let mut all = xml::PageListPage::default();
         let mut marker: Option<String> = None;
+        let mut guard = super::PageGuard::new(
+            Op::GetPageRanges,
+            self.target(),
+            PAGE_LIST_MAX_PAGES,
+            PAGE_LIST_MAX_RANGES,
+        );
         loop {
             let mut q: Vec<(&str, &str)> = vec![("comp", "pagelist")];
             if let Some(p) = prev_snapshot {
@@ -254,6 +268,10 @@ impl BlobClient {
                 target: self.target(),
                 detail,
             })?;
+            guard.page(
+                page.ranges.len() + page.cleared.len(),
+                page.next_marker.as_deref(),
+            )?;
             all.ranges.extend(page.ranges);
             all.cleared.extend(page.cleared);
             match page.next_marker {

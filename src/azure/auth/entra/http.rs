@@ -1,13 +1,13 @@
 //! HTTP calls to token endpoints: a few quick retries for what is worth it, answers
 //! read as JSON, and failures described without URLs' queries or any secret.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::Method;
 use serde_json::Value;
 use url::Url;
 
-use super::{epoch, jwt, AccessToken};
+use super::{jwt, AccessToken};
 use crate::azure::http::{certificate_message, client_builder, describe, Transport};
 
 /// Attempts per call: token endpoints are either there or not, and a sign-in that
@@ -104,7 +104,7 @@ impl TokenHttp {
                         pause(attempt).await;
                         continue;
                     }
-                    let text = resp.text().await.unwrap_or_default();
+                    let text = bounded_text(resp).await;
                     let body = serde_json::from_str(&text).unwrap_or_else(|_| {
                         Value::String(text.lines().next().unwrap_or("").trim().to_string())
                     });
@@ -127,9 +127,30 @@ impl TokenHttp {
     }
 }
 
+/// The most of a token endpoint's answer that is read: a token answer is a few
+/// KiB; a hostile endpoint's endless one must not fill memory.
+const TOKEN_BODY_MAX: usize = 64 << 10;
+
+/// The answer's body as text, at most [`TOKEN_BODY_MAX`] bytes of it (a longer
+/// one is cut, which leaves it unparseable and so an error).
+async fn bounded_text(mut resp: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        let room = TOKEN_BODY_MAX - body.len();
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() >= TOKEN_BODY_MAX {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
+}
+
 async fn pause(attempt: u32) {
     tokio::time::sleep(Duration::from_millis(300 * u64::from(attempt))).await;
 }
+
+/// The longest a token is taken to live, whatever its answer says.
+const MAX_TOKEN_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The token in a successful answer: `access_token` (or the CLI's `accessToken`),
 /// expiring at `expires_on` (seconds since the epoch, number or string),
@@ -145,12 +166,24 @@ pub fn token_from(body: &Value) -> Result<AccessToken, String> {
         v.as_u64()
             .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
     };
+    // Checked and capped: an answer is untrusted input, and an expiry near 2^64
+    // seconds would overflow the time arithmetic (a panic in the renewal thread).
+    // No Entra ID token lives longer than a day; one claiming more than a year is
+    // taken to end then (and a 401 renews one that ends sooner).
+    let now = SystemTime::now();
+    let longest = now + MAX_TOKEN_LIFETIME;
+    let at = |secs: u64| {
+        UNIX_EPOCH
+            .checked_add(Duration::from_secs(secs))
+            .map_or(longest, |t| t.min(longest))
+    };
     let expires_on = if let Some(on) = body.get("expires_on").and_then(number) {
-        epoch(on)
+        at(on)
     } else if let Some(secs) = body.get("expires_in").and_then(number) {
-        SystemTime::now() + Duration::from_secs(secs)
+        now.checked_add(Duration::from_secs(secs))
+            .map_or(longest, |t| t.min(longest))
     } else if let Some(exp) = jwt::expiry(secret) {
-        epoch(exp)
+        at(exp)
     } else {
         return Err("the answer does not say when the token expires".to_string());
     };
@@ -194,6 +227,7 @@ fn first_line(s: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::azure::auth::entra::epoch;
     use serde_json::json;
 
     #[test]
@@ -209,6 +243,17 @@ mod tests {
         assert_eq!(t.expires_on, epoch(1_800_000_002));
         assert!(token_from(&json!({"access_token": "x"})).is_err());
         assert!(token_from(&json!({"expires_in": 1})).is_err());
+        // Hostile expiries are capped, never overflow.
+        let day = SystemTime::now() + MAX_TOKEN_LIFETIME;
+        for body in [
+            json!({"access_token": "x", "expires_on": u64::MAX}),
+            json!({"access_token": "x", "expires_in": u64::MAX}),
+            json!({"access_token": "x", "expires_on": "18446744073709551615"}),
+        ] {
+            let t = token_from(&body).unwrap();
+            assert!(t.expires_on <= day + Duration::from_secs(5), "{body}");
+            let _ = t.renew_at();
+        }
     }
 
     #[test]
