@@ -30,7 +30,7 @@ use common::util::{json, sh_ok, stdout_of_success};
 /// A private run directory for this test binary.
 fn run_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("boot-run");
-    std::fs::create_dir_all(&d).unwrap();
+    crate::common::util::private_dir(&d);
     d
 }
 

@@ -659,7 +659,7 @@ fn list_and_stats_say_when_the_run_directory_is_not_readable() {
         .tempdir_in("/tmp")
         .unwrap();
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     let mounts = dir.path().join("mounts");
     std::fs::create_dir(&mounts).unwrap();
     std::fs::write(mounts.join("0123456789abcdef.json"), "{}").unwrap();

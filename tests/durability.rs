@@ -20,7 +20,7 @@ use faultproxy::{Config, Hold, Proxy};
 
 fn run_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("durability-run");
-    std::fs::create_dir_all(&d).unwrap();
+    crate::common::util::private_dir(&d);
     d
 }
 

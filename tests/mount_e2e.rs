@@ -20,7 +20,7 @@ fn run_dir() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-run");
-        std::fs::create_dir_all(&d).unwrap();
+        crate::common::util::private_dir(&d);
         d
     })
     .clone()
@@ -830,4 +830,175 @@ fn fingerprint(spec: &str) -> (Option<String>, Vec<u8>) {
         let p = b.properties().await.unwrap();
         (p.etag, b.read(0, p.content_length).await.unwrap().to_vec())
     })
+}
+
+/// `blobdrive ARGS` with the test account and `run` as its run directory.
+fn bd_in(run: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .args(args)
+        .env(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            Azurite::shared().connection_string(),
+        )
+        .env("BLOBDRIVE_RUN_DIR", run)
+        .output()
+        .expect("run blobdrive")
+}
+
+fn mode_of(p: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+}
+
+#[test]
+fn a_run_directory_another_user_could_write_to_is_refused() {
+    require_root();
+    let spec = new_drive("rundir", "16MiB");
+    let scratch = tempfile::tempdir().unwrap();
+    let mp = Mp::new();
+    let refused = |run: &Path, why: &str| {
+        for args in [vec!["list"], vec!["mount", &spec, mp.s(), "--mode", "raw"]] {
+            let out = bd_in(run, &args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{args:?} accepted {}", run.display());
+            assert!(
+                err.contains("refusing the run directory") && err.contains(why),
+                "{args:?}: {err}"
+            );
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+        }
+        assert!(!Path::new(&format!("{}/disk", mp.s())).exists());
+    };
+    // Another user's world-writable directory (what a local attacker offers).
+    let theirs = scratch.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    sh_ok(&format!("chmod 0777 '{}'", theirs.display()));
+    refused(&theirs, "not to root");
+    // Root's, but open to others.
+    let open = scratch.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    sh_ok(&format!("chmod 0755 '{}'", open.display()));
+    refused(&open, "open to group or others");
+    // Root's and closed, but its mounts/ is a symlink to somewhere else.
+    let linked = scratch.path().join("linked");
+    common::util::private_dir(&linked);
+    std::os::unix::fs::symlink(&theirs, linked.join("mounts")).unwrap();
+    refused(&linked, "not a directory");
+    // A fresh one is made root's alone, and so is everything in it.
+    let fresh = scratch.path().join("fresh/run");
+    let out = bd_in(&fresh, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(mode_of(&fresh), 0o700);
+    assert_eq!(mode_of(&fresh.join("mounts")), 0o700);
+    for e in std::fs::read_dir(fresh.join("mounts")).unwrap() {
+        let p = e.unwrap().path();
+        assert_eq!(mode_of(&p), 0o600, "{}", p.display());
+    }
+    let out = bd_in(&fresh, &["unmount", mp.s()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_control_socket_serves_root_only_and_bounds_its_lines() {
+    require_root();
+    let spec = new_drive("ctlsock", "16MiB");
+    let mp = Mp::new();
+    ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    let id = blobdrive::mount::record::id_for(&std::fs::canonicalize(mp.path()).unwrap());
+    let sock = run_dir().join("mounts").join(format!("{id}.sock"));
+    assert_eq!(mode_of(&sock), 0o600);
+    // Open the way to the socket, as a mistake could, to show that the peer
+    // check alone turns another user away.
+    let mounts = sock.parent().unwrap().to_path_buf();
+    let run = mounts.parent().unwrap().to_path_buf();
+    sh_ok(&format!(
+        "chmod 0711 '{}' '{}' && chmod 0666 '{}'",
+        run.display(),
+        mounts.display(),
+        sock.display()
+    ));
+    let client = |as_nobody: bool, line: &str| {
+        let who = if as_nobody {
+            "setpriv --reuid=65534 --regid=65534 --clear-groups --"
+        } else {
+            ""
+        };
+        let out = sh(&format!(
+            "cd / && {who} /usr/bin/python3 -c \"import socket\ntry:\n    s = socket.socket(socket.AF_UNIX); s.connect('{}'); s.sendall(b'{line}'); s.shutdown(socket.SHUT_WR); print(repr(s.recv(4096)))\nexcept OSError as e:\n    print('refused', e)\"",
+            sock.display()
+        ));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let answer = client(true, "unmount\\n");
+    sh_ok(&format!(
+        "chmod 0700 '{}' '{}' && chmod 0600 '{}'",
+        run.display(),
+        mounts.display(),
+        sock.display()
+    ));
+    assert!(
+        answer == "b''" || answer.starts_with("refused"),
+        "another user was answered: {answer}"
+    );
+    assert!(
+        !answer.starts_with("refused [Errno 13]"),
+        "the socket was not reachable, so the peer check was not shown: {answer}"
+    );
+    assert!(
+        Path::new(&format!("{}/disk", mp.s())).exists(),
+        "another user unmounted the drive"
+    );
+    // An endless line is refused; the daemon goes on serving.
+    let long = "a".repeat(100_000);
+    let answer = client(false, &long);
+    assert!(answer.contains("too long"), "{answer}");
+    assert!(mp.stats()["dirty_bytes"].is_u64());
+    ok(&["unmount", mp.s()]);
+}
+
+#[test]
+fn a_fifo_or_a_symlink_as_credentials_file_is_refused_at_once() {
+    require_root();
+    let scratch = tempfile::tempdir().unwrap();
+    let good = scratch.path().join("good.env");
+    std::fs::write(
+        &good,
+        format!(
+            "AZURE_STORAGE_CONNECTION_STRING={}\n",
+            Azurite::shared().connection_string()
+        ),
+    )
+    .unwrap();
+    sh_ok(&format!("chmod 600 '{}'", good.display()));
+    let link = scratch.path().join("link.env");
+    std::os::unix::fs::symlink(&good, &link).unwrap();
+    let fifo = scratch.path().join("fifo.env");
+    sh_ok(&format!("mkfifo -m 600 '{}'", fifo.display()));
+    let spec = new_drive("credfifo", "16MiB");
+    let mp = Mp::new();
+    for f in [&fifo, &link] {
+        // Under a timeout: a FIFO once hung the mount (and a boot) for ever.
+        let out = sh(&format!(
+            "timeout 20 '{}' mount '{spec}' '{}' --mode raw --credentials '{}'",
+            env!("CARGO_BIN_EXE_blobdrive"),
+            mp.s(),
+            f.display()
+        ));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(124), "hung on {}", f.display());
+        assert!(
+            !out.status.success() && err.contains("not a regular file"),
+            "{}: {err}",
+            f.display()
+        );
+    }
 }

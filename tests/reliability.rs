@@ -19,7 +19,7 @@ use faultproxy::{Config, Fault, Hold, Proxy};
 
 fn run_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reliability-run");
-    std::fs::create_dir_all(&d).unwrap();
+    crate::common::util::private_dir(&d);
     d
 }
 

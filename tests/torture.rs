@@ -37,7 +37,7 @@ const SIZE: u64 = 32 << 20;
 
 fn run_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("torture-run");
-    std::fs::create_dir_all(&d).unwrap();
+    crate::common::util::private_dir(&d);
     d
 }
 

@@ -17,7 +17,7 @@ const MIB: u64 = 1024 * 1024;
 
 fn run_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("transfer-run");
-    std::fs::create_dir_all(&d).unwrap();
+    crate::common::util::private_dir(&d);
     d
 }
 

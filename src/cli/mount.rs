@@ -287,13 +287,19 @@ fn spawn_daemon(
     blob: &str,
     say: Say,
 ) -> Result<()> {
-    record::ensure_dir().context("cannot create the run directory")?;
+    record::ensure_dir().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::Other {
+            anyhow::anyhow!("{e}")
+        } else {
+            anyhow::anyhow!(
+                "cannot create the run directory {}: {e}",
+                record::run_dir().display()
+            )
+        }
+    })?;
     let id = record::id_for(&req.mountpoint);
     let (_, _, log_path, _) = record::paths(&id);
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
+    let log = record::create_private(&log_path, true)
         .with_context(|| format!("cannot open {}", log_path.display()))?;
     let exe = std::env::current_exe().context("cannot find the blobdrive executable")?;
     let mut cmd = Command::new(exe);

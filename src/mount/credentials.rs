@@ -7,7 +7,7 @@
 //! `;` comments, an optional `export `, values optionally in single or double
 //! quotes), so one file serves fstab and a unit alike. Secrets are the point of
 //! such a file, so it must be root's and unreadable by anyone else, and no error
-//! ever quotes a value (only the line number and the key).
+//! ever quotes a line (only its number). Only the names in [`ALLOWED`] are taken.
 
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -28,20 +28,72 @@ pub enum CredentialsError {
     TooOpen { path: PathBuf, mode: u32 },
     #[error("the credentials file {0}, line {1}: expected KEY=VALUE")]
     Syntax(PathBuf, usize),
-    #[error("the credentials file {0}, line {1}: {2} is not a valid environment variable name (letters, digits and _, not starting with a digit)")]
-    BadName(PathBuf, usize, String),
+    #[error("the credentials file {0}, line {1}: the text before '=' is not a valid environment variable name (letters, digits and _, not starting with a digit)")]
+    BadName(PathBuf, usize),
+    #[error("the credentials file {0}, line {1}: a name blobdrive does not take from a credentials file (it takes only {ALLOWED_LIST})")]
+    NotAllowed(PathBuf, usize),
+    #[error("the credentials file {0} is larger than {MAX_BYTES} bytes: not a credentials file")]
+    TooLarge(PathBuf),
     #[error("the credentials file {0}, line {1}: the value of {2} has an unterminated quote")]
     Unterminated(PathBuf, usize, String),
     #[error("the credentials file {0} is not UTF-8 text")]
     NotText(PathBuf),
 }
 
+/// The names a credentials file may set: the account and sign-in variables
+/// blobdrive reads, its own tuning, and where TLS roots are. Anything else
+/// (`LD_PRELOAD`, `PATH`, `HTTPS_PROXY`, ...) would change how the root daemon
+/// and the tools it runs behave, so it is refused.
+pub const ALLOWED: &[&str] = &[
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCOUNT",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_TENANT_ID",
+    "AZURE_CLIENT_ID",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_CLIENT_CERTIFICATE_PATH",
+    "AZURE_CLIENT_CERTIFICATE_PASSWORD",
+    "AZURE_FEDERATED_TOKEN_FILE",
+    "AZURE_AUTHORITY_HOST",
+    "AZURE_POD_IDENTITY_AUTHORITY_HOST",
+    "IDENTITY_ENDPOINT",
+    "IDENTITY_HEADER",
+    "BLOBDRIVE_AUTH",
+    "BLOBDRIVE_IDENTITY_CLIENT_ID",
+    "BLOBDRIVE_IO_TIMEOUT_SECS",
+    "BLOBDRIVE_RETRY_BUDGET_SECS",
+    "BLOBDRIVE_REQUEST_TIMEOUT_SECS",
+    "BLOBDRIVE_MAX_ATTEMPTS",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+];
+
+/// [`ALLOWED`] as the error message says it.
+const ALLOWED_LIST: &str = "AZURE_STORAGE_*, AZURE_TENANT_ID, AZURE_CLIENT_*, AZURE_FEDERATED_TOKEN_FILE, AZURE_AUTHORITY_HOST, AZURE_POD_IDENTITY_AUTHORITY_HOST, IDENTITY_ENDPOINT, IDENTITY_HEADER, BLOBDRIVE_AUTH, BLOBDRIVE_IDENTITY_CLIENT_ID, BLOBDRIVE_*_SECS, BLOBDRIVE_MAX_ATTEMPTS, SSL_CERT_FILE, SSL_CERT_DIR";
+
+/// The largest credentials file read: a few lines of secrets are a few KiB.
+pub const MAX_BYTES: u64 = 64 << 10;
+
 /// Reads and checks a credentials file: a regular file owned by root, with no
-/// permission for group or others. The checks are made on the opened file, so
-/// the file read is the file checked.
+/// permission for group or others, at most [`MAX_BYTES`]. It is opened without
+/// following a symlink and without blocking (a FIFO would otherwise hang a boot),
+/// and the checks are made on the opened file, so the file read is the file
+/// checked.
 pub fn load(path: &Path) -> Result<Vec<(String, String)>, CredentialsError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let read_err = |e| CredentialsError::Read(path.to_path_buf(), e);
-    let mut file = std::fs::File::open(path).map_err(read_err)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                CredentialsError::NotAFile(path.to_path_buf())
+            } else {
+                read_err(e)
+            }
+        })?;
     let meta = file.metadata().map_err(read_err)?;
     if !meta.is_file() {
         return Err(CredentialsError::NotAFile(path.to_path_buf()));
@@ -58,8 +110,16 @@ pub fn load(path: &Path) -> Result<Vec<(String, String)>, CredentialsError> {
             mode: meta.mode() & 0o7777,
         });
     }
+    if meta.len() > MAX_BYTES {
+        return Err(CredentialsError::TooLarge(path.to_path_buf()));
+    }
     let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(read_err)?;
+    file.take(MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(CredentialsError::TooLarge(path.to_path_buf()));
+    }
     let text = String::from_utf8(bytes).map_err(|_| CredentialsError::NotText(path.into()))?;
     parse(path, &text)
 }
@@ -78,15 +138,13 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<(String, String)>, Credentia
             return Err(CredentialsError::Syntax(path.into(), n));
         };
         let key = key.trim();
+        // Never quoted back: a pasted secret without its `KEY=` lands here (a
+        // base64 key holds '+', '/' and '='), and the line number is enough.
         if !valid_name(key) {
-            // A pasted secret without its `KEY=` may land here: name at most a
-            // short prefix-free description, never the text.
-            let shown = if key.len() <= 40 && !key.contains(char::is_whitespace) {
-                format!("'{key}'")
-            } else {
-                "the text before '='".to_string()
-            };
-            return Err(CredentialsError::BadName(path.into(), n, shown));
+            return Err(CredentialsError::BadName(path.into(), n));
+        }
+        if !ALLOWED.contains(&key) {
+            return Err(CredentialsError::NotAllowed(path.into(), n));
         }
         let value = unquote(value.trim())
             .ok_or_else(|| CredentialsError::Unterminated(path.into(), n, key.to_string()))?;
@@ -161,7 +219,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_line_and_never_the_secret() {
-        let e = parse(p(), "A=1\nsupersecretkeywithoutname\n").unwrap_err();
+        let e = parse(p(), "AZURE_TENANT_ID=1\nsupersecretkeywithoutname\n").unwrap_err();
         assert_eq!(
             e.to_string(),
             "the credentials file /etc/blobdrive/x.env, line 2: expected KEY=VALUE"
@@ -174,8 +232,23 @@ mod tests {
         .to_string();
         assert!(!e.contains("Eby8"), "{e}");
         let e = parse(p(), "1BAD=x\n").unwrap_err().to_string();
-        assert!(e.contains("'1BAD'"), "{e}");
-        let e = parse(p(), "K=\"open secret\n").unwrap_err().to_string();
+        assert!(e.contains("line 1") && !e.contains("1BAD"), "{e}");
+        // A short name with '+' or '/' in it is a pasted secret: never echoed.
+        let e = parse(p(), "abc+/def=x\n").unwrap_err().to_string();
+        assert!(e.contains("line 1") && !e.contains("abc+/def"), "{e}");
+        // Names that would change how the root daemon and its tools run.
+        for name in ["LD_PRELOAD", "PATH", "HTTPS_PROXY", "BLOBDRIVE_RUN_DIR"] {
+            let e = parse(p(), &format!("AZURE_TENANT_ID=t\n{name}=/tmp/x\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("line 2") && e.contains("does not take") && !e.contains(name),
+                "{e}"
+            );
+        }
+        let e = parse(p(), "AZURE_CLIENT_SECRET=\"open secret\n")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("unterminated") && !e.contains("open secret"),
             "{e}"
@@ -210,5 +283,23 @@ mod tests {
         assert!(e.contains("not a regular file"), "{e}");
         let e = load(&dir.path().join("missing")).unwrap_err().to_string();
         assert!(e.contains("cannot read"), "{e}");
+        // A symlink to a good file, a FIFO (which would block), a huge file.
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&f, Some(0), None).unwrap();
+        let link = dir.path().join("link.env");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        let e = load(&link).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let fifo = dir.path().join("fifo.env");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = load(&fifo).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let big = dir.path().join("big.env");
+        std::fs::write(&big, "#".repeat(MAX_BYTES as usize + 1)).unwrap();
+        std::fs::set_permissions(&big, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = load(&big).unwrap_err().to_string();
+        assert!(e.contains("larger than"), "{e}");
     }
 }

@@ -61,23 +61,110 @@ pub fn paths(id: &str) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
     )
 }
 
+/// Creates the run directory and its `mounts/` (0700), then checks both as
+/// [`check_dirs`] does: an existing one a user could write to is refused.
 pub fn ensure_dir() -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(mounts_dir())
+        .create(mounts_dir())?;
+    check_dirs().map_err(std::io::Error::other)
 }
+
+/// Checks the run directory and its `mounts/`, where the records root trusts, the
+/// daemons' logs and their control sockets live: each must be a directory (not a
+/// symlink), this user's (root's), and closed to group and others. A missing one
+/// is fine (nothing is mounted). One line naming the path, what is wrong and the
+/// fix.
+pub fn check_dirs() -> Result<(), String> {
+    check_private_dir(&run_dir())?;
+    check_private_dir(&mounts_dir())
+}
+
+fn check_private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(format!(
+                "cannot check the run directory {}: {e}",
+                dir.display()
+            ))
+        }
+    };
+    let why = if !meta.file_type().is_dir() {
+        "is not a directory (a symlink or a file in its place)".to_string()
+    } else if meta.uid() != 0 {
+        format!("belongs to uid {}, not to root", meta.uid())
+    } else if meta.mode() & 0o077 != 0 {
+        format!(
+            "is open to group or others (mode {:04o})",
+            meta.mode() & 0o7777
+        )
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "refusing the run directory {}: it {why}; blobdrive keeps there the mount records and control sockets it trusts as root, so it must be root's alone (remove it, or chown root and chmod 700 it)",
+        dir.display()
+    ))
+}
+
+/// Opens a file of the run directory for reading: not through a symlink, not
+/// blocking, and only a regular file of this user's of at most `max` bytes.
+fn read_private(path: &Path, max: u64) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    // SAFETY: geteuid cannot fail.
+    if !meta.is_file() || meta.uid() != unsafe { libc::geteuid() } || meta.len() > max {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(max).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// Creates (or truncates) a file of the run directory: 0600, never through a
+/// symlink.
+pub fn create_private(path: &Path, append: bool) -> std::io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = OpenOptions::new();
+    if append {
+        o.append(true);
+    } else {
+        o.write(true).truncate(true);
+    }
+    o.create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// The most a mount record may hold when read back.
+const RECORD_MAX_BYTES: u64 = 64 << 10;
 
 /// Writes the record only if none exists for this mountpoint: the lock that makes
 /// two concurrent mounts at one place impossible.
 pub fn create_exclusive(r: &MountRecord) -> std::io::Result<()> {
     ensure_dir()?;
     let (path, ..) = paths(&r.id);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&path)?;
+    let mut f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)?
+    };
     // A note left by an earlier mount here that nobody read is stale now.
     let _ = fs::remove_file(outcome_path(&r.id));
     f.write_all(
@@ -91,7 +178,11 @@ pub fn create_exclusive(r: &MountRecord) -> std::io::Result<()> {
 pub fn save(r: &MountRecord) -> std::io::Result<()> {
     let (path, ..) = paths(&r.id);
     let tmp = path.with_extension("json.tmp");
-    fs::write(&tmp, serde_json::to_string_pretty(r).expect("serialisable"))?;
+    create_private(&tmp, false)?.write_all(
+        serde_json::to_string_pretty(r)
+            .expect("serialisable")
+            .as_bytes(),
+    )?;
     fs::rename(tmp, path)
 }
 
@@ -113,34 +204,16 @@ const OUTCOME_MAX_BYTES: u64 = 64 << 10;
 /// after a daemon stopped with losses: its record is gone then, which alone would
 /// read as a clean stop. Written before the record is removed.
 pub fn write_outcome(id: &str, what: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(outcome_path(id))?;
-    f.write_all(what.as_bytes())
+    create_private(&outcome_path(id), false)?.write_all(what.as_bytes())
 }
 
 /// Takes (reads and removes) the note a daemon left when it stopped with losses.
 pub fn take_outcome(id: &str) -> Option<String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
+    check_dirs().ok()?;
     let path = outcome_path(id);
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&path)
-        .ok()?;
+    let text = read_private(&path, OUTCOME_MAX_BYTES);
     let _ = fs::remove_file(&path);
-    if !f.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut text = String::new();
-    f.take(OUTCOME_MAX_BYTES).read_to_string(&mut text).ok()?;
-    Some(text)
+    text
 }
 
 /// Removes a mount's daemon log and its rotated copy: done after a clean unmount
@@ -160,7 +233,7 @@ pub const LOG_MAX_BYTES: u64 = 16 << 20;
 /// is left alone.
 pub fn rotate_log(path: &Path, max: u64, fd: std::os::fd::RawFd) -> std::io::Result<bool> {
     use std::os::fd::AsRawFd;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata(path)?;
     if meta.len() <= max {
         return Ok(false);
@@ -174,11 +247,7 @@ pub fn rotate_log(path: &Path, max: u64, fd: std::os::fd::RawFd) -> std::io::Res
         return Ok(false);
     }
     fs::rename(path, path.with_extension("log.1"))?;
-    let fresh = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(path)?;
+    let fresh = create_private(path, true)?;
     // SAFETY: both descriptors are valid; dup2 atomically replaces `fd`.
     if unsafe { libc::dup2(fresh.as_raw_fd(), fd) } < 0 {
         return Err(std::io::Error::last_os_error());
@@ -189,6 +258,14 @@ pub fn rotate_log(path: &Path, max: u64, fd: std::os::fd::RawFd) -> std::io::Res
 /// Fails when the run directory exists but cannot be read (a user other than
 /// root): "nothing is mounted" would then be a lie.
 pub fn check_readable() -> Result<(), String> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 && fs::symlink_metadata(run_dir()).is_ok() {
+        return Err(format!(
+            "cannot read the run directory {}, where mounts are recorded: it is root's alone; run this as root (sudo)",
+            run_dir().display()
+        ));
+    }
+    check_dirs()?;
     let dir = mounts_dir();
     match fs::read_dir(&dir) {
         Ok(_) => Ok(()),
@@ -200,18 +277,25 @@ pub fn check_readable() -> Result<(), String> {
     }
 }
 
+/// The record of mount `id`, if there is one to trust: none is read from a run
+/// directory that fails [`check_dirs`], and only a regular root-owned file.
 pub fn load(id: &str) -> Option<MountRecord> {
+    check_dirs().ok()?;
     let (path, ..) = paths(id);
-    serde_json::from_str(&fs::read_to_string(path).ok()?).ok()
+    serde_json::from_str(&read_private(&path, RECORD_MAX_BYTES)?).ok()
 }
 
+/// Every record there is to trust (see [`load`]).
 pub fn load_all() -> Vec<MountRecord> {
+    if check_dirs().is_err() {
+        return Vec::new();
+    }
     let mut out: Vec<MountRecord> = fs::read_dir(mounts_dir())
         .into_iter()
         .flatten()
         .flatten()
         .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
-        .filter_map(|e| serde_json::from_str(&fs::read_to_string(e.path()).ok()?).ok())
+        .filter_map(|e| serde_json::from_str(&read_private(&e.path(), RECORD_MAX_BYTES)?).ok())
         .collect();
     out.sort_by(|a, b| a.mountpoint.cmp(&b.mountpoint));
     out

@@ -241,51 +241,192 @@ pub fn mkfs(dev: &str, fstype: &str) -> Result<(), MountError> {
     }
 }
 
-/// Mounts `dev` at `mountpoint`. A read-only ext4 whose journal needs recovery
-/// (a crash-consistent snapshot) is mounted without replaying it.
-/// `flags` (e.g. `nosuid`, `noatime`) go to the mount as they are.
+/// Mounts `dev` at the directory `at` (opened by [`open_dir`], so the mount lands
+/// on the directory that was checked, whatever its path leads to by now). A
+/// read-only ext4 whose journal needs recovery (a crash-consistent snapshot) is
+/// mounted without replaying it. `flags` (e.g. `nosuid`, `noatime`) are mount(8)'s
+/// words for the kernel's flags.
 pub fn mount_fs(
     dev: &str,
-    mountpoint: &Path,
+    at: &std::os::fd::OwnedFd,
     fstype: &str,
     read_only: bool,
     flags: &[String],
 ) -> Result<(), MountError> {
-    let mp = mountpoint
-        .to_str()
-        .ok_or_else(|| MountError::System("path is not UTF-8".into()))?;
-    let with = |first: &str| -> String {
-        std::iter::once(first)
-            .chain(flags.iter().map(String::as_str))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
     if !read_only {
-        return run("mount", &["-t", fstype, "-o", &with("rw"), dev, mp]).map(|_| ());
+        return mount_at(dev, at, fstype, flags, "");
     }
-    match run("mount", &["-t", fstype, "-o", &with("ro"), dev, mp]) {
-        Ok(_) => Ok(()),
-        Err(e) if fstype == "ext4" => {
-            run("mount", &["-t", fstype, "-o", &with("ro,noload"), dev, mp])
-                .map(|_| ())
-                .map_err(|_| e)
-        }
-        Err(e) if fstype == "xfs" => run(
-            "mount",
-            &["-t", fstype, "-o", &with("ro,norecovery"), dev, mp],
-        )
-        .map(|_| ())
-        .map_err(|_| e),
+    let mut ro: Vec<String> = flags.to_vec();
+    ro.push("ro".into());
+    match mount_at(dev, at, fstype, &ro, "") {
+        Ok(()) => Ok(()),
+        Err(e) if fstype == "ext4" => mount_at(dev, at, fstype, &ro, "noload").map_err(|_| e),
+        Err(e) if fstype == "xfs" => mount_at(dev, at, fstype, &ro, "norecovery").map_err(|_| e),
         Err(e) => Err(e),
     }
 }
+
+/// The kernel's mount flags for mount(8)'s words; `None` for a word that is not a
+/// flag.
+fn mount_flag(word: &str) -> Option<(libc::c_ulong, bool)> {
+    Some(match word {
+        "ro" => (libc::MS_RDONLY, true),
+        "rw" => (libc::MS_RDONLY, false),
+        "nosuid" => (libc::MS_NOSUID, true),
+        "suid" => (libc::MS_NOSUID, false),
+        "nodev" => (libc::MS_NODEV, true),
+        "dev" => (libc::MS_NODEV, false),
+        "noexec" => (libc::MS_NOEXEC, true),
+        "exec" => (libc::MS_NOEXEC, false),
+        "noatime" => (libc::MS_NOATIME, true),
+        "relatime" => (libc::MS_RELATIME, true),
+        "strictatime" => (libc::MS_STRICTATIME, true),
+        "nodiratime" => (libc::MS_NODIRATIME, true),
+        _ => return None,
+    })
+}
+
+/// mount(2) of `dev` onto the directory `at` through `/proc/self/fd/N`.
+fn mount_at(
+    dev: &str,
+    at: &std::os::fd::OwnedFd,
+    fstype: &str,
+    words: &[String],
+    data: &str,
+) -> Result<(), MountError> {
+    use std::os::fd::AsRawFd;
+    let mut flags: libc::c_ulong = 0;
+    for w in words {
+        let (bit, on) =
+            mount_flag(w).ok_or_else(|| MountError::System(format!("unknown mount option {w}")))?;
+        if on {
+            flags |= bit;
+        } else {
+            flags &= !bit;
+        }
+    }
+    let c = |v: &str| {
+        std::ffi::CString::new(v).map_err(|_| MountError::System("NUL in a mount argument".into()))
+    };
+    let (src, target) = (c(dev)?, c(&format!("/proc/self/fd/{}", at.as_raw_fd()))?);
+    let (ty, data) = (c(fstype)?, c(data)?);
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            ty.as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    Err(MountError::System(format!(
+        "cannot mount the {fstype} filesystem of {dev}: {}",
+        std::io::Error::last_os_error()
+    )))
+}
+
+/// Opens the directory `path` without following a symlink in its last part, and
+/// only if it still is the directory `id` names (see [`check_same_dir`]): later
+/// operations on it go through the descriptor, never the path again.
+pub fn open_dir(path: &Path, id: Option<(u64, u64)>) -> Result<std::os::fd::OwnedFd, MountError> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| MountError::System("path contains NUL".into()))?;
+    // SAFETY: `c` is a valid NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    let changed = || {
+        MountError::System(format!(
+            "{} is no longer the directory that was checked before mounting (renamed, replaced or a symlink now): nothing was mounted there",
+            path.display()
+        ))
+    };
+    if fd < 0 {
+        return Err(changed());
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let meta = std::fs::File::from(
+        fd.try_clone()
+            .map_err(|e| MountError::System(e.to_string()))?,
+    )
+    .metadata()
+    .map_err(|e| MountError::System(format!("cannot use {}: {e}", path.display())))?;
+    if id.is_some_and(|id| id != (meta.dev(), meta.ino())) {
+        return Err(changed());
+    }
+    Ok(fd)
+}
+
+/// Freezes the filesystem mounted at `mountpoint` (FIFREEZE through a descriptor
+/// opened without following a symlink, and only if it is the root of `dev`'s
+/// filesystem); thawed by [`thaw`] on the same descriptor.
+pub fn freeze(mountpoint: &Path, dev: &str) -> Result<std::fs::File, MountError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(mountpoint)
+        .map_err(|e| MountError::System(format!("cannot open {}: {e}", mountpoint.display())))?;
+    let here = f
+        .metadata()
+        .map_err(|e| MountError::System(e.to_string()))?
+        .dev();
+    let device = std::fs::metadata(dev)
+        .map_err(|e| MountError::System(format!("cannot check {dev}: {e}")))?
+        .rdev();
+    if here != device {
+        return Err(MountError::System(format!(
+            "{} is not the filesystem of {dev} any more: not freezing it",
+            mountpoint.display()
+        )));
+    }
+    // SAFETY: FIFREEZE on an open directory of the filesystem; the argument is ignored.
+    if unsafe { libc::ioctl(f.as_raw_fd(), FIFREEZE, 0) } != 0 {
+        return Err(MountError::System(format!(
+            "cannot freeze {}: {}",
+            mountpoint.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(f)
+}
+
+/// Thaws what [`freeze`] froze.
+pub fn thaw(frozen: &std::fs::File) -> Result<(), MountError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: FITHAW on the descriptor FIFREEZE was given.
+    if unsafe { libc::ioctl(frozen.as_raw_fd(), FITHAW, 0) } != 0 {
+        return Err(MountError::System(format!(
+            "cannot thaw: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+/// `_IOWR('X', 119, int)` and `_IOWR('X', 120, int)` of linux/fs.h.
+const FIFREEZE: libc::c_ulong = 0xC004_5877;
+const FITHAW: libc::c_ulong = 0xC004_5878;
 
 /// Unmounts `path`; a busy filesystem is [`MountError::Busy`] and stays mounted.
 pub fn umount(path: &Path, lazy: bool) -> Result<(), MountError> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| MountError::System("path contains NUL".into()))?;
-    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // Never through a symlink put in the mountpoint's place since it was checked.
+    let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
     let rc = unsafe { libc::umount2(c.as_ptr(), flags) };
     if rc == 0 {

@@ -488,7 +488,7 @@ pub fn blobdrive_timed(env: &[(String, String)], args: &[&str]) -> (Output, Dura
 /// The run directory of these tests' mounts.
 pub fn run_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("entra-run");
-    std::fs::create_dir_all(&d).unwrap();
+    super::util::private_dir(&d);
     d
 }
 

@@ -23,7 +23,7 @@ pub fn require_root() {
 /// A run directory of the test binary's own, so its mounts are its alone.
 pub fn run_dir(name: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
-    std::fs::create_dir_all(&d).unwrap();
+    super::util::private_dir(&d);
     d
 }
 

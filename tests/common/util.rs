@@ -42,3 +42,11 @@ pub fn sh_ok(script: &str) -> String {
 pub fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
+
+/// Creates `d` (and its parents) as a run directory blobdrive accepts: root's
+/// alone (0700), as it refuses one that group or others could write to.
+pub fn private_dir(d: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(d).unwrap();
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+}

@@ -2,7 +2,7 @@
 //! running daemon. The daemon side (`serve`: one line in, progress lines and one
 //! answer line out) and the client side (`control`, `control_with_progress`).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -393,15 +393,32 @@ fn handle_conn(
     stats: Option<&StatsValues>,
     discard: &Discard,
 ) {
+    // Only root may steer a root daemon: the socket is 0600 in a 0700 directory,
+    // and the peer is checked too, so a socket made reachable by mistake (a
+    // chmod, a bind mount) still serves nobody else.
+    match peer_uid(&conn) {
+        Some(0) => {}
+        other => {
+            warn!("refused a control connection from uid {other:?}: only root may use it");
+            return;
+        }
+    }
     // A client that never sends its line must not hold up the commands after it.
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let mut line = String::new();
-    let mut reader = BufReader::new(match conn.try_clone() {
+    let reader = BufReader::new(match conn.try_clone() {
         Ok(c) => c,
         Err(_) => return,
     });
-    if reader.read_line(&mut line).is_err() {
+    if reader
+        .take(CONTROL_LINE_MAX as u64)
+        .read_line(&mut line)
+        .is_err()
+    {
         return;
+    }
+    if !line.ends_with('\n') && line.len() >= CONTROL_LINE_MAX {
+        return Reply(conn).send("error command too long");
     }
     let cmd = line.trim();
     if let ("stats", Some(values)) = (cmd, stats) {
@@ -412,6 +429,30 @@ fn handle_conn(
         discard.request();
     }
     let _ = tx.send(Event::Control(cmd.to_string(), Reply(conn)));
+}
+
+/// The longest command line the daemon reads (commands are a word or two).
+const CONTROL_LINE_MAX: usize = 4096;
+/// The longest answer line a client reads (the stats JSON is a few KiB).
+const ANSWER_LINE_MAX: u64 = 1 << 20;
+
+/// The uid of the process at the other end of `conn` (`SO_PEERCRED`).
+fn peer_uid(conn: &UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed ucred is a valid out-parameter for getsockopt.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt on an open socket, writing at most `len` bytes to `cred`.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred.uid)
 }
 
 /// Sends one command to a running daemon and returns its one-line answer.
@@ -437,7 +478,13 @@ pub fn control_with_progress(
     let mut reader = BufReader::new(s);
     loop {
         let mut line = String::new();
-        reader.read_line(&mut line)?;
+        (&mut reader).take(ANSWER_LINE_MAX).read_line(&mut line)?;
+        if !line.is_empty() && !line.ends_with('\n') && line.len() as u64 >= ANSWER_LINE_MAX {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "the daemon's answer is too long",
+            ));
+        }
         if line.is_empty() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,

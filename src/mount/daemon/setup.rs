@@ -235,10 +235,10 @@ pub(super) fn setup(
                 m.target
             )));
         }
-        system::check_same_dir(&m.req.mountpoint, m.req.mountpoint_id)?;
+        let at = system::open_dir(&m.req.mountpoint, m.req.mountpoint_id)?;
         system::mount_fs(
             &dev,
-            &m.req.mountpoint,
+            &at,
             &t,
             m.req.read_only,
             &crate::mount::hardened_fs_flags(&m.req.fs_flags),
@@ -262,6 +262,13 @@ pub(super) fn setup(
     let listener = UnixListener::bind(&rec.socket).map_err(|e| {
         MountError::System(format!("cannot listen on {}: {e}", rec.socket.display()))
     })?;
+    // Root's alone (its directory already is): see `control::peer_uid` too.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&rec.socket, std::fs::Permissions::from_mode(0o600)).map_err(
+            |e| MountError::System(format!("cannot restrict {}: {e}", rec.socket.display())),
+        )?;
+    }
     record::save(&rec)
         .map_err(|e| MountError::System(format!("cannot write the mount record: {e}")))?;
     let ready = Ready {

@@ -17,11 +17,9 @@ impl Mounted {
             ));
         }
         let mp = self.req.mountpoint.to_string_lossy().to_string();
-        let frozen = if self.fs_mounted {
-            system::run("fsfreeze", &["-f", &mp])?;
-            true
-        } else {
-            false
+        let frozen = match (&self.device, self.fs_mounted) {
+            (Some(dev), true) => Some(system::freeze(&self.req.mountpoint, dev)?),
+            _ => None,
         };
         let result = (|| {
             if let Some(c) = &self.cache {
@@ -31,8 +29,8 @@ impl Mounted {
             }
             Ok::<String, MountError>(self.rt.block_on(self.blob.create_snapshot())?)
         })();
-        if frozen {
-            if let Err(e) = system::run("fsfreeze", &["-u", &mp]) {
+        if let Some(f) = &frozen {
+            if let Err(e) = system::thaw(f) {
                 error!("could not thaw {mp}: {e}");
             }
         }
