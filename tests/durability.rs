@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use common::azurite::{unique_container, Azurite};
-use common::mount::{cleanup_unmount, require_root};
+use common::mount::{proc_status_kib, require_root, Mp};
 use faultproxy::{Config, Hold, Proxy};
 
 fn run_dir() -> PathBuf {
@@ -69,36 +69,6 @@ fn read_blob(spec: &str, offset: u64, len: u64) -> Vec<u8> {
         .to_vec()
 }
 
-/// A mountpoint that is unmounted (through `cs`) when the test ends, whatever happens.
-struct Mp {
-    dir: tempfile::TempDir,
-    cs: String,
-}
-
-impl Mp {
-    fn new(cs: &str) -> Mp {
-        Mp {
-            dir: tempfile::Builder::new()
-                .prefix("blobdrive-dur-mnt.")
-                .tempdir()
-                .unwrap(),
-            cs: cs.to_string(),
-        }
-    }
-    fn s(&self) -> &str {
-        self.dir.path().to_str().unwrap()
-    }
-    fn disk(&self) -> String {
-        format!("{}/disk", self.s())
-    }
-}
-
-impl Drop for Mp {
-    fn drop(&mut self) {
-        let _ = bd(&self.cs, &[], &cleanup_unmount(self.s()));
-    }
-}
-
 /// Writes `data` at `offset` of `path` and fsyncs, in one Python process.
 fn pwrite_fsync(path: &str, offset: u64, data: &[u8]) {
     sh_ok(&format!(
@@ -141,7 +111,7 @@ fn an_abandoned_put_page_that_lands_late_changes_nothing() {
     });
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
     let a = [b'A'; 512];
     let b = [b'B'; 512];
@@ -160,22 +130,6 @@ fn an_abandoned_put_page_that_lands_late_changes_nothing() {
     );
     // It reached the server and was refused there, not lost on the way.
     assert_eq!(late[0].status, Some(412), "{late:?}");
-}
-
-/// The daemon's pid, from `list --json`.
-fn daemon_pid(cs: &str, mp: &Mp) -> u32 {
-    let list = json(&ok(cs, &[], &["list", "--json"]));
-    list.as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountpoint"] == mp.s())
-        .expect("listed")["pid"]
-        .as_u64()
-        .unwrap() as u32
-}
-
-fn stats(cs: &str, mp: &Mp) -> serde_json::Value {
-    json(&ok(cs, &[], &["stats", mp.s(), "--json"]))
 }
 
 /// A Python writer that writes 4 KiB blocks numbered from 0 into `path`, prints
@@ -205,7 +159,7 @@ fn unmount_refuses_while_the_raw_disk_is_open_and_loses_nothing() {
     require_root();
     let spec = new_drive("busyraw", "64MiB");
     let cs = az();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
     let blocks = 2048;
     let mut writer = spawn_block_writer(&mp.disk(), blocks);
@@ -244,7 +198,7 @@ fn writers_and_fsync_wait_through_a_40s_outage_at_default_settings() {
     let spec = new_drive("outage", "256MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok(
         &cs,
         &[],
@@ -274,11 +228,11 @@ fn writers_and_fsync_wait_through_a_40s_outage_at_default_settings() {
         .unwrap();
     // Once writing is under way, the backend stops answering for 40 s.
     wait_for("dd to start writing", Duration::from_secs(60), || {
-        stats(&cs, &mp)["bytes_written"].as_u64().unwrap() > 24 << 20
+        mp.stats()["bytes_written"].as_u64().unwrap() > 24 << 20
     });
     proxy.paused.store(true, SeqCst);
     std::thread::sleep(Duration::from_secs(30));
-    let during = stats(&cs, &mp);
+    let during = mp.stats();
     std::thread::sleep(Duration::from_secs(10));
     proxy.paused.store(false, SeqCst);
     let out = dd.wait_with_output().unwrap();
@@ -307,7 +261,7 @@ fn unmount_waits_out_an_outage_and_loses_no_unsynced_file() {
     let spec = new_drive("umoutage", "256MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok(&cs, &[], &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     let sum = sh_ok(&format!(
         "head -c 20M /dev/urandom > '{0}/r3.bin' && sha256sum < '{0}/r3.bin'",
@@ -340,7 +294,7 @@ fn unmount_waits_out_an_outage_and_loses_no_unsynced_file() {
         .to_string();
     sh_ok(&format!("e2fsck -fn {dev}"));
     ok(&az(), &[], &["unmount", mp.s()]);
-    let mp2 = Mp::new(&az());
+    let mp2 = Mp::new(&run_dir(), &az());
     ok(&az(), &[], &["mount", &spec, mp2.s(), "--read-only"]);
     let again = sh_ok(&format!("sha256sum < '{}/r3.bin'", mp2.s()));
     ok(&az(), &[], &["unmount", mp2.s()]);
@@ -358,13 +312,13 @@ fn a_plain_umount_during_an_outage_waits_for_the_service_and_loses_nothing() {
     let spec = new_drive("umountoutage", "64MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     let short = [
         ("BLOBDRIVE_IO_TIMEOUT_SECS", "3"),
         ("BLOBDRIVE_RETRY_BUDGET_SECS", "1"),
     ];
     ok(&cs, &short, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
-    let pid = daemon_pid(&cs, &mp);
+    let pid = mp.pid() as u32;
     let sum = sh_ok(&format!(
         "head -c 12M /dev/urandom > '{0}/r.bin' && sha256sum < '{0}/r.bin'",
         mp.s()
@@ -424,7 +378,7 @@ fn memory_stays_within_the_cache_size_under_scattered_512_byte_writes() {
     require_root();
     let spec = new_drive("memory", "1GiB");
     let cs = az();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok(
         &cs,
         &[],
@@ -447,20 +401,11 @@ for i in range(0, 1 << 30, 65536): os.pwritev(fd, [memoryview(buf)[:512]], i)\n\
 os.fsync(fd)\"",
         mp.disk()
     ));
-    let pid = daemon_pid(&cs, &mp);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib = |name: &str| -> u64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap()
-    };
-    let hwm = kib("VmHWM:") / 1024;
+    let pid = mp.pid() as u32;
+    let hwm = proc_status_kib(pid as u64, "VmHWM") / 1024;
     eprintln!(
         "daemon memory: peak {hwm} MiB, now {} MiB",
-        kib("VmRSS:") / 1024
+        proc_status_kib(pid as u64, "VmRSS") / 1024
     );
     ok(&cs, &[], &["unmount", mp.s()]);
     assert!(
@@ -477,7 +422,7 @@ fn unmount_after_the_lease_was_lost_says_what_was_dropped_and_fails() {
     require_root();
     let spec = new_drive("lostlease", "64MiB");
     let cs = az();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     // Through the loop device, which holds the disk file open: written, never
     // synced, so still only in the cache when the lease goes.
     let dev = ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "block"]);
@@ -515,7 +460,7 @@ fn a_lease_that_cannot_be_released_fails_the_unmount_and_says_so() {
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "1"),
         ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
     ];
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
     let out = bd(&cs, &env, &["unmount", mp.s()]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -529,7 +474,7 @@ fn a_write_across_the_end_lands_its_inside_part_and_read_only_close_does_not_flu
     let spec = new_drive("edge", "16MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
     let size = 16u64 << 20;
     let wrote = sh_ok(&format!(
@@ -562,7 +507,7 @@ fn a_write_across_the_end_lands_its_inside_part_and_read_only_close_does_not_flu
 fn snapshot_create_finds_the_mount_by_account_too_and_freezes_only_filesystems() {
     require_root();
     let spec = new_drive("snapacct", "16MiB");
-    let mp = Mp::new(&az());
+    let mp = Mp::new(&run_dir(), &az());
     ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
     let said = |cs: &str| {
         let out = bd(cs, &[], &["snapshot", "create", &spec]);
@@ -637,7 +582,7 @@ fn a_delete_whose_answer_was_lost_succeeds() {
 fn a_read_only_mount_of_a_live_blob_sees_data_written_after_it_mounted() {
     require_root();
     let spec = new_drive("rolive", "16MiB");
-    let mp = Mp::new(&az());
+    let mp = Mp::new(&run_dir(), &az());
     ok(
         &az(),
         &[],
@@ -679,7 +624,7 @@ fn fio_verifies_through_faults_and_again_from_the_blob_after_remount() {
         ..Config::clean(Azurite::shared().port)
     });
     let cs = proxy.connection_string();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     // Raw disk: random 4 KiB direct writes with checksummed blocks, verified
     // right away (through the cache) ...
     let job = |mp: &Mp, verify_only: bool| {
@@ -750,7 +695,7 @@ fn stuck_block_mount(tag: &str, mib: u32) -> Stuck {
     let spec = new_drive(tag, "64MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     let dev = ok(
         &cs,
         &SHORT_TIMEOUTS,
@@ -859,7 +804,7 @@ fn unmount_discard_dirty_stops_an_unmount_that_waits_for_the_service() {
 fn the_raw_disk_can_be_memory_mapped_and_msync_puts_it_on_the_blob() {
     require_root();
     let spec = new_drive("mmap", "16MiB");
-    let mp = Mp::new(&az());
+    let mp = Mp::new(&run_dir(), &az());
     ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
     // A shared mapping, written through and flushed with msync; then read back
     // through a second mapping before unmount.
@@ -885,7 +830,7 @@ fn a_lease_release_whose_answer_was_lost_is_a_clean_unmount() {
     let spec = new_drive("rellost", "16MiB");
     let proxy = lost_answer(&["x-ms-lease-action: release"]);
     let cs = proxy.connection_string();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
     ok(&cs, &[], &["unmount", mp.s()]);
     assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");

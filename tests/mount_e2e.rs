@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use common::azurite::{unique_container, Azurite};
-use common::mount::require_root;
-use serde_json::Value;
+use common::mount::{proc_status_kib, require_root, Mp};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -73,53 +72,10 @@ fn blob_of(spec: &str) -> BlobClient {
     service().blob(c, n)
 }
 
-/// An empty mountpoint that is unmounted (if still mounted) and removed on drop.
-struct Mp {
-    dir: tempfile::TempDir,
-}
-
-impl Mp {
-    fn new() -> Mp {
-        Mp {
-            dir: tempfile::Builder::new()
-                .prefix("blobdrive-e2e-mnt.")
-                .tempdir()
-                .unwrap(),
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn s(&self) -> &str {
-        self.dir.path().to_str().unwrap()
-    }
-
-    fn stats(&self) -> Value {
-        json(&ok(&["stats", self.s(), "--json"]))
-    }
-
-    /// This mount's entry in `list --json`.
-    fn listed(&self) -> Value {
-        let list = json(&ok(&["list", "--json"]));
-        list.as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["mountpoint"] == self.s())
-            .expect("listed")
-            .clone()
-    }
-
-    fn pid(&self) -> u64 {
-        self.listed()["pid"].as_u64().unwrap()
-    }
-}
-
-impl Drop for Mp {
-    fn drop(&mut self) {
-        let _ = bd(&["unmount", self.s()]);
-    }
+/// An empty mountpoint of this binary's run directory, unmounted (if still
+/// mounted) and removed on drop.
+fn new_mp() -> Mp {
+    Mp::new(&run_dir(), &Azurite::shared().connection_string())
 }
 
 /// Nothing of a failed mount may remain: no record, no FUSE or fs mount, no lease,
@@ -165,7 +121,7 @@ fn write_tree(root: &Path) -> String {
 fn filesystem_mode_survives_unmount_and_remount() {
     require_root();
     let spec = new_drive("fs", "512MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     let out = ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     assert!(out.contains("ext4") && out.contains("/dev/loop"), "{out}");
     let sums = write_tree(mp.path());
@@ -218,7 +174,7 @@ fn filesystem_mode_survives_unmount_and_remount() {
 fn blank_disk_is_refused_without_mkfs_and_leaves_nothing_behind() {
     require_root();
     let spec = new_drive("blank", "64MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     fails(&["mount", &spec, mp.s()], "--mkfs ext4");
     assert_nothing_left(&mp, &spec);
     // xfs works as well (xfs needs at least 300 MiB).
@@ -236,7 +192,7 @@ fn blank_disk_is_refused_without_mkfs_and_leaves_nothing_behind() {
 fn raw_mode_coalesces_writes_and_reads_holes_for_free() {
     require_root();
     let spec = new_drive("raw", "256MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     let out = ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let disk = out.trim().to_string();
     assert_eq!(disk, format!("{}/disk", mp.s()));
@@ -297,7 +253,7 @@ fn raw_mode_coalesces_writes_and_reads_holes_for_free() {
 fn block_mode_exposes_a_loop_device_of_the_disk_size() {
     require_root();
     let spec = new_drive("block", "96MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
         .trim()
         .to_string();
@@ -334,14 +290,14 @@ fn block_mode_exposes_a_loop_device_of_the_disk_size() {
 fn one_writer_many_readers_and_snapshot_mounts() {
     require_root();
     let spec = new_drive("lease", "64MiB");
-    let writer = Mp::new();
+    let writer = new_mp();
     ok(&["mount", &spec, writer.s(), "--mode", "raw"]);
     let disk = format!("{}/disk", writer.s());
     sh_ok(&format!(
         "printf 'version-1' | dd of='{disk}' conv=notrunc,fsync status=none"
     ));
     // A second writable mount, anywhere, is refused and leaves nothing behind.
-    let second = Mp::new();
+    let second = new_mp();
     fails(&["mount", &spec, second.s(), "--mode", "raw"], "in use");
     let list = json(&ok(&["list", "--json"]));
     assert!(!list
@@ -355,8 +311,8 @@ fn one_writer_many_readers_and_snapshot_mounts() {
         "already a mount point",
     );
     // Read-only mounts take no lease and run beside the writer.
-    let r1 = Mp::new();
-    let r2 = Mp::new();
+    let r1 = new_mp();
+    let r2 = new_mp();
     ok(&["mount", &spec, r1.s(), "--mode", "raw", "--read-only"]);
     ok(&["mount", &spec, r2.s(), "--mode", "raw", "--read-only"]);
     assert_eq!(sh_ok(&format!("head -c 9 '{}/disk'", r1.s())), "version-1");
@@ -372,8 +328,8 @@ fn one_writer_many_readers_and_snapshot_mounts() {
         "printf 'version-2' | dd of='{disk}' conv=notrunc,fsync status=none"
     ));
     let at = format!("{spec}@{snap}");
-    let s1 = Mp::new();
-    let s2 = Mp::new();
+    let s1 = new_mp();
+    let s2 = new_mp();
     ok(&["mount", &at, s1.s(), "--mode", "raw"]);
     ok(&["mount", &at, s2.s(), "--mode", "raw"]);
     assert_eq!(sh_ok(&format!("head -c 9 '{}/disk'", s1.s())), "version-1");
@@ -391,7 +347,7 @@ fn one_writer_many_readers_and_snapshot_mounts() {
 fn lease_broken_under_a_mounted_drive_fences_all_writes() {
     require_root();
     let spec = new_drive("fence", "64MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let disk = format!("{}/disk", mp.s());
     sh_ok(&format!(
@@ -439,7 +395,7 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
 fn fstrim_frees_the_space_of_deleted_files() {
     require_root();
     let spec = new_drive("trim", "256MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     sh_ok(&format!(
         "head -c 100M /dev/urandom > '{}/big' && sync",
@@ -464,7 +420,7 @@ fn fstrim_frees_the_space_of_deleted_files() {
 fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
     require_root();
     let spec = new_drive("busy", "64MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     sh_ok(&format!("echo keep > '{}/f'", mp.s()));
     let mut holder = Command::new("bash")
@@ -501,7 +457,7 @@ fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
 fn dead_daemon_is_cleaned_up_and_the_lease_named() {
     require_root();
     let spec = new_drive("dead", "64MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     sh_ok(&format!(
         "echo durable > '{0}/f' && sync -f '{0}/f'",
@@ -510,7 +466,7 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
     let pid = mp.pid();
     sh_ok(&format!("kill -KILL {pid}"));
     std::thread::sleep(Duration::from_millis(300));
-    fails(&["mount", &spec, Mp::new().s()], "lease break");
+    fails(&["mount", &spec, new_mp().s()], "lease break");
     // It cleans up, then fails so scripts notice: the lease is still held.
     let id = blobdrive::mount::record::id_for(mp.path());
     let log = run_dir().join("mounts").join(format!("{id}.log"));
@@ -541,7 +497,7 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
 fn mount_refuses_bad_input_cleanly() {
     require_root();
     let spec = new_drive("badmount", "64MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     fails(
         &["mount", &spec, "/nonexistent/blobdrive/mp"],
         "does not exist",
@@ -566,7 +522,7 @@ fn mount_refuses_bad_input_cleanly() {
 fn memory_stays_bounded_and_parallel_io_progresses() {
     require_root();
     let spec = new_drive("mem", "512MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     ok(&[
         "mount",
         &spec,
@@ -588,13 +544,7 @@ fn memory_stays_bounded_and_parallel_io_progresses() {
          c=$!
          wait $a; wait $b; wait $c"
     ));
-    let pid = mp.pid();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let hwm_kib: u64 = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap();
+    let hwm_kib = proc_status_kib(mp.pid(), "VmHWM");
     assert!(
         hwm_kib * 1024 <= 64 * MIB + 100 * MIB,
         "peak RSS {hwm_kib} KiB"
@@ -616,7 +566,7 @@ fn a_sparse_terabyte_drive_mounts_with_few_page_range_calls() {
                 .unwrap();
         }
     });
-    let mp = Mp::new();
+    let mp = new_mp();
     ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let st = mp.stats();
     let calls = st["page_range_requests"].as_u64().unwrap();
@@ -637,7 +587,7 @@ fn a_sparse_terabyte_drive_mounts_with_few_page_range_calls() {
 fn consistent_snapshot_of_a_drive_being_written() {
     require_root();
     let spec = new_drive("consistent", "256MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     // A writer keeps creating, appending and deleting files while the snapshot is taken.
     let mut writer = Command::new("bash")
@@ -659,7 +609,7 @@ fn consistent_snapshot_of_a_drive_being_written() {
     );
     // The snapshot mounts read-only and its filesystem is clean.
     let at = format!("{spec}@{snap}");
-    let smp = Mp::new();
+    let smp = new_mp();
     let dev = ok(&["mount", &at, smp.s(), "--mode", "block"])
         .trim()
         .to_string();
@@ -667,7 +617,7 @@ fn consistent_snapshot_of_a_drive_being_written() {
     // A mounted snapshot is not deleted from under its mount.
     fails(&["snapshot", "delete", &at], "unmount it");
     ok(&["unmount", smp.s()]);
-    let fmp = Mp::new();
+    let fmp = new_mp();
     ok(&["mount", &at, fmp.s()]);
     assert!(Path::new(&format!("{}/log", fmp.s())).exists());
     ok(&["unmount", fmp.s()]);
@@ -678,7 +628,7 @@ fn consistent_snapshot_of_a_drive_being_written() {
 fn mkfs_over_another_filesystem_is_ignored_and_said_by_mount() {
     require_root();
     let spec = new_drive("mkfsother", "320MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     ok(&["mount", &spec, mp.s(), "--mkfs", "xfs"]);
     ok(&["unmount", mp.s()]);
     let out = bd(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
@@ -696,7 +646,7 @@ fn mkfs_over_another_filesystem_is_ignored_and_said_by_mount() {
 fn xattrs_are_refused_quietly_and_a_clean_unmount_leaves_no_log() {
     require_root();
     let spec = new_drive("xattr", "16MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let id = blobdrive::mount::record::id_for(mp.path());
     let log = run_dir().join("mounts").join(format!("{id}.log"));
@@ -760,7 +710,7 @@ fn run_as_nobody(program: &str) -> String {
 fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
     require_root();
     let spec = new_drive("nosuid", "64MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     let opts = mount_options(mp.s());
     assert!(
@@ -802,7 +752,7 @@ fn only_ext4_and_xfs_are_mounted_and_other_filesystems_are_left_untouched() {
     require_root();
     for (fs, mkfs) in [("minix", "mkfs.minix"), ("ext2", "mkfs.ext2 -q -F")] {
         let spec = new_drive(&format!("fstype-{fs}"), "16MiB");
-        let mp = Mp::new();
+        let mp = new_mp();
         let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
             .trim()
             .to_string();
@@ -855,7 +805,7 @@ fn a_run_directory_another_user_could_write_to_is_refused() {
     require_root();
     let spec = new_drive("rundir", "16MiB");
     let scratch = tempfile::tempdir().unwrap();
-    let mp = Mp::new();
+    let mp = new_mp();
     let refused = |run: &Path, why: &str| {
         for args in [vec!["list"], vec!["mount", &spec, mp.s(), "--mode", "raw"]] {
             let out = bd_in(run, &args);
@@ -911,7 +861,7 @@ fn a_run_directory_another_user_could_write_to_is_refused() {
 fn the_control_socket_serves_root_only_and_bounds_its_lines() {
     require_root();
     let spec = new_drive("ctlsock", "16MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let id = blobdrive::mount::record::id_for(&std::fs::canonicalize(mp.path()).unwrap());
     let sock = run_dir().join("mounts").join(format!("{id}.sock"));
@@ -984,7 +934,7 @@ fn a_fifo_or_a_symlink_as_credentials_file_is_refused_at_once() {
     let fifo = scratch.path().join("fifo.env");
     sh_ok(&format!("mkfifo -m 600 '{}'", fifo.display()));
     let spec = new_drive("credfifo", "16MiB");
-    let mp = Mp::new();
+    let mp = new_mp();
     for f in [&fifo, &link] {
         // Under a timeout: a FIFO once hung the mount (and a boot) for ever.
         let out = sh(&format!(

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use blobdrive::azure::{Account, BlobClient, BlobService};
 use common::azurite::{unique_container, Azurite, DEV_KEY};
-use common::mount::require_root;
+use common::mount::{require_root, Mp};
 use faultproxy::{Config, Fault, Hold, Proxy};
 
 fn run_dir() -> PathBuf {
@@ -85,42 +85,6 @@ fn fingerprint(spec: &str) -> (Option<String>, Vec<u8>) {
     })
 }
 
-struct Mp {
-    dir: tempfile::TempDir,
-    cs: String,
-}
-
-impl Mp {
-    fn new(cs: &str) -> Mp {
-        Mp {
-            dir: tempfile::Builder::new()
-                .prefix("blobdrive-rel-mnt.")
-                .tempdir()
-                .unwrap(),
-            cs: cs.to_string(),
-        }
-    }
-    fn s(&self) -> &str {
-        self.dir.path().to_str().unwrap()
-    }
-    fn pid(&self) -> u64 {
-        let list = json(&ok_with(&self.cs, &[], &["list", "--json"]));
-        list.as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["mountpoint"] == self.s())
-            .expect("listed")["pid"]
-            .as_u64()
-            .unwrap()
-    }
-}
-
-impl Drop for Mp {
-    fn drop(&mut self) {
-        let _ = bd_with(&self.cs, &[], &common::mount::cleanup_unmount(self.s()));
-    }
-}
-
 fn write_files(root: &str, n: usize) -> String {
     sh_ok(&format!(
         "set -e; cd '{root}'; mkdir -p w
@@ -146,7 +110,7 @@ fn five_percent_faults_lose_and_corrupt_nothing() {
     });
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     let sums = write_files(mp.s(), 40);
     let stats = json(&ok_with(&cs, &[], &["stats", mp.s(), "--json"]));
@@ -204,7 +168,7 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "1"),
         ("BLOBDRIVE_IO_TIMEOUT_SECS", "20"),
     ];
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
     let disk = format!("{}/disk", mp.s());
     sh_ok(&format!(
@@ -279,7 +243,7 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
 fn sigkill_mid_workload_recovers_every_fsynced_file() {
     require_root();
     let spec = new_drive("crash", "256MiB");
-    let mp = Mp::new(&az());
+    let mp = Mp::new(&run_dir(), &az());
     ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     let journal = tempfile::NamedTempFile::new().unwrap();
     let jp = journal.path().to_str().unwrap().to_string();
@@ -300,7 +264,7 @@ fn sigkill_mid_workload_recovers_every_fsynced_file() {
     let _ = writer.wait();
     std::thread::sleep(Duration::from_millis(200));
     // A new mount names the lease and how to break it; unmount cleans up.
-    let other = Mp::new(&az());
+    let other = Mp::new(&run_dir(), &az());
     fails_with(&az(), &[], &["mount", &spec, other.s()], "lease break");
     // It fails (the lease is still held) after cleaning up, naming the way out.
     let out = bd_with(&az(), &[], &["unmount", mp.s()]);
@@ -331,7 +295,7 @@ fn sigkill_mid_workload_recovers_every_fsynced_file() {
 fn racing_mounts_have_exactly_one_winner() {
     require_root();
     let spec = new_drive("race", "64MiB");
-    let mps: Vec<Mp> = (0..6).map(|_| Mp::new(&az())).collect();
+    let mps: Vec<Mp> = (0..6).map(|_| Mp::new(&run_dir(), &az())).collect();
     let handles: Vec<_> = mps
         .iter()
         .map(|m| {
@@ -360,7 +324,7 @@ fn racing_mounts_have_exactly_one_winner() {
     }
     // Many mounts racing for one mountpoint: one wins, the rest leave it alone.
     let spec2 = new_drive("race2", "64MiB");
-    let spot = Mp::new(&az());
+    let spot = Mp::new(&run_dir(), &az());
     let handles: Vec<_> = (0..4)
         .map(|i| {
             let spec = if i % 2 == 0 {
@@ -417,7 +381,7 @@ fn bad_input_matrix_leaves_blobs_unchanged() {
     require_root();
     let spec = new_drive("matrix", "64MiB");
     let before = fingerprint(&spec);
-    let mp = Mp::new(&az());
+    let mp = Mp::new(&run_dir(), &az());
     // Wrong account key.
     let wrong = az().replace(DEV_KEY, &"A".repeat(88));
     fails_with(&wrong, &[], &["mount", &spec, mp.s()], "account key or SAS");
@@ -526,7 +490,7 @@ fn secrets_never_reach_logs_outputs_or_the_command_line() {
     let sig = sas.rsplit("sig=").next().unwrap().to_string();
     let cs = sas_cs(&sas);
     let env = [("BLOBDRIVE_LOG", "trace")];
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     let mut seen = String::new();
     for args in [
         vec!["-vvv", "info", &spec],
@@ -616,7 +580,7 @@ fn a_failed_discard_whose_clear_lands_late_never_leaves_cache_and_blob_apart() {
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "1"),
         ("BLOBDRIVE_IO_TIMEOUT_SECS", "3"),
     ];
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
     let disk = format!("{}/disk", mp.s());
     sh_ok(&format!(
@@ -663,7 +627,7 @@ fn unmount_after_a_daemon_stopped_by_itself_with_losses_says_what_was_lost() {
     let spec = new_drive("selfstop", "16MiB");
     let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok_with(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
     let pid = mp.pid() as i32;
     // Written while the service does not answer (the close waits to flush it);
@@ -735,7 +699,7 @@ fn a_fuse_connection_aborted_under_a_busy_drive_still_writes_back_and_frees_the_
     require_root();
     let spec = new_drive("fuseabort", "16MiB");
     let cs = az();
-    let mp = Mp::new(&cs);
+    let mp = Mp::new(&run_dir(), &cs);
     ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let pid = mp.pid() as i32;
     // A process writes (no fsync: the data is only in the daemon's cache) and

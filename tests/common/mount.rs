@@ -88,9 +88,44 @@ impl Mp {
         self.dir.path().to_str().unwrap()
     }
 
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
     pub fn disk(&self) -> String {
         format!("{}/disk", self.s())
     }
+
+    /// This mount's entry in `list --json`.
+    pub fn listed(&self) -> serde_json::Value {
+        let list = super::util::json(&ok(&self.run, &self.cs, &["list", "--json"]));
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["mountpoint"] == self.s())
+            .expect("listed")
+            .clone()
+    }
+
+    /// The pid of this mount's daemon.
+    pub fn pid(&self) -> u64 {
+        self.listed()["pid"].as_u64().unwrap()
+    }
+
+    /// `stats --json` of this mount.
+    pub fn stats(&self) -> serde_json::Value {
+        super::util::json(&ok(&self.run, &self.cs, &["stats", self.s(), "--json"]))
+    }
+}
+
+/// A memory figure of process `pid` from /proc/PID/status (`VmHWM`, `VmRSS`), in KiB.
+pub fn proc_status_kib(pid: u64, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
 impl Drop for Mp {
