@@ -751,3 +751,91 @@ fn a_fuse_connection_aborted_under_a_busy_drive_still_writes_back_and_frees_the_
     assert!(!list.contains(mp.s()), "the mount is still listed: {list}");
     assert!(!Path::new(&format!("{}/disk", mp.s())).exists());
 }
+
+#[test]
+fn cached_reads_are_answered_while_sixteen_writers_wait_out_an_outage_in_block_mode() {
+    require_root();
+    let spec = new_drive("waitingwriters", "256MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&run_dir(), &cs);
+    // 32 MiB of cache: writes wait for room past 16 MiB of dirty data. In block
+    // mode the loop device sends many writes at once (it held every FUSE thread).
+    let disk = ok_with(
+        &cs,
+        &[],
+        &[
+            "mount",
+            &spec,
+            mp.s(),
+            "--mode",
+            "block",
+            "--cache-size",
+            "32MiB",
+        ],
+    )
+    .trim()
+    .to_string();
+    assert!(disk.starts_with("/dev/loop"), "{disk}");
+    // A region read once, so the cache holds it.
+    sh_ok(&format!(
+        "dd if='{disk}' of=/dev/null bs=1M count=1 iflag=direct status=none"
+    ));
+    proxy
+        .paused
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // The service comes back after 12 s; the reads below are made at about 6 s.
+    let paused = proxy.paused.clone();
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(12));
+        paused.store(false, std::sync::atomic::Ordering::SeqCst);
+    });
+    // Sixteen writers, 8 MiB each: together far past the dirty limit, so most of
+    // them wait for the service, which does not answer.
+    let writers = sh(&format!(
+        "for i in $(seq 0 15); do \
+           dd if=/dev/urandom of='{disk}' bs=1M count=8 seek=$((16 + i * 8)) oflag=direct conv=notrunc status=none >/dev/null 2>&1 & \
+         done; sleep 6; \
+         /usr/bin/python3 -c \"import mmap, os, time\n\
+fd = os.open('{disk}', os.O_RDONLY | os.O_DIRECT)\n\
+buf = mmap.mmap(-1, 1 << 20)\n\
+took = [(lambda t: (os.preadv(fd, [buf], 0), time.monotonic() - t)[1])(time.monotonic()) for i in range(5)]\n\
+print(sorted(took)[2], max(took))\"; \
+         echo waiting-writers $(jobs -p | wc -l); wait"
+    ));
+    resume.join().unwrap();
+    let stalled = mp.stats();
+    let out = String::from_utf8_lossy(&writers.stdout).to_string();
+    eprintln!("{out}{}", String::from_utf8_lossy(&writers.stderr));
+    // Everything written lands once the service is back.
+    sh_ok(&format!(
+        "/usr/bin/python3 -c \"import os; fd = os.open('{disk}', os.O_WRONLY); os.fsync(fd)\""
+    ));
+    let written = rt().block_on(blob_of(&spec).read(100 << 20, 4096)).unwrap();
+    assert!(
+        written.iter().any(|&b| b != 0),
+        "the writers' data is not on the blob"
+    );
+    ok_with(&cs, &[], &["unmount", mp.s()]);
+    let lines: Vec<&str> = out.lines().collect();
+    let waiting: u64 = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("waiting-writers "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        waiting >= 8 && stalled["write_waits"].as_u64().unwrap_or(0) > 0,
+        "the writers did not wait for room, so nothing was shown: {out} {stalled}"
+    );
+    let (median, worst): (f64, f64) = lines
+        .iter()
+        .find_map(|l| {
+            let mut it = l.split_whitespace().map(|v| v.parse::<f64>());
+            Some((it.next()?.ok()?, it.next()?.ok()?))
+        })
+        .unwrap_or_else(|| panic!("the reads were not answered: {out}"));
+    assert!(
+        median < 0.1 && worst < 1.0,
+        "cached reads took {median:.3} s (worst {worst:.3} s) behind writers waiting for room"
+    );
+}

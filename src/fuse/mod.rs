@@ -23,8 +23,10 @@ use crate::device::{Backend, DeviceError};
 
 mod fetchers;
 mod syncers;
+mod writers;
 use fetchers::Fetchers;
 use syncers::Syncers;
+use writers::Writers;
 
 thread_local! {
     /// Each FUSE thread's read buffer, reused: a fresh zeroed buffer per request
@@ -51,6 +53,8 @@ pub struct DiskFs<B: Backend> {
     fetchers: Option<Fetchers>,
     /// Where fsync and close of `disk` go, so no FUSE thread waits on a flush.
     syncers: Option<Syncers>,
+    /// Where writes that must wait for room go, so no FUSE thread waits on one.
+    writers: Option<Writers>,
     stats: StatsFn,
     /// Handles open on `disk` (a loop device over it holds one).
     open_disk: Arc<AtomicUsize>,
@@ -67,6 +71,7 @@ impl<B: Backend> DiskFs<B> {
             cache,
             fetchers: None,
             syncers: None,
+            writers: None,
             stats,
             open_disk: Arc::new(AtomicUsize::new(0)),
             read_only,
@@ -138,6 +143,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         let _ = config.set_congestion_threshold(fetchers::WORKERS as u16 * 3 / 4);
         self.fetchers = Some(Fetchers::start(self.cache.clone())?);
         self.syncers = Some(Syncers::start(self.cache.clone())?);
+        self.writers = Some(Writers::start(self.cache.clone())?);
         Ok(())
     }
 
@@ -283,6 +289,11 @@ impl<B: Backend> Filesystem for DiskFs<B> {
             return reply.error(Errno::ENOSPC);
         }
         let data = &data[..(size - offset).min(data.len() as u64) as usize];
+        if let Some(writers) = &self.writers {
+            if !self.cache.has_room(data.len() as u64) {
+                return writers.write(offset, data.to_vec(), reply);
+            }
+        }
         match self.cache.write(offset, data) {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => {

@@ -138,6 +138,14 @@ impl<B: Backend> Cache<B> {
         Ok(())
     }
 
+    /// Whether a write of `len` bytes would go in now, without waiting for dirty
+    /// data to be written first (see [`Self::wait_for_room`]). A hint: another
+    /// writer may take the room before this one comes.
+    pub fn has_room(&self, len: u64) -> bool {
+        let st = self.lock();
+        st.dirty.is_empty() || st.dirty_memory() + len <= self.cfg.dirty_limit.max(len)
+    }
+
     /// Back-pressure: while dirty data is at its limit the writer itself flushes
     /// (in turn with the background flusher), so it is slowed, never failed, unless
     /// the blob cannot be written at all (the backend waits out outages up to its
