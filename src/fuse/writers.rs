@@ -6,6 +6,7 @@
 //! room goes in on its FUSE thread at once; only one that would wait comes here,
 //! with a copy of its bytes.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
@@ -33,20 +34,31 @@ struct Job {
 /// Threads that make writes which must wait for room.
 pub struct Writers {
     jobs: Sender<Job>,
+    /// Set when the filesystem is dropped (its FUSE session ended): writes still
+    /// queued were never acknowledged and nobody waits for them, so they are
+    /// dropped with EIO rather than made.
+    closed: Arc<AtomicBool>,
+}
+
+impl Drop for Writers {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Writers {
     pub fn start<B: Backend>(cache: Arc<Cache<B>>) -> std::io::Result<Self> {
         let (jobs, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
+        let closed = Arc::new(AtomicBool::new(false));
         for i in 0..WRITERS {
-            let (cache, rx) = (cache.clone(), rx.clone());
+            let (cache, rx, closed) = (cache.clone(), rx.clone(), closed.clone());
             std::thread::Builder::new()
                 .name(format!("write-{i}"))
                 .stack_size(STACK)
-                .spawn(move || work(&cache, &rx))?;
+                .spawn(move || work(&cache, &rx, &closed))?;
         }
-        Ok(Writers { jobs })
+        Ok(Writers { jobs, closed })
     }
 
     /// Queues a write of `data` at `offset`; `reply` is answered once it is in.
@@ -62,13 +74,17 @@ impl Writers {
     }
 }
 
-fn work<B: Backend>(cache: &Cache<B>, rx: &Mutex<Receiver<Job>>) {
+fn work<B: Backend>(cache: &Cache<B>, rx: &Mutex<Receiver<Job>>, closed: &AtomicBool) {
     loop {
         // The lock is held only while waiting for a job, never while working.
         let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
             Ok(job) => job,
             Err(_) => return,
         };
+        if closed.load(Ordering::SeqCst) {
+            job.reply.error(Errno::EIO);
+            continue;
+        }
         match cache.write(job.offset, &job.data) {
             Ok(()) => job.reply.written(job.data.len() as u32),
             Err(e) => {
