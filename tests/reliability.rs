@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use blobdrive::azure::{Account, BlobClient, BlobService};
+use bytes::Bytes;
 use common::azurite::{unique_container, Azurite, DEV_KEY};
 use common::mount::{require_root, Mp};
 use faultproxy::{Config, Fault, Hold, Proxy};
@@ -838,4 +839,57 @@ print(sorted(took)[2], max(took))\"; \
         median < 0.1 && worst < 1.0,
         "cached reads took {median:.3} s (worst {worst:.3} s) behind writers waiting for room"
     );
+}
+
+#[test]
+fn a_mounted_drive_survives_endless_answers_within_its_memory() {
+    // A hostile endpoint answers every request with a body that never ends. A
+    // read of the drive fails (retried, then the outage rules, then EIO), the
+    // daemon stays up and small, and serves again once the endpoint behaves.
+    require_root();
+    let spec = new_drive("endless", "64MiB");
+    // Data the drive knows is written but has not cached: reads go to the service.
+    let data = Bytes::from(vec![0x5au8; 1 << 20]);
+    rt().block_on(blob_of(&spec).put_pages(16 << 20, data, None))
+        .unwrap();
+    let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
+    let cs = proxy.connection_string();
+    let env = [
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "2"),
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2"),
+        ("BLOBDRIVE_IO_TIMEOUT_SECS", "6"),
+    ];
+    let mp = Mp::new(&run_dir(), &cs);
+    ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let pid = mp.pid();
+    let disk = mp.disk();
+    proxy
+        .endless
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let read = sh(&format!(
+        "timeout 120 dd if='{disk}' of=/dev/null bs=1M count=1 skip=16 iflag=direct status=none"
+    ));
+    proxy
+        .endless
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let err = String::from_utf8_lossy(&read.stderr);
+    assert_ne!(read.status.code(), Some(124), "the read hung: {err}");
+    assert!(
+        !read.status.success() && err.contains("Input/output error"),
+        "{err}"
+    );
+    assert!(
+        Path::new(&format!("/proc/{pid}")).exists(),
+        "the daemon did not survive"
+    );
+    let peak = common::mount::proc_status_kib(pid, "VmHWM") / 1024;
+    assert!(peak < 200, "the daemon peaked at {peak} MiB resident");
+    let got = sh_ok(&format!(
+        "dd if='{disk}' bs=1M count=1 skip=16 iflag=direct status=none | od -An -v -tx1 | sort -u"
+    ));
+    assert_eq!(
+        got.trim(),
+        "5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a"
+    );
+    ok_with(&cs, &env, &["unmount", mp.s()]);
 }

@@ -116,6 +116,9 @@ pub struct Proxy {
     pub dead: Arc<AtomicBool>,
     /// While set, requests wait unanswered (nothing is forwarded) until it clears.
     pub paused: Arc<AtomicBool>,
+    /// While set, every request is answered 200 with a body that never ends (no
+    /// length, zeros until the client hangs up): a hostile endpoint.
+    pub endless: Arc<AtomicBool>,
     /// Held requests that were forwarded late, with the server's answer.
     pub late: Arc<Mutex<Vec<LateCommit>>>,
     /// Requests being held right now (not yet forwarded).
@@ -150,6 +153,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             dead: Arc::new(AtomicBool::new(false)),
             paused: Arc::new(AtomicBool::new(false)),
+            endless: Arc::new(AtomicBool::new(false)),
             faults: Arc::new(Mutex::new(Vec::new())),
             requests: Arc::new(AtomicU64::new(0)),
             late: Arc::new(Mutex::new(Vec::new())),
@@ -175,6 +179,7 @@ impl Proxy {
             port,
             dead: shared.dead.clone(),
             paused: shared.paused.clone(),
+            endless: shared.endless.clone(),
             late: shared.late.clone(),
             holding: shared.holding.clone(),
             waiting: shared.waiting.clone(),
@@ -219,6 +224,7 @@ struct Shared {
     cfg: Config,
     dead: Arc<AtomicBool>,
     paused: Arc<AtomicBool>,
+    endless: Arc<AtomicBool>,
     faults: Arc<Mutex<Vec<Fault>>>,
     requests: Arc<AtomicU64>,
     late: Arc<Mutex<Vec<LateCommit>>>,
@@ -346,6 +352,12 @@ fn serve(conn: TcpStream, s: &Shared) {
                 std::thread::sleep(Duration::from_millis(20));
             }
             s.waiting.fetch_sub(1, Relaxed);
+        }
+        if s.endless.load(Relaxed) {
+            let _ = writer.write_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n");
+            let zeros = vec![0u8; 64 << 10];
+            while writer.write_all(&zeros).is_ok() {}
+            return;
         }
         if let Some(delay) = s.take_hold(&head) {
             // The client gives up long before this; the request lands anyway.
