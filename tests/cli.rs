@@ -68,6 +68,12 @@ fn fails_with(mut cmd: Command, needles: &[&str]) -> String {
         "should fail, printed {}",
         String::from_utf8_lossy(&out.stdout)
     );
+    the_error_line(&err, needles)
+}
+
+/// The one `blobdrive: error:` line of `err`, which must hold every one of
+/// `needles` and no ANSI codes.
+fn the_error_line(err: &str, needles: &[&str]) -> String {
     let lines: Vec<&str> = err
         .lines()
         .filter(|l| l.starts_with("blobdrive: error: "))
@@ -856,15 +862,7 @@ fn run_against(endpoint: &str, args: &[&str]) -> (bool, String, i64) {
 fn refuses_within_bounds(stub: &stub::Stub, args: &[&str], needle: &str) {
     let (ok, err, peak_kib) = run_against(&stub.endpoint(), args);
     assert!(!ok, "{args:?} succeeded against a hostile endpoint");
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("blobdrive: error: "))
-        .collect();
-    assert_eq!(lines.len(), 1, "{args:?}: one error line expected: {err}");
-    assert!(
-        lines[0].contains(needle),
-        "{args:?}: expected '{needle}' in: {err}"
-    );
+    the_error_line(&err, &[needle]);
     assert!(
         peak_kib < 200 * 1024,
         "{args:?} peaked at {} MiB resident",

@@ -41,6 +41,26 @@ pub fn client_builder(connect_timeout: Duration) -> reqwest::ClientBuilder {
         .referer(false)
 }
 
+/// The first `max` bytes of `resp`'s body; the rest, if any, is never read (the
+/// connection is dropped with it). For answers whose start is all that matters:
+/// an error's code and message, a token.
+pub async fn body_prefix(
+    mut resp: reqwest::Response,
+    max: usize,
+) -> Result<bytes::Bytes, reqwest::Error> {
+    let mut body = bytes::BytesMut::new();
+    while body.len() < max {
+        match resp.chunk().await? {
+            Some(chunk) => {
+                let room = max - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            None => break,
+        }
+    }
+    Ok(body.freeze())
+}
+
 /// What a 3xx answer says, as an error: its status and where it pointed (scheme,
 /// host and port only: a query may carry someone's SAS).
 pub fn redirect_message(status: u16, location: Option<&str>) -> String {

@@ -128,22 +128,6 @@ async fn body_within(mut resp: reqwest::Response, max: usize) -> Result<Bytes, T
     Ok(body.freeze())
 }
 
-/// The first [`ERROR_BODY_MAX`] bytes of an error answer's body; the connection
-/// is dropped with the rest unread.
-async fn error_body_start(mut resp: reqwest::Response) -> Result<Bytes, Transport> {
-    let mut body = bytes::BytesMut::new();
-    while body.len() < ERROR_BODY_MAX {
-        match resp.chunk().await.map_err(describe)? {
-            Some(chunk) => {
-                let room = ERROR_BODY_MAX - body.len();
-                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-            }
-            None => break,
-        }
-    }
-    Ok(body.freeze())
-}
-
 /// A successful response, body read in full.
 pub(super) struct Response {
     pub(super) status: u16,
@@ -557,7 +541,9 @@ impl BlobService {
                 }
                 _ if success => body_within(resp, body_max(req)).await?,
                 // Only its start is read: the code and message are there.
-                _ => error_body_start(resp).await?,
+                _ => super::http::body_prefix(resp, ERROR_BODY_MAX)
+                    .await
+                    .map_err(describe)?,
             };
             Ok(Response {
                 status,

@@ -42,10 +42,7 @@ pub fn run(args: Args) -> Result<()> {
     let id = record::id_for(&mp);
     let Some(rec) = record::load(&id) else {
         if let Some(lost) = record::take_outcome(&id) {
-            bail!(
-                "the daemon of {} stopped by itself and could not keep everything: {lost}",
-                mp.display()
-            );
+            return Err(lost_by_itself(&mp, &lost));
         }
         bail!(
             "nothing is mounted by blobdrive at {} (see `blobdrive list`)",
@@ -90,10 +87,7 @@ pub fn run(args: Args) -> Result<()> {
                 // filesystem, or SIGTERM), removing its record (a daemon that died
                 // leaves it), and a note first if it could not keep everything.
                 if let Some(lost) = record::take_outcome(&rec.id) {
-                    bail!(
-                        "the daemon of {} stopped by itself and could not keep everything: {lost}",
-                        mp.display()
-                    );
+                    return Err(lost_by_itself(&mp, &lost));
                 }
                 println!("unmounted {} ({})", mp.display(), rec.blob);
                 return Ok(());
@@ -158,6 +152,15 @@ fn clean_dead(mountpoint: &Path, mode: Mode, device: Option<&str>, fuse_dir: &Pa
         let _ = std::fs::remove_dir(fuse_dir);
     }
     Ok(())
+}
+
+/// The error of an `unmount` that comes after its daemon stopped by itself and
+/// left a note of what it could not keep.
+fn lost_by_itself(mp: &Path, lost: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the daemon of {} stopped by itself and could not keep everything: {lost}",
+        mp.display()
+    )
 }
 
 fn wait_gone(pid: u32) {

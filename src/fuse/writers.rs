@@ -6,13 +6,12 @@
 //! room goes in on its FUSE thread at once; only one that would wait comes here,
 //! with a copy of its bytes.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use fuser::{Errno, ReplyWrite};
 use tracing::warn;
 
+use super::pool::Pool;
 use crate::device::cache::Cache;
 use crate::device::Backend;
 
@@ -20,9 +19,6 @@ use crate::device::Backend;
 /// at most one FUSE request's bytes, 1 MiB, and the kernel bounds how many it has
 /// outstanding).
 const WRITERS: usize = 8;
-
-/// A write needs little stack.
-const STACK: usize = 256 * 1024;
 
 /// One write to make once there is room, and its answer.
 struct Job {
@@ -32,60 +28,11 @@ struct Job {
 }
 
 /// Threads that make writes which must wait for room.
-pub struct Writers {
-    jobs: Sender<Job>,
-    /// Set when the filesystem is dropped (its FUSE session ended): writes still
-    /// queued were never acknowledged and nobody waits for them, so they are
-    /// dropped with EIO rather than made.
-    closed: Arc<AtomicBool>,
-}
-
-impl Drop for Writers {
-    fn drop(&mut self) {
-        self.closed.store(true, Ordering::SeqCst);
-    }
-}
+pub struct Writers(Pool<Job>);
 
 impl Writers {
     pub fn start<B: Backend>(cache: Arc<Cache<B>>) -> std::io::Result<Self> {
-        let (jobs, rx) = channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
-        let closed = Arc::new(AtomicBool::new(false));
-        for i in 0..WRITERS {
-            let (cache, rx, closed) = (cache.clone(), rx.clone(), closed.clone());
-            std::thread::Builder::new()
-                .name(format!("write-{i}"))
-                .stack_size(STACK)
-                .spawn(move || work(&cache, &rx, &closed))?;
-        }
-        Ok(Writers { jobs, closed })
-    }
-
-    /// Queues a write of `data` at `offset`; `reply` is answered once it is in.
-    pub fn write(&self, offset: u64, data: Vec<u8>, reply: ReplyWrite) {
-        if let Err(e) = self.jobs.send(Job {
-            offset,
-            data,
-            reply,
-        }) {
-            // Only when every thread is gone (the daemon is ending).
-            e.0.reply.error(Errno::EIO);
-        }
-    }
-}
-
-fn work<B: Backend>(cache: &Cache<B>, rx: &Mutex<Receiver<Job>>, closed: &AtomicBool) {
-    loop {
-        // The lock is held only while waiting for a job, never while working.
-        let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
-            Ok(job) => job,
-            Err(_) => return,
-        };
-        if closed.load(Ordering::SeqCst) {
-            job.reply.error(Errno::EIO);
-            continue;
-        }
-        match cache.write(job.offset, &job.data) {
+        let work = move |job: Job| match cache.write(job.offset, &job.data) {
             Ok(()) => job.reply.written(job.data.len() as u32),
             Err(e) => {
                 warn!(
@@ -95,6 +42,17 @@ fn work<B: Backend>(cache: &Cache<B>, rx: &Mutex<Receiver<Job>>, closed: &Atomic
                 );
                 job.reply.error(Errno::from_i32(e.errno()));
             }
-        }
+        };
+        // A write still queued when the session ended was never acknowledged.
+        Pool::start("write", WRITERS, work, |job| job.reply.error(Errno::EIO)).map(Writers)
+    }
+
+    /// Queues a write of `data` at `offset`; `reply` is answered once it is in.
+    pub fn write(&self, offset: u64, data: Vec<u8>, reply: ReplyWrite) {
+        self.0.send(Job {
+            offset,
+            data,
+            reply,
+        });
     }
 }

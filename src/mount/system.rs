@@ -527,13 +527,9 @@ pub fn dir_id(path: &Path) -> Result<(u64, u64), MountError> {
 /// command that checked it ran earlier, and the path may since lead elsewhere
 /// (renamed, replaced, or a symlink now).
 pub fn check_same_dir(path: &Path, id: Option<(u64, u64)>) -> Result<(), MountError> {
-    let Some(id) = id else { return Ok(()) };
-    match dir_id(path) {
-        Ok(now) if now == id => Ok(()),
-        _ => Err(MountError::System(format!(
-            "{} is no longer the directory that was checked before mounting (renamed, replaced or a symlink now): nothing was mounted there",
-            path.display()
-        ))),
+    match id {
+        Some(id) => open_dir(path, Some(id)).map(drop),
+        None => Ok(()),
     }
 }
 

@@ -154,11 +154,7 @@ impl<B: Backend> Cache<B> {
     fn wait_for_room(&self, len: u64) -> Result<(), DeviceError> {
         let mut counted = false;
         loop {
-            let over = {
-                let st = self.lock();
-                !st.dirty.is_empty() && st.dirty_memory() + len > self.cfg.dirty_limit.max(len)
-            };
-            if !over {
+            if self.has_room(len) {
                 return Ok(());
             }
             if !counted {

@@ -8,7 +8,7 @@ use serde_json::Value;
 use url::Url;
 
 use super::{jwt, AccessToken};
-use crate::azure::http::{certificate_message, client_builder, describe, Transport};
+use crate::azure::http::{body_prefix, certificate_message, client_builder, describe, Transport};
 
 /// Attempts per call: token endpoints are either there or not, and a sign-in that
 /// finds nothing must say so within seconds.
@@ -104,7 +104,12 @@ impl TokenHttp {
                         pause(attempt).await;
                         continue;
                     }
-                    let text = bounded_text(resp).await;
+                    // At most TOKEN_BODY_MAX bytes: a longer answer is cut, which
+                    // leaves it unparseable and so an error.
+                    let text = body_prefix(resp, TOKEN_BODY_MAX)
+                        .await
+                        .map(|b| String::from_utf8_lossy(&b).into_owned())
+                        .unwrap_or_default();
                     let body = serde_json::from_str(&text).unwrap_or_else(|_| {
                         Value::String(text.lines().next().unwrap_or("").trim().to_string())
                     });
@@ -130,20 +135,6 @@ impl TokenHttp {
 /// The most of a token endpoint's answer that is read: a token answer is a few
 /// KiB; a hostile endpoint's endless one must not fill memory.
 const TOKEN_BODY_MAX: usize = 64 << 10;
-
-/// The answer's body as text, at most [`TOKEN_BODY_MAX`] bytes of it (a longer
-/// one is cut, which leaves it unparseable and so an error).
-async fn bounded_text(mut resp: reqwest::Response) -> String {
-    let mut body = Vec::new();
-    while let Ok(Some(chunk)) = resp.chunk().await {
-        let room = TOKEN_BODY_MAX - body.len();
-        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if body.len() >= TOKEN_BODY_MAX {
-            break;
-        }
-    }
-    String::from_utf8_lossy(&body).into_owned()
-}
 
 async fn pause(attempt: u32) {
     tokio::time::sleep(Duration::from_millis(300 * u64::from(attempt))).await;
@@ -172,18 +163,16 @@ pub fn token_from(body: &Value) -> Result<AccessToken, String> {
     // taken to end then (and a 401 renews one that ends sooner).
     let now = SystemTime::now();
     let longest = now + MAX_TOKEN_LIFETIME;
-    let at = |secs: u64| {
-        UNIX_EPOCH
-            .checked_add(Duration::from_secs(secs))
+    let after = |base: SystemTime, secs: u64| {
+        base.checked_add(Duration::from_secs(secs))
             .map_or(longest, |t| t.min(longest))
     };
     let expires_on = if let Some(on) = body.get("expires_on").and_then(number) {
-        at(on)
+        after(UNIX_EPOCH, on)
     } else if let Some(secs) = body.get("expires_in").and_then(number) {
-        now.checked_add(Duration::from_secs(secs))
-            .map_or(longest, |t| t.min(longest))
+        after(now, secs)
     } else if let Some(exp) = jwt::expiry(secret) {
-        at(exp)
+        after(UNIX_EPOCH, exp)
     } else {
         return Err("the answer does not say when the token expires".to_string());
     };
@@ -244,14 +233,14 @@ mod tests {
         assert!(token_from(&json!({"access_token": "x"})).is_err());
         assert!(token_from(&json!({"expires_in": 1})).is_err());
         // Hostile expiries are capped, never overflow.
-        let day = SystemTime::now() + MAX_TOKEN_LIFETIME;
+        let longest = SystemTime::now() + MAX_TOKEN_LIFETIME;
         for body in [
             json!({"access_token": "x", "expires_on": u64::MAX}),
             json!({"access_token": "x", "expires_in": u64::MAX}),
             json!({"access_token": "x", "expires_on": "18446744073709551615"}),
         ] {
             let t = token_from(&body).unwrap();
-            assert!(t.expires_on <= day + Duration::from_secs(5), "{body}");
+            assert!(t.expires_on <= longest + Duration::from_secs(5), "{body}");
             let _ = t.renew_at();
         }
     }
