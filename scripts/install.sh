@@ -5,6 +5,11 @@
 #                                         for fstab lines of type blobdrive (mount(8)
 #                                         looks only in /sbin; on merged-/usr systems
 #                                         /sbin is /usr/sbin, and so is the link)
+#   /sbin/umount.blobdrive                another: the helper umount(8) runs for a
+#                                         drive's mount (the daemon names it in
+#                                         /run/mount/utab), so that `umount DIR`, also
+#                                         systemd's at shutdown, returns only once the
+#                                         lease is released
 #   UNITDIR/blobdrive@.service            the systemd unit template; UNITDIR is
 #                                         PREFIX/lib/systemd/system for /usr and
 #                                         /usr/local (systemd reads both, and
@@ -51,6 +56,7 @@ fi
 
 bin="$prefix/bin/blobdrive"
 helper=/sbin/mount.blobdrive
+uhelper=/sbin/umount.blobdrive
 case "$prefix" in
     /usr|/usr/local) unitdir="$prefix/lib/systemd/system" ;;
     *) unitdir=/etc/systemd/system ;;
@@ -72,11 +78,13 @@ if [ "$uninstall" = 1 ]; then
             exit 1
         fi
     fi
-    # The helper only if it is our link (another package may own the name).
-    if [ -L "$destdir$helper" ] && [ "$(readlink "$destdir$helper")" = "$bin" ]; then
-        rm -f "$destdir$helper"
-        echo "removed $helper"
-    fi
+    # The helpers only if they are our links (another package may own the names).
+    for h in "$helper" "$uhelper"; do
+        if [ -L "$destdir$h" ] && [ "$(readlink "$destdir$h")" = "$bin" ]; then
+            rm -f "$destdir$h"
+            echo "removed $h"
+        fi
+    done
     for f in "$unit" "$bin"; do
         if [ -e "$destdir$f" ]; then
             rm -f "$destdir$f"
@@ -97,12 +105,16 @@ fi
 install -d -m 755 "$destdir$prefix/bin" "$destdir$(dirname "$helper")" "$destdir$unitdir"
 install -m 755 "$binary" "$destdir$bin"
 echo "installed $bin"
-if [ -e "$destdir$helper" ] && ! [ -L "$destdir$helper" ]; then
-    echo "install.sh: $helper exists and is not a link to blobdrive; not replacing it" >&2
-    exit 1
-fi
-ln -sfn "$bin" "$destdir$helper"
-echo "installed $helper -> $bin"
+for h in "$helper" "$uhelper"; do
+    if [ -e "$destdir$h" ] && ! [ -L "$destdir$h" ]; then
+        echo "install.sh: $h exists and is not a link to blobdrive; not replacing it" >&2
+        exit 1
+    fi
+done
+for h in "$helper" "$uhelper"; do
+    ln -sfn "$bin" "$destdir$h"
+    echo "installed $h -> $bin"
+done
 sed "s|@BINDIR@|$prefix/bin|g" systemd/blobdrive@.service >"$destdir$unit.tmp"
 chmod 644 "$destdir$unit.tmp"
 mv -f "$destdir$unit.tmp" "$destdir$unit"

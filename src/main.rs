@@ -12,6 +12,10 @@ fn main() -> ExitCode {
         init_logging(0);
         return cli::helper::run(std::env::args_os().skip(1).collect());
     }
+    if cli::umount_helper::invoked_as_umount_helper() {
+        init_logging(0);
+        return cli::umount_helper::run(std::env::args_os().skip(1).collect());
+    }
     let cli = cli::Cli::parse();
     init_logging(cli.verbose);
     match cli.run() {

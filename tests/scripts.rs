@@ -123,6 +123,7 @@ fn install_script_stages_binary_helper_and_unit_and_uninstall_removes_them() {
                 let mut want = vec![
                     bin.clone(),
                     "/sbin/mount.blobdrive".to_string(),
+                    "/sbin/umount.blobdrive".to_string(),
                     unit.to_string(),
                 ];
                 want.sort();
@@ -135,10 +136,12 @@ fn install_script_stages_binary_helper_and_unit_and_uninstall_removes_them() {
             std::fs::read(&staged_bin).unwrap(),
             std::fs::read(binary).unwrap()
         );
-        assert_eq!(
-            std::fs::read_link(format!("{d}/sbin/mount.blobdrive")).unwrap(),
-            std::path::PathBuf::from(&bin)
-        );
+        for helper in ["mount.blobdrive", "umount.blobdrive"] {
+            assert_eq!(
+                std::fs::read_link(format!("{d}/sbin/{helper}")).unwrap(),
+                std::path::PathBuf::from(&bin)
+            );
+        }
         let unit_text = std::fs::read_to_string(format!("{d}{unit}")).unwrap();
         assert!(
             unit_text.contains(&format!(
@@ -149,6 +152,7 @@ fn install_script_stages_binary_helper_and_unit_and_uninstall_removes_them() {
         assert!(!unit_text.contains("@BINDIR@"));
         let out = run(&["--prefix", prefix, "--uninstall"]);
         assert!(out.contains("removed /sbin/mount.blobdrive"), "{out}");
+        assert!(out.contains("removed /sbin/umount.blobdrive"), "{out}");
         assert_eq!(
             listing(),
             Vec::<String>::new(),

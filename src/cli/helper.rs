@@ -48,7 +48,8 @@ Anything else is refused, naming the option (-s: ignored instead).
   -n  accepted (no mtab is kept)          -s  sloppy: ignore unknown options
 
 `umount DIR` then writes every cached byte to the blob, releases the lease and stops
-the daemon; `blobdrive unmount DIR` does the same and waits, reporting progress.";
+the daemon, returning when that is done (through /sbin/umount.blobdrive, see
+`umount.blobdrive --help`); `blobdrive unmount DIR` does the same.";
 
 /// Whether this process was started as `mount.blobdrive`.
 pub fn invoked_as_helper() -> bool {

@@ -13,6 +13,7 @@ mod mount;
 mod snapshot;
 mod stats;
 mod transfer;
+pub mod umount_helper;
 mod unmount;
 
 use clap::{Parser, Subcommand};

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use blobdrive::mount::{daemon, record, system, Mode};
+use blobdrive::mount::{daemon, record, system, utab, Mode};
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -13,9 +13,8 @@ storage service (it says every few seconds what it waits for), then releases the
 lease. It is refused, leaving everything mounted, while the filesystem is busy or a
 process holds the raw disk file open. It exits non-zero, naming what happened, if the
 lease was lost with data not yet written, or could not be released, and after
-cleaning up behind a daemon that died while holding the lease. A plain `umount` of
-the filesystem of a mode-fs mount takes the drive down the same way, without
-waiting for it or reporting progress.")]
+cleaning up behind a daemon that died while holding the lease. A plain `umount DIR`
+does the same through /sbin/umount.blobdrive (installed by scripts/install.sh).")]
 pub struct Args {
     /// Where the drive is mounted (as given to `blobdrive mount`).
     pub mountpoint: PathBuf,
@@ -39,34 +38,56 @@ pub fn run(args: Args) -> Result<()> {
         .canonicalize()
         .unwrap_or_else(|_| args.mountpoint.clone());
     record::check_readable().map_err(anyhow::Error::msg)?;
-    let id = record::id_for(&mp);
-    let Some(rec) = record::load(&id) else {
-        if let Some(lost) = record::take_outcome(&id) {
-            return Err(lost_by_itself(&mp, &lost));
-        }
+    let found = take_down(
+        &mp,
+        args.discard_dirty,
+        &mut |p| eprintln!("blobdrive: {p}"),
+        &mut |s| println!("{s}"),
+    )?;
+    if !found {
         bail!(
             "nothing is mounted by blobdrive at {} (see `blobdrive list`)",
             mp.display()
         );
+    }
+    Ok(())
+}
+
+/// Takes down the drive mounted at `mp` (canonical): asks its daemon to unmount
+/// (or to drop what cannot be written, with `discard`), or cleans up behind a
+/// daemon that died. `progress` gets what an unmount waits for, every few
+/// seconds; `say` what was done. Returns false, having done nothing, when
+/// blobdrive has nothing mounted there; an error when something was lost or
+/// could not be done.
+pub fn take_down(
+    mp: &Path,
+    discard: bool,
+    progress: &mut dyn FnMut(&str),
+    say: &mut dyn FnMut(&str),
+) -> Result<bool> {
+    let id = record::id_for(mp);
+    let Some(rec) = record::load(&id) else {
+        if let Some(lost) = record::take_outcome(&id) {
+            return Err(lost_by_itself(mp, &lost));
+        }
+        return Ok(false);
     };
     if record::alive(&rec) {
         // No timeout: the daemon answers once everything is written, however long
         // that takes (saying every few seconds what it waits for); it answers at
         // once if the filesystem or the disk file is busy.
-        let cmd = if args.discard_dirty {
+        let cmd = if discard {
             daemon::DISCARD_CMD
         } else {
             "unmount"
         };
-        let answer = daemon::control_with_progress(&rec.socket, cmd, None, &mut |p| {
-            eprintln!("blobdrive: {p}")
-        });
+        let answer = daemon::control_with_progress(&rec.socket, cmd, None, progress);
         match answer {
             Ok(a) if a == "ok" => {
                 wait_gone(rec.pid);
                 record::take_outcome(&rec.id);
-                println!("unmounted {} ({})", mp.display(), rec.blob);
-                return Ok(());
+                say(&format!("unmounted {} ({})", mp.display(), rec.blob));
+                return Ok(true);
             }
             Ok(a) if a.starts_with("failed ") => {
                 // The daemon stopped, but not everything was kept.
@@ -87,10 +108,10 @@ pub fn run(args: Args) -> Result<()> {
                 // filesystem, or SIGTERM), removing its record (a daemon that died
                 // leaves it), and a note first if it could not keep everything.
                 if let Some(lost) = record::take_outcome(&rec.id) {
-                    return Err(lost_by_itself(&mp, &lost));
+                    return Err(lost_by_itself(mp, &lost));
                 }
-                println!("unmounted {} ({})", mp.display(), rec.blob);
-                return Ok(());
+                say(&format!("unmounted {} ({})", mp.display(), rec.blob));
+                return Ok(true);
             }
             Err(_) => {} // it died just now: clean up below
         }
@@ -102,11 +123,11 @@ pub fn run(args: Args) -> Result<()> {
         &rec.fuse_dir,
     )?;
     record::remove(&rec.id);
-    println!(
+    say(&format!(
         "cleaned up after the dead daemon of {} ({})",
         mp.display(),
         rec.blob
-    );
+    ));
     if !rec.read_only && rec.snapshot.is_none() {
         // Non-zero, so scripts notice: the drive cannot be mounted again until the
         // lease is broken, and unflushed writes are gone.
@@ -116,7 +137,7 @@ pub fn run(args: Args) -> Result<()> {
             rec.blob
         );
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Removes what a dead daemon left: its filesystem mount, loop device and FUSE
@@ -150,6 +171,9 @@ fn clean_dead(mountpoint: &Path, mode: Mode, device: Option<&str>, fuse_dir: &Pa
     }
     if mode == Mode::Fs {
         let _ = std::fs::remove_dir(fuse_dir);
+    }
+    if let Err(e) = utab::remove(mountpoint) {
+        tracing::warn!("{e}");
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ pub mod helper;
 pub mod notify;
 pub mod record;
 pub mod system;
+pub mod utab;
 
 use std::path::PathBuf;
 

@@ -84,6 +84,9 @@ struct Mounted {
     discard: Arc<AtomicBool>,
     /// The FUSE mount is gone: nothing new can be written any more.
     fuse_gone: Arc<AtomicBool>,
+    /// libmount's table names `umount.blobdrive` for the mount at the user's
+    /// directory (see `mount::utab`).
+    in_utab: bool,
 }
 
 /// Runs a mount until it is unmounted. `ready` is called exactly once: with the
@@ -142,6 +145,7 @@ pub fn run(
         record_written: false,
         discard: Arc::new(AtomicBool::new(false)),
         fuse_gone: Arc::new(AtomicBool::new(false)),
+        in_utab: false,
     };
     let rec = MountRecord {
         id: id.clone(),

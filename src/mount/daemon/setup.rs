@@ -20,6 +20,7 @@ use crate::drive::Drive;
 use crate::fuse::{DiskFs, StatsFn};
 use crate::mount::record::{self, MountRecord};
 use crate::mount::system;
+use crate::mount::utab;
 use crate::mount::{Mode, MountError, Ready};
 
 /// How often the lease is renewed: a cheap probe that notices a broken or stolen
@@ -271,6 +272,15 @@ pub(super) fn setup(
     }
     record::save(&rec)
         .map_err(|e| MountError::System(format!("cannot write the mount record: {e}")))?;
+    // So that `umount DIR` (systemd's at shutdown too) waits until everything is
+    // on the blob and the lease released, through `umount.blobdrive`.
+    match utab::add(&m.req.mountpoint) {
+        Ok(()) => m.in_utab = true,
+        Err(e) => warn!(
+            "a plain umount of {} will not wait for the lease to be released: {e}",
+            m.req.mountpoint.display()
+        ),
+    }
     let ready = Ready {
         mountpoint: m.req.mountpoint.clone(),
         mode: m.req.mode,

@@ -13,6 +13,7 @@ use crate::device::remote::RemoteBackend;
 use crate::device::DeviceError;
 use crate::mount::record;
 use crate::mount::system;
+use crate::mount::utab;
 use crate::mount::MountError;
 use crate::size::human as human_bytes;
 
@@ -114,7 +115,20 @@ impl Mounted {
         self.fs_mounted = false;
         self.device = None;
         self.autoclear = false;
+        // An unmount that bypassed `umount.blobdrive` (`umount -i`, umount(2))
+        // leaves the entry behind.
+        self.forget_utab();
         true
+    }
+
+    /// Takes this mount's entry out of libmount's table once the mount at the
+    /// user's directory is gone.
+    fn forget_utab(&mut self) {
+        if std::mem::take(&mut self.in_utab) {
+            if let Err(e) = utab::remove(&self.req.mountpoint) {
+                warn!("{e}");
+            }
+        }
     }
 
     /// Whether a plain `umount` of the filesystem has begun: no mount of the
@@ -209,6 +223,7 @@ impl Mounted {
                 info!("released the lease on {}", self.target);
             }
         }
+        self.forget_utab();
         if self.made_fuse_dir {
             let _ = std::fs::remove_dir(&self.fuse_dir);
             self.made_fuse_dir = false;
