@@ -39,39 +39,112 @@ echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
-# The one long test (a mount whose 60 s tokens are renewed across four lifetimes,
-# about 4.5 minutes) is #[ignore]d in plain `cargo test`; a full run starts it here,
-# beside the rest of the suite, from its built test binary (a second `cargo test`
-# would wait for the first one's lock).
+if [ $# -gt 0 ]; then
+    echo "== cargo test $*"
+    set +e
+    cargo test "$@" 2>&1 | tee "$STATE/cargo-test.log"
+    status=${PIPESTATUS[0]}
+    set -e
+    awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' \
+        "$STATE/cargo-test.log"
+    exit "$status"
+fi
+
+# A full run: build every test binary once, then run them side by side in
+# BLOBDRIVE_TEST_LANES lanes (default 3), longest first. Each binary has its own
+# Azurite, run directory and mountpoints, and most of their time is spent waiting
+# (outages, held requests, lease and token lifetimes), so lanes overlap the waits
+# instead of adding them up. Each binary's output is printed in one piece when it
+# ends. BLOBDRIVE_TEST_LANES=1 runs them one after another.
+LANES="${BLOBDRIVE_TEST_LANES:-3}"
+case "$LANES" in ''|*[!0-9]*|0) echo "BLOBDRIVE_TEST_LANES must be a number of at least 1" >&2; exit 2 ;; esac
+echo "== cargo test --no-run"
+cargo test --no-run --message-format=json-render-diagnostics >"$STATE/build.json"
+python3 - "$STATE/build.json" >"$STATE/binaries" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        t = m["target"]
+        name = t["name"] if t["kind"] == ["test"] else f'{t["name"]}-{t["kind"][0]}'
+        print(f'{name}\t{m["executable"]}')
+PY
+# Longest first (seconds each took alone on 2 cores): the one long test (a mount
+# whose 60 s tokens are renewed across four lifetimes, #[ignore]d in plain `cargo
+# test`, 260), durability (180), torture (100), reliability (70), fsx (60).
+order="entra_mount--ignored durability torture reliability fsx concurrency entra_mount"
+jobs_list() {
+    for name in $order; do
+        case "$name" in
+            *--ignored) exe="$(awk -F'\t' -v n="${name%--ignored}" '$1 == n { print $2 }' "$STATE/binaries")"
+                        printf '%s\t%s\t--ignored\n' "$name" "$exe" ;;
+            *) awk -F'\t' -v n="$name" '$1 == n { print $0 "\t" }' "$STATE/binaries" ;;
+        esac
+    done
+    awk -F'\t' -v o=" $order " 'index(o, " " $1 " ") == 0 { print $0 "\t" }' "$STATE/binaries"
+}
+mkdir "$STATE/logs"
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; cleanup' EXIT
+reported=" "
+failed=()
+report() {
+    local f name rc secs
+    for f in "$STATE"/logs/*.done; do
+        [ -e "$f" ] || continue
+        name="$(basename "$f" .done)"
+        case "$reported" in *" $name "*) continue ;; esac
+        reported="$reported$name "
+        read -r rc secs <"$f"
+        echo "== $name: exit $rc after ${secs}s"
+        grep -E '^test result:' "$STATE/logs/$name.log" || true
+        if [ "$rc" -ne 0 ]; then
+            failed+=("$name")
+            cat "$STATE/logs/$name.log"
+        fi
+    done
+}
+# Binaries running in the lanes (the long test beside them does not count).
 LONG_PID=""
-if [ $# -eq 0 ]; then
-    echo "== building tests; starting tests/entra_mount.rs --ignored in the background"
-    LONG_EXE="$(cargo test --no-run --test entra_mount --message-format=json 2>/dev/null \
-        | python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "entra_mount":
-        print(m["executable"])')"
-    [ -n "$LONG_EXE" ] || { echo "cannot build tests/entra_mount.rs" >&2; exit 1; }
-    "$LONG_EXE" --ignored >"$STATE/long.log" 2>&1 &
-    LONG_PID=$!
-    trap 'kill "$LONG_PID" 2>/dev/null || true; cleanup' EXIT
+in_lanes() {
+    local all
+    all="$(jobs -rp)"
+    if [ -n "$LONG_PID" ]; then all="$(grep -vx "$LONG_PID" <<<"$all" || true)"; fi
+    grep -c . <<<"$all" || true
+}
+start_all=$(date +%s)
+while IFS=$'\t' read -r name exe extra; do
+    [ -n "$exe" ] || { echo "test binary $name was not built" >&2; failed+=("$name"); continue; }
+    while [ "$(in_lanes)" -ge "$LANES" ]; do
+        wait -n || true
+        report
+    done
+    (
+        t0=$(date +%s)
+        set +e
+        # shellcheck disable=SC2086 # $extra is one optional flag
+        "$exe" $extra >"$STATE/logs/$name.log" 2>&1
+        echo "$? $(( $(date +%s) - t0 ))" >"$STATE/logs/$name.done"
+    ) &
+    PIDS+=($!)
+    # The long test runs beside the lanes: it mostly waits for tokens to expire.
+    [ "$name" = "entra_mount--ignored" ] && LONG_PID=$!
+    echo "== started $name"
+done < <(jobs_list)
+while [ "$(jobs -rp | wc -l)" -gt 0 ]; do
+    wait -n || true
+    report
+done
+report
+echo "== cargo test --doc"
+cargo test --doc 2>&1 | tee "$STATE/logs/doc.log" | grep -E '^test result:|FAILED|error' || true
+[ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("doc")
+echo "== all test binaries ran in $(( $(date +%s) - start_all ))s with $LANES lanes"
+cat "$STATE"/logs/*.log | awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }'
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "failed: ${failed[*]}"
+    exit 1
 fi
-echo "== cargo test $*"
-set +e
-cargo test "$@" 2>&1 | tee "$STATE/cargo-test.log"
-status=${PIPESTATUS[0]}
-if [ -n "$LONG_PID" ]; then
-    echo "== waiting for the long test (tests/entra_mount.rs --ignored)"
-    wait "$LONG_PID"
-    long_status=$?
-    LONG_PID=""
-    cat "$STATE/long.log" | tee -a "$STATE/cargo-test.log"
-    [ "$long_status" -eq 0 ] || status=$long_status
-fi
-set -e
-# One closing line over every test binary (the last binary cargo runs is the
-# doc-test pass, which has no tests of its own).
-awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' \
-    "$STATE/cargo-test.log"
-exit "$status"
