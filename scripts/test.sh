@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The project's test command: formatting, lints, then unit, integration and
-# end-to-end tests against one Azurite started here on a free port and stopped
-# (by pid) on exit. Extra arguments go to `cargo test`, e.g.
+# end-to-end tests, each test binary against an Azurite of its own. Without
+# arguments every binary runs, side by side in lanes (see below); exits non-zero
+# if any failed. Arguments make it plain `cargo test` with them, e.g.
 #   scripts/test.sh --test cli
 #   scripts/test.sh -- --nocapture
-# Exits with cargo's status.
+# and it exits with cargo's status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
