@@ -9,7 +9,8 @@
 # The test set also builds fsx (the File System eXerciser, from crates.io, a pinned
 # version with its own lock file) into target/tools for tests/fsx.rs, and puts
 # Microsoft's Python SDK for Blob Storage (scripts/test-requirements.txt) in a
-# virtual environment at target/tools/py.
+# virtual environment at target/tools/py, and unpacks Debian's prometheus (prometheus
+# and promtool) into target/tools/prometheus.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
@@ -83,6 +84,19 @@ if [ "$mode" = test ]; then
     if ! "$tools/bin/fsx" --version 2>/dev/null | grep -qx "fsx $FSX_VERSION"; then
         echo "building fsx $FSX_VERSION from crates.io into $tools"
         cargo install --quiet --locked --version "$FSX_VERSION" --root "$tools" fsx </dev/null
+    fi
+    # prometheus and promtool for tests/metrics.rs, unpacked from Debian's package
+    # into target/tools/prometheus: installing the package would also start a
+    # Prometheus service on this machine (with systemd) and pull its web UI's
+    # JavaScript libraries; the two static binaries are all the tests run.
+    if ! [ -x "$tools/prometheus/usr/bin/promtool" ]; then
+        echo "unpacking Debian's prometheus package into $tools/prometheus"
+        dl="$(mktemp -d)"
+        (cd "$dl" && { apt-get download prometheus </dev/null >/dev/null 2>&1 \
+            || { apt-get update -qq </dev/null && apt-get download prometheus </dev/null >/dev/null 2>&1; }; })
+        rm -rf "$tools/prometheus"
+        dpkg-deb -x "$dl"/prometheus_*.deb "$tools/prometheus"
+        rm -rf "$dl"
     fi
     reqs="$root/scripts/test-requirements.txt"
     if ! cmp -s "$reqs" "$tools/py/installed.txt"; then

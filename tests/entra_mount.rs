@@ -24,6 +24,8 @@ struct Mounted {
     dir: tempfile::TempDir,
     /// The drive, for messages.
     drive: String,
+    /// Where the mount serves its metrics (`--metrics`).
+    metrics_port: u16,
 }
 
 impl Mounted {
@@ -40,9 +42,28 @@ impl Mounted {
             .tempdir()
             .unwrap();
         let mp = dir.path().to_str().unwrap().to_string();
-        let args = ["mount", &drive, &mp, "--mkfs", "ext4"];
+        let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let metrics = format!("127.0.0.1:{metrics_port}");
+        let args = [
+            "mount",
+            &drive,
+            &mp,
+            "--mkfs",
+            "ext4",
+            "--metrics",
+            &metrics,
+        ];
         stdout_of_success(&args, blobdrive(&env, &args));
-        Mounted { env, dir, drive }
+        Mounted {
+            env,
+            dir,
+            drive,
+            metrics_port,
+        }
     }
 
     fn path(&self) -> &Path {
@@ -62,6 +83,22 @@ impl Mounted {
 
     fn stats(&self) -> serde_json::Value {
         json(&self.cli(&["stats", self.path().to_str().unwrap(), "--json"]))
+    }
+
+    /// One figure from the mount's `/metrics` (a sample without labels of its own).
+    fn metric(&self, name: &str) -> (f64, String) {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).unwrap();
+        let v = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in:\n{text}"));
+        (v, text)
     }
 
     fn unmount(&self) {
@@ -152,6 +189,12 @@ fn a_mount_with_60s_tokens_keeps_writing_across_four_lifetimes() {
         .map(|w| w[1] - w[0])
         .collect();
     assert!(gaps.iter().all(|g| *g < 45.0), "renewal gaps {gaps:?}");
+    // The metrics count them too, none failed, and no token is in them.
+    let (counted, text) = m.metric("blobdrive_token_renewals_total");
+    assert!(counted >= renewals as f64, "{counted} < {renewals}");
+    assert_eq!(m.metric("blobdrive_token_renewal_failures_total").0, 0.0);
+    // (Tokens are JWTs: base64 of a JSON header, which starts "eyJ".)
+    assert!(!text.contains("eyJ"), "a token in the metrics:\n{text}");
     assert_no_token_in_run_dir();
     m.unmount();
     eprintln!("{n} files written and synced, {renewals} token renewals");

@@ -34,6 +34,54 @@ pub enum Op {
 }
 
 impl Op {
+    /// Every operation, in declaration order (`op as usize` indexes it).
+    pub const ALL: [Op; 19] = [
+        Op::CreateBlob,
+        Op::GetProperties,
+        Op::Read,
+        Op::PutPage,
+        Op::ClearPages,
+        Op::GetPageRanges,
+        Op::AcquireLease,
+        Op::RenewLease,
+        Op::ChangeLease,
+        Op::ReleaseLease,
+        Op::BreakLease,
+        Op::Snapshot,
+        Op::ListBlobs,
+        Op::Delete,
+        Op::SetMetadata,
+        Op::SetProperties,
+        Op::Copy,
+        Op::CreateContainer,
+        Op::ContainerProperties,
+    ];
+
+    /// The operation's name in metrics: the REST operation, in snake case.
+    pub fn metric_name(self) -> &'static str {
+        match self {
+            Op::CreateBlob => "put_blob",
+            Op::GetProperties => "get_blob_properties",
+            Op::Read => "get_blob",
+            Op::PutPage => "put_page",
+            Op::ClearPages => "clear_pages",
+            Op::GetPageRanges => "get_page_ranges",
+            Op::AcquireLease => "acquire_lease",
+            Op::RenewLease => "renew_lease",
+            Op::ChangeLease => "change_lease",
+            Op::ReleaseLease => "release_lease",
+            Op::BreakLease => "break_lease",
+            Op::Snapshot => "snapshot_blob",
+            Op::ListBlobs => "list_blobs",
+            Op::Delete => "delete_blob",
+            Op::SetMetadata => "set_blob_metadata",
+            Op::SetProperties => "set_blob_properties",
+            Op::Copy => "copy_blob",
+            Op::CreateContainer => "create_container",
+            Op::ContainerProperties => "get_container_properties",
+        }
+    }
+
     /// Whether the operation only reads (a read-only role suffices for it).
     pub fn is_read(self) -> bool {
         matches!(
@@ -294,6 +342,13 @@ mod tests {
             code: code.map(str::to_string),
             message: Some("Some text.\nRequestId:1\nTime:2".into()),
             denied: None,
+        }
+    }
+
+    #[test]
+    fn every_operation_is_listed_at_its_own_index() {
+        for (i, op) in Op::ALL.iter().enumerate() {
+            assert_eq!(*op as usize, i, "{op:?}");
         }
     }
 

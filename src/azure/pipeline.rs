@@ -24,7 +24,7 @@ use super::http::{describe, Transport};
 use super::ops::fence::SEQUENCE_REFUSED;
 use super::ops::{BlobClient, ContainerClient, WriteFence};
 use super::retry::{is_retryable_status, RetryPolicy};
-use super::stats::{ClientStats, StatsSnapshot};
+use super::stats::{ClientStats, Outcome, StatsSnapshot};
 use super::xml;
 
 /// REST API version sent with every request (accepted by Azure and Azurite 3.35).
@@ -219,6 +219,16 @@ impl BlobService {
         self.inner.stats.last_failure()
     }
 
+    /// The live counters, for figures `stats` does not show (the metrics).
+    pub fn counters(&self) -> &ClientStats {
+        &self.inner.stats
+    }
+
+    /// Token renewals tried and failed, when the credential renews tokens.
+    pub fn token_renewals(&self) -> Option<(u64, u64)> {
+        self.inner.auth.renewals()
+    }
+
     pub fn container(&self, name: &str) -> ContainerClient {
         ContainerClient {
             svc: self.clone(),
@@ -308,9 +318,26 @@ impl BlobService {
             };
             let mut hinted = None;
             let window = self.inner.gate.enter().await;
+            let sent_at = Instant::now();
             let answer = self
                 .attempt(&req, carried, timeout, fresh, sink.as_deref_mut())
                 .await;
+            let outcome = match &answer {
+                Ok(resp) => Some(Outcome::of_status(
+                    resp.status,
+                    req.ok.contains(&resp.status),
+                )),
+                Err(Failure::Transport(_)) | Err(Failure::Certificate(_)) => {
+                    Some(Outcome::NoAnswer)
+                }
+                // Never sent.
+                Err(Failure::Unsent(_)) | Err(Failure::Unsendable(_)) => None,
+            };
+            if let Some(outcome) = outcome {
+                self.inner
+                    .stats
+                    .record_attempt(req.op, outcome, sent_at.elapsed());
+            }
             unanswered = matches!(answer, Err(Failure::Transport(_)));
             let failure = match answer {
                 Ok(resp) if resp.status == 404 && req.gone_after_unknown_is_done && unknown => {

@@ -37,6 +37,7 @@ OPTIONS (comma-separated):
   mode=fs|block|raw       as `blobdrive mount --mode` (default fs)
   mkfs=ext4|xfs           create this filesystem on a blank disk (never over one)
   cache-size=SIZE         memory for the page cache (e.g. 256MiB)
+  metrics=ADDR:PORT       serve Prometheus metrics at http://ADDR:PORT/metrics
   credentials=FILE        KEY=VALUE lines for the daemon's environment, e.g.
                           AZURE_STORAGE_CONNECTION_STRING=... or the Entra ID variables;
                           root's, mode 600 or stricter (secrets stay out of argv and
@@ -104,6 +105,7 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
         suid: false,
         dev: false,
         fs_flags: o.fs_flags,
+        metrics: o.metrics,
     };
     let connection_string = std::env::var("AZURE_STORAGE_CONNECTION_STRING").ok();
     let say = if inv.verbose {

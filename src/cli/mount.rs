@@ -76,6 +76,14 @@ pub struct Args {
     /// disks and memory to any local user.
     #[arg(long)]
     pub dev: bool,
+    /// Serve this mount's figures for Prometheus at http://ADDR:PORT/metrics
+    /// (requests by operation and outcome, latencies, retries, throttling, cache,
+    /// dirty bytes, stalls, lease, token renewals). Off unless given; nothing
+    /// else is served on that port, and anyone who can reach it can read the
+    /// figures (no secrets are in them): 127.0.0.1:PORT keeps them on this host.
+    /// An address in use fails the mount.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
     /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)
     /// helper from an fstab line.
     #[arg(skip)]
@@ -219,6 +227,7 @@ fn mount(
             f.extend(args.dev.then(|| "dev".to_string()));
             f
         },
+        metrics: args.metrics.clone(),
     };
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.

@@ -71,6 +71,8 @@ pub struct Options {
     pub credentials: Option<PathBuf>,
     /// Flags for the filesystem mount (see [`FS_FLAGS`]).
     pub fs_flags: Vec<String>,
+    /// `metrics=ADDR:PORT`, for `--metrics`.
+    pub metrics: Option<String>,
 }
 
 impl Default for Options {
@@ -82,6 +84,7 @@ impl Default for Options {
             cache_size: None,
             credentials: None,
             fs_flags: Vec::new(),
+            metrics: None,
         }
     }
 }
@@ -208,6 +211,15 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
                 o.cache_size = Some(v.to_string());
             }
             "credentials" => o.credentials = Some(PathBuf::from(need("FILE")?)),
+            "metrics" => {
+                let v = need("ADDR:PORT")?;
+                v.parse::<std::net::SocketAddr>().map_err(|_| {
+                    UsageError(format!(
+                        "option metrics={v}: expected ADDRESS:PORT, e.g. metrics=127.0.0.1:9101"
+                    ))
+                })?;
+                o.metrics = Some(v.to_string());
+            }
             "user" | "users" | "owner" | "group" => {
                 return Err(UsageError(format!(
                     "option {name}: blobdrive drives are mounted by root only (the mount needs FUSE, a loop device and a lease); remove {name}"
@@ -219,7 +231,7 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
             _ if sloppy => {}
             _ => {
                 return Err(UsageError(format!(
-                    "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, credentials=FILE, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
+                    "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, credentials=FILE, metrics=ADDR:PORT, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
                 )))
             }
         }
@@ -253,7 +265,7 @@ mod tests {
             "/data",
             "-v",
             "-o",
-            "rw,credentials=/etc/blobdrive/acct.env,_netdev,nofail,mode=fs,mkfs=ext4,cache-size=64MiB,nosuid,nodev",
+            "rw,credentials=/etc/blobdrive/acct.env,_netdev,nofail,mode=fs,mkfs=ext4,cache-size=64MiB,nosuid,nodev,metrics=127.0.0.1:9101",
         ])
         .unwrap();
         assert_eq!(i.spec, "disks/data.vhd");
@@ -268,6 +280,7 @@ mod tests {
                 cache_size: Some("64MiB".into()),
                 credentials: Some("/etc/blobdrive/acct.env".into()),
                 fs_flags: vec!["nosuid".into(), "nodev".into()],
+                metrics: Some("127.0.0.1:9101".into()),
             }
         );
         // Flags together, options attached, a subtype, several -o.
@@ -302,6 +315,8 @@ mod tests {
         assert!(e.contains("mode=disk"), "{e}");
         let e = parse_options("mkfs=btrfs", false).unwrap_err().0;
         assert!(e.contains("mkfs=btrfs"), "{e}");
+        let e = parse_options("metrics=localhost", false).unwrap_err().0;
+        assert!(e.contains("metrics=localhost"), "{e}");
         let e = parse_options("cache-size=1GB", false).unwrap_err().0;
         assert!(e.starts_with("option cache-size=1GB: "), "{e}");
         let e = parse_options("credentials=", false).unwrap_err().0;

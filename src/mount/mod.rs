@@ -5,6 +5,7 @@
 pub mod credentials;
 pub mod daemon;
 pub mod helper;
+pub mod metrics;
 pub mod notify;
 pub mod record;
 pub mod system;
@@ -58,6 +59,9 @@ pub struct MountRequest {
     /// from an fstab line's options.
     #[serde(default)]
     pub fs_flags: Vec<String>,
+    /// Where to serve the mount's metrics (`--metrics ADDR:PORT`).
+    #[serde(default)]
+    pub metrics: Option<String>,
 }
 
 /// The filesystem types blobdrive mounts. A drive is bytes from the network that

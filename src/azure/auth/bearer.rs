@@ -68,6 +68,10 @@ impl Authorizer for Bearer {
         Some(Box::pin(self.keeper.renew_now()))
     }
 
+    fn renewals(&self) -> Option<(u64, u64)> {
+        Some(self.keeper.renewals())
+    }
+
     fn denied(&self, op: Op) -> Option<String> {
         let (role, why) = if op.is_read() {
             (

@@ -75,6 +75,11 @@ pub trait Authorizer: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Token renewals tried and failed, for a credential that renews tokens.
+    fn renewals(&self) -> Option<(u64, u64)> {
+        None
+    }
+
     /// What a 403 for `op` means with this credential, when it knows better than
     /// the generic advice.
     fn denied(&self, _op: Op) -> Option<String> {

@@ -80,6 +80,11 @@ impl WriteFence {
         }
         // Boxed: raising sends a request through the pipeline that called us.
         let raised = Box::pin(self.blob.increment_sequence_number(self.lease.as_deref())).await?;
+        self.blob
+            .service()
+            .counters()
+            .fence_raises
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut n = self.numbers();
         let current = n.current.map_or(raised, |c| c.max(raised));
         n.current = Some(current);

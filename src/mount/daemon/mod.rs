@@ -89,6 +89,30 @@ struct Mounted {
     in_utab: bool,
 }
 
+impl Mounted {
+    /// Serves `GET /metrics` on a thread of its own for as long as the daemon
+    /// runs (see `mount::metrics`).
+    fn serve_metrics(&self, listener: std::net::TcpListener) {
+        let fenced = self.fenced.clone();
+        let had_lease = self.lease.is_some();
+        let sources = super::metrics::Sources {
+            service: self.blob.service().clone(),
+            cache: self.cache.clone(),
+            lease_held: Arc::new(move || {
+                had_lease && !fenced.load(std::sync::atomic::Ordering::SeqCst)
+            }),
+        };
+        let registry = super::metrics::registry(&self.target, sources);
+        let stop = Arc::new(AtomicBool::new(false));
+        if let Err(e) = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || super::metrics::serve(listener, registry, stop))
+        {
+            tracing::warn!("cannot serve metrics: {e}");
+        }
+    }
+}
+
 /// Runs a mount until it is unmounted. `ready` is called exactly once: with the
 /// mount's description when it is usable, or with the reason it failed (after
 /// everything was undone).
@@ -164,6 +188,15 @@ pub fn run(
         socket: socket_path.clone(),
         log: log_path,
     };
+    // Bound first, so an address in use fails the mount before anything is done.
+    let metrics_listener = match req.metrics.as_deref().map(super::metrics::bind) {
+        Some(Err(msg)) => {
+            ready(Err(msg.clone()));
+            return Err(MountError::System(msg));
+        }
+        Some(Ok(l)) => Some(l),
+        None => None,
+    };
     let setup = setup(&mut m, rec);
     let (ready_info, listener) = match setup {
         Ok(v) => v,
@@ -180,6 +213,9 @@ pub fn run(
             return Err(e);
         }
     };
+    if let Some(listener) = metrics_listener {
+        m.serve_metrics(listener);
+    }
     ready(Ok(&ready_info));
     if let Some(n) = &m.notifier {
         n.ready(&m.status_line());

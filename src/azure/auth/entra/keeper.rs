@@ -53,6 +53,8 @@ struct Shared {
     wake: Notify,
     /// Counts renewal attempts (either outcome), for those waiting on one.
     attempts: watch::Sender<u64>,
+    /// Renewals that failed, for the metrics (the attempts are counted above).
+    failed: std::sync::atomic::AtomicU64,
 }
 
 struct State {
@@ -139,6 +141,7 @@ impl TokenKeeper {
                         }),
                         wake: Notify::new(),
                         attempts: watch::Sender::new(0),
+                        failed: std::sync::atomic::AtomicU64::new(0),
                     });
                     if tx.send(Ok(shared.clone())).is_ok() {
                         renew_loop(shared).await;
@@ -181,6 +184,16 @@ impl TokenKeeper {
         drop(s);
         self.shared.wake.notify_one();
         Err(AuthError(why))
+    }
+
+    /// Renewals tried since sign-in, and how many of them failed.
+    pub fn renewals(&self) -> (u64, u64) {
+        (
+            *self.shared.attempts.borrow(),
+            self.shared
+                .failed
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Why the latest renewal failed, while no later one succeeded.
@@ -275,6 +288,9 @@ async fn renew_loop(shared: Arc<Shared>) {
                     s.retry_at = None;
                 }
                 Err(e) => {
+                    shared
+                        .failed
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     s.failures += 1;
                     let delay = backoff(s.failures);
                     s.retry_at = Some(Instant::now() + delay);

@@ -1,0 +1,439 @@
+//! A mount's figures for Prometheus: `--metrics ADDR:PORT` serves `GET /metrics`
+//! in the Prometheus text format (0.0.4), and nothing else on that port.
+//!
+//! The figures are read when a scrape comes, from the counters the I/O path
+//! keeps anyway (atomics: recording one takes no lock) and from the snapshots
+//! `stats` shows, so serving metrics costs the I/O path nothing. The encoding is
+//! the Prometheus project's own Rust client, `prometheus-client`; its histogram
+//! type takes a mutex per observation, so the request latencies are kept in
+//! per-operation atomic buckets (`azure::stats`) and handed to its encoder.
+//!
+//! Every name starts `blobdrive_`, every figure carries `drive="container/name"`,
+//! and nothing secret (a key, a SAS, a token) is ever in a name or a label: the
+//! drive label is the blob's name alone.
+
+use std::borrow::Cow;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use tracing::{debug, warn};
+
+use crate::azure::stats::{Outcome, LATENCY_BUCKETS};
+use crate::azure::BlobService;
+use crate::device::cache::Cache;
+use crate::device::remote::RemoteBackend;
+
+/// Longest request head read from a scraper, and how long it may take.
+const MAX_REQUEST_HEAD: usize = 8 * 1024;
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the figures are read from.
+pub struct Sources {
+    pub service: BlobService,
+    pub cache: Option<Arc<Cache<RemoteBackend>>>,
+    /// Whether the mount holds its lease now (false once lost, and for read-only
+    /// mounts, which take none).
+    pub lease_held: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("metrics::Sources")
+    }
+}
+
+impl Collector for Sources {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let svc = &self.service;
+        let s = svc.stats();
+        let counters = svc.counters();
+        let attempts = counters.attempts();
+
+        let mut m = enc.encode_descriptor(
+            "requests",
+            "Requests sent to the storage service (each attempt, retries included), by operation and how they ended.",
+            None,
+            MetricType::Counter,
+        )?;
+        for a in &attempts {
+            for (outcome, n) in Outcome::ALL.iter().zip(a.by_outcome) {
+                let labels = [
+                    ("operation", a.op.metric_name()),
+                    ("outcome", outcome.label()),
+                ];
+                m.encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "request_duration",
+            "Time from sending a request to its whole answer (or to giving up on it), by operation.",
+            Some(&Unit::Seconds),
+            MetricType::Histogram,
+        )?;
+        for a in &attempts {
+            let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+                .iter()
+                .copied()
+                .chain([f64::INFINITY])
+                .zip(a.buckets)
+                .collect();
+            m.encode_family(&[("operation", a.op.metric_name())])?
+                .encode_histogram::<NoLabelSet>(a.total_seconds, a.count, &buckets, None)?;
+        }
+        let throttled: u64 = attempts
+            .iter()
+            .map(|a| a.by_outcome[Outcome::Throttled as usize])
+            .sum();
+        counter(
+            &mut enc,
+            "throttled_requests",
+            "Requests the service refused as too many (503 ServerBusy, 429); they did nothing and are sent again.",
+            None,
+            throttled,
+        )?;
+        counter(
+            &mut enc,
+            "retries",
+            "Requests sent again after an attempt failed.",
+            None,
+            s.retries,
+        )?;
+        counter(
+            &mut enc,
+            "failed_requests",
+            "Operations that failed for good, after their retries.",
+            None,
+            s.failed_requests,
+        )?;
+        counter(
+            &mut enc,
+            "sent",
+            "Page data sent to the storage service (Put Page bodies).",
+            Some(&Unit::Bytes),
+            s.bytes_uploaded,
+        )?;
+        counter(
+            &mut enc,
+            "received",
+            "Blob data received from the storage service (Get Blob bodies).",
+            Some(&Unit::Bytes),
+            s.bytes_downloaded,
+        )?;
+        counter(
+            &mut enc,
+            "fence_raises",
+            "Times the blob's sequence number was raised to fence off a write whose outcome was unknown.",
+            None,
+            counters.fence_raises.load(Ordering::Relaxed),
+        )?;
+        let (renewals, renewal_failures) = svc.token_renewals().unwrap_or((0, 0));
+        counter(
+            &mut enc,
+            "token_renewals",
+            "Entra ID token renewals tried (0 for other credentials).",
+            None,
+            renewals,
+        )?;
+        counter(
+            &mut enc,
+            "token_renewal_failures",
+            "Entra ID token renewals that failed.",
+            None,
+            renewal_failures,
+        )?;
+        gauge(
+            &mut enc,
+            "lease_held",
+            "1 while the mount holds the blob's lease, 0 once it is lost or for a read-only mount.",
+            None,
+            u64::from((self.lease_held)()),
+        )?;
+        if let Some(cache) = &self.cache {
+            let c = cache.snapshot();
+            let h = cache.backend().health();
+            counter(
+                &mut enc,
+                "cache_hits",
+                "Reads answered from the memory cache.",
+                None,
+                c.cache_hits,
+            )?;
+            counter(
+                &mut enc,
+                "cache_misses",
+                "Reads that had to fetch from the storage service.",
+                None,
+                c.cache_misses,
+            )?;
+            counter(
+                &mut enc,
+                "hole_reads",
+                "Reads of never-written ranges, answered with zeros without a request.",
+                None,
+                c.hole_reads,
+            )?;
+            counter(
+                &mut enc,
+                "read",
+                "Bytes read from the drive by its users.",
+                Some(&Unit::Bytes),
+                c.bytes_read,
+            )?;
+            counter(
+                &mut enc,
+                "written",
+                "Bytes written to the drive by its users.",
+                Some(&Unit::Bytes),
+                c.bytes_written,
+            )?;
+            gauge(
+                &mut enc,
+                "cached",
+                "Bytes held in the memory cache.",
+                Some(&Unit::Bytes),
+                c.cached_bytes,
+            )?;
+            gauge(
+                &mut enc,
+                "cache_size",
+                "The memory cache's limit (--cache-size).",
+                Some(&Unit::Bytes),
+                c.cache_size,
+            )?;
+            gauge(
+                &mut enc,
+                "dirty",
+                "Bytes written to the drive and not yet on the blob.",
+                Some(&Unit::Bytes),
+                c.dirty_bytes,
+            )?;
+            gauge(
+                &mut enc,
+                "stalled",
+                "How long the storage service has not answered (0 while it answers).",
+                Some(&Unit::Seconds),
+                h.stalled.as_secs_f64(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn counter(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    v: u64,
+) -> Result<(), std::fmt::Error> {
+    enc.encode_descriptor(name, help, unit, MetricType::Counter)?
+        .encode_counter::<NoLabelSet, _, u64>(&v, None)
+}
+
+fn gauge(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    v: impl prometheus_client::encoding::EncodeGaugeValue,
+) -> Result<(), std::fmt::Error> {
+    enc.encode_descriptor(name, help, unit, MetricType::Gauge)?
+        .encode_gauge(&v)
+}
+
+/// The registry of one drive's figures: prefix `blobdrive`, label `drive`.
+pub fn registry(drive: &str, sources: Sources) -> Registry {
+    let mut r = Registry::with_prefix_and_labels(
+        "blobdrive",
+        [(Cow::Borrowed("drive"), Cow::Owned(drive.to_string()))].into_iter(),
+    );
+    r.register_collector(Box::new(sources));
+    r
+}
+
+/// The text a scrape gets.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, registry) {
+        warn!("cannot encode the metrics: {e}");
+    }
+    out
+}
+
+/// Binds the metrics port: done before the mount is set up, so an address in use
+/// fails the mount with one line and nothing done.
+pub fn bind(addr: &str) -> Result<TcpListener, String> {
+    let sock: SocketAddr = addr.parse().map_err(|_| {
+        format!("--metrics {addr}: expected ADDRESS:PORT, e.g. 127.0.0.1:9101 or [::1]:9101")
+    })?;
+    TcpListener::bind(sock).map_err(|e| format!("cannot serve metrics on {sock}: {e}"))
+}
+
+/// Serves `GET /metrics` on `listener` until `stop` is set, one connection at a
+/// time (a scrape takes milliseconds; a client that sends nothing is dropped
+/// after 5 s).
+pub fn serve(listener: TcpListener, registry: Registry, stop: Arc<AtomicBool>) {
+    for conn in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match conn {
+            Ok(stream) => {
+                if let Err(e) = answer(stream, &registry) {
+                    debug!("a metrics client: {e}");
+                }
+            }
+            Err(e) => {
+                debug!("accepting a metrics client: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Reads one request head (bounded in size and time) and answers it.
+fn answer(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        if head.len() >= MAX_REQUEST_HEAD {
+            return reply(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "request head too long\n",
+            );
+        }
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET", "/metrics") => reply(
+            &mut stream,
+            "200 OK",
+            prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            &render(registry),
+        ),
+        (_, "/metrics") => reply(
+            &mut stream,
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET only\n",
+        ),
+        _ => reply(
+            &mut stream,
+            "404 Not Found",
+            "text/plain",
+            "only /metrics is served here\n",
+        ),
+    }
+}
+
+fn reply(
+    stream: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::azure::{Account, Credential};
+
+    fn sources() -> Sources {
+        let account = Account {
+            name: "devstoreaccount1".into(),
+            blob_endpoint: "http://127.0.0.1:9/devstoreaccount1".parse().unwrap(),
+            credential: Credential::Anonymous,
+        };
+        Sources {
+            service: BlobService::new(account),
+            cache: None,
+            lease_held: Arc::new(|| true),
+        }
+    }
+
+    #[test]
+    fn names_follow_the_conventions_and_carry_the_drive() {
+        let text = render(&registry("disks/data.vhd", sources()));
+        for want in [
+            "# TYPE blobdrive_retries_total counter\n",
+            "blobdrive_retries_total{drive=\"disks/data.vhd\"} 0\n",
+            "# TYPE blobdrive_sent_bytes_total counter\n",
+            "# TYPE blobdrive_lease_held gauge\n",
+            "blobdrive_lease_held{drive=\"disks/data.vhd\"} 1\n",
+            "# TYPE blobdrive_token_renewals_total counter\n",
+        ] {
+            assert!(text.contains(want), "{want} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn only_get_metrics_is_served() {
+        let listener = bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let reg = registry("c/d.vhd", sources());
+        let s = stop.clone();
+        let t = std::thread::spawn(move || serve(listener, reg, s));
+        let ask = |req: &str| {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(req.as_bytes()).unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).unwrap();
+            out
+        };
+        let ok = ask("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        assert!(ok.contains("text/plain; version=0.0.4"), "{ok}");
+        assert!(
+            ok.contains("blobdrive_lease_held{drive=\"c/d.vhd\"} 1"),
+            "{ok}"
+        );
+        assert!(ask("GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+        assert!(ask("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        let long = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(20_000));
+        let mut c = TcpStream::connect(addr).unwrap();
+        let _ = c.write_all(long.as_bytes());
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        assert!(out.starts_with("HTTP/1.1 431"), "{out}");
+        // A second bind of the same address fails with one line.
+        let err = bind(&addr.to_string()).unwrap_err();
+        assert!(
+            err.contains("cannot serve metrics on") && !err.contains('\n'),
+            "{err}"
+        );
+        assert!(bind("localhost").unwrap_err().contains("ADDRESS:PORT"));
+        stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(addr);
+        t.join().unwrap();
+    }
+}

@@ -1,0 +1,339 @@
+//! `mount --metrics ADDR:PORT`: a mount's figures for Prometheus, checked with
+//! Prometheus's own tools (`promtool check metrics`, and a real Prometheus server
+//! scraping the mount and answering a query), and moving as the I/O a test does
+//! says they must. Prometheus and promtool are Debian's, unpacked into
+//! target/tools/prometheus by scripts/install-deps.sh.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::azurite::{unique_container, Azurite};
+use common::mount::{bd, ok, require_root, run_dir, Mp};
+use common::util::json;
+
+const MIB: u64 = 1 << 20;
+
+fn tool(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target/tools/prometheus/usr/bin")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/install-deps.sh",
+        p.display()
+    );
+    p
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP GET on loopback: (status line, body).
+fn get(port: u16, path: &str) -> (String, String) {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).unwrap();
+    let out = String::from_utf8_lossy(&out).to_string();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}
+
+fn scrape(port: u16) -> String {
+    let (status, body) = get(port, "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    body
+}
+
+/// The value of the one sample of `name` whose labels include every `labels` pair.
+fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let found: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(found.len(), 1, "{name} {labels:?} in:\n{text}");
+    found[0]
+}
+
+/// A Prometheus server on loopback scraping `target` every second, stopped (by
+/// pid) when dropped.
+struct Prometheus {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(target: u16) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: blobdrive\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let child = Command::new(tool("prometheus"))
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.path().join("log")).unwrap(),
+            ))
+            .spawn()
+            .unwrap();
+        Prometheus {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// The result of an instant query, once it has any (within 60 s).
+    fn query(&self, promql: &str) -> serde_json::Value {
+        let encoded = encode(promql);
+        let start = Instant::now();
+        loop {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                let (status, body) = get(self.port, &format!("/api/v1/query?query={encoded}"));
+                if status.contains(" 200 ") {
+                    let v = json(&body);
+                    if v["data"]["result"]
+                        .as_array()
+                        .is_some_and(|r| !r.is_empty())
+                    {
+                        return v["data"]["result"].clone();
+                    }
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "Prometheus has no result for {promql}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+/// `s` percent-encoded for a query string.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes and reads known amounts through a raw mount and checks that the
+/// figures moved by exactly that, that promtool finds the output clean, and that
+/// a Prometheus server scraping the mount answers a query for the Put Page
+/// requests.
+#[test]
+fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
+    require_root();
+    let run = run_dir("metrics-run");
+    let az = Azurite::shared().connection_string();
+    let spec = format!("{}/disk.vhd", unique_container("metrics"));
+    ok(
+        &run,
+        &az,
+        &["create", &spec, "--size", "64MiB", "--create-container"],
+    );
+    let mp = Mp::new(&run, &az);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    ok(
+        &run,
+        &az,
+        &["mount", &spec, mp.s(), "--mode", "raw", "--metrics", &addr],
+    );
+    let drive = spec.as_str();
+    let before = scrape(port);
+    let at = |text: &str, name: &str| value(text, name, &[("drive", drive)]);
+    // Write 3 MiB and fsync; read 1 MiB of it back (cached) and 2 MiB of a hole.
+    let disk = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(mp.disk())
+        .unwrap();
+    let data: Vec<u8> = (0..3 * MIB).map(|i| (i * 7 % 251) as u8).collect();
+    disk.write_all_at(&data, MIB).unwrap();
+    disk.sync_all().unwrap();
+    let mut back = vec![0u8; MIB as usize];
+    disk.read_exact_at(&mut back, MIB).unwrap();
+    assert_eq!(back, data[..MIB as usize]);
+    let mut hole = vec![1u8; 2 * MIB as usize];
+    disk.read_exact_at(&mut hole, 32 * MIB).unwrap();
+    assert!(hole.iter().all(|b| *b == 0));
+    drop(disk);
+    let after = scrape(port);
+    let moved = |name: &str| at(&after, name) - at(&before, name);
+    assert_eq!(moved("blobdrive_written_bytes_total"), (3 * MIB) as f64);
+    assert_eq!(moved("blobdrive_sent_bytes_total"), (3 * MIB) as f64);
+    assert_eq!(moved("blobdrive_read_bytes_total"), (3 * MIB) as f64);
+    assert!(moved("blobdrive_hole_reads_total") >= 1.0);
+    assert_eq!(at(&after, "blobdrive_dirty_bytes"), 0.0);
+    assert_eq!(at(&after, "blobdrive_lease_held"), 1.0);
+    assert_eq!(at(&after, "blobdrive_stalled_seconds"), 0.0);
+    let put_ok = value(
+        &after,
+        "blobdrive_requests_total",
+        &[("operation", "put_page"), ("outcome", "ok")],
+    );
+    // 3 MiB coalesced into runs of at most 4 MiB: one to three requests.
+    assert!((1.0..=3.0).contains(&put_ok), "{put_ok}");
+    let timed = value(
+        &after,
+        "blobdrive_request_duration_seconds_count",
+        &[("operation", "put_page")],
+    );
+    assert_eq!(timed, put_ok, "every Put Page attempt is timed");
+    let inf = value(
+        &after,
+        "blobdrive_request_duration_seconds_bucket",
+        &[("operation", "put_page"), ("le", "+Inf")],
+    );
+    assert_eq!(inf, timed);
+    // Nothing secret: the account key is nowhere in it.
+    let key_part = &common::azurite::DEV_KEY[..16];
+    assert!(!after.contains(key_part));
+    // Prometheus's own linter.
+    let mut check = Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(after.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {:?}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Anything but GET /metrics is refused.
+    assert!(get(port, "/").0.contains(" 404 "));
+    // A real Prometheus scrapes it and answers for the Put Page requests.
+    let prom = Prometheus::start(port);
+    let result = prom.query(r#"blobdrive_requests_total{operation="put_page",outcome="ok"}"#);
+    let got: f64 = result[0]["value"][1].as_str().unwrap().parse().unwrap();
+    assert_eq!(got, put_ok, "{result}");
+    assert_eq!(result[0]["metric"]["drive"], drive, "{result}");
+    // Every query of the README and the Grafana dashboard in contrib/ is one
+    // Prometheus accepts.
+    let dashboard = json(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/contrib/grafana-dashboard.json"
+        ))
+        .unwrap(),
+    );
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let mut queries: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().clone())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    queries.extend(
+        readme
+            .lines()
+            .filter(|l| {
+                l.contains("blobdrive_")
+                    && !l.starts_with('#')
+                    && !l.starts_with('|')
+                    && !l.contains('`')
+            })
+            .map(str::to_string),
+    );
+    assert!(queries.len() >= 12, "{queries:?}");
+    for q in &queries {
+        let q = q.replace("$__rate_interval", "1m").replace("$drive", ".*");
+        let (status, body) = get(prom.port, &format!("/api/v1/query?query={}", encode(&q)));
+        assert!(status.contains(" 200 "), "{q}: {status} {body}");
+    }
+    drop(prom);
+    ok(&run, &az, &["unmount", mp.s()]);
+    // The port is free again once the daemon is gone.
+    TcpListener::bind(&addr).expect("the metrics port is released");
+}
+
+/// An address in use fails the mount with one line, leaving nothing mounted and
+/// the lease free.
+#[test]
+fn a_metrics_address_in_use_fails_the_mount_with_one_line() {
+    require_root();
+    let run = run_dir("metrics-run");
+    let az = Azurite::shared().connection_string();
+    let spec = format!("{}/disk.vhd", unique_container("metricsbusy"));
+    ok(
+        &run,
+        &az,
+        &["create", &spec, "--size", "64MiB", "--create-container"],
+    );
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mp = Mp::new(&run, &az);
+    let out = bd(&run, &az, &["mount", &spec, mp.s(), "--metrics", &addr]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("cannot serve metrics on {addr}")),
+        "{err}"
+    );
+    let lease = json(&ok(&run, &az, &["lease", "status", &spec, "--json"]));
+    assert_eq!(lease["state"], "available");
+    let list = ok(&run, &az, &["list", "--json"]);
+    assert!(!list.contains(mp.s()), "{list}");
+}
