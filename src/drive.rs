@@ -24,6 +24,10 @@ pub enum DriveError {
     TooSmall { target: String, len: u64 },
     #[error("'{target}' is {len} bytes long, not a multiple of 512: not a page blob drive")]
     Unaligned { target: String, len: u64 },
+    #[error("'{target}': resize incomplete (from {from} to {to} bytes): run `blobdrive resize {target} --size {to}` again to complete it")]
+    ResizeIncomplete { target: String, from: u64, to: u64 },
+    #[error("'{target}' is {from} bytes; shrinking it to {to} would cut off data: blobdrive only grows drives")]
+    Shrink { target: String, from: u64, to: u64 },
     #[error("'{target}': {source}")]
     Vhd {
         target: String,
@@ -49,6 +53,13 @@ impl Drive {
     pub async fn open(blob: &BlobClient) -> Result<Drive, DriveError> {
         let props = properties(blob).await?;
         check_page_blob(blob, &props)?;
+        if let Some((from, to)) = crate::resize::pending(&props) {
+            return Err(DriveError::ResizeIncomplete {
+                target: blob.target(),
+                from,
+                to,
+            });
+        }
         let len = props.content_length;
         if len % 512 != 0 {
             return Err(DriveError::Unaligned {

@@ -11,6 +11,7 @@ pub mod device;
 pub mod drive;
 pub mod fuse;
 pub mod mount;
+pub mod resize;
 pub mod size;
 pub mod snapshot;
 pub mod transfer;

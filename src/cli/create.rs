@@ -20,23 +20,7 @@ pub struct Args {
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<()> {
-    let size = parse_size(&args.size)?;
-    if size == 0 {
-        bail!("size must be more than 0");
-    }
-    if size % MIB != 0 {
-        bail!(
-            "size {size} bytes is not a whole number of MiB (Azure requires whole MiB); try {} MiB",
-            size.div_ceil(MIB)
-        );
-    }
-    if size > MAX_DISK_BYTES {
-        bail!(
-            "size {} is over the page-blob maximum: a disk can be at most {} (8 TiB minus 1 MiB, leaving room for the VHD footer)",
-            human(size),
-            human(MAX_DISK_BYTES)
-        );
-    }
+    let size = disk_size_arg(&args.size)?;
     let (r, blob) = ctx.blob(&args.blob)?;
     if r.snapshot.is_some() {
         bail!("cannot create a snapshot ({r}); name the base blob");
@@ -85,4 +69,27 @@ fn footer_failed(e: AzureError, cleanup: Option<AzureError>) -> anyhow::Error {
         None => anyhow::anyhow!("{e} (the half-created blob was deleted again)"),
         Some(c) => anyhow::anyhow!("{e}; deleting the half-created blob also failed: {c}"),
     }
+}
+
+/// A disk size as `create` and `resize` take it: whole MiB, more than 0, at most
+/// the page-blob maximum less the footer.
+pub(super) fn disk_size_arg(text: &str) -> Result<u64> {
+    let size = parse_size(text)?;
+    if size == 0 {
+        bail!("size must be more than 0");
+    }
+    if size % MIB != 0 {
+        bail!(
+            "size {size} bytes is not a whole number of MiB (Azure requires whole MiB); try {} MiB",
+            size.div_ceil(MIB)
+        );
+    }
+    if size > MAX_DISK_BYTES {
+        bail!(
+            "size {} is over the page-blob maximum: a disk can be at most {} (8 TiB minus 1 MiB, leaving room for the VHD footer)",
+            human(size),
+            human(MAX_DISK_BYTES)
+        );
+    }
+    Ok(size)
 }

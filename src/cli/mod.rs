@@ -10,6 +10,7 @@ mod info;
 mod lease;
 mod list;
 mod mount;
+mod resize;
 mod snapshot;
 mod stats;
 mod transfer;
@@ -113,6 +114,8 @@ pub enum Command {
     Create(create::Args),
     /// Show a drive's size, allocation, lease and snapshots.
     Info(info::Args),
+    /// Grow a drive that is not mounted to SIZE (never shrinks).
+    Resize(resize::Args),
     /// Inspect or break a drive's lease (the lock held by a writable mount).
     #[command(subcommand)]
     Lease(lease::Command),
@@ -163,6 +166,7 @@ impl Cli {
         match self.command {
             Command::Create(a) => create::run(&ctx, a),
             Command::Info(a) => info::run(&ctx, a),
+            Command::Resize(a) => resize::run(&ctx, a),
             Command::Lease(c) => lease::run(&ctx, c),
             Command::Delete(a) => delete::run(&ctx, a),
             Command::Mount(_) => unreachable!("handled above"),

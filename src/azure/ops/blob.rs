@@ -223,6 +223,33 @@ impl BlobClient {
         self.svc.execute(req).await.map(|_| ())
     }
 
+    /// Sets the page blob's length to `size` bytes (Set Blob Properties with
+    /// `x-ms-blob-content-length`): pages past the old end read as zeros, pages
+    /// past a smaller one are gone. Setting the length it has changes nothing, so
+    /// a retry after a lost answer is safe.
+    pub async fn resize(&self, size: u64, lease: Option<&str>) -> Result<(), AzureError> {
+        if size % PAGE != 0 || size == 0 || size > MAX_PAGE_BLOB {
+            return Err(self.invalid(
+                Op::SetProperties,
+                format!(
+                    "page blob size {size} must be a positive multiple of 512 of at most 8 TiB"
+                ),
+            ));
+        }
+        let mut req = self.request(
+            Op::SetProperties,
+            Method::PUT,
+            &[("comp", "properties")],
+            &[200],
+        );
+        req.header("x-ms-blob-content-length", size.to_string());
+        if let Some(id) = lease {
+            req.header("x-ms-lease-id", id.to_string());
+        }
+        self.count(|s| ClientStats::add(&s.other_requests, 1));
+        self.svc.execute(req).await.map(|_| ())
+    }
+
     /// Replaces the blob's metadata. Names must be valid C# identifiers.
     pub async fn set_metadata(
         &self,

@@ -1,0 +1,166 @@
+//! Growing a drive that is not mounted: the page blob grows to the new size plus
+//! its footer, the footer is written at the new end and the old one cleared.
+//!
+//! A crash or an interrupt can come between any two steps, so the steps are
+//! ordered, each can be done again without harm, and the blob says a resize is
+//! under way from the first step to the last: metadata `blobdrive_resize=FROM:TO`.
+//! While it is there, every command that opens the drive (`info`, `mount`, ...)
+//! refuses it, naming the `resize` that completes it, and running that `resize`
+//! again picks up where the first one stopped. The whole resize runs under a
+//! short lease (60 s), so nothing else writes the blob meanwhile; a mounted
+//! drive holds its lease, so it is refused.
+
+use crate::azure::{BlobClient, BlobProperties};
+use crate::drive::{self, Drive, DriveError};
+use crate::vhd::{self, Footer, Geometry, FOOTER_SIZE};
+
+/// The metadata that marks a resize under way: `FROM:TO`, the disk's sizes.
+pub const MARKER: &str = "blobdrive_resize";
+
+/// How long the resize's lease lasts (renewed by nothing: the steps take a
+/// few requests).
+const LEASE_SECS: u32 = 60;
+
+/// The steps of a resize, in the order they are done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Record `FROM:TO` in the metadata.
+    Mark,
+    /// Set the blob's length to TO + 512: the grown part reads as zeros.
+    Grow,
+    /// Write the footer for TO at the new end.
+    Footer,
+    /// Clear the old footer's page (now inside the disk: it must read as zeros).
+    ClearOld,
+    /// Remove the mark.
+    Unmark,
+}
+
+pub const STEPS: [Step; 5] = [
+    Step::Mark,
+    Step::Grow,
+    Step::Footer,
+    Step::ClearOld,
+    Step::Unmark,
+];
+
+/// What a resize did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resized {
+    Grown {
+        from: u64,
+        to: u64,
+    },
+    /// The drive already had that size.
+    Unchanged(u64),
+}
+
+/// The resize under way on a blob, from its metadata: (FROM, TO).
+pub fn pending(props: &BlobProperties) -> Option<(u64, u64)> {
+    let (_, v) = props
+        .metadata
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(MARKER))?;
+    let (from, to) = v.split_once(':')?;
+    Some((from.parse().ok()?, to.parse().ok()?))
+}
+
+/// Grows the drive `blob` to a disk of `size` bytes (see the module's text).
+pub async fn grow(blob: &BlobClient, size: u64) -> Result<Resized, DriveError> {
+    grow_steps(blob, size, STEPS.len()).await
+}
+
+/// [`grow`], stopping after the first `steps` steps: what a crash between two
+/// steps leaves, for tests.
+#[doc(hidden)]
+pub async fn grow_steps(blob: &BlobClient, size: u64, steps: usize) -> Result<Resized, DriveError> {
+    let target = blob.target();
+    let props = drive::properties(blob).await?;
+    drive::check_page_blob(blob, &props)?;
+    let from = match pending(&props) {
+        Some((from, to)) if to == size => from,
+        Some((from, to)) => return Err(DriveError::ResizeIncomplete { target, from, to }),
+        None => {
+            let from = Drive::open(blob).await?.disk_size();
+            if size < from {
+                return Err(DriveError::Shrink {
+                    target,
+                    from,
+                    to: size,
+                });
+            }
+            if size == from {
+                return Ok(Resized::Unchanged(size));
+            }
+            from
+        }
+    };
+    vhd::check_disk_size(size).map_err(|source| DriveError::Vhd {
+        target: target.clone(),
+        source,
+    })?;
+    let lease_id = uuid::Uuid::new_v4().to_string();
+    let lease = blob.acquire_lease(&lease_id, Some(LEASE_SECS)).await?;
+    let done = run_steps(blob, &props, from, size, &lease, steps).await;
+    let released = blob.release_lease(&lease).await;
+    done?;
+    released?;
+    Ok(Resized::Grown { from, to: size })
+}
+
+async fn run_steps(
+    blob: &BlobClient,
+    props: &BlobProperties,
+    from: u64,
+    to: u64,
+    lease: &str,
+    steps: usize,
+) -> Result<(), DriveError> {
+    // Whatever other metadata the blob carries stays.
+    let others: Vec<(&str, &str)> = props
+        .metadata
+        .iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case(MARKER))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let mark = format!("{from}:{to}");
+    for step in STEPS.iter().take(steps) {
+        match step {
+            Step::Mark => {
+                let mut with = others.clone();
+                with.push((MARKER, &mark));
+                blob.set_metadata(&with, Some(lease)).await?;
+            }
+            Step::Grow => blob.resize(to + FOOTER_SIZE, Some(lease)).await?,
+            Step::Footer => {
+                let footer = new_footer(blob, from, to).await?;
+                blob.put_pages(to, footer.to_bytes().to_vec().into(), Some(lease))
+                    .await?;
+            }
+            Step::ClearOld => blob.clear_pages(from, FOOTER_SIZE, Some(lease)).await?,
+            Step::Unmark => blob.set_metadata(&others, Some(lease)).await?,
+        }
+    }
+    Ok(())
+}
+
+/// The footer for a disk of `to` bytes: the old footer's (at `from`) with the
+/// new size and the geometry `create` writes, or the one already at the new end
+/// when an earlier run wrote it (the old one may be cleared by then).
+async fn new_footer(blob: &BlobClient, from: u64, to: u64) -> Result<Footer, DriveError> {
+    let vhd_err = |source| DriveError::Vhd {
+        target: blob.target(),
+        source,
+    };
+    let at_end = blob.read(to, FOOTER_SIZE).await?;
+    if let Ok(f) = Footer::parse_fixed_for_blob(&at_end, to + FOOTER_SIZE) {
+        return Ok(f);
+    }
+    let old = blob.read(from, FOOTER_SIZE).await?;
+    let old = Footer::parse_fixed_for_blob(&old, from + FOOTER_SIZE).map_err(vhd_err)?;
+    Ok(Footer {
+        current_size: to,
+        geometry: Geometry::MAX,
+        ..old
+    })
+}

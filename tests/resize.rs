@@ -1,0 +1,183 @@
+//! `blobdrive resize` against Azurite: a drive grown offline keeps its data, reads
+//! zeros after it and carries a footer qemu-img reads for the new size; a resize
+//! stopped after any of its steps (what a crash leaves) is reported by `info`,
+//! refused by `mount`, and completed by running it again; shrinking, a mounted
+//! drive, a drive leased elsewhere and a snapshot are refused with one line and
+//! nothing changed.
+
+mod common;
+
+use std::process::Command;
+
+use blobdrive::azure::{Account, BlobClient, BlobService};
+use blobdrive::resize::{self, STEPS};
+use bytes::Bytes;
+use common::azurite::{unique_container, Azurite};
+use common::mount::{bd, ok, require_root, run_dir, Mp};
+use common::util::{json, rt};
+
+const MIB: u64 = 1 << 20;
+
+fn az() -> String {
+    Azurite::shared().connection_string()
+}
+
+fn run() -> std::path::PathBuf {
+    run_dir("resize-run")
+}
+
+fn blob_of(spec: &str) -> BlobClient {
+    let svc = BlobService::new(Account::from_connection_string(&az()).unwrap());
+    let (c, n) = spec.split_once('/').unwrap();
+    svc.blob(c, n)
+}
+
+/// A 4 MiB drive with a pattern in its first and last MiB.
+fn drive_with_data(tag: &str) -> (String, Vec<u8>) {
+    let spec = format!("{}/disk.vhd", unique_container(tag));
+    ok(
+        &run(),
+        &az(),
+        &["create", &spec, "--size", "4MiB", "--create-container"],
+    );
+    let data: Vec<u8> = (0..MIB).map(|i| (i * 13 % 251) as u8 + 1).collect();
+    let blob = blob_of(&spec);
+    rt().block_on(async {
+        blob.put_pages(0, Bytes::from(data.clone()), None)
+            .await
+            .unwrap();
+        blob.put_pages(3 * MIB, Bytes::from(data.clone()), None)
+            .await
+            .unwrap();
+    });
+    (spec, data)
+}
+
+fn etag(spec: &str) -> String {
+    json(&ok(&run(), &az(), &["info", spec, "--json"]))["etag"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The one error line of a command that must fail.
+fn fails(args: &[&str]) -> String {
+    let out = bd(&run(), &az(), args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{args:?} succeeded: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line, not: {err}");
+    err
+}
+
+/// The grown drive holds its data, zeros after it (the old footer's page too),
+/// and a footer for `size` that qemu-img reads; `info` agrees; the lease is free.
+fn check_grown(spec: &str, data: &[u8], size: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = dir.path().join("disk.raw");
+    let vhd = dir.path().join("disk.vhd");
+    let (raw_s, vhd_s) = (raw.to_str().unwrap(), vhd.to_str().unwrap());
+    ok(&run(), &az(), &["download", spec, raw_s, "--format", "raw"]);
+    ok(&run(), &az(), &["download", spec, vhd_s, "--format", "vhd"]);
+    let bytes = std::fs::read(&raw).unwrap();
+    assert_eq!(bytes.len() as u64, size);
+    assert_eq!(&bytes[..MIB as usize], data);
+    assert_eq!(&bytes[3 * MIB as usize..4 * MIB as usize], data);
+    assert!(
+        bytes[4 * MIB as usize..].iter().all(|b| *b == 0),
+        "the grown part (and the old footer's page) must read as zeros"
+    );
+    let out = Command::new("qemu-img")
+        .args(["info", "-f", "vpc", "--output", "json", vhd_s])
+        .output()
+        .expect("qemu-img (qemu-utils) is needed");
+    assert!(out.status.success(), "{out:?}");
+    let info = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(info["virtual-size"], size, "{info}");
+    let shown = json(&ok(&run(), &az(), &["info", spec, "--json"]));
+    assert_eq!(shown["size_bytes"], size, "{shown}");
+    assert_eq!(shown["lease_state"], "available", "{shown}");
+}
+
+#[test]
+fn an_offline_grow_keeps_the_data_and_reads_zeros_after_it() {
+    let (spec, data) = drive_with_data("grow");
+    let snap = json(&ok(&run(), &az(), &["snapshot", "create", &spec, "--json"]));
+    let snap = snap["snapshot"].as_str().unwrap().to_string();
+    let out = ok(&run(), &az(), &["resize", &spec, "--size", "12MiB"]);
+    assert!(out.contains("from 4 MiB to 12 MiB"), "{out}");
+    check_grown(&spec, &data, 12 * MIB);
+    // The snapshot keeps its own size.
+    let at = format!("{spec}@{snap}");
+    let shown = json(&ok(&run(), &az(), &["info", &at, "--json"]));
+    assert_eq!(shown["size_bytes"], 4 * MIB, "{shown}");
+    // Again to the same size: nothing to do, nothing written.
+    let before = etag(&spec);
+    let out = ok(&run(), &az(), &["resize", &spec, "--size", "12MiB"]);
+    assert!(out.contains("already"), "{out}");
+    assert_eq!(etag(&spec), before);
+}
+
+#[test]
+fn a_resize_stopped_after_any_step_is_reported_refused_and_completed_by_running_it_again() {
+    require_root();
+    for stop_after in 1..STEPS.len() {
+        let (spec, data) = drive_with_data(&format!("crash{stop_after}"));
+        let blob = blob_of(&spec);
+        rt().block_on(resize::grow_steps(&blob, 8 * MIB, stop_after))
+            .unwrap();
+        let err = fails(&["info", &spec]);
+        assert!(
+            err.contains("resize incomplete")
+                && err.contains(&format!("blobdrive resize {spec} --size {}", 8 * MIB)),
+            "after {:?}: {err}",
+            STEPS[stop_after - 1]
+        );
+        if stop_after == 2 {
+            // The grown blob has no footer at its end yet: mount refuses, saying why.
+            let mp = Mp::new(&run(), &az());
+            let err = fails(&["mount", &spec, mp.s(), "--mode", "raw"]);
+            assert!(err.contains("resize incomplete"), "{err}");
+            // Another size is refused until this one is completed.
+            let err = fails(&["resize", &spec, "--size", "16MiB"]);
+            assert!(err.contains("resize incomplete"), "{err}");
+        }
+        ok(&run(), &az(), &["resize", &spec, "--size", "8MiB"]);
+        check_grown(&spec, &data, 8 * MIB);
+    }
+}
+
+#[test]
+fn shrinking_a_mounted_or_leased_drive_or_a_snapshot_is_refused_and_nothing_changes() {
+    require_root();
+    let (spec, _) = drive_with_data("refused");
+    let before = etag(&spec);
+    let err = fails(&["resize", &spec, "--size", "2MiB"]);
+    assert!(
+        err.contains("shrinking") && err.contains("cut off data"),
+        "{err}"
+    );
+    let err = fails(&["resize", &spec, "--size", "5000KiB"]);
+    assert!(err.contains("whole number of MiB"), "{err}");
+    assert_eq!(etag(&spec), before);
+    // Mounted on this machine.
+    let mp = Mp::new(&run(), &az());
+    ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let err = fails(&["resize", &spec, "--size", "8MiB"]);
+    assert!(err.contains(&format!("mounted at {}", mp.s())), "{err}");
+    ok(&run(), &az(), &["unmount", mp.s()]);
+    let before = etag(&spec);
+    // Leased by another client.
+    let blob = blob_of(&spec);
+    let lease = rt()
+        .block_on(blob.acquire_lease("11111111-2222-3333-4444-555555555555", None))
+        .unwrap();
+    let err = fails(&["resize", &spec, "--size", "8MiB"]);
+    assert!(err.contains("in use"), "{err}");
+    rt().block_on(blob.release_lease(&lease)).unwrap();
+    assert_eq!(etag(&spec), before);
+    // A snapshot.
+    let snap = json(&ok(&run(), &az(), &["snapshot", "create", &spec, "--json"]));
+    let at = format!("{spec}@{}", snap["snapshot"].as_str().unwrap());
+    let err = fails(&["resize", &at, "--size", "8MiB"]);
+    assert!(err.contains("snapshots keep their size"), "{err}");
+}
