@@ -10,7 +10,7 @@
 //! short lease (60 s), so nothing else writes the blob meanwhile; a mounted
 //! drive holds its lease, so it is refused.
 
-use crate::azure::{BlobClient, BlobProperties};
+use crate::azure::{BlobClient, BlobProperties, WriteFence};
 use crate::drive::{self, Drive, DriveError};
 use crate::vhd::{self, Footer, Geometry, FOOTER_SIZE};
 
@@ -137,7 +137,18 @@ async fn run_steps(
                 blob.put_pages(to, footer.to_bytes().to_vec().into(), Some(lease))
                     .await?;
             }
-            Step::ClearOld => blob.clear_pages(from, FOOTER_SIZE, Some(lease)).await?,
+            // The one step whose late landing could do harm: a clear given up on
+            // and carried out once the drive is in use again would zero what was
+            // written there since. It carries the resize's lease, released before
+            // anything else can write, and it is fenced (see `WriteFence`), which
+            // also holds while the same lease lives on. The others land
+            // harmlessly late: the same length, the same footer, or a mark that
+            // makes the drive refused until this resize is run again.
+            Step::ClearOld => {
+                let fence = WriteFence::new(blob.clone(), Some(lease.to_string()));
+                blob.clear_pages_fenced(from, FOOTER_SIZE, Some(lease), &fence)
+                    .await?
+            }
             Step::Unmark => blob.set_metadata(&others, Some(lease)).await?,
         }
     }

@@ -6,6 +6,7 @@
 //! nothing changed.
 
 mod common;
+mod faultproxy;
 
 use std::process::Command;
 
@@ -13,8 +14,10 @@ use blobdrive::azure::{Account, BlobClient, BlobService};
 use blobdrive::resize::{self, STEPS};
 use bytes::Bytes;
 use common::azurite::{unique_container, Azurite};
+use common::mount::ok_env;
 use common::mount::{bd, ok, require_root, run_dir, Mp};
 use common::util::{json, rt};
+use faultproxy::{Config, Hold, Proxy};
 
 const MIB: u64 = 1 << 20;
 
@@ -180,4 +183,46 @@ fn shrinking_a_mounted_or_leased_drive_or_a_snapshot_is_refused_and_nothing_chan
     let at = format!("{spec}@{}", snap["snapshot"].as_str().unwrap());
     let err = fails(&["resize", &at, "--size", "8MiB"]);
     assert!(err.contains("snapshots keep their size"), "{err}");
+}
+
+/// The clear of the old footer's page is the one step whose late landing could
+/// harm: carried out after the grown drive is written there again, it would zero
+/// that data. Held by a proxy long after the client (2 s request timeout) gave up
+/// on it, then forwarded anyway, it is refused by the service (412: its lease is
+/// gone, and the write fence raised the sequence number it carries), and the
+/// data written there since stays.
+#[test]
+fn a_clear_of_the_old_footer_that_lands_late_is_refused() {
+    let (spec, _) = drive_with_data("lateclear");
+    let proxy = Proxy::start(Config {
+        hold: Some(Hold {
+            needles: vec!["x-ms-page-write: clear".into()],
+            count: 1,
+            delay: std::time::Duration::from_secs(8),
+        }),
+        ..Config::clean(Azurite::shared().port)
+    });
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    ok_env(&run(), &cs, &env, &["resize", &spec, "--size", "8MiB"]);
+    // The drive is in use again: the old footer's page, now disk, gets data.
+    let blob = blob_of(&spec);
+    let data = Bytes::from(vec![0x5a; 512]);
+    rt().block_on(blob.put_pages(4 * MIB, data.clone(), None))
+        .unwrap();
+    let start = std::time::Instant::now();
+    while proxy.late_commits().is_empty() {
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "the held clear never landed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let late = proxy.late_commits();
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+    let got = rt().block_on(blob.read(4 * MIB, 512)).unwrap();
+    assert_eq!(
+        got, data,
+        "a late clear zeroed data written after the resize"
+    );
 }
