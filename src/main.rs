@@ -8,11 +8,11 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    if cli::helper::invoked_as_helper() {
+    if cli::helper::invoked_as(cli::helper::HELPER_NAME) {
         init_logging(0);
         return cli::helper::run(std::env::args_os().skip(1).collect());
     }
-    if cli::umount_helper::invoked_as_umount_helper() {
+    if cli::helper::invoked_as(cli::umount_helper::UMOUNT_HELPER_NAME) {
         init_logging(0);
         return cli::umount_helper::run(std::env::args_os().skip(1).collect());
     }

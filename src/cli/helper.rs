@@ -52,11 +52,12 @@ Anything else is refused, naming the option (-s: ignored instead).
 the daemon, returning when that is done (through /sbin/umount.blobdrive, see
 `umount.blobdrive --help`); `blobdrive unmount DIR` does the same.";
 
-/// Whether this process was started as `mount.blobdrive`.
-pub fn invoked_as_helper() -> bool {
+/// Whether this process was started by the name `name` (argv[0]'s last part):
+/// `mount.blobdrive` or `umount.blobdrive`, links to this binary.
+pub fn invoked_as(name: &str) -> bool {
     std::env::args_os()
         .next()
-        .and_then(|a| Path::new(&a).file_name().map(|n| n == HELPER_NAME))
+        .and_then(|a| Path::new(&a).file_name().map(|n| n == name))
         .unwrap_or(false)
 }
 

@@ -34,14 +34,6 @@ umount would.
   -f, -n, -r, -t TYPE  accepted and ignored (to drop data that cannot be written,
       use `blobdrive unmount --discard-dirty --yes DIR`)";
 
-/// Whether this process was started as `umount.blobdrive`.
-pub fn invoked_as_umount_helper() -> bool {
-    std::env::args_os()
-        .next()
-        .and_then(|a| Path::new(&a).file_name().map(|n| n == UMOUNT_HELPER_NAME))
-        .unwrap_or(false)
-}
-
 /// The helper's command line.
 #[derive(Debug, Default, PartialEq)]
 struct Invocation {

@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -277,14 +277,11 @@ pub fn bind(addr: &str) -> Result<TcpListener, String> {
     TcpListener::bind(sock).map_err(|e| format!("cannot serve metrics on {sock}: {e}"))
 }
 
-/// Serves `GET /metrics` on `listener` until `stop` is set, one connection at a
-/// time (a scrape takes milliseconds; a client that sends nothing is dropped
-/// after 5 s).
-pub fn serve(listener: TcpListener, registry: Registry, stop: Arc<AtomicBool>) {
+/// Serves `GET /metrics` on `listener` for as long as the process lives, one
+/// connection at a time (a scrape takes milliseconds; a client that sends
+/// nothing is dropped after 5 s).
+pub fn serve(listener: TcpListener, registry: Registry) {
     for conn in listener.incoming() {
-        if stop.load(Ordering::SeqCst) {
-            return;
-        }
         match conn {
             Ok(stream) => {
                 if let Err(e) = answer(stream, &registry) {
@@ -399,10 +396,8 @@ mod tests {
     fn only_get_metrics_is_served() {
         let listener = bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
         let reg = registry("c/d.vhd", sources());
-        let s = stop.clone();
-        let t = std::thread::spawn(move || serve(listener, reg, s));
+        std::thread::spawn(move || serve(listener, reg));
         let ask = |req: &str| {
             let mut c = TcpStream::connect(addr).unwrap();
             c.write_all(req.as_bytes()).unwrap();
@@ -432,8 +427,5 @@ mod tests {
             "{err}"
         );
         assert!(bind("localhost").unwrap_err().contains("ADDRESS:PORT"));
-        stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(addr);
-        t.join().unwrap();
     }
 }

@@ -20,6 +20,8 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use super::system::unescape_mountinfo;
+
 /// Where libmount keeps the table.
 const UTAB_DIR: &str = "/run/mount";
 /// The option that names the helper (`/sbin/umount.blobdrive`).
@@ -63,10 +65,10 @@ fn mount_at(target: &Path) -> Result<(u64, String), String> {
             let f: Vec<&str> = l.split(' ').collect();
             // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS...] - TYPE SOURCE SUPER
             let sep = f.iter().position(|x| *x == "-")?;
-            if f.len() <= sep + 2 || f[2] != devno || unmangle(f[4]) != want {
+            if f.len() <= sep + 2 || f[2] != devno || unescape_mountinfo(f[4]) != want {
                 return None;
             }
-            Some((f[0].parse().ok()?, unmangle(f[sep + 2])))
+            Some((f[0].parse().ok()?, unescape_mountinfo(f[sep + 2])))
         })
         .ok_or_else(|| format!("no mount of {devno} at {want} in /proc/self/mountinfo"))
 }
@@ -102,7 +104,7 @@ fn without_entry(text: &str, target: &Path) -> String {
 fn field(line: &str, name: &str) -> Option<String> {
     line.split(' ')
         .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
-        .map(unmangle)
+        .map(unescape_mountinfo)
 }
 
 /// Escapes what would split a field, as libmount does (`\040` for a space).
@@ -115,29 +117,6 @@ fn mangle(s: &str) -> String {
         }
     }
     out
-}
-
-/// Reverses [`mangle`] (and the kernel's escaping in mountinfo).
-fn unmangle(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b.get(i + 1..i + 4).filter(|d| {
-            b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)) && d[0] <= b'3'
-        });
-        match octal {
-            Some(d) => {
-                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
-                i += 4;
-            }
-            None => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Rewrites `dir/utab` through `change`, under libmount's lock.
@@ -258,11 +237,11 @@ mod tests {
     #[test]
     fn escapes_round_trip() {
         for s in ["/a b", "/t\tab", "/back\\slash", "/plain", "/ünï"] {
-            assert_eq!(unmangle(&mangle(s)), s);
+            assert_eq!(unescape_mountinfo(&mangle(s)), s);
         }
-        assert_eq!(unmangle("/x\\040y\\134z"), "/x y\\z");
+        assert_eq!(unescape_mountinfo("/x\\040y\\134z"), "/x y\\z");
         // Not an escape: left as it is.
-        assert_eq!(unmangle("\\9ab\\"), "\\9ab\\");
+        assert_eq!(unescape_mountinfo("\\9ab\\"), "\\9ab\\");
     }
 
     #[test]

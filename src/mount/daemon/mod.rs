@@ -103,10 +103,9 @@ impl Mounted {
             }),
         };
         let registry = super::metrics::registry(&self.target, sources);
-        let stop = Arc::new(AtomicBool::new(false));
         if let Err(e) = std::thread::Builder::new()
             .name("metrics".into())
-            .spawn(move || super::metrics::serve(listener, registry, stop))
+            .spawn(move || super::metrics::serve(listener, registry))
         {
             tracing::warn!("cannot serve metrics: {e}");
         }
