@@ -404,6 +404,15 @@ echo "ID=$mid SRC=tmpfs TARGET={other} ROOT=/ OPTS=helper=blobdrive" >> /run/mou
 umount '{other}' || echo "stale_rc=$?"
 mountpoint -q '{other}' && echo OTHER-STILL-MOUNTED
 grep -q 'TARGET={other}' /run/mount/utab && echo STALE-ENTRY-LEFT
+# Mode raw: the directory is the FUSE mount, and umount goes through the helper too.
+mount -t blobdrive -o 'credentials={creds},mode=raw' '{spec}' '{mnt}'
+rpid=
+for r in "$BLOBDRIVE_RUN_DIR"/mounts/*.json; do grep -q '"{mnt}"' "$r" && rpid="$(sed -n 's/.*"pid": \([0-9]*\).*/\1/p' "$r")"; done
+grep -q 'TARGET={mnt} .*helper=blobdrive' /run/mount/utab || echo RAW-NOT-IN-UTAB
+umount '{mnt}'
+st="$(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' /proc/$rpid/status 2>/dev/null || true)"
+[ -n "$st" ] && [ "$st" != Z ] && echo RAW-DAEMON-RUNNING-AFTER-UMOUNT
+AZURE_STORAGE_CONNECTION_STRING="$CS" "$BD" lease status '{spec}' --json | grep -q '"available"' || echo RAW-LEASE-HELD-AFTER-UMOUNT
 true
 "#,
         creds = s.creds().display(),
@@ -425,6 +434,9 @@ true
         "stale_rc=",
         "OTHER-STILL-MOUNTED",
         "STALE-ENTRY-LEFT",
+        "RAW-NOT-IN-UTAB",
+        "RAW-DAEMON-RUNNING-AFTER-UMOUNT",
+        "RAW-LEASE-HELD-AFTER-UMOUNT",
     ] {
         assert!(!stdout.contains(bad), "{bad}: {t}");
     }
