@@ -1,14 +1,19 @@
-//! Growing a drive that is not mounted: the page blob grows to the new size plus
-//! its footer, the footer is written at the new end and the old one cleared.
+//! Growing a drive: the page blob grows to the new size plus its footer, the
+//! footer is written at the new end and the old one cleared.
 //!
 //! A crash or an interrupt can come between any two steps, so the steps are
 //! ordered, each can be done again without harm, and the blob says a resize is
 //! under way from the first step to the last: metadata `blobdrive_resize=FROM:TO`.
 //! While it is there, every command that opens the drive (`info`, `mount`, ...)
 //! refuses it, naming the `resize` that completes it, and running that `resize`
-//! again picks up where the first one stopped. The whole resize runs under a
-//! short lease (60 s), so nothing else writes the blob meanwhile; a mounted
-//! drive holds its lease, so it is refused.
+//! again picks up where the first one stopped.
+//!
+//! Nothing else may write the blob meanwhile: a drive mounted nowhere is grown
+//! under a short lease of its own (60 s, [`grow`]); a mounted drive by its daemon,
+//! under the mount's lease and write fence (`mount::daemon`'s resize, which runs
+//! each [`Growth`] step itself and then grows what is above the blob).
+
+use std::sync::Arc;
 
 use crate::azure::{BlobClient, BlobProperties, WriteFence};
 use crate::drive::{self, Drive, DriveError};
@@ -65,15 +70,25 @@ pub fn pending(props: &BlobProperties) -> Option<(u64, u64)> {
     Some((from.parse().ok()?, to.parse().ok()?))
 }
 
-/// Grows the drive `blob` to a disk of `size` bytes (see the module's text).
-pub async fn grow(blob: &BlobClient, size: u64) -> Result<Resized, DriveError> {
-    grow_steps(blob, size, STEPS.len()).await
+/// What growing a drive to a size takes, learnt from the blob: nothing (it has
+/// that size), or the steps from one size to the other.
+pub enum Plan {
+    Unchanged(u64),
+    Grow(Growth),
 }
 
-/// [`grow`], stopping after the first `steps` steps: what a crash between two
-/// steps leaves, for tests.
-#[doc(hidden)]
-pub async fn grow_steps(blob: &BlobClient, size: u64, steps: usize) -> Result<Resized, DriveError> {
+/// A grow from `from` to `to` bytes of disk, begun or not.
+pub struct Growth {
+    pub from: u64,
+    pub to: u64,
+    /// The metadata the blob carries besides the mark: kept as it is.
+    others: Vec<(String, String)>,
+}
+
+/// Checks that `blob` can grow to a disk of `size` bytes and says what it takes:
+/// a drive with a resize under way continues it (to that size only), a smaller
+/// size is refused. Reads only.
+pub async fn plan(blob: &BlobClient, size: u64) -> Result<Plan, DriveError> {
     let target = blob.target();
     let props = drive::properties(blob).await?;
     drive::check_page_blob(blob, &props)?;
@@ -90,7 +105,7 @@ pub async fn grow_steps(blob: &BlobClient, size: u64, steps: usize) -> Result<Re
                 });
             }
             if size == from {
-                return Ok(Resized::Unchanged(size));
+                return Ok(Plan::Unchanged(size));
             }
             from
         }
@@ -99,60 +114,105 @@ pub async fn grow_steps(blob: &BlobClient, size: u64, steps: usize) -> Result<Re
         target: target.clone(),
         source,
     })?;
-    let lease_id = uuid::Uuid::new_v4().to_string();
-    let lease = blob.acquire_lease(&lease_id, Some(LEASE_SECS)).await?;
-    let done = run_steps(blob, &props, from, size, &lease, steps).await;
-    let released = blob.release_lease(&lease).await;
-    done?;
-    released?;
-    Ok(Resized::Grown { from, to: size })
-}
-
-async fn run_steps(
-    blob: &BlobClient,
-    props: &BlobProperties,
-    from: u64,
-    to: u64,
-    lease: &str,
-    steps: usize,
-) -> Result<(), DriveError> {
-    // Whatever other metadata the blob carries stays.
-    let others: Vec<(&str, &str)> = props
+    let others = props
         .metadata
         .iter()
         .filter(|(k, _)| !k.eq_ignore_ascii_case(MARKER))
-        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .cloned()
         .collect();
-    let mark = format!("{from}:{to}");
+    Ok(Plan::Grow(Growth {
+        from,
+        to: size,
+        others,
+    }))
+}
+
+/// Grows the drive `blob` to a disk of `size` bytes (see the module's text).
+pub async fn grow(blob: &BlobClient, size: u64) -> Result<Resized, DriveError> {
+    grow_steps(blob, size, STEPS.len()).await
+}
+
+/// [`grow`], stopping after the first `steps` steps: what a crash between two
+/// steps leaves, for tests.
+#[doc(hidden)]
+pub async fn grow_steps(blob: &BlobClient, size: u64, steps: usize) -> Result<Resized, DriveError> {
+    let growth = match plan(blob, size).await? {
+        Plan::Unchanged(s) => return Ok(Resized::Unchanged(s)),
+        Plan::Grow(g) => g,
+    };
+    let lease_id = uuid::Uuid::new_v4().to_string();
+    let lease = blob.acquire_lease(&lease_id, Some(LEASE_SECS)).await?;
+    let fence = WriteFence::new(blob.clone(), Some(lease.clone()));
+    let mut done = Ok(());
     for step in STEPS.iter().take(steps) {
+        done = growth.run(blob, *step, &lease, &fence).await;
+        if done.is_err() {
+            break;
+        }
+    }
+    let released = blob.release_lease(&lease).await;
+    done?;
+    released?;
+    Ok(Resized::Grown {
+        from: growth.from,
+        to: size,
+    })
+}
+
+impl Growth {
+    /// Carries out one step under `lease`, the old footer's clear fenced by
+    /// `fence`. A mounted drive's daemon runs them with its own lease and fence,
+    /// its writes to the blob paused for [`Step::Grow`].
+    pub async fn run(
+        &self,
+        blob: &BlobClient,
+        step: Step,
+        lease: &str,
+        fence: &Arc<WriteFence>,
+    ) -> Result<(), DriveError> {
+        let (from, to) = (self.from, self.to);
+        let others: Vec<(&str, &str)> = self
+            .others
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         match step {
             Step::Mark => {
-                let mut with = others.clone();
+                let mark = format!("{from}:{to}");
+                let mut with = others;
                 with.push((MARKER, &mark));
                 blob.set_metadata(&with, Some(lease)).await?;
             }
-            Step::Grow => blob.resize(to + FOOTER_SIZE, Some(lease)).await?,
+            // Conditional on the blob as it is now: an attempt given up on and
+            // carried out after the footer was written (which changes the ETag)
+            // is refused, instead of cutting a blob grown further since back to
+            // this length. Every other step lands harmlessly late: the same footer,
+            // or a mark that makes the drive refused until the resize runs again.
+            Step::Grow => {
+                let props = blob.properties().await?;
+                if props.content_length != to + FOOTER_SIZE {
+                    blob.resize(to + FOOTER_SIZE, Some(lease), props.etag.as_deref())
+                        .await?;
+                }
+            }
             Step::Footer => {
                 let footer = new_footer(blob, from, to).await?;
                 blob.put_pages(to, footer.to_bytes().to_vec().into(), Some(lease))
                     .await?;
             }
-            // The one step whose late landing could do harm: a clear given up on
-            // and carried out once the drive is in use again would zero what was
-            // written there since. It carries the resize's lease, released before
-            // anything else can write, and it is fenced (see `WriteFence`), which
-            // also holds while the same lease lives on. The others land
-            // harmlessly late: the same length, the same footer, or a mark that
-            // makes the drive refused until this resize is run again.
+            // A clear given up on and carried out once the drive is in use again
+            // would zero what was written there since: it is fenced (see
+            // `WriteFence`), which holds while the same lease lives on (a mounted
+            // drive's), and offline the resize's lease is released before
+            // anything else can write.
             Step::ClearOld => {
-                let fence = WriteFence::new(blob.clone(), Some(lease.to_string()));
-                blob.clear_pages_fenced(from, FOOTER_SIZE, Some(lease), &fence)
+                blob.clear_pages_fenced(from, FOOTER_SIZE, Some(lease), fence)
                     .await?
             }
             Step::Unmark => blob.set_metadata(&others, Some(lease)).await?,
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The footer for a disk of `to` bytes: the old footer's (at `from`) with the

@@ -1,7 +1,10 @@
 //! `blobdrive list`: drives mounted on this machine.
 
+use std::time::Duration;
+
 use anyhow::Result;
-use blobdrive::mount::record;
+use blobdrive::mount::{daemon, record};
+use blobdrive::size::human;
 use serde_json::json;
 
 #[derive(Debug, clap::Args)]
@@ -14,16 +17,19 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     record::check_readable().map_err(anyhow::Error::msg)?;
     let records = record::load_all();
+    let sizes: Vec<Option<u64>> = records.iter().map(disk_size).collect();
     if args.json {
         let v: Vec<_> = records
             .iter()
-            .map(|r| {
+            .zip(&sizes)
+            .map(|(r, size)| {
                 json!({
                     "blob": r.blob,
                     "auth": r.auth,
                     "snapshot": r.snapshot,
                     "mountpoint": r.mountpoint,
                     "mode": r.mode,
+                    "disk_size": size,
                     "device": r.device,
                     "read_only": r.read_only,
                     "pid": r.pid,
@@ -38,9 +44,18 @@ pub fn run(args: Args) -> Result<()> {
         println!("no drives mounted");
         return Ok(());
     }
-    let mut rows =
-        vec![["BLOB", "MOUNTPOINT", "MODE", "DEVICE", "RO", "AUTH", "PID"].map(String::from)];
-    for r in &records {
+    let mut rows = vec![[
+        "BLOB",
+        "MOUNTPOINT",
+        "MODE",
+        "SIZE",
+        "DEVICE",
+        "RO",
+        "AUTH",
+        "PID",
+    ]
+    .map(String::from)];
+    for (r, size) in records.iter().zip(&sizes) {
         let blob = match &r.snapshot {
             Some(s) => format!("{}@{s}", r.blob),
             None => r.blob.clone(),
@@ -54,6 +69,7 @@ pub fn run(args: Args) -> Result<()> {
             blob,
             r.mountpoint.display().to_string(),
             r.mode.to_string(),
+            size.map_or_else(|| "-".to_string(), human),
             r.device.as_deref().unwrap_or("-").to_string(),
             if r.read_only { "yes" } else { "no" }.to_string(),
             if r.auth.is_empty() { "-" } else { &r.auth }.to_string(),
@@ -62,6 +78,16 @@ pub fn run(args: Args) -> Result<()> {
     }
     print!("{}", table(&rows));
     Ok(())
+}
+
+/// The disk size a running daemon serves now (it changes when the drive is grown
+/// while mounted), from its `stats`; `None` for a dead or silent one.
+fn disk_size(r: &record::MountRecord) -> Option<u64> {
+    if !record::alive(r) {
+        return None;
+    }
+    let answer = daemon::control(&r.socket, "stats", Some(Duration::from_secs(2))).ok()?;
+    serde_json::from_str::<serde_json::Value>(&answer).ok()?["disk_size"].as_u64()
 }
 
 /// Columns as wide as their widest cell, two spaces apart; the last (PID) is

@@ -114,7 +114,7 @@ pub enum Command {
     Create(create::Args),
     /// Show a drive's size, allocation, lease and snapshots.
     Info(info::Args),
-    /// Grow a drive that is not mounted to SIZE (never shrinks).
+    /// Grow a drive to SIZE, unmounted or mounted here (never shrinks).
     Resize(resize::Args),
     /// Inspect or break a drive's lease (the lock held by a writable mount).
     #[command(subcommand)]

@@ -1,9 +1,10 @@
-//! `blobdrive resize`: grow a drive that is not mounted.
+//! `blobdrive resize`: grow a drive, unmounted or mounted here.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
-use blobdrive::mount::record;
+use blobdrive::mount::{daemon, record};
 use blobdrive::resize::{self, Resized};
 use blobdrive::size::human;
 use blobdrive::vhd::FOOTER_SIZE;
@@ -15,45 +16,62 @@ use super::Context;
 #[command(after_help = "\
 The page blob grows to SIZE plus its 512-byte footer; the grown part reads as zeros.
 The VHD footer is written at the new end for the new size (same disk id) and the
-old footer's page cleared, under a 60-second lease so nothing else writes the drive
-meanwhile. The filesystem on the drive keeps its size until grown itself (mount the
-drive with --mode block and run resize2fs or xfs_growfs on the device).
+old footer's page cleared. Snapshots keep their own size.
+
+Not mounted: it runs under a 60-second lease, so nothing else writes the drive
+meanwhile. A drive mounted on another machine holds its lease and is refused.
+
+Mounted writable here (named by its mountpoint, or by the blob): the mount's daemon
+does it under its own lease while I/O goes on, then the disk file and the loop
+device take the new size, and a mounted filesystem grows in place (resize2fs for
+ext4, xfs_growfs for xfs). With --mode block, grow what is on the device yourself.
+Growing a mounted ext4 needs CAP_SYS_RESOURCE; without it (some containers) the
+resize is refused before anything changes, naming the way round. A read-only mount of the drive (here or elsewhere) keeps the size it was mounted
+with until it is mounted again.
 
 If it is interrupted (a crash, the network), the drive says so: `info` and `mount`
 refuse it with \"resize incomplete\", naming the resize that completes it, and running
-the same resize again picks up where it stopped. A mounted drive (here or elsewhere:
-it holds its lease) is refused: unmount it first. Snapshots keep their own size.")]
+the same resize again picks up where it stopped.")]
 pub struct Args {
-    /// The drive (container/name.vhd); not a snapshot.
-    pub blob: String,
+    /// The drive (container/name.vhd; not a snapshot), or where it is mounted on
+    /// this machine (an absolute path, or one starting with ./ or ../).
+    #[arg(value_name = "BLOB|MOUNTPOINT")]
+    pub drive: String,
     /// The new disk size: whole MiB, larger than the drive's (shrinking would cut off
     /// data and is refused).
     #[arg(long, value_name = "SIZE")]
     pub size: String,
 }
 
+/// How long a mounted drive's daemon may take: it may first wait for a flush
+/// under way, and a large filesystem takes a while to grow.
+const ONLINE_TIMEOUT: Duration = Duration::from_secs(900);
+
 pub fn run(ctx: &Context, args: Args) -> Result<()> {
     let size = disk_size_arg(&args.size)?;
-    if Path::new(&args.blob).is_absolute() {
-        bail!(
-            "{} is a path: name the drive (container/name.vhd); a mounted drive is grown after `blobdrive unmount`",
-            args.blob
-        );
+    if is_path(&args.drive) {
+        let mp = PathBuf::from(&args.drive);
+        let mp = mp.canonicalize().unwrap_or(mp);
+        record::check_readable().map_err(anyhow::Error::msg)?;
+        let Some(m) = record::load(&record::id_for(&mp)) else {
+            bail!(
+                "nothing is mounted by blobdrive at {} (name the drive as container/name.vhd to grow it unmounted)",
+                mp.display()
+            );
+        };
+        return online(&m, size);
     }
-    let (r, blob) = ctx.blob(&args.blob)?;
+    let (r, blob) = ctx.blob(&args.drive)?;
     if r.snapshot.is_some() {
         bail!("{r} is a snapshot: snapshots keep their size; resize the drive itself");
     }
-    // Mounted here: say where, rather than "another client holds the lease".
+    let endpoint = blob.service().account().endpoint_for_messages();
+    let base = r.base().to_string();
     if let Some(m) = record::load_all()
         .into_iter()
-        .find(|m| m.blob == r.base().to_string() && !m.read_only && record::alive(m))
+        .find(|m| m.endpoint == endpoint && m.blob == base && m.snapshot.is_none() && !m.read_only)
     {
-        bail!(
-            "{r} is mounted at {} on this machine: unmount it first (`blobdrive unmount {}`)",
-            m.mountpoint.display(),
-            m.mountpoint.display()
-        );
+        return online(&m, size);
     }
     match ctx.block_on(resize::grow(&blob, size))?? {
         Resized::Grown { from, to } => println!(
@@ -63,6 +81,32 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
             to + FOOTER_SIZE
         ),
         Resized::Unchanged(s) => println!("{r} is already {} ({s} bytes): nothing to do", human(s)),
+    }
+    Ok(())
+}
+
+/// Whether the argument names a directory rather than a blob (`container/name`
+/// is a relative path too, so only explicit ones count).
+fn is_path(arg: &str) -> bool {
+    Path::new(arg).is_absolute() || arg.starts_with("./") || arg.starts_with("../")
+}
+
+/// Has the daemon of mount `m` grow it.
+fn online(m: &record::MountRecord, size: u64) -> Result<()> {
+    let mp = m.mountpoint.display();
+    if m.read_only {
+        bail!("{} is mounted read-only at {mp}: resize it where it is mounted writable, or while it is not mounted", m.blob);
+    }
+    if !record::alive(m) {
+        bail!(
+            "the daemon of {mp} (pid {}) is dead; run `blobdrive unmount {mp}` first",
+            m.pid
+        );
+    }
+    let answer = daemon::control(&m.socket, &format!("resize {size}"), Some(ONLINE_TIMEOUT))?;
+    match answer.strip_prefix("ok ") {
+        Some(what) => println!("{what}"),
+        None => bail!("{}", answer.strip_prefix("error ").unwrap_or(&answer)),
     }
     Ok(())
 }

@@ -34,6 +34,11 @@ impl MemBackend {
     pub fn contents(&self) -> Vec<u8> {
         self.data.lock().unwrap().clone()
     }
+
+    /// Grows the disk to `size` bytes of zeros past the old end, as a resized blob.
+    pub fn grow(&self, size: u64) {
+        self.data.lock().unwrap().resize(size as usize, 0);
+    }
 }
 
 fn check(offset: u64, len: u64, size: usize) -> Result<(), DeviceError> {

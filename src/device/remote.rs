@@ -103,6 +103,13 @@ impl RemoteBackend {
         self.fenced.clone()
     }
 
+    /// The sequence-number fence every write of this backend carries: other writes
+    /// under the same lease (a resize's) share it, so none of them given up on can
+    /// land after a later write of the mount's.
+    pub fn write_fence(&self) -> Arc<WriteFence> {
+        self.write_fence.clone()
+    }
+
     /// Whether the service answers, as this backend's operations found it, and
     /// why the latest failed attempt failed.
     pub fn health(&self) -> HealthSnapshot {

@@ -121,6 +121,13 @@ impl<B: Backend> DiskFs<B> {
     }
 }
 
+/// Makes the kernel forget what it holds of `disk`'s attributes (its size, after
+/// the drive grew), so that the next `stat` asks the daemon instead of waiting
+/// out the attribute timeout.
+pub fn forget_disk_attrs(session: &fuser::BackgroundSession) -> std::io::Result<()> {
+    session.notifier().inval_inode(INodeNo(DISK), -1, 0)
+}
+
 fn errno(e: &DeviceError) -> Errno {
     Errno::from_i32(e.errno())
 }

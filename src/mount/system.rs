@@ -47,11 +47,12 @@ pub fn run(tool: &str, args: &[&str]) -> Result<String, MountError> {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
         let err = String::from_utf8_lossy(&out.stderr);
+        // The first line that says something: resize2fs starts with its version.
         let line = err
             .lines()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim();
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with(&format!("{tool} 1.")))
+            .unwrap_or("");
         Err(MountError::System(format!(
             "{tool} {} failed: {}",
             args.join(" "),
@@ -207,6 +208,74 @@ pub fn loop_set_autoclear(dev: &str) -> Result<(), MountError> {
         return Err(fail(std::io::Error::last_os_error()));
     }
     Ok(())
+}
+
+const LOOP_SET_CAPACITY: libc::c_ulong = 0x4C07;
+/// `_IOR(0x12, 114, size_t)` of linux/fs.h.
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+
+/// Makes a loop device take its backing file's size again (LOOP_SET_CAPACITY),
+/// after that file grew; returns the device's size in bytes now.
+pub fn loop_set_capacity(dev: &str) -> Result<u64, MountError> {
+    use std::os::fd::AsRawFd;
+    let fail = |e: std::io::Error| MountError::System(format!("cannot grow {dev}: {e}"));
+    let f = std::fs::File::open(dev).map_err(fail)?;
+    // SAFETY: LOOP_SET_CAPACITY takes no argument.
+    if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_SET_CAPACITY, 0) } != 0 {
+        return Err(fail(std::io::Error::last_os_error()));
+    }
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 into `size`.
+    if unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size) } != 0 {
+        return Err(fail(std::io::Error::last_os_error()));
+    }
+    Ok(size)
+}
+
+/// Grows the filesystem of `dev`, mounted at `mountpoint`, to fill the device, in
+/// place and while in use: `resize2fs` for ext4, `xfs_growfs` for xfs. Only if
+/// `mountpoint` (not followed if a symlink) is still the root of `dev`'s
+/// filesystem.
+pub fn grow_fs(dev: &str, fstype: &str, mountpoint: &Path) -> Result<(), MountError> {
+    drop(open_root_of(mountpoint, dev, "growing")?);
+    let mp = mountpoint
+        .to_str()
+        .ok_or_else(|| MountError::System("mountpoint is not UTF-8".into()))?;
+    match fstype {
+        "ext4" => run("resize2fs", &[dev]).map(|_| ()),
+        "xfs" => run("xfs_growfs", &["-d", mp]).map(|_| ()),
+        other => Err(MountError::System(format!(
+            "a {other} filesystem is not grown by blobdrive"
+        ))),
+    }
+}
+
+/// `CAP_SYS_RESOURCE` of <linux/capability.h>: growing a mounted ext4 needs it
+/// (the kernel checks it in `ext4_resize_begin`); containers often drop it.
+pub const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Whether this process has capability `cap` in effect (/proc/self/status).
+pub fn has_capability(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|eff| eff >> cap & 1 == 1)
+}
+
+/// The total size in bytes of the filesystem mounted at `path` (statvfs).
+pub fn fs_size(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a zeroed statvfs is a valid out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid path and `st` a statvfs the call fills.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_blocks as u64 * st.f_frsize as u64)
 }
 
 /// The filesystem type on a device, if any.
@@ -373,6 +442,21 @@ pub fn open_dir(path: &Path, id: Option<(u64, u64)>) -> Result<std::os::fd::Owne
 /// filesystem); thawed by [`thaw`] on the same descriptor.
 pub fn freeze(mountpoint: &Path, dev: &str) -> Result<std::fs::File, MountError> {
     use std::os::fd::AsRawFd;
+    let f = open_root_of(mountpoint, dev, "freezing")?;
+    // SAFETY: FIFREEZE on an open directory of the filesystem; the argument is ignored.
+    if unsafe { libc::ioctl(f.as_raw_fd(), FIFREEZE, 0) } != 0 {
+        return Err(MountError::System(format!(
+            "cannot freeze {}: {}",
+            mountpoint.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(f)
+}
+
+/// `mountpoint` opened as a directory without following a symlink, if it is the
+/// root of `dev`'s filesystem; otherwise an error saying it is not `doing` it.
+fn open_root_of(mountpoint: &Path, dev: &str, doing: &str) -> Result<std::fs::File, MountError> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -388,16 +472,8 @@ pub fn freeze(mountpoint: &Path, dev: &str) -> Result<std::fs::File, MountError>
         .rdev();
     if here != device {
         return Err(MountError::System(format!(
-            "{} is not the filesystem of {dev} any more: not freezing it",
+            "{} is not the filesystem of {dev} any more: not {doing} it",
             mountpoint.display()
-        )));
-    }
-    // SAFETY: FIFREEZE on an open directory of the filesystem; the argument is ignored.
-    if unsafe { libc::ioctl(f.as_raw_fd(), FIFREEZE, 0) } != 0 {
-        return Err(MountError::System(format!(
-            "cannot freeze {}: {}",
-            mountpoint.display(),
-            std::io::Error::last_os_error()
         )));
     }
     Ok(f)

@@ -226,8 +226,15 @@ impl BlobClient {
     /// Sets the page blob's length to `size` bytes (Set Blob Properties with
     /// `x-ms-blob-content-length`): pages past the old end read as zeros, pages
     /// past a smaller one are gone. Setting the length it has changes nothing, so
-    /// a retry after a lost answer is safe.
-    pub async fn resize(&self, size: u64, lease: Option<&str>) -> Result<(), AzureError> {
+    /// a retry after a lost answer is safe. With `if_match` (an ETag) the service
+    /// refuses it (412 `ConditionNotMet`) once the blob has changed since: an attempt
+    /// given up on cannot then land after later writes and cut the blob back.
+    pub async fn resize(
+        &self,
+        size: u64,
+        lease: Option<&str>,
+        if_match: Option<&str>,
+    ) -> Result<(), AzureError> {
         if size % PAGE != 0 || size == 0 || size > MAX_PAGE_BLOB {
             return Err(self.invalid(
                 Op::SetProperties,
@@ -245,6 +252,9 @@ impl BlobClient {
         req.header("x-ms-blob-content-length", size.to_string());
         if let Some(id) = lease {
             req.header("x-ms-lease-id", id.to_string());
+        }
+        if let Some(etag) = if_match {
+            req.header("If-Match", etag.to_string());
         }
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         self.svc.execute(req).await.map(|_| ())

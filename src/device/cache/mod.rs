@@ -255,7 +255,8 @@ impl State {
 /// The cache over a backend of `size` bytes.
 pub struct Cache<B: Backend> {
     backend: B,
-    size: u64,
+    /// The disk's size: grows (never shrinks) when a mounted drive is resized.
+    size: AtomicU64,
     read_only: bool,
     cfg: CacheConfig,
     state: Mutex<State>,
@@ -287,7 +288,7 @@ impl<B: Backend> Cache<B> {
     ) -> Cache<B> {
         Cache {
             backend,
-            size,
+            size: AtomicU64::new(size),
             read_only,
             state: Mutex::new(State {
                 clean: LruCache::unbounded(),
@@ -319,7 +320,23 @@ impl<B: Backend> Cache<B> {
     }
 
     pub fn size(&self) -> u64 {
+        // Acquire/release: whoever sees the new size also sees the backend grown.
+        self.size.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Serves a disk of `size` bytes from now on, once the backend holds one (a
+    /// drive grown while mounted). The grown part holds no data yet, so it reads
+    /// as holes until written. Never shrinks.
+    pub fn grow(&self, size: u64) {
         self.size
+            .fetch_max(size, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Runs `f` while no flush or discard sends anything to the backend: what the
+    /// backend holds does not change meanwhile (writes into the cache go on).
+    pub fn with_writeback_paused<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _order = self.order_lock();
+        f()
     }
 
     pub fn backend(&self) -> &B {
@@ -339,7 +356,7 @@ impl<B: Backend> Cache<B> {
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
-        if offset.checked_add(len).is_none_or(|e| e > self.size) {
+        if offset.checked_add(len).is_none_or(|e| e > self.size()) {
             return Err(DeviceError::OutOfRange { offset, len });
         }
         Ok(())

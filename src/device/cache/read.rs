@@ -203,7 +203,7 @@ impl<B: Backend> Cache<B> {
         mine.sort_unstable();
         mine.dedup();
         for &b in &mine {
-            let (bs, be) = (b * BLOCK, (b * BLOCK + BLOCK).min(self.size));
+            let (bs, be) = (b * BLOCK, (b * BLOCK + BLOCK).min(self.size()));
             match plan.runs.last_mut() {
                 Some(last) if last.1 == bs && last.1 - last.0 < MAX_RUN * 4 => last.1 = be,
                 _ => plan.runs.push((bs, be)),
@@ -220,7 +220,7 @@ impl<B: Backend> Cache<B> {
     /// for the FUSE layer, which answers such reads on the spot and hands the others
     /// to its fetch workers: by the time the read runs, eviction may have changed it.
     pub fn is_cached(&self, offset: u64, len: u64) -> bool {
-        let end = offset.saturating_add(len).min(self.size);
+        let end = offset.saturating_add(len).min(self.size());
         let st = self.lock();
         let mut b = offset / BLOCK;
         while b * BLOCK < end {
@@ -236,7 +236,7 @@ impl<B: Backend> Cache<B> {
     /// are never fetched: they read as zeros).
     fn block_misses(&self, st: &State, b: u64, offset: u64, end: u64) -> bool {
         let bs = b * BLOCK;
-        let be = (bs + BLOCK).min(self.size);
+        let be = (bs + BLOCK).min(self.size());
         let rs = offset.max(bs);
         let re = end.min(be);
         let want = mask((rs - bs) / SECTOR, (re - bs).div_ceil(SECTOR));

@@ -30,7 +30,7 @@ impl<B: Backend> Cache<B> {
             return;
         }
         const RUN: u64 = MAX_RUN / BLOCK;
-        let last = self.size.div_ceil(BLOCK);
+        let last = self.size().div_ceil(BLOCK);
         let window_end = (end + st.readahead).div_ceil(BLOCK).min(last);
         let mut b = end.div_ceil(BLOCK).max(st.ra_next);
         let mut run: Option<(u64, u64)> = None;
@@ -40,7 +40,7 @@ impl<B: Backend> Cache<B> {
             let free = st.block(b).is_none()
                 && !st.fetching.contains(&b)
                 && !st.is_queued(b)
-                && st.sparse.any_data(bs, (bs + BLOCK).min(self.size));
+                && st.sparse.any_data(bs, (bs + BLOCK).min(self.size()));
             match run {
                 Some((s, e)) if free && e == b && e - s < RUN => run = Some((s, b + 1)),
                 _ => {
@@ -111,7 +111,7 @@ impl<B: Backend> Cache<B> {
                         st.fetching.extend(s..e);
                         break (
                             s * BLOCK,
-                            (e * BLOCK).min(self.size),
+                            (e * BLOCK).min(self.size()),
                             st.mutations,
                             (s..e).collect(),
                         );

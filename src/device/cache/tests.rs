@@ -120,6 +120,33 @@ fn partial_sector_writes_read_the_old_bytes_once() {
 }
 
 #[test]
+fn a_grown_cache_serves_the_new_part_as_holes_and_keeps_the_old() {
+    let c = cache(8 * MIB, 64 * MIB);
+    let old = stored(&c, 8 * MIB);
+    let mut b = vec![0u8; 4096];
+    assert!(
+        c.read(8 * MIB, &mut b).is_err() && c.write(8 * MIB, &b).is_err(),
+        "past the end before growing"
+    );
+    c.backend.grow(16 * MIB);
+    c.grow(16 * MIB);
+    c.grow(12 * MIB);
+    assert_eq!(c.size(), 16 * MIB, "never shrinks");
+    let reads = c.backend.reads.load(Relaxed);
+    b.fill(0xff);
+    c.read(12 * MIB, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0), "the grown part reads zeros");
+    assert_eq!(c.backend.reads.load(Relaxed), reads, "as a hole, unasked");
+    c.write(16 * MIB - 4096, &[7u8; 4096]).unwrap();
+    c.flush().unwrap();
+    let on_disk = c.backend.contents();
+    assert!(on_disk[(16 * MIB - 4096) as usize..]
+        .iter()
+        .all(|&x| x == 7));
+    read_back_by_mib(&c, &old);
+}
+
+#[test]
 fn holes_cost_nothing() {
     let c = cache(64 * MIB, 64 * MIB);
     let mut b = vec![1u8; MIB as usize];

@@ -160,6 +160,16 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                         }
                     }
                 }
+                other if other.starts_with("resize ") => {
+                    let answer = match other["resize ".len()..].trim().parse::<u64>() {
+                        Ok(size) => match m.resize(size) {
+                            Ok(what) => format!("ok {what}"),
+                            Err(e) => format!("error {e}"),
+                        },
+                        Err(_) => "error resize takes a size in bytes".to_string(),
+                    };
+                    reply.send(&answer);
+                }
                 other => {
                     reply.send(&format!("error unknown command '{other}'"));
                 }

@@ -14,9 +14,11 @@
 //! - `control.rs`: the control socket, how the CLI (`unmount`, `stats`,
 //!   `snapshot`) talks to the daemon, both sides of it;
 //! - `snapshot.rs`: the consistent snapshot the socket's `snapshot` takes;
+//! - `resize.rs`: growing the mounted drive, on the socket's `resize`;
 //! - `stats.rs`: the counters `stats` shows.
 
 mod control;
+mod resize;
 mod setup;
 mod snapshot;
 mod stats;
@@ -59,6 +61,8 @@ struct Mounted {
     made_fuse_dir: bool,
     device: Option<String>,
     fs_mounted: bool,
+    /// The filesystem mounted (fs mode): grown in place with the drive.
+    fstype: Option<String>,
     /// The loop device under the filesystem detaches itself when the filesystem's
     /// last mount goes (a plain `umount`): then the daemon stops by itself.
     autoclear: bool,
@@ -157,6 +161,7 @@ pub fn run(
         made_fuse_dir: false,
         device: None,
         fs_mounted: false,
+        fstype: None,
         autoclear: false,
         loop_backing: None,
         umount_begun: false,

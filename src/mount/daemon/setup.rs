@@ -256,6 +256,7 @@ pub(super) fn setup(
                 warnings.push(w);
             }
         }
+        m.fstype = Some(t.clone());
         fstype = Some(t);
     }
     // Control socket, then the record with everything in it.

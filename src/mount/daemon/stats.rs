@@ -32,6 +32,7 @@ pub(super) fn stats_value(
     let c = cache.map(|c| c.snapshot()).unwrap_or_default();
     let h = cache.map(|c| c.backend().health()).unwrap_or_default();
     json!({
+        "disk_size": cache.map_or(0, |c| c.size()),
         "put_page_requests": s.put_page_requests,
         "bytes_uploaded": s.bytes_uploaded,
         "get_requests": s.get_requests,

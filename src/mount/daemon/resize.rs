@@ -1,0 +1,153 @@
+//! Growing a mounted drive, on the control socket's `resize SIZE` command.
+//!
+//! The blob goes through the same steps as an offline resize (`crate::resize`),
+//! but under the daemon's own lease, with the old footer's clear fenced like
+//! every write of the mount; the length is set while write-back is paused, so
+//! that it can be made conditional on the blob as it is. Only once the blob is
+//! complete does each layer above learn the new size, bottom up: the cache, the
+//! FUSE file `disk`, the loop device, the filesystem. Nothing is unmounted and
+//! I/O goes on throughout. A failure part way is reported with what grew, and
+//! running the same resize again finishes it (every step can be done again).
+
+use std::time::Duration;
+
+use tracing::info;
+
+use super::Mounted;
+use crate::drive::DriveError;
+use crate::mount::{system, MountError};
+use crate::resize::{self, Plan, Step, STEPS};
+use crate::size::human;
+
+impl Mounted {
+    /// Grows the drive to a disk of `size` bytes; says what grew.
+    pub(super) fn resize(&mut self, size: u64) -> Result<String, MountError> {
+        if self.req.read_only {
+            return Err(MountError::System(format!(
+                "the mount at {} is read-only: resize the drive where it is mounted writable, or while it is not mounted",
+                self.req.mountpoint.display()
+            )));
+        }
+        let (Some(cache), Some(lease)) = (self.cache.clone(), self.lease.clone()) else {
+            return Err(MountError::System("the drive is not set up".into()));
+        };
+        if cache.is_fenced() {
+            return Err(MountError::System(format!(
+                "the lease on {} was lost: nothing is written to it any more",
+                self.target
+            )));
+        }
+        if self.fs_mounted
+            && self.fstype.as_deref() == Some("ext4")
+            && !system::has_capability(system::CAP_SYS_RESOURCE)
+        {
+            // Refused before anything changes: the blob and the device would
+            // grow, the filesystem not.
+            let mp = self.req.mountpoint.display();
+            return Err(MountError::System(format!(
+                "growing a mounted ext4 filesystem needs the capability CAP_SYS_RESOURCE, which this daemon does not have (a container that drops it?); nothing was changed. Grow it unmounted instead: `blobdrive unmount {mp}`, `blobdrive resize {} --size {}MiB`, then e2fsck -f and resize2fs on the device of a --mode block mount",
+                self.target,
+                size >> 20
+            )));
+        }
+        let before = cache.size();
+        if size < before {
+            return Err(DriveError::Shrink {
+                target: self.target.clone(),
+                from: before,
+                to: size,
+            }
+            .into());
+        }
+        let from = match self.rt.block_on(resize::plan(&self.blob, size))? {
+            Plan::Unchanged(_) => before,
+            Plan::Grow(growth) => {
+                let fence = cache.backend().write_fence();
+                for step in STEPS {
+                    let run = || {
+                        self.rt
+                            .block_on(growth.run(&self.blob, step, &lease, &fence))
+                    };
+                    match step {
+                        Step::Grow => cache.with_writeback_paused(run)?,
+                        _ => run()?,
+                    }
+                }
+                info!(
+                    "{}: the blob grew from {} to {} bytes of disk",
+                    self.target, growth.from, size
+                );
+                growth.from
+            }
+        };
+        cache.grow(size);
+        let grown = self.grow_layers(size).map_err(|e| {
+            MountError::System(format!(
+                "{} grew to {}, but {e}; run the same resize again to finish",
+                self.target,
+                human(size)
+            ))
+        })?;
+        let what = if from == size {
+            format!("{} was already {}", self.target, human(size))
+        } else {
+            format!(
+                "grew {} from {} to {}",
+                self.target,
+                human(from),
+                human(size)
+            )
+        };
+        info!("{what}: {grown}");
+        Ok(format!("{what}; {grown}"))
+    }
+
+    /// Gets the new size through every layer above the cache; says what they hold.
+    fn grow_layers(&self, size: u64) -> Result<String, MountError> {
+        let disk = self.fuse_dir.join("disk");
+        let disk_len = || std::fs::metadata(&disk).map(|m| m.len()).unwrap_or(0);
+        if let Some(s) = &self.session {
+            // Not cached by the kernel (never looked up) is fine too.
+            let _ = crate::fuse::forget_disk_attrs(s);
+        }
+        // A kernel that ignored the notice drops the old size within the
+        // attribute timeout (1 s).
+        let mut len = disk_len();
+        for _ in 0..3 {
+            if len == size {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(600));
+            len = disk_len();
+        }
+        if len != size {
+            return Err(MountError::System(format!(
+                "{} still shows {len} bytes",
+                disk.display()
+            )));
+        }
+        let Some(dev) = &self.device else {
+            return Ok(format!("{} is {} bytes", disk.display(), size));
+        };
+        let dev_len = system::loop_set_capacity(dev)?;
+        if dev_len != size {
+            return Err(MountError::System(format!(
+                "{dev} still has {dev_len} bytes after taking the new capacity"
+            )));
+        }
+        let (true, Some(fstype)) = (self.fs_mounted, self.fstype.as_deref()) else {
+            return Ok(format!(
+                "{dev} is {size} bytes: grow what is on it yourself (resize2fs, xfs_growfs, growpart)"
+            ));
+        };
+        let mp = &self.req.mountpoint;
+        system::grow_fs(dev, fstype, mp).map_err(|e| {
+            MountError::System(format!("growing the {fstype} filesystem failed: {e}"))
+        })?;
+        Ok(format!(
+            "the {fstype} filesystem at {} grew to {}",
+            mp.display(),
+            system::fs_size(mp).map_or_else(|| "?".to_string(), human)
+        ))
+    }
+}

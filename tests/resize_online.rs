@@ -1,0 +1,438 @@
+//! `blobdrive resize` of a drive mounted on this machine, against Azurite: ext4 and
+//! xfs grow in place while a program writes (no I/O error, every file intact,
+//! the filesystem clean), the raw file and the loop device take the new size, a
+//! read-only mount of the live blob keeps serving the size it was mounted with,
+//! and a shrink or a read-only mount is refused with one line. A length change
+//! given up on and carried out after a later, larger resize is refused by the
+//! service instead of cutting the drive back.
+
+mod common;
+mod faultproxy;
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use blobdrive::azure::{Account, BlobClient, BlobService};
+use common::azurite::{unique_container, Azurite};
+use common::mount::{bd, ok, ok_env, require_root, run_dir, Mp};
+use common::util::{json, rt, sh_ok};
+use faultproxy::{Config, Hold, Proxy};
+
+const MIB: u64 = 1 << 20;
+
+fn az() -> String {
+    Azurite::shared().connection_string()
+}
+
+fn run() -> PathBuf {
+    run_dir("resize-online-run")
+}
+
+fn blob_of(spec: &str) -> BlobClient {
+    let svc = BlobService::new(Account::from_connection_string(&az()).unwrap());
+    let (c, n) = spec.split_once('/').unwrap();
+    svc.blob(c, n)
+}
+
+fn new_drive(tag: &str, size: &str) -> String {
+    let spec = format!("{}/disk.vhd", unique_container(tag));
+    ok(
+        &run(),
+        &az(),
+        &["create", &spec, "--size", size, "--create-container"],
+    );
+    spec
+}
+
+/// The one error line of a command that must fail.
+fn fails(args: &[&str]) -> String {
+    let out = bd(&run(), &az(), args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{args:?} succeeded: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line, not: {err}");
+    err
+}
+
+fn info_size(spec: &str) -> u64 {
+    json(&ok(&run(), &az(), &["info", spec, "--json"]))["size_bytes"]
+        .as_u64()
+        .unwrap()
+}
+
+/// 256 KiB of a pattern that differs from file to file.
+fn pattern(i: u64) -> Vec<u8> {
+    (0..256 * 1024u64)
+        .map(|j| ((i * 7919 + j * 31) % 251) as u8)
+        .collect()
+}
+
+/// A program writing files into `dir` until told to stop: each one written
+/// whole, fsynced, then the next. Any I/O error ends it and is returned.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Result<u64, String>>,
+}
+
+impl Writer {
+    fn start(dir: &Path) -> Writer {
+        let dir = dir.to_path_buf();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !flag.load(Ordering::SeqCst) {
+                let path = dir.join(format!("w{n}.bin"));
+                let mut f = std::fs::File::create(&path).map_err(|e| format!("create {n}: {e}"))?;
+                f.write_all(&pattern(n))
+                    .map_err(|e| format!("write {n}: {e}"))?;
+                f.sync_all().map_err(|e| format!("fsync {n}: {e}"))?;
+                n += 1;
+                // Files come and go too: the filesystem's allocator is busy.
+                if n % 4 == 0 {
+                    std::fs::remove_file(dir.join(format!("w{}.bin", n - 2)))
+                        .map_err(|e| format!("remove {}: {e}", n - 2))?;
+                }
+            }
+            Ok(n)
+        });
+        Writer { stop, handle }
+    }
+
+    /// Stops it; the number of files written, each of which must be intact.
+    fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        let n = self.handle.join().unwrap();
+        n.unwrap_or_else(|e| panic!("the writer saw an I/O error: {e}"))
+    }
+}
+
+fn check_written(dir: &Path, n: u64) {
+    assert!(n >= 4, "the writer wrote only {n} files");
+    for i in 0..n {
+        let path = dir.join(format!("w{i}.bin"));
+        // The writer removes w2, w6, ... once it has written two files more.
+        if i % 4 == 2 && i + 2 <= n {
+            assert!(!path.exists(), "w{i}.bin came back");
+            continue;
+        }
+        assert!(
+            std::fs::read(&path).unwrap() == pattern(i),
+            "w{i}.bin changed"
+        );
+    }
+}
+
+/// Grows a mounted `fstype` filesystem from `from` to `to` MiB while a program
+/// writes into it, then fills more than the old size allowed; after unmounting,
+/// the filesystem checks clean and every file reads back.
+///
+/// The kernel grows a mounted ext4 only for a process with CAP_SYS_RESOURCE. A
+/// machine without it (a container that drops it, like the one this was written
+/// on) must refuse before changing anything, with a message naming the way that
+/// works without it, and that way (unmount, resize, e2fsck and resize2fs on the
+/// device) is then taken and checked the same.
+fn grow_in_place_while_writing(fstype: &str, from: u64, to: u64) {
+    require_root();
+    let spec = new_drive(&format!("online-{fstype}"), &format!("{from}MiB"));
+    let mp = Mp::new(&run(), &az());
+    ok(&run(), &az(), &["mount", &spec, mp.s(), "--mkfs", fstype]);
+    let fs_before = statvfs_size(mp.path());
+    let in_place = fstype != "ext4" || has_cap_sys_resource();
+    let size = format!("{to}MiB");
+    let writer = Writer::start(mp.path());
+    std::thread::sleep(Duration::from_secs(2));
+    if in_place {
+        let out = ok(&run(), &az(), &["resize", mp.s(), "--size", &size]);
+        assert!(
+            out.contains(&format!("grew {spec} from {from} MiB to {to} MiB"))
+                && out.contains(&format!("the {fstype} filesystem at {}", mp.s())),
+            "{out}"
+        );
+    } else {
+        let err = fails(&["resize", mp.s(), "--size", &size]);
+        assert!(
+            err.contains("CAP_SYS_RESOURCE")
+                && err.contains("nothing was changed")
+                && err.contains(&format!("blobdrive resize {spec} --size {size}")),
+            "{err}"
+        );
+        assert_eq!(mp.stats()["disk_size"], from * MIB);
+        eprintln!("no CAP_SYS_RESOURCE here: ext4 is not grown in place; taking the way the refusal names");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let n = writer.finish();
+    if !in_place {
+        assert_eq!(
+            info_size(&spec),
+            from * MIB,
+            "the refusal changed the drive"
+        );
+        ok(&run(), &az(), &["unmount", mp.s()]);
+        ok(&run(), &az(), &["resize", &spec, "--size", &size]);
+        let dev = ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "block"])
+            .trim()
+            .to_string();
+        sh_ok(&format!("e2fsck -f -p {dev} && resize2fs {dev}"));
+        ok(&run(), &az(), &["unmount", mp.s()]);
+        ok(&run(), &az(), &["mount", &spec, mp.s()]);
+    }
+    let fs_after = statvfs_size(mp.path());
+    assert!(
+        fs_after > fs_before + (to - from) * MIB * 8 / 10,
+        "the filesystem did not grow: {fs_before} -> {fs_after}"
+    );
+    // Room the old size did not have: more than the whole old disk in one file.
+    let big = mp.path().join("big.bin");
+    sh_ok(&format!(
+        "dd if=/dev/urandom of='{}' bs=1M count={} conv=fsync status=none",
+        big.display(),
+        from + 16
+    ));
+    let big_sum = sh_ok(&format!("sha256sum < '{}'", big.display()));
+    assert_eq!(mp.stats()["disk_size"], to * MIB);
+    assert_eq!(mp.listed()["disk_size"], to * MIB);
+    assert_eq!(info_size(&spec), to * MIB);
+    check_written(mp.path(), n);
+    ok(&run(), &az(), &["unmount", mp.s()]);
+    // Clean on the blob, then every file again from a fresh mount.
+    let dev = ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    match fstype {
+        "ext4" => sh_ok(&format!("e2fsck -fn {dev}")),
+        _ => sh_ok(&format!("xfs_repair -n {dev}")),
+    };
+    ok(&run(), &az(), &["unmount", mp.s()]);
+    ok(&run(), &az(), &["mount", &spec, mp.s(), "--read-only"]);
+    check_written(mp.path(), n);
+    assert_eq!(sh_ok(&format!("sha256sum < '{}'", big.display())), big_sum);
+    ok(&run(), &az(), &["unmount", mp.s()]);
+}
+
+/// Whether this process has CAP_SYS_RESOURCE (bit 24 of CapEff), as the daemon
+/// it starts will.
+fn has_cap_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap();
+    u64::from_str_radix(hex.trim(), 16).unwrap() >> 24 & 1 == 1
+}
+
+fn statvfs_size(path: &Path) -> u64 {
+    sh_ok(&format!("stat -f -c '%b %S' '{}'", path.display()))
+        .split_whitespace()
+        .map(|v| v.parse::<u64>().unwrap())
+        .product()
+}
+
+#[test]
+fn a_mounted_ext4_drive_grows_in_place_while_a_program_writes() {
+    grow_in_place_while_writing("ext4", 64, 192);
+}
+
+#[test]
+fn a_mounted_xfs_drive_grows_in_place_while_a_program_writes() {
+    grow_in_place_while_writing("xfs", 320, 640);
+}
+
+fn write_at(path: &str, offset: u64, data: &[u8]) {
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(data).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn read_at(path: &str, offset: u64, len: usize) -> Vec<u8> {
+    let mut f = std::fs::File::open(path).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    let mut buf = vec![0; len];
+    f.read_exact(&mut buf).unwrap();
+    buf
+}
+
+/// Raw mode: the `disk` file takes the new size at once and the grown part can be
+/// written; a read-only raw mount of the same live blob keeps its old size and
+/// its data. Shrinking and resizing through the read-only mount are refused.
+#[test]
+fn a_mounted_raw_file_grows_and_a_read_only_mount_of_it_keeps_its_size() {
+    require_root();
+    let spec = new_drive("online-raw", "8MiB");
+    let mp = Mp::new(&run(), &az());
+    ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let old_end = pattern(1);
+    write_at(&mp.disk(), 8 * MIB - old_end.len() as u64, &old_end);
+    let ro = Mp::new(&run(), &az());
+    ok(
+        &run(),
+        &az(),
+        &["mount", &spec, ro.s(), "--mode", "raw", "--read-only"],
+    );
+    // Named by the blob: the mount here does it.
+    let out = ok(&run(), &az(), &["resize", &spec, "--size", "16MiB"]);
+    assert!(out.contains("grew") && out.contains("16 MiB"), "{out}");
+    assert_eq!(std::fs::metadata(mp.disk()).unwrap().len(), 16 * MIB);
+    let new = pattern(2);
+    write_at(&mp.disk(), 12 * MIB, &new);
+    assert_eq!(read_at(&mp.disk(), 12 * MIB, new.len()), new);
+    // The grown part reads zeros elsewhere, the old footer's page too.
+    assert!(read_at(&mp.disk(), 8 * MIB, 4096).iter().all(|&b| b == 0));
+    assert_eq!(
+        read_at(&mp.disk(), 8 * MIB - old_end.len() as u64, old_end.len()),
+        old_end
+    );
+    // The read-only mount still serves the 8 MiB it was mounted with.
+    assert_eq!(std::fs::metadata(ro.disk()).unwrap().len(), 8 * MIB);
+    assert_eq!(
+        read_at(&ro.disk(), 8 * MIB - old_end.len() as u64, old_end.len()),
+        old_end
+    );
+    let err = fails(&["resize", ro.s(), "--size", "32MiB"]);
+    assert!(err.contains("read-only"), "{err}");
+    let err = fails(&["resize", mp.s(), "--size", "12MiB"]);
+    assert!(err.contains("shrinking"), "{err}");
+    assert_eq!(std::fs::metadata(mp.disk()).unwrap().len(), 16 * MIB);
+    ok(&run(), &az(), &["unmount", ro.s()]);
+    ok(&run(), &az(), &["unmount", mp.s()]);
+    // On the blob: the footer for 16 MiB, and the data.
+    assert_eq!(info_size(&spec), 16 * MIB);
+    let blob = blob_of(&spec);
+    let got = rt()
+        .block_on(blob.read(12 * MIB, new.len() as u64))
+        .unwrap();
+    assert_eq!(got.as_ref(), &new[..]);
+}
+
+/// Block mode: the loop device takes the new size; what is on it is the user's.
+#[test]
+fn a_mounted_block_device_grows() {
+    require_root();
+    let spec = new_drive("online-block", "8MiB");
+    let mp = Mp::new(&run(), &az());
+    let dev = ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    let out = ok(&run(), &az(), &["resize", mp.s(), "--size", "24MiB"]);
+    assert!(
+        out.contains(&format!("{dev} is {} bytes", 24 * MIB)) && out.contains("yourself"),
+        "{out}"
+    );
+    assert_eq!(
+        sh_ok(&format!("blockdev --getsize64 {dev}")).trim(),
+        (24 * MIB).to_string()
+    );
+    let data = pattern(3);
+    write_at(&dev, 20 * MIB, &data);
+    assert_eq!(read_at(&dev, 20 * MIB, data.len()), data);
+    // The same size again: nothing more to do, and said so.
+    let out = ok(&run(), &az(), &["resize", mp.s(), "--size", "24MiB"]);
+    assert!(out.contains("was already 24 MiB"), "{out}");
+    ok(&run(), &az(), &["unmount", mp.s()]);
+    let got = rt()
+        .block_on(blob_of(&spec).read(20 * MIB, data.len() as u64))
+        .unwrap();
+    assert_eq!(got.as_ref(), &data[..]);
+}
+
+/// Setting the blob's length is the one step a mounted drive's lease does not
+/// fence: the lease lives on. Held by a proxy until long after the client gave
+/// up on it and a second resize grew the drive further, then forwarded, it would
+/// cut the drive back to the first size, footer and data with it. It carries the
+/// blob's ETag of the moment, so the service refuses it (412) and the drive keeps
+/// its size and data.
+#[test]
+fn a_length_change_that_lands_after_a_later_resize_is_refused() {
+    require_root();
+    let spec = new_drive("late-grow", "8MiB");
+    let proxy = Proxy::start(Config {
+        hold: Some(Hold {
+            needles: vec!["x-ms-blob-content-length".into()],
+            count: 1,
+            delay: Duration::from_secs(12),
+        }),
+        ..Config::clean(Azurite::shared().port)
+    });
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    let mp = Mp::new(&run(), &cs);
+    ok_env(
+        &run(),
+        &cs,
+        &env,
+        &["mount", &spec, mp.s(), "--mode", "raw"],
+    );
+    ok(&run(), &cs, &["resize", mp.s(), "--size", "16MiB"]);
+    ok(&run(), &cs, &["resize", mp.s(), "--size", "32MiB"]);
+    let data = pattern(4);
+    write_at(&mp.disk(), 30 * MIB, &data);
+    let start = Instant::now();
+    while proxy.late_commits().is_empty() {
+        assert!(
+            start.elapsed().as_secs() < 40,
+            "the held request never landed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let late = proxy.late_commits();
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+    ok(&run(), &cs, &["unmount", mp.s()]);
+    assert_eq!(info_size(&spec), 32 * MIB);
+    let got = rt()
+        .block_on(blob_of(&spec).read(30 * MIB, data.len() as u64))
+        .unwrap();
+    assert_eq!(got.as_ref(), &data[..]);
+}
+
+/// The old footer's page becomes disk when the drive grows. Its clear, held by a
+/// proxy until long after the daemon gave up on it and the page was written
+/// through the mount, would zero that data; the mount's lease lives on, so only
+/// the write fence (the clear carries the mount's sequence number, raised before
+/// anything is sent again) stops it: the service refuses it (412).
+#[test]
+fn a_clear_of_the_old_footer_that_lands_late_on_a_mounted_drive_is_refused() {
+    require_root();
+    let spec = new_drive("late-clear-online", "8MiB");
+    let proxy = Proxy::start(Config {
+        hold: Some(Hold {
+            needles: vec!["x-ms-page-write: clear".into()],
+            count: 1,
+            delay: Duration::from_secs(10),
+        }),
+        ..Config::clean(Azurite::shared().port)
+    });
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    let mp = Mp::new(&run(), &cs);
+    ok_env(
+        &run(),
+        &cs,
+        &env,
+        &["mount", &spec, mp.s(), "--mode", "raw"],
+    );
+    ok(&run(), &cs, &["resize", mp.s(), "--size", "16MiB"]);
+    let data = pattern(5);
+    write_at(&mp.disk(), 8 * MIB, &data);
+    let start = Instant::now();
+    while proxy.late_commits().is_empty() {
+        assert!(
+            start.elapsed().as_secs() < 40,
+            "the held clear never landed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let late = proxy.late_commits();
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+    ok(&run(), &cs, &["unmount", mp.s()]);
+    let got = rt()
+        .block_on(blob_of(&spec).read(8 * MIB, data.len() as u64))
+        .unwrap();
+    assert!(
+        got.as_ref() == &data[..],
+        "a late clear zeroed data written after the resize"
+    );
+}
