@@ -68,6 +68,14 @@ print(json.dumps(out))
 PY
 }
 
+# ticks_of PID: the user + system clock ticks PID has used so far.
+ticks_of() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# cpu_per_gib TICKS_BEFORE TICKS_AFTER MIB: CPU seconds per GiB moved.
+cpu_per_gib() {
+    python3 -c "import os; print(round(($2 - $1) / os.sysconf('SC_CLK_TCK') / ($3 / 1024), 3))"
+}
+
 daemon_pid() {
     "$BD" list --json | python3 -c "import json,sys; print([m['pid'] for m in json.load(sys.stdin) if m['mountpoint']=='$1'][0])"
 }

@@ -39,9 +39,11 @@ fi
 say "dependencies"
 scripts/install-deps.sh --bench >&2
 VENV="$ROOT/target/bench-venv"
-if [ ! -x "$VENV/bin/moto_server" ]; then
+if ! cmp -s scripts/bench-requirements.txt "$VENV/installed.txt"; then
+    rm -rf "$VENV"
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q -r scripts/bench-requirements.txt >&2
+    cp scripts/bench-requirements.txt "$VENV/installed.txt"
 fi
 [ -x scripts/node_modules/.bin/azurite-blob ] || npm ci --prefix scripts --no-audit --no-fund --loglevel=error >&2
 if [ "$PROFILE" = release ]; then
@@ -81,6 +83,10 @@ say "1. backend ceiling (blobdrive client, no FUSE)"
 fresh_azurite
 put backend_ceiling "$("$CEILING" "$AZURE_STORAGE_CONNECTION_STRING" bench-ceiling "$CEIL_MIB" "$SMALL_S")"
 
+say "1b. Microsoft's Python SDK: 8 parallel 4 MiB Put Page / ranged Get calls from memory"
+fresh_azurite
+put sdk "$("$VENV/bin/python" scripts/sdk_ceiling.py "$AZURE_STORAGE_CONNECTION_STRING" bench-sdk "$SIZE_MIB")"
+
 say "2. local ceiling (ext4 on a loop device over a local file)"
 truncate -s $((SIZE_MIB * 2 + 512))M "$WORK/local.img"
 LOCAL_LOOP="$(losetup --find --show "$WORK/local.img")"
@@ -102,15 +108,21 @@ CACHE=$((SIZE_MIB * 2 + 256))M
 MNT="$WORK/mnt-fs"; mkdir "$MNT"
 "$BD" mount bench/fs.vhd "$MNT" --mkfs ext4 --cache-size "$CACHE" >/dev/null
 P0=$(stat_of "$MNT" put_page_requests)
+DPID="$(daemon_pid "$MNT")"; T0="$(ticks_of "$DPID")"
 read -r mb _ < <(fio_run seq-write "$MNT"); put blobdrive_fs.seq_write_mib_s "$mb"
+put blobdrive_fs.seq_write_cpu_s_per_gib "$(cpu_per_gib "$T0" "$(ticks_of "$DPID")" "$SIZE_MIB")"
 put blobdrive_fs.seq_write_put_page_calls "$(( $(stat_of "$MNT" put_page_requests) - P0 ))"
 put blobdrive_fs.peak_mib_after_seq_write "$(hwm_mib "$(daemon_pid "$MNT")")"
 "$BD" unmount "$MNT" >/dev/null
 "$BD" mount bench/fs.vhd "$MNT" --cache-size "$CACHE" >/dev/null
 drop_caches
+DPID="$(daemon_pid "$MNT")"; T0="$(ticks_of "$DPID")"
 read -r mb _ < <(fio_run seq-read "$MNT"); put blobdrive_fs.seq_read_cold_mib_s "$mb"
+T1="$(ticks_of "$DPID")"
+put blobdrive_fs.seq_read_cold_cpu_s_per_gib "$(cpu_per_gib "$T0" "$T1" "$SIZE_MIB")"
 drop_caches
 read -r mb _ < <(fio_run seq-read "$MNT"); put blobdrive_fs.seq_read_warm_mib_s "$mb"
+put blobdrive_fs.seq_read_warm_cpu_s_per_gib "$(cpu_per_gib "$T1" "$(ticks_of "$DPID")" "$SIZE_MIB")"
 put blobdrive_fs.peak_mib_after_seq_read "$(hwm_mib "$(daemon_pid "$MNT")")"
 # Lay the random-write file out sequentially first (fio would), then measure.
 BENCH_DIR="$MNT" BENCH_RSIZE="$RSIZE" python3 -c "
@@ -135,13 +147,17 @@ fresh_azurite
 "$BD" create bench/raw.vhd --size $((SIZE_MIB + 64))M --create-container >/dev/null
 MNT="$WORK/mnt-raw"; mkdir "$MNT"
 "$BD" mount bench/raw.vhd "$MNT" --mode raw --cache-size "$CACHE" >/dev/null
+DPID="$(daemon_pid "$MNT")"; T0="$(ticks_of "$DPID")"
 BENCH_DIR="$MNT" BENCH_SIZE="$SIZE" fio --output-format=json --filename="$MNT/disk" --name=raw-write \
     --rw=write --bs=1M --size="$SIZE" --ioengine=psync --end_fsync=1 >"$WORK/fio.json"
+put blobdrive_raw.seq_write_cpu_s_per_gib "$(cpu_per_gib "$T0" "$(ticks_of "$DPID")" "$SIZE_MIB")"
 put blobdrive_raw.seq_write_mib_s "$(python3 -c "import json; print(round(json.load(open('$WORK/fio.json'))['jobs'][0]['write']['bw_bytes'] / 1048576, 2))")"
 "$BD" unmount "$MNT" >/dev/null
 "$BD" mount bench/raw.vhd "$MNT" --mode raw --cache-size "$CACHE" >/dev/null
+DPID="$(daemon_pid "$MNT")"; T0="$(ticks_of "$DPID")"
 fio --output-format=json --filename="$MNT/disk" --name=raw-read --rw=read --bs=1M --size="$SIZE" \
     --ioengine=psync >"$WORK/fio.json"
+put blobdrive_raw.seq_read_cold_cpu_s_per_gib "$(cpu_per_gib "$T0" "$(ticks_of "$DPID")" "$SIZE_MIB")"
 put blobdrive_raw.seq_read_cold_mib_s "$(python3 -c "import json; print(round(json.load(open('$WORK/fio.json'))['jobs'][0]['read']['bw_bytes'] / 1048576, 2))")"
 "$BD" unmount "$MNT" >/dev/null
 

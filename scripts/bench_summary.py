@@ -20,6 +20,10 @@ EXPECTED = [
     "blobdrive_raw.seq_write_mib_s", "blobdrive_raw.seq_read_cold_mib_s",
     "blobdrive_tera.mount_s", "blobdrive_tera.first_byte_s", "blobdrive_tera.page_range_calls",
     "s3_ceiling.put_mib_s", "s3_ceiling.get_mib_s",
+    "sdk.put_mib_s", "sdk.get_mib_s", "sdk.put_cpu_s_per_gib", "sdk.get_cpu_s_per_gib",
+    "blobdrive_fs.seq_write_cpu_s_per_gib", "blobdrive_fs.seq_read_cold_cpu_s_per_gib",
+    "blobdrive_fs.seq_read_warm_cpu_s_per_gib",
+    "blobdrive_raw.seq_write_cpu_s_per_gib", "blobdrive_raw.seq_read_cold_cpu_s_per_gib",
     "s3backer.seq_write_mib_s", "s3backer.seq_read_cold_mib_s", "s3backer.seq_read_warm_mib_s",
     "s3backer.rand_write_iops", "s3backer.rand_read_iops", "s3backer.peak_mib",
 ]
@@ -54,12 +58,35 @@ for name, k, c in rows:
     else:
         print(f"{name:<44} {v:>12.1f} {'':>12} {'':>9}")
 print()
+# CPU per GiB moved: the daemon's (user + system, from /proc) for each sequential
+# job, the SDK process's for its own run; MiB/s beside each, and the share of the
+# SDK's speed through the same emulator.
+print(f"{'sequential job':<44} {'MiB/s':>9} {'CPU s/GiB':>10} {'vs SDK':>7}")
+cpu_rows = [
+    ("blobdrive fs write (daemon)", "blobdrive_fs.seq_write_mib_s", "blobdrive_fs.seq_write_cpu_s_per_gib", "sdk.put_mib_s"),
+    ("blobdrive fs cold read (daemon)", "blobdrive_fs.seq_read_cold_mib_s", "blobdrive_fs.seq_read_cold_cpu_s_per_gib", "sdk.get_mib_s"),
+    ("blobdrive fs warm read (daemon)", "blobdrive_fs.seq_read_warm_mib_s", "blobdrive_fs.seq_read_warm_cpu_s_per_gib", None),
+    ("blobdrive raw write, 1 MiB requests (daemon)", "blobdrive_raw.seq_write_mib_s", "blobdrive_raw.seq_write_cpu_s_per_gib", "sdk.put_mib_s"),
+    ("blobdrive raw cold read, 1 MiB (daemon)", "blobdrive_raw.seq_read_cold_mib_s", "blobdrive_raw.seq_read_cold_cpu_s_per_gib", "sdk.get_mib_s"),
+    ("Python SDK Put Page, 8 x 4 MiB", "sdk.put_mib_s", "sdk.put_cpu_s_per_gib", None),
+    ("Python SDK ranged Get, 8 x 4 MiB", "sdk.get_mib_s", "sdk.get_cpu_s_per_gib", None),
+]
+for name, k, cpu, sdk in cpu_rows:
+    vs = f"{frac(k, sdk):>7.2f}" if sdk else f"{'':>7}"
+    print(f"{name:<44} {g(k):>9.1f} {g(cpu):>10.3f} {vs}")
+print()
 targets = [
     ("seq write >= 80% of the Put Page ceiling", frac("blobdrive_fs.seq_write_mib_s", "backend_ceiling.put_mib_s") >= 0.8),
     ("cold seq read >= 80% of the ranged-read ceiling", frac("blobdrive_fs.seq_read_cold_mib_s", "backend_ceiling.get_mib_s") >= 0.8),
     ("rand write <= 1.5 Put Page calls per MiB", 0 < g("blobdrive_fs.rand_write_put_page_calls_per_mib") <= 1.5),
     ("rand write IOPS many times the 4 KiB Put Page rate", frac("blobdrive_fs.rand_write_iops", "backend_ceiling.small_put_requests_s") >= 3),
     ("1 TiB sparse mount < 2 s", 0 < g("blobdrive_tera.mount_s") < 2),
+    ("daemon CPU <= 0.8 s/GiB, ext4 seq write", 0 < g("blobdrive_fs.seq_write_cpu_s_per_gib") <= 0.8),
+    ("daemon CPU <= 0.8 s/GiB, ext4 cold seq read", 0 < g("blobdrive_fs.seq_read_cold_cpu_s_per_gib") <= 0.8),
+    ("daemon CPU <= 1.0 s/GiB, raw seq write (1 MiB)", 0 < g("blobdrive_raw.seq_write_cpu_s_per_gib") <= 1.0),
+    ("daemon CPU <= 1.0 s/GiB, raw cold seq read (1 MiB)", 0 < g("blobdrive_raw.seq_read_cold_cpu_s_per_gib") <= 1.0),
+    ("ext4 seq write >= 1.0x the Python SDK", frac("blobdrive_fs.seq_write_mib_s", "sdk.put_mib_s") >= 1.0),
+    ("ext4 cold seq read >= 1.0x the Python SDK", frac("blobdrive_fs.seq_read_cold_mib_s", "sdk.get_mib_s") >= 1.0),
     ("daemon peak <= cache + 100 MiB", 0 < g("blobdrive_fs.peak_mib") <= g("blobdrive_fs.cache_mib") + 100),
     ("seq write fraction above s3backer's", frac("blobdrive_fs.seq_write_mib_s", "backend_ceiling.put_mib_s") > frac("s3backer.seq_write_mib_s", "s3_ceiling.put_mib_s")),
     ("cold read fraction above s3backer's", frac("blobdrive_fs.seq_read_cold_mib_s", "backend_ceiling.get_mib_s") > frac("s3backer.seq_read_cold_mib_s", "s3_ceiling.get_mib_s")),

@@ -800,6 +800,78 @@ fn unmount_discard_dirty_stops_an_unmount_that_waits_for_the_service() {
     st.resume_and_free_the_lease();
 }
 
+/// An ext4 drive whose service stops answering for good, with data the service
+/// never got: a plain unmount waits in the kernel, inside the filesystem's last
+/// sync, which writes through the daemon. `--discard-dirty --yes` must end it
+/// (and itself) all the same, dropping what cannot be written and saying so;
+/// before, the sync waited on with the daemon, and both unmounts and every
+/// `sync(1)` on the machine hung until the service came back.
+#[test]
+fn unmount_discard_dirty_ends_an_ext4_unmount_whose_last_sync_waits_for_the_service() {
+    require_root();
+    let spec = new_drive("discard-fs", "64MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let env = &SHORT_TIMEOUTS;
+    let mp = Mp::new(&run_dir(), &cs);
+    ok(&cs, env, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    sh_ok(&format!(
+        "dd if=/dev/urandom of={}/f bs=1M count=3 conv=fsync status=none",
+        mp.s()
+    ));
+    proxy.paused.store(true, SeqCst);
+    // Written and left to the kernel's write-back: the unmount's sync sends it.
+    sh_ok(&format!(
+        "dd if=/dev/urandom of={}/g bs=1M count=2 status=none",
+        mp.s()
+    ));
+    let mut waiting = bd_cmd(&cs, env, &["unmount", mp.s()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        waiting.try_wait().unwrap().is_none(),
+        "unmount did not wait"
+    );
+    let mut discard = bd_cmd(&cs, env, &["unmount", mp.s(), "--discard-dirty", "--yes"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while discard.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            // Let everything finish before failing, so nothing stays stuck.
+            proxy.paused.store(false, SeqCst);
+            let _ = discard.wait();
+            let _ = waiting.wait();
+            panic!("unmount --discard-dirty did not end while the service was gone");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = discard.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("dropped"), "{err}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while waiting.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the first unmount still waits");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains(mp.s()));
+    assert!(!sh_ok("losetup -a").contains(mp.s()));
+    proxy.paused.store(false, SeqCst);
+    std::thread::sleep(Duration::from_millis(500));
+    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    if info["lease_state"] == "leased" {
+        ok(&az(), &[], &["lease", "break", &spec]);
+    }
+}
+
 #[test]
 fn the_raw_disk_can_be_memory_mapped_and_msync_puts_it_on_the_blob() {
     require_root();

@@ -74,7 +74,18 @@ fn pattern(i: u64) -> Vec<u8> {
 /// whole, fsynced, then the next. Any I/O error ends it and is returned.
 struct Writer {
     stop: Arc<AtomicBool>,
-    handle: JoinHandle<Result<u64, String>>,
+    handle: Option<JoinHandle<Result<u64, String>>>,
+}
+
+/// A test that fails while the writer runs must stop it before the mount's own
+/// cleanup, which a busy filesystem would refuse (leaving it mounted).
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 impl Writer {
@@ -99,13 +110,16 @@ impl Writer {
             }
             Ok(n)
         });
-        Writer { stop, handle }
+        Writer {
+            stop,
+            handle: Some(handle),
+        }
     }
 
     /// Stops it; the number of files written, each of which must be intact.
-    fn finish(self) -> u64 {
+    fn finish(mut self) -> u64 {
         self.stop.store(true, Ordering::SeqCst);
-        let n = self.handle.join().unwrap();
+        let n = self.handle.take().unwrap().join().unwrap();
         n.unwrap_or_else(|e| panic!("the writer saw an I/O error: {e}"))
     }
 }

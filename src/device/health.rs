@@ -102,6 +102,13 @@ impl Health {
         s.last_error = Some(error.to_string());
     }
 
+    /// Why operations fail, while they do (`None` while the service answers).
+    pub fn outage(&self) -> Option<String> {
+        let s = self.state();
+        s.failing_since?;
+        Some(s.last_error.clone().unwrap_or_else(|| "no answer".into()))
+    }
+
     /// How long operations have been failing: since the earliest one that failed
     /// since the last success started; `None` while the service answers.
     pub fn failing_for(&self) -> Option<Duration> {

@@ -130,6 +130,12 @@ impl RemoteBackend {
         self.patience.give_up.store(true, Ordering::SeqCst);
     }
 
+    /// Undoes [`Self::stop_waiting`] when the drive stays mounted after all (an
+    /// `unmount --discard-dirty` refused because the filesystem is busy).
+    pub fn resume_waiting(&self) {
+        self.patience.give_up.store(false, Ordering::SeqCst);
+    }
+
     pub fn blob(&self) -> &BlobClient {
         &self.blob
     }
@@ -146,6 +152,7 @@ impl RemoteBackend {
     /// One ranged read of at most [`MAX_RUN`], waiting through an outage.
     fn read_run(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
         self.rt.block_on(async {
+            self.patience.check_given_up()?;
             let mut a = self.patience.begin();
             loop {
                 match self.blob.read_into(offset, buf).await {
@@ -169,6 +176,22 @@ struct Attempt<'a> {
 }
 
 impl Patience {
+    /// Once `unmount --discard-dirty` gave up on the service and it still does
+    /// not answer, an I/O fails at once rather than after its own retries (25 s
+    /// by default): the filesystem's last sync at unmount sends many, one after
+    /// another, and each would wait that long for what is to be dropped anyway.
+    fn check_given_up(&self) -> Result<(), DeviceError> {
+        if !self.give_up.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        match self.health.outage() {
+            Some(why) => Err(DeviceError::Io(format!(
+                "not sent: the storage service does not answer ({why}) and unmount --discard-dirty gave up on it"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn begin(&self) -> Attempt<'_> {
         Attempt {
             started: Instant::now(),
@@ -246,6 +269,7 @@ impl Patience {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, AzureError>>,
     {
+        self.check_given_up()?;
         let mut a = self.begin();
         loop {
             match op().await {

@@ -89,6 +89,7 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
     let discard = Discard {
         requested: m.discard.clone(),
         fuse_gone: m.fuse_gone.clone(),
+        unmounting_fs: m.unmounting_fs.clone(),
         cache: m.cache.clone(),
     };
     std::thread::Builder::new()
@@ -156,6 +157,11 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                             warn!("unmount refused: {e}");
                             // A refused `--discard-dirty` leaves no trace for later.
                             m.discard.store(false, Ordering::SeqCst);
+                            if !m.fuse_gone.load(Ordering::SeqCst) {
+                                if let Some(c) = &m.cache {
+                                    c.backend().resume_waiting();
+                                }
+                            }
                             reply.send(&format!("error {e}"));
                         }
                     }
@@ -377,16 +383,18 @@ pub const DISCARD_CMD: &str = "unmount discard-dirty";
 struct Discard {
     requested: Arc<AtomicBool>,
     fuse_gone: Arc<AtomicBool>,
+    unmounting_fs: Arc<AtomicBool>,
     cache: Option<Arc<Cache<RemoteBackend>>>,
 }
 
 impl Discard {
     /// Marks the request; if the FUSE mount is already gone (a teardown waiting
-    /// out an outage), its I/O stops waiting at once. Otherwise the teardown
-    /// does that itself once nothing new can be written.
+    /// out an outage), or the filesystem's unmount is under way (its last sync,
+    /// in the kernel, waits on the daemon's I/O), that I/O stops waiting at once.
+    /// Otherwise the teardown does that itself once nothing new can be written.
     fn request(&self) {
         self.requested.store(true, Ordering::SeqCst);
-        if self.fuse_gone.load(Ordering::SeqCst) {
+        if self.fuse_gone.load(Ordering::SeqCst) || self.unmounting_fs.load(Ordering::SeqCst) {
             if let Some(c) = &self.cache {
                 c.backend().stop_waiting();
             }

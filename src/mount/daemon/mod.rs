@@ -88,6 +88,9 @@ struct Mounted {
     discard: Arc<AtomicBool>,
     /// The FUSE mount is gone: nothing new can be written any more.
     fuse_gone: Arc<AtomicBool>,
+    /// The filesystem's unmount is under way in the kernel, whose last sync
+    /// writes through the daemon: a `--discard-dirty` then stops its waits.
+    unmounting_fs: Arc<AtomicBool>,
     /// libmount's table names `umount.blobdrive` for the mount at the user's
     /// directory (see `mount::utab`).
     in_utab: bool,
@@ -173,6 +176,7 @@ pub fn run(
         record_written: false,
         discard: Arc::new(AtomicBool::new(false)),
         fuse_gone: Arc::new(AtomicBool::new(false)),
+        unmounting_fs: Arc::new(AtomicBool::new(false)),
         in_utab: false,
     };
     let rec = MountRecord {

@@ -165,7 +165,7 @@ impl Mounted {
         self.noticed_plain_umount();
         self.refuse_if_disk_open()?;
         if self.fs_mounted {
-            system::umount(&self.req.mountpoint, false)?;
+            self.umount_fs()?;
             self.fs_mounted = false;
             info!("unmounted {}", self.req.mountpoint.display());
         }
@@ -251,6 +251,25 @@ impl Mounted {
             return Err(self.disk_busy());
         }
         Ok(())
+    }
+
+    /// Unmounts the filesystem. Its last sync, in the kernel, writes through this
+    /// daemon and waits for the service without limit; with `--discard-dirty`
+    /// asked (now, or while it waits), it stops waiting instead, so an unmount
+    /// over a service that is gone for good ends, dropping what it cannot write.
+    fn umount_fs(&self) -> Result<(), MountError> {
+        self.unmounting_fs.store(true, Ordering::SeqCst);
+        let backend = self.cache.as_ref().map(|c| c.backend());
+        if self.discard.load(Ordering::SeqCst) {
+            backend.inspect(|b| b.stop_waiting());
+        }
+        let done = system::umount(&self.req.mountpoint, false);
+        self.unmounting_fs.store(false, Ordering::SeqCst);
+        if done.is_err() {
+            // Still mounted: its I/O waits through outages again.
+            backend.inspect(|b| b.resume_waiting());
+        }
+        done
     }
 
     fn disk_busy(&self) -> MountError {
