@@ -7,7 +7,11 @@
 #   sudo scripts/profile.sh JOB [OUT.svg]
 #     JOB: fs-write | fs-read | raw-write | raw-read   (ext4 through the loop device,
 #          or the raw disk file with 1 MiB requests; reads are cold)
-#   BENCH_SIZE=1G (default) the bytes moved; PROFILE_HZ=499 the sampling rate.
+#   BENCH_SIZE=1G (default) the bytes moved; PROFILE_HZ=499 the sampling rate;
+#   PROFILE_CACHE=SIZE the daemon's --cache-size (default: twice the bytes moved, as
+#   bench.sh; smaller than them, the cache recycles its memory once full);
+#   PROFILE_BIN=PATH a blobdrive binary to measure instead of building this tree's
+#   (to compare two builds in turn).
 #
 # perf comes from Debian's linux-perf. Everything runs on 127.0.0.1 and everything
 # started here is stopped here, by pid.
@@ -32,8 +36,12 @@ command -v perf >/dev/null || { apt-get update -qq && apt-get install -y -qq lin
 TOOLS="$ROOT/target/tools"
 [ -x "$TOOLS/bin/inferno-flamegraph" ] || cargo install --quiet --locked inferno --root "$TOOLS" >&2
 [ -x scripts/node_modules/.bin/azurite-blob ] || npm ci --prefix scripts --no-audit --no-fund --loglevel=error >&2
-cargo build --release --quiet --bin blobdrive
-BD="$ROOT/target/release/blobdrive"
+if [ -n "${PROFILE_BIN:-}" ]; then
+    BD="$PROFILE_BIN"
+else
+    cargo build --release --quiet --bin blobdrive
+    BD="$ROOT/target/release/blobdrive"
+fi
 
 WORK="$(mktemp -d /tmp/blobdrive-profile.XXXXXX)"
 echo '{}' >"$WORK/r.json"
@@ -48,7 +56,7 @@ cleanup() {
 trap cleanup EXIT
 fresh_azurite
 mkdir "$MNT"
-CACHE=$((SIZE_MIB * 2 + 256))M
+CACHE="${PROFILE_CACHE:-$((SIZE_MIB * 2 + 256))M}"
 case "$JOB" in
     fs-*) "$BD" create bench/p.vhd --size $((SIZE_MIB * 2 + 512))M --create-container >/dev/null
           "$BD" mount bench/p.vhd "$MNT" --mkfs ext4 --cache-size "$CACHE" >/dev/null
@@ -76,6 +84,7 @@ DPID="$(daemon_pid "$MNT")"
 perf record -q -F "$HZ" --call-graph dwarf,32768 -p "$DPID" -o "$WORK/perf.data" 2>/dev/null &
 PERF_PID=$!
 sleep 1
+R0="$(stat_of "$MNT" bytes_read)"; W0="$(stat_of "$MNT" bytes_written)"; D0="$(stat_of "$MNT" bytes_downloaded)"
 T0="$(ticks_of "$DPID")"
 BENCH_DIR="$MNT" BENCH_SIZE="$SIZE" "${TARGET[@]}" >"$WORK/fio.json"
 T1="$(ticks_of "$DPID")"
@@ -85,6 +94,7 @@ import json; j = json.load(open('$WORK/fio.json'))['jobs'][0]
 side = j['write'] if j['write']['io_bytes'] > 0 else j['read']
 print(round(side['bw_bytes'] / 1048576, 1))")"
 echo "$JOB: $MBS MiB/s, daemon $(cpu_per_gib "$T0" "$T1" "$SIZE_MIB") CPU s per GiB"
+echo "  through FUSE: $(( ($(stat_of "$MNT" bytes_read) - R0) >> 20 )) MiB read, $(( ($(stat_of "$MNT" bytes_written) - W0) >> 20 )) MiB written; from the blob: $(( ($(stat_of "$MNT" bytes_downloaded) - D0) >> 20 )) MiB"
 mkdir -p "$(dirname "$SVG")"
 perf script -i "$WORK/perf.data" 2>/dev/null | "$TOOLS/bin/inferno-collapse-perf" >"$WORK/folded"
 "$TOOLS/bin/inferno-flamegraph" --title "blobdrive daemon: $JOB, $SIZE ($MBS MiB/s)" <"$WORK/folded" >"$SVG"

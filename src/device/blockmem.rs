@@ -4,18 +4,12 @@
 //! block, and on first touch the kernel faults each 4 KiB page in separately: in a
 //! profile of a 1 GiB sequential write through a fresh cache, the page-fault entry
 //! alone was about 9% of the daemon's CPU (more in a VM, where every exception is
-//! dear). Blocks are therefore carved out of anonymous mappings of [`BATCH`]
-//! blocks (2 MiB), faulted in by one call. Even so, faulting in 4 KiB pages one
-//! by one was 41% of the daemon's CPU in a 1 GiB write to the raw file (memory
-//! accounting, page allocation and zeroing for each of 262 144 pages): so each
-//! mapping is aligned to 2 MiB and asks for a transparent huge page
-//! (`MADV_HUGEPAGE`), which the kernel allocates, accounts and zeroes in one go,
-//! where it allows them (`/sys/kernel/mm/transparent_hugepage/enabled` says
-//! `always` or `madvise`); elsewhere the same mapping is made of small pages.
-//! A dropped block gives its pages back to the kernel at once (`MADV_DONTNEED`,
-//! which splits a huge page), and a mapping is unmapped when its last block is
-//! dropped; the cache keeps a few freed blocks for reuse and drops the rest, so
-//! its memory shrinks after a burst.
+//! dear). Blocks are therefore carved out of anonymous mappings of
+//! [`BATCH`] blocks made with `MAP_POPULATE`, which the kernel fills in one call.
+//! A dropped block gives its pages back to the kernel at once (`MADV_DONTNEED`),
+//! and a mapping is unmapped when its last block is dropped; the cache keeps a
+//! few freed blocks for reuse and drops the rest, so its memory shrinks after a
+//! burst.
 
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
@@ -23,58 +17,6 @@ use std::sync::Arc;
 
 /// Blocks per mapping: 2 MiB of 64 KiB blocks.
 pub const BATCH: usize = 32;
-
-/// The size of a transparent huge page on x86-64 and arm64 (4 KiB base pages).
-const HUGE: usize = 2 * 1024 * 1024;
-
-/// An anonymous mapping of `len` bytes, faulted in, starting at a multiple of
-/// [`HUGE`] and asking for huge pages when `len` is a multiple of it. `None` if
-/// the kernel refuses the mapping.
-fn map_aligned(len: usize) -> Option<NonNull<u8>> {
-    let huge = len % HUGE == 0;
-    // Room to cut an aligned `len` out of: the kernel aligns only to 4 KiB.
-    let reserve = if huge { len + HUGE } else { len };
-    // SAFETY: an anonymous private mapping with no address hint; checked below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            reserve,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED || p.is_null() {
-        return None;
-    }
-    let start = p as usize;
-    let base = if huge {
-        let aligned = start.next_multiple_of(HUGE);
-        // SAFETY: both ranges lie inside the reservation just made and are not
-        // used: the part before the aligned start and the part after its end.
-        unsafe {
-            if aligned > start {
-                libc::munmap(p, aligned - start);
-            }
-            let tail = start + reserve - (aligned + len);
-            if tail > 0 {
-                libc::munmap((aligned + len) as *mut libc::c_void, tail);
-            }
-            // Advice only: where huge pages are off, the calls fail and change
-            // nothing, and the range is made of small pages as before.
-            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-        }
-        aligned
-    } else {
-        start
-    };
-    // Fault the whole range in with one call (Linux 5.14 on); an older kernel
-    // faults it in on first touch instead.
-    // SAFETY: base..base+len is the mapping made above.
-    unsafe { libc::madvise(base as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
-    NonNull::new(base as *mut u8)
-}
 
 /// One anonymous mapping, unmapped when its last block is gone.
 pub struct Mapping {
@@ -114,8 +56,20 @@ impl BlockMem {
     /// the kernel refuses the mapping.
     pub fn batch(n: usize, size: usize) -> Vec<BlockMem> {
         let len = n * size;
-        let Some(base) = map_aligned(len) else {
-            return (0..n).map(|_| BlockMem::on_heap(size)).collect();
+        // SAFETY: an anonymous private mapping with no address hint; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        let base = match NonNull::new(p.cast::<u8>()) {
+            Some(base) if p != libc::MAP_FAILED => base,
+            _ => return (0..n).map(|_| BlockMem::on_heap(size)).collect(),
         };
         let mapping = Arc::new(Mapping { base, len });
         (0..n)
