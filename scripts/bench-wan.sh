@@ -206,6 +206,7 @@ export AZURE_STORAGE_CONNECTION_STRING="$WAN_CS"
 AZ_PID="$(cat "$WORK/azurite/pid")"
 # Where the CPU went during each sequential job (busy share of all cores, CPU
 # seconds of the emulator, the proxy and the daemon).
+put wan_fs.seq_mib "$SIZE_MIB"
 c0="$(cpu_now "$AZ_PID" "$PROXY_PID" "$(daemon_pid "$MNT")")"
 read -r mb _ < <(fio_run seq-write "$MNT"); put wan_fs.seq_write_mib_s "$mb"
 put wan_fs.seq_write_cpu "$(cpu_json "$c0" "$(cpu_now "$AZ_PID" "$PROXY_PID" "$(daemon_pid "$MNT")")" azurite proxy daemon)"

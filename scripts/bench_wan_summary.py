@@ -76,6 +76,12 @@ def cpu(key):
         return "not measured"
     return (f"cores {c['busy_share']:.0%} busy; CPU s: azurite {c.get('azurite_cpu_s', 0)}, "
             f"proxy {c.get('proxy_cpu_s', 0)}" + (f", daemon {c['daemon_cpu_s']}" if "daemon_cpu_s" in c else ""))
+def per_gib(key):
+    c = r.get("wan_fs", {}).get(key) or {}
+    mib = g("wan_fs.seq_mib")
+    return f"{c['daemon_cpu_s'] / (mib / 1024):.2f}" if "daemon_cpu_s" in c and mib else "not measured"
+print(f"  daemon CPU s per GiB: fs sequential write {per_gib('seq_write_cpu')}, "
+      f"fs cold read {per_gib('seq_read_cold_cpu')}")
 print(f"  CPU during the fs sequential write: {cpu('seq_write_cpu')}")
 print(f"  CPU during the fs sequential cold read: {cpu('seq_read_cold_cpu')}")
 print(f"  CPU during that ceiling (put + get): {cpu('ceiling')}")

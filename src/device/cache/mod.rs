@@ -176,8 +176,12 @@ struct State {
 /// of its data twice.
 const CHANGES_KEPT: usize = 1024;
 
-/// Most freed block buffers kept for reuse: one mapping batch (2 MiB).
-const FREE_KEEP: usize = super::blockmem::BATCH;
+/// Most freed block buffers kept for reuse: two read-ahead runs (8 MiB). A full
+/// cache evicts as much as it takes in, and a read-ahead run takes in 64 blocks at
+/// once: with one batch (32) kept, half of every run's blocks were freed and then
+/// faulted in anew for the next run, a tenth of the daemon's CPU in a cold read
+/// through a full cache.
+const FREE_KEEP: usize = 2 * (MAX_RUN / BLOCK) as usize;
 
 impl State {
     /// Records that the backend's bytes in `[start, end)` changed (a flush unit

@@ -370,7 +370,7 @@ fn block_memory_is_reused_and_stays_within_the_capacity() {
     let st = c.lock();
     let held = st.len() + st.free.len();
     assert!(
-        held <= c.cap_blocks() + blockmem::BATCH,
+        held <= c.cap_blocks() + FREE_KEEP,
         "{held} blocks of memory for a capacity of {}",
         c.cap_blocks()
     );
