@@ -13,7 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
-use blobdrive::azure::{Account, BlobClient, BlobService};
+use blobdrive::azure::BlobClient;
 use common::azurite::{unique_container, Azurite};
 use common::mount::{proc_status_kib, require_root, Mp};
 use faultproxy::{Config, Hold, Proxy};
@@ -48,9 +48,7 @@ fn ok(cs: &str, env: &[(&str, &str)], args: &[&str]) -> String {
 }
 
 fn blob_of(spec: &str) -> BlobClient {
-    let svc = BlobService::new(Account::from_connection_string(&az()).unwrap());
-    let (c, n) = spec.split_once('/').unwrap();
-    svc.blob(c, n)
+    common::azurite::blob_client(&az(), spec)
 }
 
 fn new_drive(tag: &str, size: &str) -> String {
@@ -447,14 +445,12 @@ fn unmount_after_the_lease_was_lost_says_what_was_dropped_and_fails() {
 fn a_lease_that_cannot_be_released_fails_the_unmount_and_says_so() {
     require_root();
     let spec = new_drive("norelease", "64MiB");
-    let proxy = Proxy::start(Config {
-        hold: Some(Hold {
-            needles: vec!["x-ms-lease-action: release".into()],
-            count: 1000,
-            delay: Duration::from_secs(3),
-        }),
-        ..Config::clean(Azurite::shared().port)
-    });
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        "x-ms-lease-action: release",
+        1000,
+        Duration::from_secs(3),
+    ));
     let cs = proxy.connection_string();
     let env = [
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "1"),
@@ -730,6 +726,22 @@ impl Stuck {
     }
 }
 
+/// A plain `unmount` of `mp` started in the background, checked to be still
+/// waiting (for a service that does not answer) six seconds later.
+fn waiting_unmount(cs: &str, env: &[(&str, &str)], mp: &Mp) -> std::process::Child {
+    let mut waiting = bd_cmd(cs, env, &["unmount", mp.s()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        waiting.try_wait().unwrap().is_none(),
+        "unmount did not wait"
+    );
+    waiting
+}
+
 #[test]
 fn unmount_discard_dirty_takes_down_a_drive_the_service_will_not_take_data_for() {
     require_root();
@@ -777,16 +789,7 @@ fn unmount_discard_dirty_stops_an_unmount_that_waits_for_the_service() {
     let st = stuck_block_mount("discard2", 2);
     let (cs, mp, env) = (&st.cs, &st.mp, &SHORT_TIMEOUTS);
     // A plain unmount waits without limit; the operator gives up on it.
-    let mut waiting = bd_cmd(cs, env, &["unmount", mp.s()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(6));
-    assert!(
-        waiting.try_wait().unwrap().is_none(),
-        "unmount did not wait"
-    );
+    let mut waiting = waiting_unmount(cs, env, mp);
     waiting.kill().unwrap();
     let _ = waiting.wait();
     let out = bd(cs, env, &["unmount", mp.s(), "--discard-dirty", "--yes"]);
@@ -825,16 +828,7 @@ fn unmount_discard_dirty_ends_an_ext4_unmount_whose_last_sync_waits_for_the_serv
         "dd if=/dev/urandom of={}/g bs=1M count=2 status=none",
         mp.s()
     ));
-    let mut waiting = bd_cmd(&cs, env, &["unmount", mp.s()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(6));
-    assert!(
-        waiting.try_wait().unwrap().is_none(),
-        "unmount did not wait"
-    );
+    let mut waiting = waiting_unmount(&cs, env, &mp);
     let mut discard = bd_cmd(&cs, env, &["unmount", mp.s(), "--discard-dirty", "--yes"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

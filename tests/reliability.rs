@@ -12,11 +12,11 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use blobdrive::azure::{Account, BlobClient, BlobService};
+use blobdrive::azure::BlobClient;
 use bytes::Bytes;
 use common::azurite::{unique_container, Azurite, DEV_KEY};
 use common::mount::{require_root, Mp};
-use faultproxy::{Config, Fault, Hold, Proxy};
+use faultproxy::{Config, Fault, Proxy};
 
 fn run_dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reliability-run");
@@ -66,9 +66,7 @@ fn fails_with(cs: &str, env: &[(&str, &str)], args: &[&str], needle: &str) -> St
 }
 
 fn blob_of(spec: &str) -> BlobClient {
-    let svc = BlobService::new(Account::from_connection_string(&az()).unwrap());
-    let (c, n) = spec.split_once('/').unwrap();
-    svc.blob(c, n)
+    common::azurite::blob_client(&az(), spec)
 }
 
 fn new_drive(tag: &str, size: &str) -> String {
@@ -567,14 +565,12 @@ fn a_failed_discard_whose_clear_lands_late_never_leaves_cache_and_blob_apart() {
     let spec = new_drive("lateclear", "16MiB");
     // Every Clear Pages is held past the client's request timeout and carried out
     // ten seconds later: each attempt is abandoned, the discard fails with EIO.
-    let proxy = Proxy::start(Config {
-        hold: Some(Hold {
-            needles: vec!["x-ms-page-write: clear".into()],
-            count: 1000,
-            delay: Duration::from_secs(10),
-        }),
-        ..Config::clean(Azurite::isolated().port)
-    });
+    let proxy = Proxy::start(Config::holding(
+        Azurite::isolated().port,
+        "x-ms-page-write: clear",
+        1000,
+        Duration::from_secs(10),
+    ));
     let cs = proxy.connection_string();
     let env = [
         ("BLOBDRIVE_RETRY_BUDGET_SECS", "2"),

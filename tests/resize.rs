@@ -10,14 +10,14 @@ mod faultproxy;
 
 use std::process::Command;
 
-use blobdrive::azure::{Account, BlobClient, BlobService};
+use blobdrive::azure::BlobClient;
 use blobdrive::resize::{self, STEPS};
 use bytes::Bytes;
 use common::azurite::{unique_container, Azurite};
 use common::mount::ok_env;
-use common::mount::{bd, ok, require_root, run_dir, Mp};
+use common::mount::{ok, require_root, run_dir, Mp};
 use common::util::{json, rt};
-use faultproxy::{Config, Hold, Proxy};
+use faultproxy::{Config, Proxy};
 
 const MIB: u64 = 1 << 20;
 
@@ -30,9 +30,7 @@ fn run() -> std::path::PathBuf {
 }
 
 fn blob_of(spec: &str) -> BlobClient {
-    let svc = BlobService::new(Account::from_connection_string(&az()).unwrap());
-    let (c, n) = spec.split_once('/').unwrap();
-    svc.blob(c, n)
+    common::azurite::blob_client(&az(), spec)
 }
 
 /// A 4 MiB drive with a pattern in its first and last MiB.
@@ -65,11 +63,7 @@ fn etag(spec: &str) -> String {
 
 /// The one error line of a command that must fail.
 fn fails(args: &[&str]) -> String {
-    let out = bd(&run(), &az(), args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{args:?} succeeded: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: one line, not: {err}");
-    err
+    common::mount::fails(&run(), &az(), args)
 }
 
 /// The grown drive holds its data, zeros after it (the old footer's page too),
@@ -187,14 +181,12 @@ fn shrinking_a_drive_leased_elsewhere_or_a_snapshot_is_refused_and_nothing_chang
 #[test]
 fn a_clear_of_the_old_footer_that_lands_late_is_refused() {
     let (spec, _) = drive_with_data("lateclear");
-    let proxy = Proxy::start(Config {
-        hold: Some(Hold {
-            needles: vec!["x-ms-page-write: clear".into()],
-            count: 1,
-            delay: std::time::Duration::from_secs(8),
-        }),
-        ..Config::clean(Azurite::shared().port)
-    });
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        "x-ms-page-write: clear",
+        1,
+        std::time::Duration::from_secs(8),
+    ));
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
     ok_env(&run(), &cs, &env, &["resize", &spec, "--size", "8MiB"]);

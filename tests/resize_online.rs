@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use blobdrive::azure::{Account, BlobClient, BlobService};
+use blobdrive::azure::BlobClient;
 use common::azurite::{unique_container, Azurite};
-use common::mount::{bd, ok, ok_env, require_root, run_dir, Mp};
+use common::mount::{ok, ok_env, require_root, run_dir, Mp};
 use common::util::{json, rt, sh_ok};
-use faultproxy::{Config, Hold, Proxy};
+use faultproxy::{Config, Proxy};
 
 const MIB: u64 = 1 << 20;
 
@@ -33,9 +33,7 @@ fn run() -> PathBuf {
 }
 
 fn blob_of(spec: &str) -> BlobClient {
-    let svc = BlobService::new(Account::from_connection_string(&az()).unwrap());
-    let (c, n) = spec.split_once('/').unwrap();
-    svc.blob(c, n)
+    common::azurite::blob_client(&az(), spec)
 }
 
 fn new_drive(tag: &str, size: &str) -> String {
@@ -50,11 +48,7 @@ fn new_drive(tag: &str, size: &str) -> String {
 
 /// The one error line of a command that must fail.
 fn fails(args: &[&str]) -> String {
-    let out = bd(&run(), &az(), args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{args:?} succeeded: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: one line, not: {err}");
-    err
+    common::mount::fails(&run(), &az(), args)
 }
 
 fn info_size(spec: &str) -> u64 {
@@ -315,11 +309,7 @@ fn a_mounted_raw_file_grows_and_a_read_only_mount_of_it_keeps_its_size() {
     ok(&run(), &az(), &["unmount", mp.s()]);
     // On the blob: the footer for 16 MiB, and the data.
     assert_eq!(info_size(&spec), 16 * MIB);
-    let blob = blob_of(&spec);
-    let got = rt()
-        .block_on(blob.read(12 * MIB, new.len() as u64))
-        .unwrap();
-    assert_eq!(got.as_ref(), &new[..]);
+    assert!(on_blob(&spec, 12 * MIB, new.len()) == new);
 }
 
 /// Block mode: the loop device takes the new size; what is on it is the user's.
@@ -347,10 +337,41 @@ fn a_mounted_block_device_grows() {
     let out = ok(&run(), &az(), &["resize", mp.s(), "--size", "24MiB"]);
     assert!(out.contains("was already 24 MiB"), "{out}");
     ok(&run(), &az(), &["unmount", mp.s()]);
-    let got = rt()
-        .block_on(blob_of(&spec).read(20 * MIB, data.len() as u64))
-        .unwrap();
-    assert_eq!(got.as_ref(), &data[..]);
+    assert!(on_blob(&spec, 20 * MIB, data.len()) == data);
+}
+
+/// A raw mount of `spec` reached through a proxy that holds the first request
+/// whose head contains `needle` for `delay` and then forwards it, with a 2 s
+/// request timeout, so the daemon gives up on it long before it lands.
+fn raw_mount_behind_a_hold(spec: &str, needle: &str, delay: Duration) -> (Proxy, String, Mp) {
+    let proxy = Proxy::start(Config::holding(Azurite::shared().port, needle, 1, delay));
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    let mp = Mp::new(&run(), &cs);
+    ok_env(&run(), &cs, &env, &["mount", spec, mp.s(), "--mode", "raw"]);
+    (proxy, cs, mp)
+}
+
+/// The status the service gave the held request once it was forwarded.
+fn late_status(proxy: &Proxy) -> Option<u16> {
+    let start = Instant::now();
+    while proxy.late_commits().is_empty() {
+        assert!(
+            start.elapsed().as_secs() < 40,
+            "the held request never landed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let late = proxy.late_commits();
+    eprintln!("{late:?}");
+    late[0].status
+}
+
+/// The bytes at `offset` on the blob once the drive is unmounted.
+fn on_blob(spec: &str, offset: u64, len: usize) -> Vec<u8> {
+    rt().block_on(blob_of(spec).read(offset, len as u64))
+        .unwrap()
+        .to_vec()
 }
 
 /// Setting the blob's length is the one step a mounted drive's lease does not
@@ -363,43 +384,16 @@ fn a_mounted_block_device_grows() {
 fn a_length_change_that_lands_after_a_later_resize_is_refused() {
     require_root();
     let spec = new_drive("late-grow", "8MiB");
-    let proxy = Proxy::start(Config {
-        hold: Some(Hold {
-            needles: vec!["x-ms-blob-content-length".into()],
-            count: 1,
-            delay: Duration::from_secs(12),
-        }),
-        ..Config::clean(Azurite::shared().port)
-    });
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = Mp::new(&run(), &cs);
-    ok_env(
-        &run(),
-        &cs,
-        &env,
-        &["mount", &spec, mp.s(), "--mode", "raw"],
-    );
+    let (proxy, cs, mp) =
+        raw_mount_behind_a_hold(&spec, "x-ms-blob-content-length", Duration::from_secs(12));
     ok(&run(), &cs, &["resize", mp.s(), "--size", "16MiB"]);
     ok(&run(), &cs, &["resize", mp.s(), "--size", "32MiB"]);
     let data = pattern(4);
     write_at(&mp.disk(), 30 * MIB, &data);
-    let start = Instant::now();
-    while proxy.late_commits().is_empty() {
-        assert!(
-            start.elapsed().as_secs() < 40,
-            "the held request never landed"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let late = proxy.late_commits();
-    assert_eq!(late[0].status, Some(412), "{late:?}");
+    assert_eq!(late_status(&proxy), Some(412));
     ok(&run(), &cs, &["unmount", mp.s()]);
     assert_eq!(info_size(&spec), 32 * MIB);
-    let got = rt()
-        .block_on(blob_of(&spec).read(30 * MIB, data.len() as u64))
-        .unwrap();
-    assert_eq!(got.as_ref(), &data[..]);
+    assert!(on_blob(&spec, 30 * MIB, data.len()) == data);
 }
 
 /// The old footer's page becomes disk when the drive grows. Its clear, held by a
@@ -411,42 +405,15 @@ fn a_length_change_that_lands_after_a_later_resize_is_refused() {
 fn a_clear_of_the_old_footer_that_lands_late_on_a_mounted_drive_is_refused() {
     require_root();
     let spec = new_drive("late-clear-online", "8MiB");
-    let proxy = Proxy::start(Config {
-        hold: Some(Hold {
-            needles: vec!["x-ms-page-write: clear".into()],
-            count: 1,
-            delay: Duration::from_secs(10),
-        }),
-        ..Config::clean(Azurite::shared().port)
-    });
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = Mp::new(&run(), &cs);
-    ok_env(
-        &run(),
-        &cs,
-        &env,
-        &["mount", &spec, mp.s(), "--mode", "raw"],
-    );
+    let (proxy, cs, mp) =
+        raw_mount_behind_a_hold(&spec, "x-ms-page-write: clear", Duration::from_secs(10));
     ok(&run(), &cs, &["resize", mp.s(), "--size", "16MiB"]);
     let data = pattern(5);
     write_at(&mp.disk(), 8 * MIB, &data);
-    let start = Instant::now();
-    while proxy.late_commits().is_empty() {
-        assert!(
-            start.elapsed().as_secs() < 40,
-            "the held clear never landed"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let late = proxy.late_commits();
-    assert_eq!(late[0].status, Some(412), "{late:?}");
+    assert_eq!(late_status(&proxy), Some(412));
     ok(&run(), &cs, &["unmount", mp.s()]);
-    let got = rt()
-        .block_on(blob_of(&spec).read(8 * MIB, data.len() as u64))
-        .unwrap();
     assert!(
-        got.as_ref() == &data[..],
+        on_blob(&spec, 8 * MIB, data.len()) == data,
         "a late clear zeroed data written after the resize"
     );
 }

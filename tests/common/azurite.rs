@@ -183,6 +183,14 @@ fn log_tail(state: &Path) -> String {
 
 /// A container name unique to this test run, valid for Azure: lower-case letters,
 /// digits and single hyphens, 3 to 63 characters, e.g. `t-snapshot-list-3f9c0a...`.
+/// A client of the blob `container/name` in the account `cs` reaches.
+pub fn blob_client(cs: &str, spec: &str) -> blobdrive::azure::BlobClient {
+    use blobdrive::azure::{Account, BlobService};
+    let svc = BlobService::new(Account::from_connection_string(cs).unwrap());
+    let (c, n) = spec.split_once('/').unwrap();
+    svc.blob(c, n)
+}
+
 pub fn unique_container(tag: &str) -> String {
     let mut clean = String::new();
     for c in tag.chars() {

@@ -53,6 +53,16 @@ pub fn ok_env(run: &Path, cs: &str, env: &[(&str, &str)], args: &[&str]) -> Stri
     stdout_of_success(&args, bd_env(run, cs, env, args))
 }
 
+/// blobdrive with `args`, which must fail with one line on standard error: that
+/// line.
+pub fn fails(run: &Path, cs: &str, args: &[&str]) -> String {
+    let out = bd(run, cs, args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{args:?} succeeded: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line, not: {err}");
+    err
+}
+
 /// The `unmount` a test's cleanup runs. After a failed assertion the service may
 /// be left unreachable (a paused proxy): a plain unmount would then wait for it
 /// without limit and hang the test run, so the cached data, which the failing test

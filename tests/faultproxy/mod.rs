@@ -89,6 +89,19 @@ pub struct Config {
 
 impl Config {
     /// A proxy that forwards everything, with no faults and no added latency.
+    /// No faults; the first `count` requests whose head contains `needle` are
+    /// each held `delay` and then forwarded anyway (late commits).
+    pub fn holding(upstream_port: u16, needle: &str, count: usize, delay: Duration) -> Config {
+        Config {
+            hold: Some(Hold {
+                needles: vec![needle.into()],
+                count,
+                delay,
+            }),
+            ..Config::clean(upstream_port)
+        }
+    }
+
     pub fn clean(upstream_port: u16) -> Config {
         Config {
             upstream_port,
