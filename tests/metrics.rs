@@ -304,8 +304,17 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
     }
     drop(prom);
     ok(&run, &az, &["unmount", mp.s()]);
-    // The port is free again once the daemon is gone.
-    TcpListener::bind(&addr).expect("the metrics port is released");
+    // The port is free again once the daemon is gone. `unmount` returns when its
+    // main thread has exited; the socket closes when the last of its threads has
+    // (one finishing a FUSE request can take a moment).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while let Err(e) = TcpListener::bind(&addr) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the metrics port is not released: {e}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// An address in use fails the mount with one line, leaving nothing mounted and

@@ -187,9 +187,11 @@ fn lost_by_itself(mp: &Path, lost: &str) -> anyhow::Error {
     )
 }
 
+/// Waits (at most 10 s) until no thread of the daemon runs: then its sockets are
+/// closed too (a `--metrics` port can be bound again by the next mount).
 fn wait_gone(pid: u32) {
     for _ in 0..200 {
-        if !system::pid_alive(pid) {
+        if !system::pid_alive(pid) && !system::threads_running(pid) {
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));

@@ -574,6 +574,24 @@ pub fn pid_alive(pid: u32) -> bool {
             != Some(true)
 }
 
+/// Whether any thread of process `pid` is still running. A process's main
+/// thread can be a zombie while its other threads are still being killed, and
+/// its sockets and files close only when the last of them is gone.
+pub fn threads_running(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(false)
+    })
+}
+
 /// The processes holding `path` open, as "pid N (name)", found in /proc.
 pub fn holders(path: &Path) -> Vec<String> {
     let mut found = Vec::new();
