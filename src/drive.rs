@@ -51,7 +51,15 @@ impl Drive {
 
     /// Reads properties and footer of `blob` and checks it is a fixed-VHD page blob.
     pub async fn open(blob: &BlobClient) -> Result<Drive, DriveError> {
-        let props = properties(blob).await?;
+        Drive::from_properties(blob, properties(blob).await?).await
+    }
+
+    /// [`Drive::open`] for properties the caller has already read: reads only the
+    /// footer.
+    pub async fn from_properties(
+        blob: &BlobClient,
+        props: BlobProperties,
+    ) -> Result<Drive, DriveError> {
         check_page_blob(blob, &props)?;
         if let Some((from, to)) = crate::resize::pending(&props) {
             return Err(DriveError::ResizeIncomplete {

@@ -92,11 +92,17 @@ pub async fn plan(blob: &BlobClient, size: u64) -> Result<Plan, DriveError> {
     let target = blob.target();
     let props = drive::properties(blob).await?;
     drive::check_page_blob(blob, &props)?;
+    let others = props
+        .metadata
+        .iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case(MARKER))
+        .cloned()
+        .collect();
     let from = match pending(&props) {
         Some((from, to)) if to == size => from,
         Some((from, to)) => return Err(DriveError::ResizeIncomplete { target, from, to }),
         None => {
-            let from = Drive::open(blob).await?.disk_size();
+            let from = Drive::from_properties(blob, props).await?.disk_size();
             if size < from {
                 return Err(DriveError::Shrink {
                     target,
@@ -114,12 +120,6 @@ pub async fn plan(blob: &BlobClient, size: u64) -> Result<Plan, DriveError> {
         target: target.clone(),
         source,
     })?;
-    let others = props
-        .metadata
-        .iter()
-        .filter(|(k, _)| !k.eq_ignore_ascii_case(MARKER))
-        .cloned()
-        .collect();
     Ok(Plan::Grow(Growth {
         from,
         to: size,
