@@ -564,14 +564,15 @@ pub fn pid_alive(pid: u32) -> bool {
     let rc = unsafe { libc::kill(pid as i32, 0) };
     let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
     // A zombie (dead, not yet reaped) is not a running daemon.
-    exists
-        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')
-                    .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-            })
-            != Some(true)
+    exists && is_zombie(Path::new(&format!("/proc/{pid}/stat"))) != Some(true)
+}
+
+/// Whether the process or thread whose `stat` file is at `stat` is a zombie;
+/// `None` if that cannot be read.
+fn is_zombie(stat: &Path) -> Option<bool> {
+    let text = std::fs::read_to_string(stat).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    Some(rest.trim_start().starts_with('Z'))
 }
 
 /// Whether any thread of process `pid` is still running. A process's main
@@ -581,15 +582,9 @@ pub fn threads_running(pid: u32) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return false;
     };
-    tasks.flatten().any(|t| {
-        std::fs::read_to_string(t.path().join("stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')
-                    .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
-            })
-            .unwrap_or(false)
-    })
+    tasks
+        .flatten()
+        .any(|t| is_zombie(&t.path().join("stat")) == Some(false))
 }
 
 /// The processes holding `path` open, as "pid N (name)", found in /proc.
