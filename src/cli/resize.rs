@@ -66,11 +66,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         bail!("{r} is a snapshot: snapshots keep their size; resize the drive itself");
     }
     let endpoint = blob.service().account().endpoint_for_messages();
-    let base = r.base().to_string();
-    if let Some(m) = record::load_all()
-        .into_iter()
-        .find(|m| m.endpoint == endpoint && m.blob == base && m.snapshot.is_none() && !m.read_only)
-    {
+    if let Some(m) = record::writable_mount(&endpoint, &r.base().to_string()) {
         return online(&m, size);
     }
     match ctx.block_on(resize::grow(&blob, size))?? {

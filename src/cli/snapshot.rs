@@ -57,13 +57,7 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
             }
             let base = r.to_string();
             let endpoint = client.service().account().endpoint_for_messages();
-            let local = record::load_all().into_iter().find(|m| {
-                m.endpoint == endpoint
-                    && m.blob == base
-                    && m.snapshot.is_none()
-                    && !m.read_only
-                    && record::alive(m)
-            });
+            let local = record::writable_mount(&endpoint, &base).filter(record::alive);
             let (id, how) = match local {
                 Some(m) => {
                     let answer =

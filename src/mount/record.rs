@@ -301,6 +301,15 @@ pub fn load_all() -> Vec<MountRecord> {
     out
 }
 
+/// The record of the writable mount of the drive `blob` (its base, not a
+/// snapshot) of the account at `endpoint` on this machine, if there is one,
+/// running or not: the one whose daemon holds the drive's lease.
+pub fn writable_mount(endpoint: &str, blob: &str) -> Option<MountRecord> {
+    load_all()
+        .into_iter()
+        .find(|m| m.endpoint == endpoint && m.blob == blob && m.snapshot.is_none() && !m.read_only)
+}
+
 /// Whether the daemon of a record is still running.
 pub fn alive(r: &MountRecord) -> bool {
     super::system::pid_alive(r.pid)
