@@ -1,6 +1,6 @@
 //! `blobdrive resize`: grow a drive, unmounted or mounted here.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -50,10 +50,9 @@ const ONLINE_TIMEOUT: Duration = Duration::from_secs(900);
 pub fn run(ctx: &Context, args: Args) -> Result<()> {
     let size = disk_size_arg(&args.size)?;
     if is_path(&args.drive) {
-        let mp = PathBuf::from(&args.drive);
-        let mp = mp.canonicalize().unwrap_or(mp);
-        record::check_readable().map_err(anyhow::Error::msg)?;
-        let Some(m) = record::load(&record::id_for(&mp)) else {
+        let (mp, rec) =
+            record::at_mountpoint(Path::new(&args.drive)).map_err(anyhow::Error::msg)?;
+        let Some(m) = rec else {
             bail!(
                 "nothing is mounted by blobdrive at {} (name the drive as container/name.vhd to grow it unmounted)",
                 mp.display()

@@ -17,12 +17,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let mp = args
-        .mountpoint
-        .canonicalize()
-        .unwrap_or_else(|_| args.mountpoint.clone());
-    record::check_readable().map_err(anyhow::Error::msg)?;
-    let Some(rec) = record::load(&record::id_for(&mp)) else {
+    let (mp, rec) = record::at_mountpoint(&args.mountpoint).map_err(anyhow::Error::msg)?;
+    let Some(rec) = rec else {
         bail!("nothing is mounted by blobdrive at {}", mp.display());
     };
     if !record::alive(&rec) {

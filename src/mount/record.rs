@@ -301,6 +301,15 @@ pub fn load_all() -> Vec<MountRecord> {
     out
 }
 
+/// The mountpoint `path` names (canonical, when it exists) and blobdrive's record
+/// of a mount there, if any; an error if the records cannot be read (not root).
+pub fn at_mountpoint(path: &Path) -> Result<(PathBuf, Option<MountRecord>), String> {
+    let mp = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    check_readable()?;
+    let rec = load(&id_for(&mp));
+    Ok((mp, rec))
+}
+
 /// The record of the writable mount of the drive `blob` (its base, not a
 /// snapshot) of the account at `endpoint` on this machine, if there is one,
 /// running or not: the one whose daemon holds the drive's lease.
