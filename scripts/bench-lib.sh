@@ -28,7 +28,13 @@ PY
 fio_run() {
     BENCH_DIR="$2" BENCH_SIZE="$SIZE" BENCH_RSIZE="$RSIZE" BENCH_RUNTIME="$RUNTIME" \
         fio --output-format=json "scripts/fio/$1.fio" >"$WORK/fio.json"
-    python3 - "$WORK/fio.json" <<'PY'
+    fio_result "$WORK/fio.json"
+}
+
+# fio_result FIO.JSON -> prints "MiB/s IOPS" of the first job in fio's JSON output
+# (its write side if it wrote, else its read side).
+fio_result() {
+    python3 - "$1" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]
 side = j["write"] if j["write"]["io_bytes"] > 0 else j["read"]

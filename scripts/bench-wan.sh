@@ -253,7 +253,7 @@ MNT="$WORK/mnt-capped"; mkdir "$MNT"
 F0=$(proxy_stat forwarded); R0=$(proxy_stat refused_503)
 fio --output-format=json --filename="$MNT/disk" --name=capped-write --rw=write --bs=1M \
     --size="${CAPPED_MIB}M" --ioengine=psync --end_fsync=1 >"$WORK/fio.json"
-put wan_caps.seq_write_mib_s "$(python3 -c "import json; print(round(json.load(open('$WORK/fio.json'))['jobs'][0]['write']['bw_bytes'] / 1048576, 2))")"
+read -r mb _ < <(fio_result "$WORK/fio.json"); put wan_caps.seq_write_mib_s "$mb"
 put wan_caps.seq_write_requests "$(( $(proxy_stat forwarded) - F0 ))"
 put wan_caps.seq_write_refused_503 "$(( $(proxy_stat refused_503) - R0 ))"
 "$BD" unmount "$MNT" >/dev/null

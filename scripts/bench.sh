@@ -151,14 +151,14 @@ DPID="$(daemon_pid "$MNT")"; T0="$(ticks_of "$DPID")"
 BENCH_DIR="$MNT" BENCH_SIZE="$SIZE" fio --output-format=json --filename="$MNT/disk" --name=raw-write \
     --rw=write --bs=1M --size="$SIZE" --ioengine=psync --end_fsync=1 >"$WORK/fio.json"
 put blobdrive_raw.seq_write_cpu_s_per_gib "$(cpu_per_gib "$T0" "$(ticks_of "$DPID")" "$SIZE_MIB")"
-put blobdrive_raw.seq_write_mib_s "$(python3 -c "import json; print(round(json.load(open('$WORK/fio.json'))['jobs'][0]['write']['bw_bytes'] / 1048576, 2))")"
+read -r mb _ < <(fio_result "$WORK/fio.json"); put blobdrive_raw.seq_write_mib_s "$mb"
 "$BD" unmount "$MNT" >/dev/null
 "$BD" mount bench/raw.vhd "$MNT" --mode raw --cache-size "$CACHE" >/dev/null
 DPID="$(daemon_pid "$MNT")"; T0="$(ticks_of "$DPID")"
 fio --output-format=json --filename="$MNT/disk" --name=raw-read --rw=read --bs=1M --size="$SIZE" \
     --ioengine=psync >"$WORK/fio.json"
 put blobdrive_raw.seq_read_cold_cpu_s_per_gib "$(cpu_per_gib "$T0" "$(ticks_of "$DPID")" "$SIZE_MIB")"
-put blobdrive_raw.seq_read_cold_mib_s "$(python3 -c "import json; print(round(json.load(open('$WORK/fio.json'))['jobs'][0]['read']['bw_bytes'] / 1048576, 2))")"
+read -r mb _ < <(fio_result "$WORK/fio.json"); put blobdrive_raw.seq_read_cold_mib_s "$mb"
 "$BD" unmount "$MNT" >/dev/null
 
 say "3c. mount time of a sparse 1 TiB drive; time to first byte"

@@ -89,10 +89,7 @@ T0="$(ticks_of "$DPID")"
 BENCH_DIR="$MNT" BENCH_SIZE="$SIZE" "${TARGET[@]}" >"$WORK/fio.json"
 T1="$(ticks_of "$DPID")"
 kill -INT "$PERF_PID"; wait "$PERF_PID" || true
-MBS="$(python3 -c "
-import json; j = json.load(open('$WORK/fio.json'))['jobs'][0]
-side = j['write'] if j['write']['io_bytes'] > 0 else j['read']
-print(round(side['bw_bytes'] / 1048576, 1))")"
+read -r MBS _ < <(fio_result "$WORK/fio.json")
 echo "$JOB: $MBS MiB/s, daemon $(cpu_per_gib "$T0" "$T1" "$SIZE_MIB") CPU s per GiB"
 echo "  through FUSE: $(( ($(stat_of "$MNT" bytes_read) - R0) >> 20 )) MiB read, $(( ($(stat_of "$MNT" bytes_written) - W0) >> 20 )) MiB written; from the blob: $(( ($(stat_of "$MNT" bytes_downloaded) - D0) >> 20 )) MiB"
 mkdir -p "$(dirname "$SVG")"
