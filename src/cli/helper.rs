@@ -38,6 +38,8 @@ OPTIONS (comma-separated):
   mkfs=ext4|xfs           create this filesystem on a blank disk (never over one)
   cache-size=SIZE         memory for the page cache (e.g. 256MiB)
   metrics=ADDR:PORT       serve Prometheus metrics at http://ADDR:PORT/metrics
+  disk-cache=DIR          keep a cache that survives remounts in DIR (root's, on a
+                          local disk); disk-cache-size=SIZE bounds it
   credentials=FILE        KEY=VALUE lines for the daemon's environment, e.g.
                           AZURE_STORAGE_CONNECTION_STRING=... or the Entra ID variables;
                           root's, mode 600 or stricter (secrets stay out of argv and
@@ -107,6 +109,8 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
         dev: false,
         fs_flags: o.fs_flags,
         metrics: o.metrics,
+        disk_cache: o.disk_cache,
+        disk_cache_size: o.disk_cache_size,
     };
     let connection_string = std::env::var("AZURE_STORAGE_CONNECTION_STRING").ok();
     let say = if inv.verbose {

@@ -84,6 +84,19 @@ pub struct Args {
     /// An address in use fails the mount.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    /// Keep a second cache, under the memory cache, in a directory of DIR on a
+    /// local disk: reads look in memory, then there, then the blob, and it
+    /// survives unmount, so a remount starts warm. It holds only data that is on
+    /// the blob (fsync still means "on the blob"); if the blob changed since the
+    /// last clean unmount, or that mount never ended cleanly, it starts empty.
+    /// DIR must exist, be root's and writable by no one else; each drive gets
+    /// its own directory in it, locked while mounted.
+    #[arg(long, value_name = "DIR")]
+    pub disk_cache: Option<PathBuf>,
+    /// The disk cache's limit; least recently used data goes first [default:
+    /// the drive's size, at most half the space free on DIR's filesystem].
+    #[arg(long, value_name = "SIZE", requires = "disk_cache")]
+    pub disk_cache_size: Option<String>,
     /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)
     /// helper from an fstab line.
     #[arg(skip)]
@@ -138,6 +151,19 @@ fn check_cache_size(cache_size: u64, mem_total: Option<u64>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A disk cache must hold a few chunks (its unit of space) to be of use.
+fn check_disk_cache_size(size: u64) -> Result<u64> {
+    use blobdrive::device::diskcache::MIN_SIZE;
+    if size < MIN_SIZE {
+        bail!(
+            "--disk-cache-size {} is too small: at least {}",
+            human(size),
+            human(MIN_SIZE)
+        );
+    }
+    Ok(size)
 }
 
 /// `blobdrive mount`. It makes its own account context, after its credentials
@@ -206,6 +232,19 @@ fn mount(
         None => default_cache_size(),
     };
     check_cache_size(cache_size, mem_total())?;
+    let disk_cache_size = match &args.disk_cache_size {
+        Some(s) => Some(check_disk_cache_size(parse_size(s)?)?),
+        None => None,
+    };
+    let disk_cache = match &args.disk_cache {
+        Some(dir) => {
+            let dir = std::path::absolute(dir)
+                .with_context(|| format!("--disk-cache {}", dir.display()))?;
+            blobdrive::device::diskcache::files::check_dir(&dir).map_err(anyhow::Error::msg)?;
+            Some(dir)
+        }
+        None => None,
+    };
     preflight(&args.mountpoint)?;
     let mountpoint = args.mountpoint.canonicalize()?;
     let mountpoint_id = system::dir_id(&mountpoint)?;
@@ -228,6 +267,8 @@ fn mount(
             f
         },
         metrics: args.metrics.clone(),
+        disk_cache,
+        disk_cache_size,
     };
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.

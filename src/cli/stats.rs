@@ -66,5 +66,31 @@ pub fn run(args: Args) -> Result<()> {
         human(n("cache_size"))
     );
     println!("dirty:          {}", human(n("dirty_bytes")));
+    let d = &v["disk_cache"];
+    if d.is_object() {
+        let m = |k: &str| d[k].as_u64().unwrap_or(0);
+        let state = match d["off_reason"].as_str() {
+            Some(why) => format!("off ({why})"),
+            None if d["warm_start"].as_bool() == Some(true) => "on, started warm".into(),
+            None => "on".into(),
+        };
+        println!(
+            "disk cache:     {state}, {}",
+            d["dir"].as_str().unwrap_or("?")
+        );
+        println!(
+            "                {} hits ({}), {} misses, {} evictions, {} checksum failures",
+            m("hits"),
+            human(m("hit_bytes")),
+            m("misses"),
+            m("evictions"),
+            m("checksum_failures")
+        );
+        println!(
+            "                {} of {} held",
+            human(m("bytes")),
+            human(m("size_limit"))
+        );
+    }
     Ok(())
 }

@@ -9,6 +9,7 @@
 pub mod blockmem;
 pub mod bufpool;
 pub mod cache;
+pub mod diskcache;
 pub mod health;
 pub mod mem;
 pub mod remote;

@@ -24,6 +24,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tracing::{error, warn};
 
+use super::diskcache::DiskCache;
 use super::health::{Health, HealthSnapshot, Pending};
 use super::{Backend, DeviceError, MAX_RUN};
 use crate::azure::ops::fence::SEQUENCE_REFUSED;
@@ -61,6 +62,9 @@ pub struct RemoteBackend {
     fenced: Arc<AtomicBool>,
     puts: Arc<Semaphore>,
     patience: Arc<Patience>,
+    /// The disk cache under the memory cache, if the mount has one: reads look
+    /// there before the blob, and what the blob answered or took goes there.
+    tier: Option<Arc<DiskCache>>,
 }
 
 /// How long an operation goes on through an outage.
@@ -95,7 +99,19 @@ impl RemoteBackend {
                 give_up: AtomicBool::new(false),
                 health: Arc::new(Health::default()),
             }),
+            tier: None,
         }
+    }
+
+    /// Puts `tier` under this backend (before the cache takes it).
+    pub fn with_disk_cache(mut self, tier: Arc<DiskCache>) -> RemoteBackend {
+        self.tier = Some(tier);
+        self
+    }
+
+    /// The disk cache, if the mount has one.
+    pub fn disk_cache(&self) -> Option<&Arc<DiskCache>> {
+        self.tier.as_ref()
     }
 
     /// Shared flag: set once the lease is lost.
@@ -297,6 +313,53 @@ pub fn map_error(fenced: &AtomicBool, e: AzureError) -> DeviceError {
 
 impl Backend for RemoteBackend {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        match &self.tier {
+            Some(t) => t.read(offset, buf, |o, b| self.read_blob(o, b)),
+            None => self.read_blob(offset, buf),
+        }
+    }
+
+    fn write_runs(&self, runs: Vec<(u64, Bytes)>) -> Result<(), DeviceError> {
+        let Some(t) = &self.tier else {
+            return first_error(self.write_blob(runs));
+        };
+        for (o, d) in &runs {
+            t.change_begins(*o, o + d.len() as u64);
+        }
+        let kept: Vec<(u64, Bytes)> = runs.clone();
+        let results = self.write_blob(runs);
+        for ((o, d), r) in kept.iter().zip(&results) {
+            t.change_ends(*o, o + d.len() as u64, r.is_ok().then_some(&d[..]));
+        }
+        first_error(results)
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        let Some(t) = &self.tier else {
+            return self.discard_blob(offset, len);
+        };
+        t.change_begins(offset, offset + len);
+        let r = self.discard_blob(offset, len);
+        t.change_ends(offset, offset + len, None);
+        r
+    }
+}
+
+/// The error to report of several runs': a lost lease outranks any other.
+fn first_error(results: Vec<Result<(), DeviceError>>) -> Result<(), DeviceError> {
+    let mut first = None;
+    for r in results {
+        if let Err(e) = r {
+            if matches!(e, DeviceError::LeaseLost(_)) || first.is_none() {
+                first = Some(e);
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+impl RemoteBackend {
+    fn read_blob(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
         // Bodies stream straight into `buf`. Large reads go out as parallel ranged
         // GETs of at most 4 MiB, each waited for by its own thread.
         if buf.len() as u64 <= MAX_RUN {
@@ -322,8 +385,12 @@ impl Backend for RemoteBackend {
         results.into_iter().collect()
     }
 
-    fn write_runs(&self, runs: Vec<(u64, Bytes)>) -> Result<(), DeviceError> {
-        let lease = self.check_writable()?.to_string();
+    /// Sends `runs` in parallel; one result per run, in order.
+    fn write_blob(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
+        let lease = match self.check_writable() {
+            Ok(l) => l.to_string(),
+            Err(e) => return vec![Err(e); runs.len().max(1)],
+        };
         let sem = self.puts.clone();
         let fenced = self.fenced.clone();
         let results =
@@ -356,19 +423,10 @@ impl Backend for RemoteBackend {
                 }
                 out
             });
-        // A lost lease outranks any other failure.
-        let mut first = None;
-        for r in results {
-            if let Err(e) = r {
-                if matches!(e, DeviceError::LeaseLost(_)) || first.is_none() {
-                    first = Some(e);
-                }
-            }
-        }
-        first.map_or(Ok(()), Err)
+        results
     }
 
-    fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+    fn discard_blob(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         let lease = self.check_writable()?.to_string();
         let mut pos = offset;
         while pos < offset + len {

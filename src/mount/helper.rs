@@ -73,6 +73,10 @@ pub struct Options {
     pub fs_flags: Vec<String>,
     /// `metrics=ADDR:PORT`, for `--metrics`.
     pub metrics: Option<String>,
+    /// `disk-cache=DIR`, for `--disk-cache`.
+    pub disk_cache: Option<PathBuf>,
+    /// As written (already checked to parse), for `--disk-cache-size`.
+    pub disk_cache_size: Option<String>,
 }
 
 impl Default for Options {
@@ -85,6 +89,8 @@ impl Default for Options {
             credentials: None,
             fs_flags: Vec::new(),
             metrics: None,
+            disk_cache: None,
+            disk_cache_size: None,
         }
     }
 }
@@ -211,6 +217,13 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
                 o.cache_size = Some(v.to_string());
             }
             "credentials" => o.credentials = Some(PathBuf::from(need("FILE")?)),
+            "disk-cache" => o.disk_cache = Some(PathBuf::from(need("DIR")?)),
+            "disk-cache-size" => {
+                let v = need("SIZE")?;
+                parse_size(v)
+                    .map_err(|e| UsageError(format!("option disk-cache-size={v}: {e}")))?;
+                o.disk_cache_size = Some(v.to_string());
+            }
             "metrics" => {
                 let v = need("ADDR:PORT")?;
                 v.parse::<std::net::SocketAddr>().map_err(|_| {
@@ -231,10 +244,15 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
             _ if sloppy => {}
             _ => {
                 return Err(UsageError(format!(
-                    "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, credentials=FILE, metrics=ADDR:PORT, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
+                    "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, disk-cache=DIR, disk-cache-size=SIZE, credentials=FILE, metrics=ADDR:PORT, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
                 )))
             }
         }
+    }
+    if o.disk_cache_size.is_some() && o.disk_cache.is_none() {
+        return Err(UsageError(
+            "option disk-cache-size needs disk-cache=DIR too".into(),
+        ));
     }
     if o.mkfs.is_some() && o.read_only {
         return Err(UsageError(
@@ -265,7 +283,7 @@ mod tests {
             "/data",
             "-v",
             "-o",
-            "rw,credentials=/etc/blobdrive/acct.env,_netdev,nofail,mode=fs,mkfs=ext4,cache-size=64MiB,nosuid,nodev,metrics=127.0.0.1:9101",
+            "rw,credentials=/etc/blobdrive/acct.env,_netdev,nofail,mode=fs,mkfs=ext4,cache-size=64MiB,nosuid,nodev,metrics=127.0.0.1:9101,disk-cache=/var/cache/blobdrive,disk-cache-size=20GiB",
         ])
         .unwrap();
         assert_eq!(i.spec, "disks/data.vhd");
@@ -281,6 +299,8 @@ mod tests {
                 credentials: Some("/etc/blobdrive/acct.env".into()),
                 fs_flags: vec!["nosuid".into(), "nodev".into()],
                 metrics: Some("127.0.0.1:9101".into()),
+                disk_cache: Some("/var/cache/blobdrive".into()),
+                disk_cache_size: Some("20GiB".into()),
             }
         );
         // Flags together, options attached, a subtype, several -o.
@@ -319,6 +339,12 @@ mod tests {
         assert!(e.contains("metrics=localhost"), "{e}");
         let e = parse_options("cache-size=1GB", false).unwrap_err().0;
         assert!(e.starts_with("option cache-size=1GB: "), "{e}");
+        let e = parse_options("disk-cache=/c,disk-cache-size=1GB", false)
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("option disk-cache-size=1GB: "), "{e}");
+        let e = parse_options("disk-cache-size=1GiB", false).unwrap_err().0;
+        assert!(e.contains("needs disk-cache=DIR"), "{e}");
         let e = parse_options("credentials=", false).unwrap_err().0;
         assert!(e.contains("credentials=FILE"), "{e}");
         let e = parse_options("user,noexec,nosuid,nodev", false)

@@ -62,6 +62,13 @@ pub struct MountRequest {
     /// Where to serve the mount's metrics (`--metrics ADDR:PORT`).
     #[serde(default)]
     pub metrics: Option<String>,
+    /// The directory holding disk caches (`--disk-cache DIR`), if any.
+    #[serde(default)]
+    pub disk_cache: Option<PathBuf>,
+    /// The disk cache's limit (`--disk-cache-size`); by default the drive's
+    /// size, at most half the space free in the directory's filesystem.
+    #[serde(default)]
+    pub disk_cache_size: Option<u64>,
 }
 
 /// The filesystem types blobdrive mounts. A drive is bytes from the network that

@@ -267,6 +267,15 @@ pub fn has_capability(cap: u32) -> bool {
 
 /// The total size in bytes of the filesystem mounted at `path` (statvfs).
 pub fn fs_size(path: &Path) -> Option<u64> {
+    statvfs(path).map(|st| st.f_blocks * st.f_frsize)
+}
+
+/// Bytes free for root on the filesystem holding `path` (statvfs).
+pub fn free_space(path: &Path) -> Option<u64> {
+    statvfs(path).map(|st| st.f_bfree * st.f_frsize)
+}
+
+fn statvfs(path: &Path) -> Option<libc::statvfs> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: a zeroed statvfs is a valid out-parameter.
@@ -275,7 +284,7 @@ pub fn fs_size(path: &Path) -> Option<u64> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
-    Some(st.f_blocks as u64 * st.f_frsize as u64)
+    Some(st)
 }
 
 /// The filesystem type on a device, if any.

@@ -12,8 +12,12 @@ use tracing::{error, info, warn};
 
 use super::stats::{lease_state, stats_value, StatsValues};
 use super::Mounted;
-use crate::azure::{PageRange, SegmentPlan};
+use std::path::Path;
+
+use crate::azure::{BlobProperties, PageRange, SegmentPlan};
 use crate::device::cache::{Cache, CacheConfig};
+use crate::device::diskcache::files::{self, BlobState};
+use crate::device::diskcache::DiskCache;
 use crate::device::remote::{self, RemoteBackend};
 use crate::device::sparse::SparseMap;
 use crate::drive::Drive;
@@ -106,12 +110,17 @@ pub(super) fn setup(
         size,
         ranges.len()
     );
-    let backend = RemoteBackend::new(
+    let mut backend = RemoteBackend::new(
         m.blob.clone(),
         m.lease.clone(),
         m.rt.handle().clone(),
         remote::io_timeout_from_env(),
     );
+    if let Some(dir) = m.req.disk_cache.clone() {
+        let tier = open_disk_cache(m, &dir, &drive)?;
+        backend = backend.with_disk_cache(tier.clone());
+        m.disk_cache = Some(tier);
+    }
     m.fenced = backend.fence();
     let cache = Arc::new(Cache::new(
         backend,
@@ -294,6 +303,55 @@ pub(super) fn setup(
         warnings,
     };
     Ok((ready, listener))
+}
+
+/// Opens the drive's disk cache in `dir`. The blob's state it is checked against
+/// is read now, once this mount alone can write the blob (the properties read
+/// before the lease was taken could be older than another writer's last write).
+fn open_disk_cache(
+    m: &mut Mounted,
+    dir: &Path,
+    drive: &Drive,
+) -> Result<Arc<DiskCache>, MountError> {
+    let props = if m.lease.is_some() {
+        m.rt.block_on(m.blob.properties())?
+    } else {
+        drive.props.clone()
+    };
+    let state = blob_state(&props).ok_or_else(|| {
+        MountError::System(format!(
+            "--disk-cache: the storage service sent no ETag for {}, so a cache could never be proven current",
+            m.target
+        ))
+    })?;
+    let limit = match m.req.disk_cache_size {
+        Some(l) => l,
+        None => {
+            let half_free = system::free_space(dir).map_or(u64::MAX, |f| f / 2);
+            drive
+                .disk_size()
+                .min(half_free)
+                .max(crate::device::diskcache::MIN_SIZE)
+        }
+    };
+    let name = files::dir_name(
+        &m.blob.service().account().name,
+        m.blob.container_name(),
+        m.blob.name(),
+        m.blob.snapshot(),
+    );
+    let tier = DiskCache::open(dir, &name, limit, &state).map_err(MountError::System)?;
+    m.disk_state = Some(state);
+    Ok(Arc::new(tier))
+}
+
+/// What a disk cache is checked against: `None` without an ETag.
+pub(super) fn blob_state(props: &BlobProperties) -> Option<BlobState> {
+    Some(BlobState {
+        etag: props.etag.clone()?,
+        content_length: props.content_length,
+        sequence_number: props.sequence_number.unwrap_or(0),
+    })
 }
 
 /// Renews the lease every [`LEASE_CHECK`]: any lease error means another party

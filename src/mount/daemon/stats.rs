@@ -56,5 +56,6 @@ pub(super) fn stats_value(
         "lease_state": lease,
         "stalled_secs": h.stalled.as_secs_f64(),
         "last_error": h.last_error,
+        "disk_cache": cache.and_then(|c| c.backend().disk_cache()).map(|t| t.stats()),
     })
 }

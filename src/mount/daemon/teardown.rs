@@ -204,6 +204,9 @@ impl Mounted {
         for p in self.prefetchers.drain(..) {
             let _ = p.join();
         }
+        if losses.is_empty() && !self.fenced.load(Ordering::SeqCst) {
+            self.keep_disk_cache();
+        }
         if let Some(id) = self.lease.take() {
             if self.fenced.load(Ordering::SeqCst) {
                 warn!("the lease on {} was lost while mounted", self.target);
@@ -238,6 +241,44 @@ impl Mounted {
             self.record_written = false;
         }
         Ok(losses)
+    }
+
+    /// Leaves the disk cache for the next mount, once nothing reads or writes any
+    /// more, if the blob is provably as this mount left it: a writer reads the
+    /// blob's state and then renews its lease (which fails if the lease was ever
+    /// broken, the only way another write could have come in); a reader finds the
+    /// blob as it was when mounted. Otherwise the cache is left without an index,
+    /// and the next mount starts it empty.
+    fn keep_disk_cache(&self) {
+        let (Some(tier), Some(found)) = (&self.disk_cache, &self.disk_state) else {
+            return;
+        };
+        let not_kept = |why: String| info!("the disk cache is not kept for the next mount: {why}");
+        if !tier.is_on() {
+            return not_kept("it was turned off".into());
+        }
+        let now = match self.rt.block_on(self.blob.properties()) {
+            Ok(p) => match super::setup::blob_state(&p) {
+                Some(s) => s,
+                None => return not_kept("the service sent no ETag".into()),
+            },
+            Err(e) => return not_kept(format!("cannot read the blob's state: {e}")),
+        };
+        let current = match &self.lease {
+            Some(id) => match self.rt.block_on(self.blob.renew_lease(id)) {
+                Ok(()) => Ok(()),
+                Err(e) => Err(format!("the lease could not be confirmed ({e})")),
+            },
+            None if &now == found => Ok(()),
+            None => Err("the blob changed while it was mounted read-only".into()),
+        };
+        if let Err(why) = current {
+            return not_kept(why);
+        }
+        match tier.seal(&now) {
+            Ok(()) => info!("the disk cache is kept for the next mount"),
+            Err(e) => warn!("the disk cache is not kept for the next mount: {e}"),
+        }
     }
 
     /// Refuses while a process other than the loop device holds `disk` open: its

@@ -1,0 +1,440 @@
+//! The disk cache's files: the per-drive directory under the one the operator
+//! named, its lock, the data file of slots, and the index a clean unmount leaves.
+//!
+//! The daemon runs as root and the directory is on a local filesystem other
+//! users may reach, so nothing here follows a link or trusts a file it did not
+//! make: the operator's directory must be root's and writable by no one else
+//! (else another user could swap what is in it), it is held open and everything
+//! below it is reached relative to that handle with `O_NOFOLLOW`, the drive's
+//! directory is created 0700, and the index is read with a bound and checked
+//! whole (crc32c) before any of it is believed.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use super::index::{Chunk, CHUNK, PIECE, PIECES};
+
+/// What a clean unmount saw of the blob after its last write: the cache is
+/// current for exactly this blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobState {
+    pub etag: String,
+    pub content_length: u64,
+    pub sequence_number: u64,
+}
+
+/// What a clean unmount left: the blob's state then, and the index's entries.
+pub type Left = (BlobState, Vec<(u64, Chunk)>);
+
+/// The files of one drive's cache, locked for this mount.
+pub struct Files {
+    dir: File,
+    /// Held (flock) for as long as this is alive.
+    _lock: File,
+    pub data: File,
+}
+
+const MAGIC: &[u8; 8] = b"BDDCIDX1";
+/// Bytes per index entry: chunk, slot, valid mask, crcs.
+const ENTRY: usize = 8 + 4 + 2 + 4 * PIECES;
+/// An ETag longer than this is not one the service sends.
+const MAX_ETAG: usize = 256;
+
+fn cstr(name: &str) -> CString {
+    CString::new(name).expect("no NUL in our own names")
+}
+
+fn last_os_error(doing: &str) -> String {
+    format!("{doing}: {}", std::io::Error::last_os_error())
+}
+
+/// Opens `name` in `dir` (`O_NOFOLLOW`): `flags` as for open(2).
+fn open_at(dir: &File, name: &str, flags: i32) -> std::io::Result<File> {
+    let n = cstr(name);
+    // SAFETY: a valid directory fd and NUL-terminated name; the fd returned is ours.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            n.as_ptr(),
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+fn fsync_dir(dir: &File) -> std::io::Result<()> {
+    dir.sync_all()
+}
+
+/// The directory name of one drive's cache: account, container and blob (and
+/// snapshot), with every byte but letters, digits, `-` and `_` written `%XX`,
+/// shortened with a hash of the whole if long.
+pub fn dir_name(account: &str, container: &str, blob: &str, snapshot: Option<&str>) -> String {
+    let mut whole = format!("{account}.{container}.{}", escape(blob));
+    if let Some(s) = snapshot {
+        whole.push('@');
+        whole.push_str(&escape(s));
+    }
+    if whole.len() <= 200 {
+        return whole;
+    }
+    use sha2::Digest;
+    let h = sha2::Sha256::digest(whole.as_bytes());
+    let hex: String = h[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let mut cut = 180;
+    while !whole.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}~{hex}", &whole[..cut])
+}
+
+fn escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Refuses a directory another user could change: it must be root's and not
+/// writable by group or others. `what` names it in the error.
+fn check_owned(meta: &std::fs::Metadata, what: &str, strict: bool) -> Result<(), String> {
+    let forbidden = if strict { 0o077 } else { 0o022 };
+    if meta.uid() != 0 || meta.mode() & forbidden != 0 {
+        return Err(format!(
+            "{what} must be root's and {} (it is uid {}, mode {:o})",
+            if strict {
+                "closed to group and others"
+            } else {
+                "writable by no one else"
+            },
+            meta.uid(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `dir` can hold disk caches (an existing directory, root's,
+/// writable by no one else, not a symbolic link), without changing anything.
+pub fn check_dir(dir: &Path) -> Result<File, String> {
+    let shown = dir.display();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags_nofollow_dir()
+        .open(dir)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
+                format!("--disk-cache {shown}: not a directory (a symbolic link is not followed)")
+            }
+            _ => format!("--disk-cache {shown}: {e}"),
+        })?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("--disk-cache {shown}: {e}"))?;
+    check_owned(&meta, &format!("--disk-cache {shown}"), false)?;
+    Ok(f)
+}
+
+trait NoFollowDir {
+    fn custom_flags_nofollow_dir(&mut self) -> &mut Self;
+}
+
+impl NoFollowDir for std::fs::OpenOptions {
+    fn custom_flags_nofollow_dir(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+    }
+}
+
+impl Files {
+    /// Opens (creating it 0700) the directory `name` under `parent` and takes its
+    /// lock: a second mount of the same drive with the same parent is refused.
+    pub fn open(parent: &Path, name: &str) -> Result<Files, String> {
+        let top = check_dir(parent)?;
+        let shown = parent.join(name);
+        let shown = shown.display();
+        let n = cstr(name);
+        // SAFETY: valid fd and NUL-terminated name.
+        if unsafe { libc::mkdirat(top.as_raw_fd(), n.as_ptr(), 0o700) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EEXIST) {
+                return Err(format!("cannot create {shown}: {e}"));
+            }
+        }
+        let dir = open_at(&top, name, libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR) {
+                format!("{shown} is not a directory (a symbolic link is not followed)")
+            } else {
+                format!("cannot open {shown}: {e}")
+            }
+        })?;
+        let meta = dir
+            .metadata()
+            .map_err(|e| format!("cannot read {shown}: {e}"))?;
+        check_owned(&meta, &shown.to_string(), true)?;
+        let lock = open_at(&dir, "lock", libc::O_RDWR | libc::O_CREAT)
+            .map_err(|e| format!("cannot open {shown}/lock: {e}"))?;
+        // SAFETY: a valid fd.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                format!("the disk cache {shown} is in use by another mount of the same drive: give this mount another --disk-cache directory, or none")
+            } else {
+                last_os_error(&format!("cannot lock {shown}"))
+            });
+        }
+        let data = open_at(&dir, "data", libc::O_RDWR | libc::O_CREAT)
+            .map_err(|e| format!("cannot open {shown}/data: {e}"))?;
+        if !data
+            .metadata()
+            .map(|m| m.file_type().is_file())
+            .unwrap_or(false)
+        {
+            return Err(format!("{shown}/data is not a regular file"));
+        }
+        Ok(Files {
+            dir,
+            _lock: lock,
+            data,
+        })
+    }
+
+    /// Takes the index a clean unmount left, if any, and removes it, so that
+    /// from now on (until the next clean unmount writes one) a crash leaves no
+    /// index to trust. `None` when there was none or it does not hold together.
+    pub fn take_index(&self, slots: u32) -> std::io::Result<Option<Left>> {
+        let f = match open_at(&self.dir, "index", libc::O_RDONLY | libc::O_NONBLOCK) {
+            Ok(f) => Some(f),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+            Err(e) => return Err(e),
+        };
+        let parsed = match f {
+            None => None,
+            Some(mut f) => {
+                let limit = (64 + MAX_ETAG + ENTRY * slots as usize + 4) as u64;
+                let mut bytes = Vec::new();
+                let regular = f.metadata()?.file_type().is_file();
+                if regular {
+                    (&mut f).take(limit + 1).read_to_end(&mut bytes)?;
+                }
+                let n = cstr("index");
+                // SAFETY: valid fd and NUL-terminated name.
+                if unsafe { libc::unlinkat(self.dir.as_raw_fd(), n.as_ptr(), 0) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                fsync_dir(&self.dir)?;
+                if regular && bytes.len() as u64 <= limit {
+                    decode(&bytes)
+                } else {
+                    None
+                }
+            }
+        };
+        Ok(parsed)
+    }
+
+    /// Makes the data file `slots` slots long and, unless `keep`, empty first.
+    pub fn size_data(&self, slots: u32, keep: bool) -> std::io::Result<()> {
+        if !keep {
+            self.data.set_len(0)?;
+        }
+        self.data.set_len(u64::from(slots) * CHUNK)
+    }
+
+    /// Writes the index for `state` (the data file synced first, the index
+    /// replaced atomically), so the next mount can trust the data file as is.
+    pub fn write_index(&self, state: &BlobState, entries: &[(u64, Chunk)]) -> std::io::Result<()> {
+        self.data.sync_all()?;
+        let bytes = encode(state, entries);
+        let _ = self.unlink("index.new");
+        let mut f = open_at(
+            &self.dir,
+            "index.new",
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+        )?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        let (a, b) = (cstr("index.new"), cstr("index"));
+        let fd = self.dir.as_raw_fd();
+        // SAFETY: valid fd and NUL-terminated names.
+        if unsafe { libc::renameat(fd, a.as_ptr(), fd, b.as_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        fsync_dir(&self.dir)
+    }
+
+    fn unlink(&self, name: &str) -> std::io::Result<()> {
+        let n = cstr(name);
+        // SAFETY: valid fd and NUL-terminated name.
+        if unsafe { libc::unlinkat(self.dir.as_raw_fd(), n.as_ptr(), 0) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Whether the directory was removed under the mount (the data file still
+    /// works then, but nothing would find it again).
+    pub fn removed(&self) -> bool {
+        self.data.metadata().map(|m| m.nlink() == 0).unwrap_or(true)
+            || self.dir.metadata().map(|m| m.nlink() == 0).unwrap_or(true)
+    }
+
+    /// Bytes the data file takes on its disk.
+    pub fn allocated(&self) -> u64 {
+        self.data.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
+    }
+}
+
+fn encode(state: &BlobState, entries: &[(u64, Chunk)]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64 + state.etag.len() + ENTRY * entries.len() + 4);
+    b.extend_from_slice(MAGIC);
+    b.extend_from_slice(&(CHUNK as u32).to_le_bytes());
+    b.extend_from_slice(&(PIECE as u32).to_le_bytes());
+    b.extend_from_slice(&state.content_length.to_le_bytes());
+    b.extend_from_slice(&state.sequence_number.to_le_bytes());
+    b.extend_from_slice(&(state.etag.len() as u16).to_le_bytes());
+    b.extend_from_slice(state.etag.as_bytes());
+    b.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for (chunk, c) in entries {
+        b.extend_from_slice(&chunk.to_le_bytes());
+        b.extend_from_slice(&c.slot.to_le_bytes());
+        b.extend_from_slice(&c.valid.to_le_bytes());
+        for crc in &c.crc {
+            b.extend_from_slice(&crc.to_le_bytes());
+        }
+    }
+    let sum = crc32c::crc32c(&b);
+    b.extend_from_slice(&sum.to_le_bytes());
+    b
+}
+
+/// Reads what [`encode`] wrote; `None` for anything else.
+fn decode(bytes: &[u8]) -> Option<Left> {
+    let (body, sum) = bytes.split_at(bytes.len().checked_sub(4)?);
+    if crc32c::crc32c(body) != u32::from_le_bytes(sum.try_into().ok()?) {
+        return None;
+    }
+    let mut r = Reader(body);
+    if r.take(8)? != MAGIC || u64::from(r.u32()?) != CHUNK || u64::from(r.u32()?) != PIECE {
+        return None;
+    }
+    let content_length = r.u64()?;
+    let sequence_number = r.u64()?;
+    let etag_len = r.u16()? as usize;
+    if etag_len > MAX_ETAG {
+        return None;
+    }
+    let etag = String::from_utf8(r.take(etag_len)?.to_vec()).ok()?;
+    let count = r.u64()?;
+    if count.checked_mul(ENTRY as u64)? != r.0.len() as u64 {
+        return None;
+    }
+    let mut entries = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let chunk = r.u64()?;
+        let slot = r.u32()?;
+        let valid = r.u16()?;
+        let mut crc = [0u32; PIECES];
+        for c in &mut crc {
+            *c = r.u32()?;
+        }
+        entries.push((chunk, Chunk { slot, valid, crc }));
+    }
+    Some((
+        BlobState {
+            etag,
+            content_length,
+            sequence_number,
+        },
+        entries,
+    ))
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> BlobState {
+        BlobState {
+            etag: "\"0x8DC\"".into(),
+            content_length: 64 << 20,
+            sequence_number: 3,
+        }
+    }
+
+    #[test]
+    fn index_bytes_come_back_and_any_damage_is_refused() {
+        let entries = vec![
+            (
+                3,
+                Chunk {
+                    slot: 1,
+                    valid: 0b101,
+                    crc: [7; PIECES],
+                },
+            ),
+            (
+                0,
+                Chunk {
+                    slot: 0,
+                    valid: u16::MAX,
+                    crc: [9; PIECES],
+                },
+            ),
+        ];
+        let bytes = encode(&state(), &entries);
+        assert_eq!(decode(&bytes), Some((state(), entries)));
+        for i in [0, 9, 30, bytes.len() - 1] {
+            let mut bad = bytes.clone();
+            bad[i] ^= 1;
+            assert_eq!(decode(&bad), None, "byte {i} flipped");
+        }
+        assert_eq!(decode(&bytes[..bytes.len() - 5]), None);
+        assert_eq!(decode(&[]), None);
+    }
+
+    #[test]
+    fn directory_names_keep_drives_apart_and_stay_short() {
+        let a = dir_name("acct", "disks", "a/b.vhd", None);
+        assert_eq!(a, "acct.disks.a%2Fb%2Evhd");
+        assert_ne!(a, dir_name("acct", "disks", "a/b.vhd", Some("2026-01-01")));
+        assert_ne!(a, dir_name("acct", "disks.a", "b.vhd", None));
+        let long = dir_name("acct", "disks", &"x".repeat(1000), None);
+        assert!(long.len() < 220);
+        assert_ne!(long, dir_name("acct", "disks", &"x".repeat(999), None));
+        assert!(!dir_name("a", "b", "..", None).contains('/'));
+    }
+}

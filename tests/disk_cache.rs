@@ -1,0 +1,406 @@
+//! `mount --disk-cache`, against Azurite: a remount after a clean unmount reads
+//! from the local disk, not the service; anything that may have changed the blob
+//! since (another writer, a SIGKILLed mount and a lease break) empties the cache
+//! instead of serving a byte older than the blob's; a corrupted block is read
+//! from the blob; the size limit holds; a full cache disk or a removed cache
+//! directory turns the tier off and I/O goes on; a directory another user could
+//! change is refused.
+
+mod common;
+
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::azurite::{unique_container, Azurite};
+use common::mount::{bd, ok, require_root, run_dir, Mp};
+use common::util::{json, private_dir, sh_ok};
+
+const MIB: u64 = 1 << 20;
+
+fn az() -> String {
+    Azurite::shared().connection_string()
+}
+
+fn run() -> PathBuf {
+    run_dir("disk-cache-run")
+}
+
+fn new_drive(tag: &str, size: &str) -> String {
+    let spec = format!("{}/disk.vhd", unique_container(tag));
+    ok(
+        &run(),
+        &az(),
+        &["create", &spec, "--size", size, "--create-container"],
+    );
+    spec
+}
+
+/// A directory to hold disk caches: root's, 0700, new for each test.
+fn cache_parent(tag: &str) -> PathBuf {
+    let d = run().join(format!("caches-{tag}"));
+    let _ = std::fs::remove_dir_all(&d);
+    private_dir(&d);
+    d
+}
+
+/// The one drive directory blobdrive made in `parent`.
+fn drive_dir(parent: &Path) -> PathBuf {
+    let dirs: Vec<PathBuf> = std::fs::read_dir(parent)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].clone()
+}
+
+/// `len` bytes of a pattern that differs with `seed`.
+fn pattern(seed: u64, len: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i / 512 * 7 + i * 31 + seed * 131) % 251) as u8)
+        .collect()
+}
+
+fn mount_raw(spec: &str, mp: &Mp, extra: &[&str]) {
+    let mut args = vec!["mount", spec, mp.s(), "--mode", "raw"];
+    args.extend_from_slice(extra);
+    ok(&run(), &az(), &args);
+}
+
+fn unmount(mp: &Mp) {
+    ok(&run(), &az(), &["unmount", mp.s()]);
+}
+
+fn write_disk(mp: &Mp, offset: u64, data: &[u8]) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mp.disk())
+        .unwrap();
+    f.write_all_at(data, offset).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn read_disk(mp: &Mp, offset: u64, len: u64) -> Vec<u8> {
+    let f = std::fs::File::open(mp.disk()).unwrap();
+    let mut buf = vec![0u8; len as usize];
+    f.read_exact_at(&mut buf, offset).unwrap();
+    buf
+}
+
+fn disk_stats(mp: &Mp) -> serde_json::Value {
+    mp.stats()["disk_cache"].clone()
+}
+
+fn n(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("no {k} in {v}"))
+}
+
+/// An ext4 drive with a 64 MiB file, unmounted, mounted again with the same
+/// cache and read: the file comes from the local disk (at most 5% of it from
+/// the service), and the cache says it started warm.
+#[test]
+fn a_remount_after_a_clean_unmount_reads_from_the_disk_cache() {
+    require_root();
+    let spec = new_drive("dc-warm", "256MiB");
+    let caches = cache_parent("warm");
+    let dc = caches.to_str().unwrap();
+    let mp = Mp::new(&run(), &az());
+    ok(
+        &run(),
+        &az(),
+        &["mount", &spec, mp.s(), "--mkfs", "ext4", "--disk-cache", dc],
+    );
+    sh_ok(&format!(
+        "head -c {1} /dev/urandom > '{0}/f' && sync '{0}/f' && sha256sum '{0}/f' | cut -d' ' -f1 > '{0}/f.sum'",
+        mp.s(),
+        64 * MIB
+    ));
+    let sum = std::fs::read_to_string(mp.path().join("f.sum")).unwrap();
+    let first = disk_stats(&mp);
+    assert_eq!(first["on"], true, "{first}");
+    assert_eq!(first["warm_start"], false, "{first}");
+    unmount(&mp);
+    assert!(
+        drive_dir(&caches).join("index").exists(),
+        "a clean unmount leaves the index"
+    );
+    ok(&run(), &az(), &["mount", &spec, mp.s(), "--disk-cache", dc]);
+    assert!(
+        !drive_dir(&caches).join("index").exists(),
+        "a mount takes the index away while it runs"
+    );
+    let again = sh_ok(&format!("sha256sum '{}/f' | cut -d' ' -f1", mp.s()));
+    assert_eq!(again.trim(), sum.trim());
+    let stats = mp.stats();
+    let d = &stats["disk_cache"];
+    assert_eq!(d["warm_start"], true, "{d}");
+    let from_service = n(&stats, "bytes_downloaded");
+    assert!(
+        from_service * 20 <= 64 * MIB,
+        "{from_service} bytes of a 64 MiB file came from the service: {stats}"
+    );
+    assert!(n(d, "hit_bytes") * 20 >= 19 * 64 * MIB, "{d}");
+    let human = ok(&run(), &az(), &["stats", mp.s()]);
+    assert!(
+        human.contains("disk cache:     on, started warm"),
+        "{human}"
+    );
+    unmount(&mp);
+}
+
+/// Another writer between two mounts: the cache is emptied, and every byte
+/// read is the other writer's.
+#[test]
+fn another_writer_between_mounts_empties_the_cache() {
+    require_root();
+    let spec = new_drive("dc-other", "64MiB");
+    let caches = cache_parent("other");
+    let dc = caches.to_str().unwrap();
+    let mp = Mp::new(&run(), &az());
+    let a = pattern(1, 8 * MIB);
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    write_disk(&mp, 0, &a);
+    assert_eq!(read_disk(&mp, 0, 8 * MIB), a);
+    unmount(&mp);
+    // Another writer, without the cache, rewrites the middle.
+    let b = pattern(2, 2 * MIB);
+    mount_raw(&spec, &mp, &[]);
+    write_disk(&mp, 3 * MIB, &b);
+    unmount(&mp);
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    let d = disk_stats(&mp);
+    assert_eq!(d["warm_start"], false, "{d}");
+    let mut want = a.clone();
+    want[3 * MIB as usize..5 * MIB as usize].copy_from_slice(&b);
+    assert!(read_disk(&mp, 0, 8 * MIB) == want, "stale bytes served");
+    assert_eq!(n(&disk_stats(&mp), "hits"), 0);
+    unmount(&mp);
+}
+
+/// A mount SIGKILLed with its cache full, its lease broken and the drive
+/// written elsewhere: the next mount serves the new bytes, never the cache's.
+#[test]
+fn a_killed_mount_a_lease_break_and_another_writer_leave_nothing_stale() {
+    require_root();
+    let spec = new_drive("dc-kill", "64MiB");
+    let caches = cache_parent("kill");
+    let dc = caches.to_str().unwrap();
+    let mp = Mp::new(&run(), &az());
+    let a = pattern(3, 4 * MIB);
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    write_disk(&mp, 0, &a);
+    assert_eq!(read_disk(&mp, 0, 4 * MIB), a);
+    let pid = mp.pid();
+    sh_ok(&format!("kill -KILL {pid}"));
+    let start = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "daemon survived SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Cleans up after the dead daemon, then fails: the lease is still held.
+    let out = bd(&run(), &az(), &["unmount", mp.s()]);
+    assert!(!out.status.success());
+    ok(&run(), &az(), &["lease", "break", &spec]);
+    let b = pattern(4, MIB);
+    mount_raw(&spec, &mp, &[]);
+    write_disk(&mp, MIB, &b);
+    unmount(&mp);
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    assert_eq!(disk_stats(&mp)["warm_start"], false);
+    let mut want = a.clone();
+    want[MIB as usize..2 * MIB as usize].copy_from_slice(&b);
+    assert!(read_disk(&mp, 0, 4 * MIB) == want, "stale bytes served");
+    unmount(&mp);
+}
+
+/// Bytes of the cache's data file changed behind its back: the blocks they are
+/// in fail their checksum and are read from the blob.
+#[test]
+fn a_corrupted_cache_block_is_read_from_the_blob() {
+    require_root();
+    let spec = new_drive("dc-crc", "64MiB");
+    let caches = cache_parent("crc");
+    let dc = caches.to_str().unwrap();
+    let mp = Mp::new(&run(), &az());
+    let a = pattern(5, 4 * MIB);
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    write_disk(&mp, 0, &a);
+    unmount(&mp);
+    // The 4 MiB written are in the first four slots (1 MiB each) of the data
+    // file: flip one byte in each.
+    let data = drive_dir(&caches).join("data");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&data)
+        .unwrap();
+    for slot in 0..4 {
+        let at = slot * MIB + 100_000;
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[!b[0]], at).unwrap();
+    }
+    drop(f);
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    assert!(read_disk(&mp, 0, 4 * MIB) == a, "corrupted bytes served");
+    let d = disk_stats(&mp);
+    assert_eq!(d["warm_start"], true, "{d}");
+    assert_eq!(n(&d, "checksum_failures"), 4, "{d}");
+    assert_eq!(n(&d, "hits"), 4 * 16 - 4, "{d}");
+    unmount(&mp);
+}
+
+/// A cache of 8 MiB under 32 MiB of reads: it never holds or takes more, the
+/// oldest go first, and what it holds is what was used last.
+#[test]
+fn the_size_limit_holds() {
+    require_root();
+    let spec = new_drive("dc-limit", "64MiB");
+    let caches = cache_parent("limit");
+    let dc = caches.to_str().unwrap();
+    let mp = Mp::new(&run(), &az());
+    let a = pattern(6, 32 * MIB);
+    mount_raw(
+        &spec,
+        &mp,
+        &["--disk-cache", dc, "--disk-cache-size", "8MiB"],
+    );
+    // A MiB at a time, each fsynced: the cache stores them in that order.
+    for (i, piece) in a.chunks(MIB as usize).enumerate() {
+        write_disk(&mp, i as u64 * MIB, piece);
+    }
+    let d = disk_stats(&mp);
+    assert_eq!(n(&d, "size_limit"), 8 * MIB);
+    assert!(n(&d, "bytes") <= 8 * MIB, "{d}");
+    assert!(n(&d, "evictions") >= 24, "{d}");
+    let data = drive_dir(&caches).join("data");
+    let meta = std::fs::metadata(&data).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        meta.len() <= 8 * MIB && meta.blocks() * 512 <= 8 * MIB,
+        "{meta:?}"
+    );
+    unmount(&mp);
+    // It holds the last 8 MiB written.
+    mount_raw(
+        &spec,
+        &mp,
+        &["--disk-cache", dc, "--disk-cache-size", "8MiB"],
+    );
+    assert!(read_disk(&mp, 24 * MIB, 8 * MIB) == a[24 * MIB as usize..]);
+    let d = disk_stats(&mp);
+    assert_eq!(n(&d, "hit_bytes"), 8 * MIB, "{d}");
+    assert!(read_disk(&mp, 0, 32 * MIB) == a);
+    assert!(n(&disk_stats(&mp), "bytes") <= 8 * MIB);
+    unmount(&mp);
+}
+
+/// The cache's filesystem fills up (a 4 MiB tmpfs under a 64 MiB limit), and
+/// later its directory is removed: each turns the tier off with one warning,
+/// and I/O goes on from memory and the service.
+#[test]
+fn a_full_cache_disk_or_a_removed_directory_turns_the_tier_off() {
+    require_root();
+    let spec = new_drive("dc-full", "64MiB");
+    let small = cache_parent("full");
+    sh_ok(&format!(
+        "mount -t tmpfs -o size=4m,mode=0700 blobdrive-test-cache '{}'",
+        small.display()
+    ));
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _tmpfs = Unmount(small.clone());
+    let mp = Mp::new(&run(), &az());
+    let dc = small.to_str().unwrap();
+    mount_raw(
+        &spec,
+        &mp,
+        &["--disk-cache", dc, "--disk-cache-size", "64MiB"],
+    );
+    let a = pattern(7, 16 * MIB);
+    write_disk(&mp, 0, &a);
+    assert!(read_disk(&mp, 0, 16 * MIB) == a);
+    let d = disk_stats(&mp);
+    assert_eq!(d["on"], false, "{d}");
+    assert!(d["off_reason"].as_str().unwrap().contains("full"), "{d}");
+    let human = ok(&run(), &az(), &["stats", mp.s()]);
+    assert!(
+        human.contains("disk cache:     off (its filesystem is full"),
+        "{human}"
+    );
+    // One warning, in the mount's log (which goes with the mount).
+    let id = blobdrive::mount::record::id_for(mp.path());
+    let log = std::fs::read_to_string(run().join("mounts").join(format!("{id}.log"))).unwrap();
+    assert_eq!(log.matches("turned off").count(), 1, "{log}");
+    unmount(&mp);
+
+    // A removed directory.
+    let caches = cache_parent("removed");
+    let dc = caches.to_str().unwrap();
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    write_disk(&mp, 0, &a[..4 * MIB as usize]);
+    std::fs::remove_dir_all(drive_dir(&caches)).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let b = pattern(8, 4 * MIB);
+    write_disk(&mp, 4 * MIB, &b);
+    let d = disk_stats(&mp);
+    assert_eq!(d["on"], false, "{d}");
+    assert!(d["off_reason"].as_str().unwrap().contains("removed"), "{d}");
+    assert!(read_disk(&mp, 4 * MIB, 4 * MIB) == b);
+    unmount(&mp);
+}
+
+/// A cache directory another user could change, or a link, is refused before
+/// anything is mounted, with one line.
+#[test]
+fn a_cache_directory_others_could_change_is_refused() {
+    require_root();
+    let spec = new_drive("dc-perm", "64MiB");
+    let mp = Mp::new(&run(), &az());
+    let theirs = cache_parent("theirs");
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let open = cache_parent("open");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let link = run().join("caches-link");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(cache_parent("target"), &link).unwrap();
+    for (dir, says) in [
+        (&theirs, "must be root's"),
+        (&open, "writable by no one else"),
+        (&link, "not a directory"),
+    ] {
+        let err = common::mount::fails(
+            &run(),
+            &az(),
+            &[
+                "mount",
+                &spec,
+                mp.s(),
+                "--mode",
+                "raw",
+                "--disk-cache",
+                dir.to_str().unwrap(),
+            ],
+        );
+        assert!(err.contains(says), "{err}");
+    }
+    let out = bd(
+        &run(),
+        &az(),
+        &["mount", &spec, mp.s(), "--disk-cache-size", "1GiB"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--disk-cache <DIR>"),
+        "{err}"
+    );
+    let listed = json(&ok(&run(), &az(), &["list", "--json"]));
+    assert!(!listed.to_string().contains(mp.s()), "nothing mounted");
+}
