@@ -102,6 +102,8 @@ struct Drive {
     env: Vec<(&'static str, String)>,
     mp: tempfile::TempDir,
     disk: Option<File>,
+    /// Extra `mount` arguments (a disk cache).
+    mount_args: Vec<String>,
 }
 
 impl Drive {
@@ -134,7 +136,10 @@ impl Drive {
             "raw",
             "--cache-size",
             "32MiB",
-        ]);
+        ]
+        .into_iter()
+        .chain(self.mount_args.iter().map(String::as_str))
+        .collect::<Vec<_>>());
         self.disk = Some(
             OpenOptions::new()
                 .read(true)
@@ -146,6 +151,22 @@ impl Drive {
 
     fn disk(&self) -> &File {
         self.disk.as_ref().unwrap()
+    }
+
+    /// With a disk cache, right after a mount: the whole drive read back (from
+    /// the disk cache where it holds it, which must be current) is the model's.
+    fn read_all_with_a_disk_cache(&self, m: &Model, seed: u64) {
+        if self.mount_args.is_empty() {
+            return;
+        }
+        let mut got = vec![0u8; SIZE as usize];
+        self.disk().read_exact_at(&mut got, 0).unwrap();
+        if let Some(s) = (0..SIZE as usize)
+            .step_by(SECTOR as usize)
+            .find(|&s| got[s..s + SECTOR as usize] != m.now[s..s + SECTOR as usize])
+        {
+            panic!("seed {seed}: after a remount with a disk cache, sector {s} differs from what was written");
+        }
     }
 
     fn unmount(&mut self) {
@@ -245,6 +266,17 @@ fn range(rng: &mut StdRng, most_sectors: u64) -> (u64, u64) {
 
 /// Runs `ops` random operations; returns how many late commits the proxy made.
 fn torture(tag: &str, ops: u64, proxy: Proxy, env: Vec<(&'static str, String)>) -> usize {
+    torture_with(tag, ops, proxy, env, Vec::new())
+}
+
+/// [`torture`] with `mount_args` added to every mount.
+fn torture_with(
+    tag: &str,
+    ops: u64,
+    proxy: Proxy,
+    env: Vec<(&'static str, String)>,
+    mount_args: Vec<String>,
+) -> usize {
     // SAFETY: geteuid cannot fail.
     assert_eq!(
         unsafe { libc::geteuid() },
@@ -270,6 +302,7 @@ fn torture(tag: &str, ops: u64, proxy: Proxy, env: Vec<(&'static str, String)>) 
             .tempdir()
             .unwrap(),
         disk: None,
+        mount_args,
     };
     stdout_of_success(
         &"create",
@@ -322,6 +355,7 @@ fn torture(tag: &str, ops: u64, proxy: Proxy, env: Vec<(&'static str, String)>) 
                 );
                 m.sync();
                 d.mount();
+                d.read_all_with_a_disk_cache(&m, seed);
                 "unmount"
             }
             95..=97 => {
@@ -329,6 +363,7 @@ fn torture(tag: &str, ops: u64, proxy: Proxy, env: Vec<(&'static str, String)>) 
                 let blob = d.blob_bytes();
                 m.check_crash(&blob);
                 d.mount();
+                d.read_all_with_a_disk_cache(&m, seed);
                 "sigkill"
             }
             _ => {
@@ -352,6 +387,14 @@ fn torture(tag: &str, ops: u64, proxy: Proxy, env: Vec<(&'static str, String)>) 
             }
         };
         *counts.entry(op).or_default() += 1;
+    }
+    if !d.mount_args.is_empty() {
+        // The disk cache was in use, and still is.
+        let mp = d.mp().to_string();
+        let stats = json(&d.ok(&["stats", &mp, "--json"]));
+        let dc = &stats["disk_cache"];
+        eprintln!("torture {tag}: disk cache of the last mount: {dc}");
+        assert_eq!(dc["on"], true, "{dc}");
     }
     d.unmount();
     assert!(
@@ -389,6 +432,37 @@ fn random_io_with_crashes_outages_and_late_commits_matches_a_byte_model() {
         env_u64("BLOBDRIVE_TORTURE_OPS").unwrap_or(300),
         proxy,
         env,
+    );
+}
+
+/// The same with a disk cache of three quarters of the drive under the memory cache:
+/// after each clean remount reads come from it, after each SIGKILL it must be
+/// dropped, and its evictions, stores after writes and forgetting after
+/// discards and failed writes all run under the faults.
+#[test]
+fn random_io_with_a_disk_cache_matches_a_byte_model() {
+    let proxy = Proxy::start(Config {
+        rate: 0.05,
+        seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(13),
+        stall: Duration::from_secs(3),
+        kinds: faultproxy::ALL_AND_LATE,
+        ..Config::clean(Azurite::isolated().port)
+    });
+    let caches = run_dir().join("disk-caches");
+    let _ = std::fs::remove_dir_all(&caches);
+    crate::common::util::private_dir(&caches);
+    let env = vec![("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2".to_string())];
+    torture_with(
+        "tortcache",
+        env_u64("BLOBDRIVE_TORTURE_OPS").map_or(200, |n| n * 2 / 3),
+        proxy,
+        env,
+        vec![
+            "--disk-cache".into(),
+            caches.to_str().unwrap().into(),
+            "--disk-cache-size".into(),
+            "24MiB".into(),
+        ],
     );
 }
 
