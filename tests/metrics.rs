@@ -182,10 +182,22 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
     let mp = Mp::new(&run, &az);
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
+    let caches = run.join("disk-caches");
+    common::util::private_dir(&caches);
     ok(
         &run,
         &az,
-        &["mount", &spec, mp.s(), "--mode", "raw", "--metrics", &addr],
+        &[
+            "mount",
+            &spec,
+            mp.s(),
+            "--mode",
+            "raw",
+            "--metrics",
+            &addr,
+            "--disk-cache",
+            caches.to_str().unwrap(),
+        ],
     );
     let drive = spec.as_str();
     let before = scrape(port);
@@ -223,6 +235,18 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
     assert_eq!(at(&after, "blobdrive_dirty_bytes"), 0.0);
     assert_eq!(at(&after, "blobdrive_lease_held"), 1.0);
     assert_eq!(at(&after, "blobdrive_stalled_seconds"), 0.0);
+    // What was written went to the disk cache once on the blob; nothing was
+    // read from it (the memory cache answered).
+    assert_eq!(
+        moved("blobdrive_disk_cache_stored_bytes_total"),
+        (3 * MIB) as f64
+    );
+    assert_eq!(moved("blobdrive_disk_cache_read_bytes_total"), 0.0);
+    assert_eq!(
+        at(&after, "blobdrive_disk_cache_held_bytes"),
+        (3 * MIB) as f64
+    );
+    assert_eq!(at(&after, "blobdrive_disk_cache_on"), 1.0);
     let put_ok = value(
         &after,
         "blobdrive_requests_total",

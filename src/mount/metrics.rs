@@ -28,6 +28,7 @@ use tracing::{debug, warn};
 use crate::azure::stats::{Outcome, LATENCY_BUCKETS};
 use crate::azure::BlobService;
 use crate::device::cache::Cache;
+use crate::device::diskcache::DiskCacheStats;
 use crate::device::remote::RemoteBackend;
 
 /// Longest request head read from a scraper, and how long it may take.
@@ -222,9 +223,79 @@ impl Collector for Sources {
                 Some(&Unit::Seconds),
                 h.stalled.as_secs_f64(),
             )?;
+            if let Some(tier) = cache.backend().disk_cache() {
+                disk_cache(&mut enc, &tier.stats())?;
+            }
         }
         Ok(())
     }
+}
+
+/// The disk cache's figures (`--disk-cache`).
+fn disk_cache(enc: &mut DescriptorEncoder, d: &DiskCacheStats) -> Result<(), std::fmt::Error> {
+    gauge(
+        enc,
+        "disk_cache_on",
+        "1 while the disk cache serves, 0 once a failure of its disk turned it off.",
+        None,
+        u64::from(d.on),
+    )?;
+    counter(
+        enc,
+        "disk_cache_hits",
+        "64 KiB blocks read from the disk cache.",
+        None,
+        d.hits,
+    )?;
+    counter(
+        enc,
+        "disk_cache_misses",
+        "64 KiB blocks the disk cache did not hold (or failed their checksum), read from the storage service.",
+        None,
+        d.misses,
+    )?;
+    counter(
+        enc,
+        "disk_cache_read",
+        "Bytes read from the disk cache.",
+        Some(&Unit::Bytes),
+        d.hit_bytes,
+    )?;
+    counter(
+        enc,
+        "disk_cache_stored",
+        "Bytes written into the disk cache.",
+        Some(&Unit::Bytes),
+        d.stored_bytes,
+    )?;
+    counter(
+        enc,
+        "disk_cache_evictions",
+        "1 MiB chunks dropped from the disk cache to stay within its size.",
+        None,
+        d.evictions,
+    )?;
+    counter(
+        enc,
+        "disk_cache_checksum_failures",
+        "Blocks whose bytes on the cache disk did not match their crc32c (read from the service instead).",
+        None,
+        d.checksum_failures,
+    )?;
+    gauge(
+        enc,
+        "disk_cache_held",
+        "Bytes of the drive the disk cache holds.",
+        Some(&Unit::Bytes),
+        d.bytes,
+    )?;
+    gauge(
+        enc,
+        "disk_cache_size",
+        "The disk cache's limit (--disk-cache-size).",
+        Some(&Unit::Bytes),
+        d.size_limit,
+    )
 }
 
 fn counter(
