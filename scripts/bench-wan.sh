@@ -7,8 +7,8 @@
 #
 #   sudo scripts/bench.sh --wan            # full run (release build)
 #   sudo scripts/bench.sh --wan --quick    # small sizes, debug build (CI)
-#   sudo scripts/bench.sh --wan --only caps,fs   # some parts: ceiling, raw, fs, caps
-#                                          # (the summary then skips what is missing)
+#   sudo scripts/bench.sh --wan --only caps,fs   # some parts: ceiling, raw, fs, caps,
+#                                          # diskcache (the summary then skips what is missing)
 #
 # Knobs (environment): BENCH_WAN_DELAY_MS (each way, default 5, so 10 ms round
 # trips), BENCH_WAN_CAP_MIB_S (default 60) and BENCH_WAN_CAP_REQUESTS_S (default
@@ -20,9 +20,9 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
 QUICK=0
-ONLY="ceiling,raw,fs,caps"
+ONLY="ceiling,raw,fs,caps,diskcache"
 PARTIAL=()
-usage() { echo "usage: scripts/bench.sh --wan [--quick] [--only ceiling,raw,fs,caps]" >&2; exit 2; }
+usage() { echo "usage: scripts/bench.sh --wan [--quick] [--only ceiling,raw,fs,caps,diskcache]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
             [ $# -ge 2 ] || usage
             ONLY="$2"; PARTIAL=(--partial); shift
             for part in ${ONLY//,/ }; do
-                case "$part" in ceiling | raw | fs | caps) ;; *) usage ;; esac
+                case "$part" in ceiling | raw | fs | caps | diskcache) ;; *) usage ;; esac
             done ;;
         *) usage ;;
     esac
@@ -266,6 +266,53 @@ put wan_caps.rand_read_refused_503 "$(( $(proxy_stat refused_503) - R0 ))"
 put wan_caps.rand_read_seconds "$RUNTIME"
 "$BD" unmount "$MNT" >/dev/null
 proxy_stop
+fi
+
+if part diskcache; then
+say "W5. --disk-cache: a warm remount against a cold one (${RTT_MS} ms round trips)"
+fresh_azurite
+proxy_start
+"$BD" create bench/dc.vhd --size $((SIZE_MIB + REGION_MIB + 512))M --create-container >/dev/null
+MNT="$WORK/mnt-dc"; mkdir "$MNT"
+DC="$WORK/disk-caches"; mkdir -m 700 "$DC"
+# The data is laid out straight to Azurite, without the disk cache.
+AZURE_STORAGE_CONNECTION_STRING="$DIRECT_CS" "$BD" mount bench/dc.vhd "$MNT" --mkfs ext4 >/dev/null
+dd if=/dev/urandom of="$MNT/seq.dat" bs=1M count="$SIZE_MIB" conv=fsync status=none
+dd if=/dev/urandom of="$MNT/rand.dat" bs=1M count="$REGION_MIB" conv=fsync status=none
+"$BD" unmount "$MNT" >/dev/null
+settle_azurite
+export AZURE_STORAGE_CONNECTION_STRING="$WAN_CS"
+# Cold: an empty disk cache. The reads fill it (the random region read whole after
+# the random job, so the warm random reads find all of it).
+"$BD" mount bench/dc.vhd "$MNT" --disk-cache "$DC" >/dev/null
+drop_caches
+read -r mb _ < <(fio_run seq-read "$MNT"); put wan_dc.seq_read_cold_mib_s "$mb"
+put wan_dc.rand_read_qd32_cold_iops "$(rand_read "$MNT/rand.dat" 32)"
+cat "$MNT/rand.dat" >/dev/null
+put wan_dc.held_after_cold_mib "$("$BD" stats "$MNT" --json | python3 -c "import json,sys; print(round(json.load(sys.stdin)['disk_cache']['bytes'] / 1048576))")"
+"$BD" unmount "$MNT" >/dev/null
+# Warm: the same cache after a clean unmount; the kernel's caches dropped, so the
+# disk cache's own file is read from the disk too.
+"$BD" mount bench/dc.vhd "$MNT" --disk-cache "$DC" >/dev/null
+drop_caches
+put wan_dc.warm_start "$("$BD" stats "$MNT" --json | python3 -c "import json,sys; print(json.dumps(json.load(sys.stdin)['disk_cache']['warm_start']))")"
+D0="$(stat_of "$MNT" bytes_downloaded)"
+read -r mb _ < <(fio_run seq-read "$MNT"); put wan_dc.seq_read_warm_mib_s "$mb"
+put wan_dc.seq_read_warm_from_service_mib "$(python3 -c "print(round(($(stat_of "$MNT" bytes_downloaded) - $D0) / 1048576, 2))")"
+put wan_dc.seq_mib "$SIZE_MIB"
+put wan_dc.rand_read_qd32_warm_iops "$(rand_read "$MNT/rand.dat" 32)"
+DPID="$(daemon_pid "$MNT")"
+put wan_dc.daemon_hwm_mib "$(hwm_mib "$DPID")"
+put wan_dc.cache_size_mib "$(( $(stat_of "$MNT" cache_size) / 1048576 ))"
+"$BD" unmount "$MNT" >/dev/null
+proxy_stop
+# The disk's own read speed: the same sequential job on a file of the filesystem
+# the disk cache lives on, out of the kernel's cache.
+mkdir -p "$WORK/local"
+dd if=/dev/urandom of="$WORK/local/seq.dat" bs=1M count="$SIZE_MIB" conv=fsync status=none
+drop_caches
+read -r mb _ < <(fio_run seq-read "$WORK/local"); put wan_dc.local_seq_read_mib_s "$mb"
+rm -rf "$WORK/local" "$DC"
 fi
 
 say "summary"

@@ -25,6 +25,10 @@ EXPECTED = [
     "wan_caps.seq_write_mib_s", "wan_caps.seq_write_requests", "wan_caps.seq_write_refused_503",
     "wan_caps.rand_read_qd32_iops", "wan_caps.rand_read_requests",
     "wan_caps.rand_read_refused_503", "wan_caps.rand_read_seconds",
+    "wan_dc.seq_read_cold_mib_s", "wan_dc.seq_read_warm_mib_s", "wan_dc.local_seq_read_mib_s",
+    "wan_dc.seq_read_warm_from_service_mib", "wan_dc.seq_mib", "wan_dc.warm_start",
+    "wan_dc.rand_read_qd32_cold_iops", "wan_dc.rand_read_qd32_warm_iops",
+    "wan_dc.daemon_hwm_mib", "wan_dc.cache_size_mib",
 ]
 
 get = res.get
@@ -59,6 +63,10 @@ rows = [
     ("fs sequential read cold, MiB/s", "wan_fs.seq_read_cold_mib_s", seq_get),
     ("capped raw sequential write, MiB/s", "wan_caps.seq_write_mib_s", g("wan_caps.cap_mib_s")),
     ("capped raw random read QD 32, requests served/s", capped_read_rate, g("wan_caps.cap_requests_s")),
+    ("disk cache: warm fs sequential read, MiB/s (ceiling: the local disk)", "wan_dc.seq_read_warm_mib_s",
+     g("wan_dc.local_seq_read_mib_s")),
+    ("disk cache: warm fs random 4 KiB QD 32, IOPS (against cold)", "wan_dc.rand_read_qd32_warm_iops",
+     g("wan_dc.rand_read_qd32_cold_iops")),
 ]
 for name, k, c in rows:
     v = k if isinstance(k, float) else g(k)
@@ -80,6 +88,10 @@ def per_gib(key):
     c = r.get("wan_fs", {}).get(key) or {}
     mib = g("wan_fs.seq_mib")
     return f"{c['daemon_cpu_s'] / (mib / 1024):.2f}" if "daemon_cpu_s" in c and mib else "not measured"
+print(f"  disk cache: cold sequential read {g('wan_dc.seq_read_cold_mib_s'):.1f} MiB/s; warm remount "
+      f"(started warm: {get('wan_dc.warm_start')}) read {g('wan_dc.seq_read_warm_from_service_mib'):.1f} of "
+      f"{g('wan_dc.seq_mib'):.0f} MiB from the service; {get('wan_dc.held_after_cold_mib')} MiB held; "
+      f"daemon peak {g('wan_dc.daemon_hwm_mib'):.0f} MiB with a {g('wan_dc.cache_size_mib'):.0f} MiB memory cache")
 print(f"  daemon CPU s per GiB: fs sequential write {per_gib('seq_write_cpu')}, "
       f"fs cold read {per_gib('seq_read_cold_cpu')}")
 print(f"  CPU during the fs sequential write: {cpu('seq_write_cpu')}")
@@ -113,6 +125,15 @@ targets = [
      ratio("wan_caps.seq_write_mib_s", "wan_caps.cap_mib_s") >= 0.9),
     ("capped random reads >= 0.9 of the request cap", ["wan_caps"],
      frac(capped_read_rate, g("wan_caps.cap_requests_s")) >= 0.9),
+    ("disk cache: a warm remount reads <= 5% of the file from the service", ["wan_dc"],
+     get("wan_dc.warm_start") is True and g("wan_dc.seq_mib") > 0
+     and g("wan_dc.seq_read_warm_from_service_mib") <= 0.05 * g("wan_dc.seq_mib")),
+    ("disk cache: warm sequential read >= 0.8 of the local disk's", ["wan_dc"],
+     frac(g("wan_dc.seq_read_warm_mib_s"), g("wan_dc.local_seq_read_mib_s")) >= 0.8),
+    ("disk cache: warm random 4 KiB QD 32 >= 10 x cold", ["wan_dc"],
+     ratio("wan_dc.rand_read_qd32_warm_iops", "wan_dc.rand_read_qd32_cold_iops") >= 10),
+    ("disk cache: daemon memory <= --cache-size + 150 MiB", ["wan_dc"],
+     0 < g("wan_dc.daemon_hwm_mib") <= g("wan_dc.cache_size_mib") + 150),
     ("no request storm: at most one 503 per 4 requests served, both capped jobs", ["wan_caps"],
      capped("wan_caps.seq_write_requests", "wan_caps.seq_write_refused_503") <= 0.25
      and capped("wan_caps.rand_read_requests", "wan_caps.rand_read_refused_503") <= 0.25),

@@ -29,7 +29,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use self::files::{BlobState, Files};
-use self::index::{Index, CHUNK, PIECE};
+use self::index::{Index, CHUNK, PIECE, PIECES};
 use super::DeviceError;
 
 /// How often the tier checks that its directory is still there.
@@ -178,17 +178,38 @@ impl DiskCache {
         };
         let mut served = vec![false; found.len()];
         let mut failed = None;
-        for (i, hit) in found.iter().enumerate() {
-            let Some((slot, crc)) = *hit else { continue };
-            if failed.is_some() {
-                break;
+        let whole = |i: usize| {
+            let p = first + i as u64;
+            p * PIECE >= offset && (p + 1) * PIECE <= end
+        };
+        let mut i = 0;
+        while i < found.len() && failed.is_none() {
+            let Some((slot, crc)) = found[i] else {
+                i += 1;
+                continue;
+            };
+            // Whole pieces held next to each other in one slot: one read.
+            let mut j = i + 1;
+            while whole(i)
+                && j < found.len()
+                && whole(j)
+                && (first + j as u64) % PIECES as u64 != 0
+                && found[j].is_some_and(|(s, _)| s == slot)
+            {
+                j += 1;
             }
             let p = first + i as u64;
-            match self.read_piece(p, slot, crc, offset, buf) {
-                Ok(true) => served[i] = true,
-                Ok(false) => {}
-                Err(e) => failed = Some(e),
+            let result = if j - i > 1 {
+                self.read_pieces(p, slot, &found[i..j], offset, buf)
+                    .map(|ok| served[i..j].copy_from_slice(&ok))
+            } else {
+                self.read_piece(p, slot, crc, offset, buf)
+                    .map(|ok| served[i] = ok)
+            };
+            if let Err(e) = result {
+                failed = Some(e);
             }
+            i = j;
         }
         {
             let mut ix = self.lock();
@@ -238,6 +259,50 @@ impl DiskCache {
         result
     }
 
+    /// Reads whole pieces `p..` (as many as `found` holds, all in `slot`, all
+    /// inside `buf`) with one read, and says which matched their crc; those
+    /// that did not are forgotten (a miss).
+    fn read_pieces(
+        &self,
+        p: u64,
+        slot: u32,
+        found: &[Option<(u32, u32)>],
+        offset: u64,
+        buf: &mut [u8],
+    ) -> std::io::Result<Vec<bool>> {
+        use std::os::unix::fs::FileExt;
+        let start = (p * PIECE - offset) as usize;
+        let part = &mut buf[start..start + found.len() * PIECE as usize];
+        self.files
+            .data
+            .read_exact_at(part, u64::from(slot) * CHUNK + p * PIECE % CHUNK)?;
+        let ok: Vec<bool> = part
+            .chunks(PIECE as usize)
+            .zip(found)
+            .map(|(bytes, f)| f.is_some_and(|(_, crc)| crc32c::crc32c(bytes) == crc))
+            .collect();
+        for (k, good) in ok.iter().enumerate() {
+            self.count_checked(p + k as u64, *good, PIECE);
+        }
+        Ok(ok)
+    }
+
+    /// Counts a piece read from the data file: its bytes served, or its
+    /// checksum failure (the piece forgotten).
+    fn count_checked(&self, p: u64, good: bool, bytes: u64) {
+        if good {
+            self.hit_bytes.fetch_add(bytes, Relaxed);
+        } else {
+            self.checksum_failures.fetch_add(1, Relaxed);
+            warn!(
+                "disk cache {}: the block at {} failed its checksum; read from the blob instead",
+                self.shown.display(),
+                p * PIECE
+            );
+            self.lock().drop_piece(p);
+        }
+    }
+
     /// Copies the part of piece `p` inside `offset..` into `buf` from `slot` if
     /// its bytes match `crc`. `Ok(false)`: they did not (a miss; the piece is
     /// forgotten). `Err`: the data file could not be read.
@@ -268,17 +333,7 @@ impl DiskCache {
             }
             good
         };
-        if ok {
-            self.hit_bytes
-                .fetch_add(pe.min(end) - ps.max(offset), Relaxed);
-        } else {
-            self.checksum_failures.fetch_add(1, Relaxed);
-            warn!(
-                "disk cache {}: the block at {ps} failed its checksum; read from the blob instead",
-                self.shown.display()
-            );
-            self.lock().drop_piece(p);
-        }
+        self.count_checked(p, ok, pe.min(end) - ps.max(offset));
         Ok(ok)
     }
 
