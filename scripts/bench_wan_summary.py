@@ -28,7 +28,7 @@ EXPECTED = [
     "wan_dc.seq_read_cold_mib_s", "wan_dc.seq_read_warm_mib_s", "wan_dc.local_seq_read_mib_s",
     "wan_dc.seq_read_warm_from_service_mib", "wan_dc.seq_mib", "wan_dc.warm_start",
     "wan_dc.rand_read_qd32_cold_iops", "wan_dc.rand_read_qd32_warm_iops",
-    "wan_dc.daemon_hwm_mib", "wan_dc.cache_size_mib",
+    "wan_dc.daemon_hwm_mib", "wan_dc.cache_size_mib", "wan_dc.seq_read_memory_mib_s",
 ]
 
 get = res.get
@@ -88,6 +88,8 @@ def per_gib(key):
     c = r.get("wan_fs", {}).get(key) or {}
     mib = g("wan_fs.seq_mib")
     return f"{c['daemon_cpu_s'] / (mib / 1024):.2f}" if "daemon_cpu_s" in c and mib else "not measured"
+print(f"  disk cache: the same read from the daemon's memory {g('wan_dc.seq_read_memory_mib_s'):.1f} MiB/s "
+      f"(the disk cache's warm read is {frac(g('wan_dc.seq_read_warm_mib_s'), g('wan_dc.seq_read_memory_mib_s')):.2f} of it)")
 print(f"  disk cache: cold sequential read {g('wan_dc.seq_read_cold_mib_s'):.1f} MiB/s; warm remount "
       f"(started warm: {get('wan_dc.warm_start')}) read {g('wan_dc.seq_read_warm_from_service_mib'):.1f} of "
       f"{g('wan_dc.seq_mib'):.0f} MiB from the service; {get('wan_dc.held_after_cold_mib')} MiB held; "
