@@ -640,6 +640,32 @@ mod tests {
     }
 
     #[test]
+    fn a_data_file_that_cannot_be_read_turns_the_tier_off_and_reads_go_on() {
+        let dir = parent("eio");
+        let asked = Cell::new(0);
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
+        read(&t, 0, CHUNK as usize, &asked);
+        // The data file cut short behind the tier's back: its reads fail.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("d/data"))
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        read(&t, 0, CHUNK as usize, &asked);
+        assert_eq!(asked.get(), 2 * CHUNK, "read from the blob instead");
+        let s = t.stats();
+        assert!(!s.on, "{s:?}");
+        assert!(s.off_reason.unwrap().contains("reading"));
+        assert_eq!(s.bytes, 0);
+        // Off for good: nothing is stored or served any more, I/O goes on.
+        read(&t, 0, CHUNK as usize, &asked);
+        assert_eq!(asked.get(), 3 * CHUNK);
+        assert!(t.seal(&state("a")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_change_during_a_fetch_keeps_the_fetched_bytes_out() {
         let dir = parent("race");
         let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
