@@ -30,8 +30,36 @@ impl BufPool {
 
     /// An empty buffer with room for the pool's capacity.
     pub fn take(&self) -> Vec<u8> {
+        let mut buf = self.take_idle();
+        buf.clear();
+        buf
+    }
+
+    /// An idle buffer as it was given back (its bytes those of its last use), or
+    /// a new empty one.
+    fn take_idle(&self) -> Vec<u8> {
         let idle = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
         idle.unwrap_or_else(|| Vec::with_capacity(self.capacity))
+    }
+
+    /// A buffer of `len` bytes for a caller that overwrites every one of them
+    /// before reading any (a ranged read, which fails on a short answer; a cache
+    /// read, which writes zeros for holes): a pooled buffer keeps the bytes of its
+    /// last use, so only what it never held is zeroed, and a reused 4 MiB buffer
+    /// costs no `memset` (3-4% of the daemon's CPU in a read from the disk
+    /// cache). Pooled and plain as in [`Self::take_zeroed`].
+    pub fn take_filled(&self, len: usize) -> Vec<u8> {
+        let mut buf = if (self.capacity / 4..=self.capacity).contains(&len) {
+            self.take_idle()
+        } else {
+            Vec::with_capacity(len)
+        };
+        if buf.len() >= len {
+            buf.truncate(len);
+        } else {
+            buf.resize(len, 0);
+        }
+        buf
     }
 
     /// A buffer of `len` zeroed bytes: pooled when `len` is between a quarter of
@@ -57,9 +85,9 @@ impl BufPool {
         })
     }
 
-    /// Returns a buffer taken with [`BufPool::take`] and not frozen.
-    pub fn give(&self, mut buf: Vec<u8>) {
-        buf.clear();
+    /// Returns a buffer taken with [`BufPool::take`] and not frozen. Its bytes
+    /// stay (see [`Self::take_filled`]); [`Self::take`] empties it.
+    pub fn give(&self, buf: Vec<u8>) {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         // Only buffers of the pool's size: a larger one would hold more memory
         // idle than the pool promises.
@@ -145,5 +173,21 @@ mod tests {
             1,
             "neither a small nor an oversized one is kept"
         );
+    }
+
+    #[test]
+    fn filled_buffers_keep_their_last_bytes_and_zero_only_what_is_new() {
+        let pool = BufPool::new(4096, 2);
+        let mut a = pool.take_filled(2048);
+        assert_eq!(a, vec![0u8; 2048], "a new buffer is zeroed");
+        a.fill(9);
+        let ptr = a.as_ptr();
+        pool.give(a);
+        let b = pool.take_filled(4096);
+        assert_eq!(b.as_ptr(), ptr);
+        assert_eq!(&b[..2048], &[9u8; 2048][..], "its old bytes stay");
+        assert_eq!(&b[2048..], &[0u8; 2048][..], "what it never held is zeroed");
+        pool.give(b);
+        assert!(pool.take().is_empty(), "take empties it");
     }
 }

@@ -106,7 +106,7 @@ fn work<B: Backend>(
         };
         // Large reads (a sequential stream's) take a pooled buffer; small ones (a
         // random read's) a plain allocation, which the heap serves cheaply.
-        let mut buf = pool.take_zeroed(job.len);
+        let mut buf = pool.take_filled(job.len);
         match cache.read(job.offset, &mut buf) {
             Ok(()) => job.reply.data(&buf),
             Err(e) => {

@@ -124,13 +124,13 @@ impl<B: Backend> Cache<B> {
                 (plan, st.mutations, claim)
             };
             missed = true;
-            // Large runs go into pooled buffers (`take_zeroed`): a fresh one costs
+            // Large runs go into pooled buffers (`take_filled`): a fresh one costs
             // page faults and zeroing per fetch, a large share of the daemon's CPU
             // in a cold sequential read.
             let mut fetched = Vec::with_capacity(plan.runs.len());
             let mut failed = None;
             for &(s, e) in &plan.runs {
-                let mut data = self.pool.take_zeroed((e - s) as usize);
+                let mut data = self.pool.take_filled((e - s) as usize);
                 let result = self.backend.read(s, &mut data);
                 fetched.push((s, data));
                 if let Err(e) = result {

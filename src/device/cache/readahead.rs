@@ -120,8 +120,7 @@ impl<B: Backend> Cache<B> {
                 }
             };
             let claim = Claim::new(self, claim);
-            let mut data = self.pool.take();
-            data.resize((end - start) as usize, 0);
+            let mut data = self.pool.take_filled((end - start) as usize);
             let result = self.backend.read(start, &mut data);
             let mut st = self.lock();
             claim.release(&mut st);
