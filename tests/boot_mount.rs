@@ -374,6 +374,8 @@ fn umount_of_a_busy_drive_is_refused_and_a_lazy_one_finishes_when_let_go() {
     let mnt = s.mnt();
     let other = s.path("other");
     std::fs::create_dir(&other).unwrap();
+    let dc = s.path("disk-caches");
+    common::util::private_dir(&dc);
     let out = s.in_namespace(&format!(
         r#"
 mount -t blobdrive -o 'credentials={creds},mkfs=ext4' '{spec}' '{mnt}'
@@ -404,12 +406,15 @@ echo "ID=$mid SRC=tmpfs TARGET={other} ROOT=/ OPTS=helper=blobdrive" >> /run/mou
 umount '{other}' || echo "stale_rc=$?"
 mountpoint -q '{other}' && echo OTHER-STILL-MOUNTED
 grep -q 'TARGET={other}' /run/mount/utab && echo STALE-ENTRY-LEFT
-# Mode raw: the directory is the FUSE mount, and umount goes through the helper too.
-mount -t blobdrive -o 'credentials={creds},mode=raw' '{spec}' '{mnt}'
+# Mode raw: the directory is the FUSE mount, and umount goes through the helper too;
+# with a disk cache from the options, which that umount keeps for the next mount.
+mount -t blobdrive -o 'credentials={creds},mode=raw,disk-cache={dc},disk-cache-size=8MiB' '{spec}' '{mnt}'
 rpid=
 for r in "$BLOBDRIVE_RUN_DIR"/mounts/*.json; do grep -q '"{mnt}"' "$r" && rpid="$(sed -n 's/.*"pid": \([0-9]*\).*/\1/p' "$r")"; done
 grep -q 'TARGET={mnt} .*helper=blobdrive' /run/mount/utab || echo RAW-NOT-IN-UTAB
+"$BD" stats '{mnt}' --json | grep -q '"size_limit": 8388608' || echo RAW-NO-DISK-CACHE
 umount '{mnt}'
+ls '{dc}'/*/index >/dev/null 2>&1 || echo DISK-CACHE-NOT-KEPT
 st="$(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' /proc/$rpid/status 2>/dev/null || true)"
 [ -n "$st" ] && [ "$st" != Z ] && echo RAW-DAEMON-RUNNING-AFTER-UMOUNT
 AZURE_STORAGE_CONNECTION_STRING="$CS" "$BD" lease status '{spec}' --json | grep -q '"available"' || echo RAW-LEASE-HELD-AFTER-UMOUNT
@@ -418,6 +423,7 @@ true
         creds = s.creds().display(),
         mnt = mnt.display(),
         other = other.display(),
+        dc = dc.display(),
         err = s.path("busy.err").display(),
     ));
     let t = text(&out);
@@ -437,6 +443,8 @@ true
         "RAW-NOT-IN-UTAB",
         "RAW-DAEMON-RUNNING-AFTER-UMOUNT",
         "RAW-LEASE-HELD-AFTER-UMOUNT",
+        "RAW-NO-DISK-CACHE",
+        "DISK-CACHE-NOT-KEPT",
     ] {
         assert!(!stdout.contains(bad), "{bad}: {t}");
     }
