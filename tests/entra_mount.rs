@@ -233,12 +233,26 @@ fn a_renewal_that_keeps_failing_is_an_outage_writes_wait_out() {
         "{stats}"
     );
     assert!(!writer.is_finished(), "the fsync waits for a token");
-    // Reads of what is written go on meanwhile.
-    let before = std::fs::read(m.path().join("before.bin")).unwrap();
-    assert_eq!(before.len(), 64 << 10);
+    // Reads of what is written go on meanwhile. On a thread of its own, and the
+    // tokens come back after at most 15 s whatever it does: if the read waited
+    // for them too, this thread must not wait for it (a fresh-clone run under
+    // memory pressure once sat here until the write failed with EIO at the I/O
+    // timeout, 300 s later, with every global `sync` on the machine behind it).
+    let before_path = m.path().join("before.bin");
+    let reader = std::thread::spawn(move || std::fs::read(before_path).map(|b| b.len()));
+    let read_deadline = Instant::now() + Duration::from_secs(15);
+    while !reader.is_finished() && Instant::now() < read_deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let read_in_time = reader.is_finished();
 
     // Back: the renewal succeeds (its backoff is at most 30 s) and the fsync returns.
     tokens.set("mode", "ok");
+    assert!(
+        read_in_time,
+        "a read of written data waited for the token during the outage"
+    );
+    assert_eq!(reader.join().unwrap().unwrap(), 64 << 10);
     let took = writer
         .join()
         .unwrap()

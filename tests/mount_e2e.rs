@@ -111,7 +111,7 @@ fn write_tree(root: &Path) -> String {
          for s in 1 3 17; do head -c ${{s}}M /dev/urandom > tree/b$s; done
          head -c 150M /dev/urandom > tree/c/big
          for i in $(seq 1 50); do head -c $((i * 777)) /dev/urandom > tree/a/b/f$i; done
-         sync -f tree/c/big; sync
+         sync -f tree/c/big
          find tree -type f | sort | xargs sha256sum",
         root.display()
     ))
@@ -180,7 +180,7 @@ fn blank_disk_is_refused_without_mkfs_and_leaves_nothing_behind() {
     // xfs works as well (xfs needs at least 300 MiB).
     let spec = new_drive("xfs", "320MiB");
     ok(&["mount", &spec, mp.s(), "--mkfs", "xfs"]);
-    sh_ok(&format!("echo hello > '{}/x' && sync", mp.s()));
+    sh_ok(&format!("echo hello > '{0}/x' && sync -f '{0}'", mp.s()));
     ok(&["unmount", mp.s()]);
     let out = ok(&["mount", &spec, mp.s()]);
     assert!(out.contains("xfs"), "{out}");
@@ -398,7 +398,7 @@ fn fstrim_frees_the_space_of_deleted_files() {
     let mp = new_mp();
     ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     sh_ok(&format!(
-        "head -c 100M /dev/urandom > '{}/big' && sync",
+        "head -c 100M /dev/urandom > '{0}/big' && sync -f '{0}'",
         mp.s()
     ));
     ok(&["unmount", mp.s()]);
@@ -407,7 +407,15 @@ fn fstrim_frees_the_space_of_deleted_files() {
         .unwrap();
     assert!(before >= 100 * MIB);
     ok(&["mount", &spec, mp.s()]);
-    sh_ok(&format!("rm '{0}/big' && sync && fstrim '{0}'", mp.s()));
+    // `sync -f`: this filesystem only. A plain `sync` waits for every filesystem
+    // on the machine, a drive of another test waiting out an outage too, and
+    // holds each one's superblock lock while it waits, so that test's unmount
+    // waited with it (300 s, until the outage's I/O timeout, in two fresh-clone
+    // runs).
+    sh_ok(&format!(
+        "rm '{0}/big' && sync -f '{0}' && fstrim '{0}'",
+        mp.s()
+    ));
     assert!(mp.stats()["clear_requests"].as_u64().unwrap() > 0);
     ok(&["unmount", mp.s()]);
     let after = json(&ok(&["info", &spec, "--json"]))["allocated_bytes"]

@@ -506,7 +506,7 @@ fn secrets_never_reach_logs_outputs_or_the_command_line() {
         seen.push_str(&String::from_utf8_lossy(&out.stdout));
         seen.push_str(&String::from_utf8_lossy(&out.stderr));
     }
-    sh_ok(&format!("echo data > '{}/f' && sync", mp.s()));
+    sh_ok(&format!("echo data > '{0}/f' && sync -f '{0}'", mp.s()));
     let pid = mp.pid();
     seen.push_str(&std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap());
     seen.push_str(&sh_ok("ps -eo args"));
