@@ -17,6 +17,10 @@ use crate::mount::utab;
 use crate::mount::MountError;
 use crate::size::human as human_bytes;
 
+/// How long an unmount waits for handles of `disk` closed just before it to be
+/// released (the kernel sends the release after close(2) has returned).
+const RELEASE_GRACE: Duration = Duration::from_secs(2);
+
 impl Mounted {
     /// Takes everything down in reverse order and returns what could not be kept
     /// (empty: a clean unmount). Refuses, leaving everything in place (call again
@@ -282,14 +286,22 @@ impl Mounted {
     }
 
     /// Refuses while a process other than the loop device holds `disk` open: its
-    /// later writes would have nowhere to go.
+    /// later writes would have nowhere to go. close(2) returns before the
+    /// kernel's release of the handle reaches the daemon, so a handle closed
+    /// just before the unmount is given [`RELEASE_GRACE`] to be released (a test
+    /// that closed the file and unmounted at once was refused as busy, naming no
+    /// process, in one fresh-clone run).
     fn refuse_if_disk_open(&self) -> Result<(), MountError> {
         let Some(open) = &self.open_disk else {
             return Ok(());
         };
         let mine = usize::from(self.device.is_some());
-        if open.load(Ordering::SeqCst) > mine {
-            return Err(self.disk_busy());
+        let until = std::time::Instant::now() + RELEASE_GRACE;
+        while open.load(Ordering::SeqCst) > mine {
+            if std::time::Instant::now() >= until {
+                return Err(self.disk_busy());
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
         Ok(())
     }
