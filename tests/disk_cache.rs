@@ -278,6 +278,41 @@ fn read_only_mounts_keep_their_cache_only_for_a_blob_that_did_not_change() {
     unmount(&mp);
 }
 
+/// The lease broken while the drive is mounted, and the blob written by someone
+/// else before the mount ends: that unmount must not keep the cache (the blob's
+/// state it would record is the other writer's), and the next mount reads the
+/// other writer's bytes.
+#[test]
+fn a_lease_broken_and_the_blob_written_while_mounted_keeps_nothing_stale() {
+    require_root();
+    let spec = new_drive("dc-break", "64MiB");
+    let caches = cache_parent("break");
+    let dc = caches.to_str().unwrap();
+    let mp = Mp::new(&run(), &az());
+    let a = pattern(11, 4 * MIB);
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    write_disk(&mp, 0, &a);
+    assert!(read_disk(&mp, 0, 4 * MIB) == a);
+    ok(&run(), &az(), &["lease", "break", &spec]);
+    // Another writer, straight to the blob (no lease is needed once it is broken).
+    let b = pattern(12, MIB);
+    common::util::rt()
+        .block_on(common::azurite::blob_client(&az(), &spec).put_pages(
+            2 * MIB,
+            b.clone().into(),
+            None,
+        ))
+        .unwrap();
+    // The unmount may fail (the lease is gone); either way nothing is kept.
+    let _ = bd(&run(), &az(), &["unmount", mp.s()]);
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    assert_eq!(disk_stats(&mp)["warm_start"], false);
+    let mut want = a.clone();
+    want[2 * MIB as usize..3 * MIB as usize].copy_from_slice(&b);
+    assert!(read_disk(&mp, 0, 4 * MIB) == want, "stale bytes served");
+    unmount(&mp);
+}
+
 /// Bytes of the cache's data file changed behind its back: the blocks they are
 /// in fail their checksum and are read from the blob.
 #[test]
