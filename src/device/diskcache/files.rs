@@ -48,10 +48,6 @@ fn cstr(name: &str) -> CString {
     CString::new(name).expect("no NUL in our own names")
 }
 
-fn last_os_error(doing: &str) -> String {
-    format!("{doing}: {}", std::io::Error::last_os_error())
-}
-
 /// Opens `name` in `dir` (`O_NOFOLLOW`): `flags` as for open(2).
 fn open_at(dir: &File, name: &str, flags: i32) -> std::io::Result<File> {
     let n = cstr(name);
@@ -129,9 +125,10 @@ fn check_owned(meta: &std::fs::Metadata, what: &str, strict: bool) -> Result<(),
 /// writable by no one else, not a symbolic link), without changing anything.
 pub fn check_dir(dir: &Path) -> Result<File, String> {
     let shown = dir.display();
+    use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags_nofollow_dir()
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(dir)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
@@ -144,17 +141,6 @@ pub fn check_dir(dir: &Path) -> Result<File, String> {
         .map_err(|e| format!("--disk-cache {shown}: {e}"))?;
     check_owned(&meta, &format!("--disk-cache {shown}"), false)?;
     Ok(f)
-}
-
-trait NoFollowDir {
-    fn custom_flags_nofollow_dir(&mut self) -> &mut Self;
-}
-
-impl NoFollowDir for std::fs::OpenOptions {
-    fn custom_flags_nofollow_dir(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-    }
 }
 
 impl Files {
@@ -191,7 +177,7 @@ impl Files {
             return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 format!("the disk cache {shown} is in use by another mount of the same drive: give this mount another --disk-cache directory, or none")
             } else {
-                last_os_error(&format!("cannot lock {shown}"))
+                format!("cannot lock {shown}: {e}")
             });
         }
         let data = open_at(&dir, "data", libc::O_RDWR | libc::O_CREAT)
@@ -228,11 +214,7 @@ impl Files {
                 if regular {
                     (&mut f).take(limit + 1).read_to_end(&mut bytes)?;
                 }
-                let n = cstr("index");
-                // SAFETY: valid fd and NUL-terminated name.
-                if unsafe { libc::unlinkat(self.dir.as_raw_fd(), n.as_ptr(), 0) } != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                self.unlink("index")?;
                 fsync_dir(&self.dir)?;
                 if regular && bytes.len() as u64 <= limit {
                     decode(&bytes)
@@ -288,11 +270,6 @@ impl Files {
     pub fn removed(&self) -> bool {
         self.data.metadata().map(|m| m.nlink() == 0).unwrap_or(true)
             || self.dir.metadata().map(|m| m.nlink() == 0).unwrap_or(true)
-    }
-
-    /// Bytes the data file takes on its disk.
-    pub fn allocated(&self) -> u64 {
-        self.data.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
     }
 }
 

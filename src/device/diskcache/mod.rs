@@ -188,7 +188,8 @@ impl DiskCache {
                 i += 1;
                 continue;
             };
-            // Whole pieces held next to each other in one slot: one read.
+            // Whole pieces held next to each other in one slot: one read. A
+            // piece the request covers only in part (at its edges) alone.
             let mut j = i + 1;
             while whole(i)
                 && j < found.len()
@@ -199,11 +200,11 @@ impl DiskCache {
                 j += 1;
             }
             let p = first + i as u64;
-            let result = if j - i > 1 {
+            let result = if whole(i) {
                 self.read_pieces(p, slot, &found[i..j], offset, buf)
                     .map(|ok| served[i..j].copy_from_slice(&ok))
             } else {
-                self.read_piece(p, slot, crc, offset, buf)
+                self.read_part(p, slot, crc, offset, buf)
                     .map(|ok| served[i] = ok)
             };
             if let Err(e) = result {
@@ -303,10 +304,11 @@ impl DiskCache {
         }
     }
 
-    /// Copies the part of piece `p` inside `offset..` into `buf` from `slot` if
-    /// its bytes match `crc`. `Ok(false)`: they did not (a miss; the piece is
-    /// forgotten). `Err`: the data file could not be read.
-    fn read_piece(
+    /// Copies the part of piece `p` inside `offset..` (a piece the request
+    /// covers only in part) into `buf` from `slot`, if the whole piece's bytes
+    /// match `crc`. `Ok(false)`: they did not (a miss; the piece is forgotten).
+    /// `Err`: the data file could not be read.
+    fn read_part(
         &self,
         p: u64,
         slot: u32,
@@ -317,22 +319,16 @@ impl DiskCache {
         use std::os::unix::fs::FileExt;
         let end = offset + buf.len() as u64;
         let (ps, pe) = (p * PIECE, (p + 1) * PIECE);
-        let at = u64::from(slot) * CHUNK + ps % CHUNK;
-        let ok = if ps >= offset && pe <= end {
-            let part = &mut buf[(ps - offset) as usize..(pe - offset) as usize];
-            self.files.data.read_exact_at(part, at)?;
-            crc32c::crc32c(part) == crc
-        } else {
-            let mut whole = vec![0u8; PIECE as usize];
-            self.files.data.read_exact_at(&mut whole, at)?;
-            let good = crc32c::crc32c(&whole) == crc;
-            if good {
-                let (s, e) = (ps.max(offset), pe.min(end));
-                buf[(s - offset) as usize..(e - offset) as usize]
-                    .copy_from_slice(&whole[(s - ps) as usize..(e - ps) as usize]);
-            }
-            good
-        };
+        let mut whole = vec![0u8; PIECE as usize];
+        self.files
+            .data
+            .read_exact_at(&mut whole, u64::from(slot) * CHUNK + ps % CHUNK)?;
+        let ok = crc32c::crc32c(&whole) == crc;
+        if ok {
+            let (s, e) = (ps.max(offset), pe.min(end));
+            buf[(s - offset) as usize..(e - offset) as usize]
+                .copy_from_slice(&whole[(s - ps) as usize..(e - ps) as usize]);
+        }
         self.count_checked(p, ok, pe.min(end) - ps.max(offset));
         Ok(ok)
     }
