@@ -41,7 +41,6 @@ use crate::azure::{Account, BlobClient, BlobService};
 use crate::blobref::BlobRef;
 use crate::device::cache::Cache;
 use crate::device::diskcache::files::BlobState;
-use crate::device::diskcache::DiskCache;
 use crate::device::remote::RemoteBackend;
 use control::serve;
 use setup::{limit_malloc_arenas, setup};
@@ -96,10 +95,10 @@ struct Mounted {
     /// libmount's table names `umount.blobdrive` for the mount at the user's
     /// directory (see `mount::utab`).
     in_utab: bool,
-    /// The disk cache (`--disk-cache`), and the blob as the mount found it once
-    /// it alone could write it: a clean unmount leaves the cache for the next
-    /// mount only if the blob is then as the mount's own writes left it.
-    disk_cache: Option<Arc<DiskCache>>,
+    /// With a disk cache (`--disk-cache`, held by the cache's backend): the blob
+    /// as the mount found it once it alone could write it. A clean unmount
+    /// leaves the disk cache for the next mount only if the blob is then as the
+    /// mount's own writes left it.
     disk_state: Option<BlobState>,
 }
 
@@ -185,7 +184,6 @@ pub fn run(
         fuse_gone: Arc::new(AtomicBool::new(false)),
         unmounting_fs: Arc::new(AtomicBool::new(false)),
         in_utab: false,
-        disk_cache: None,
         disk_state: None,
     };
     let rec = MountRecord {

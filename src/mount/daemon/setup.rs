@@ -117,9 +117,7 @@ pub(super) fn setup(
         remote::io_timeout_from_env(),
     );
     if let Some(dir) = m.req.disk_cache.clone() {
-        let tier = open_disk_cache(m, &dir, &drive)?;
-        backend = backend.with_disk_cache(tier.clone());
-        m.disk_cache = Some(tier);
+        backend = backend.with_disk_cache(open_disk_cache(m, &dir, &drive)?);
     }
     m.fenced = backend.fence();
     let cache = Arc::new(Cache::new(

@@ -254,7 +254,8 @@ impl Mounted {
     /// blob as it was when mounted. Otherwise the cache is left without an index,
     /// and the next mount starts it empty.
     fn keep_disk_cache(&self) {
-        let (Some(tier), Some(found)) = (&self.disk_cache, &self.disk_state) else {
+        let tier = self.cache.as_ref().and_then(|c| c.backend().disk_cache());
+        let (Some(tier), Some(found)) = (tier, &self.disk_state) else {
             return;
         };
         let not_kept = |why: String| info!("the disk cache is not kept for the next mount: {why}");
