@@ -90,12 +90,9 @@ impl Index {
     }
 
     /// Chunks cached.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.chunks.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.chunks.is_empty()
     }
 
     /// Bytes of valid pieces.
@@ -238,11 +235,6 @@ impl Index {
         self.changes
             .iter()
             .any(|&(e, s, x)| e > epoch && s < end && start < x)
-    }
-
-    /// The current epoch.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
     }
 
     /// Forgets everything (the tier is turned off).
