@@ -156,9 +156,17 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A port nothing listens on (bound, then closed).
+/// A port nothing listens on: 1 (tcpmux), privileged and never handed out for
+/// port 0, so no server another test starts meanwhile can take it. A port bound
+/// and closed again could be: once a managed-identity server of a test running
+/// beside this one got it, and a test meant to reach the Azure CLI signed in as a
+/// managed identity (a fresh-clone run).
 pub fn closed_port() -> u16 {
-    free_port()
+    assert!(
+        !listening(1),
+        "something listens on 127.0.0.1:1; the tests need it closed"
+    );
+    1
 }
 
 fn listening(port: u16) -> bool {
