@@ -79,8 +79,10 @@ cleanup() {
     [ -n "$PROXY_PID" ] && { kill -TERM "$PROXY_PID"; wait_pid "$PROXY_PID"; }
     scripts/azurite.sh stop "$WORK/azurite" >/dev/null 2>&1
     rm -rf "$WORK"
+    release_page_reporting
 }
 trap cleanup EXIT
+hold_page_reporting
 
 # proxy_start [CAP ARGS...]: a fresh proxy in front of the running Azurite; sets
 # WAN_CS (the connection string through it) and DIRECT_CS (straight to Azurite).
@@ -154,6 +156,7 @@ settle_azurite() {
 
 RTT_MS=$((DELAY_MS * 2))
 put machine "$(python3 -c "import json,os,platform; print(json.dumps({'cores': os.cpu_count(), 'kernel': platform.release(), 'quick': $QUICK == 1, 'profile': '$PROFILE', 'delay_ms_each_way': $DELAY_MS, 'rtt_ms': $RTT_MS}))")"
+put machine.page_reporting "$(page_reporting_json)"
 
 if part ceiling; then
 say "W1. backend ceiling through the proxy (${RTT_MS} ms round trips)"

@@ -74,10 +74,13 @@ cleanup() {
     [ -n "$MOTO_PID" ] && { kill -TERM "$MOTO_PID"; wait_pid "$MOTO_PID"; }
     scripts/azurite.sh stop "$WORK/azurite" >/dev/null 2>&1
     rm -rf "$WORK"
+    release_page_reporting
 }
 trap cleanup EXIT
+hold_page_reporting
 
 put machine "$(python3 -c "import json,os,platform; print(json.dumps({'cores': os.cpu_count(), 'kernel': platform.release(), 'memory_gib': round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30, 1), 'quick': $QUICK == 1, 'profile': '$PROFILE'}))")"
+put machine.page_reporting "$(page_reporting_json)"
 
 say "1. backend ceiling (blobdrive client, no FUSE)"
 fresh_azurite

@@ -5,8 +5,9 @@
 # target/tools on first use).
 #
 #   sudo scripts/profile.sh JOB [OUT.svg]
-#     JOB: fs-write | fs-read | raw-write | raw-read   (ext4 through the loop device,
-#          or the raw disk file with 1 MiB requests; reads are cold)
+#     JOB: fs-write | fs-read | fs-warm | raw-write | raw-read   (ext4 through the
+#          loop device, or the raw disk file with 1 MiB requests; reads are cold,
+#          but fs-warm's, which finds the bytes in the daemon's memory cache)
 #   BENCH_SIZE=1G (default) the bytes moved; PROFILE_HZ=499 the sampling rate;
 #   PROFILE_CACHE=SIZE the daemon's --cache-size (default: twice the bytes moved, as
 #   bench.sh; smaller than them, the cache recycles its memory once full);
@@ -19,8 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 JOB="${1:-}"
-case "$JOB" in fs-write|fs-read|raw-write|raw-read) ;; *)
-    echo "usage: sudo scripts/profile.sh fs-write|fs-read|raw-write|raw-read [OUT.svg]" >&2; exit 2 ;;
+case "$JOB" in fs-write|fs-read|fs-warm|raw-write|raw-read) ;; *)
+    echo "usage: sudo scripts/profile.sh fs-write|fs-read|fs-warm|raw-write|raw-read [OUT.svg]" >&2; exit 2 ;;
 esac
 SVG="${2:-$ROOT/target/profile/$JOB.svg}"
 SIZE="${BENCH_SIZE:-1G}"
@@ -52,22 +53,30 @@ cleanup() {
     [ -d "$MNT" ] && "$BD" unmount "$MNT" >/dev/null 2>&1
     scripts/azurite.sh stop "$WORK/azurite" >/dev/null 2>&1
     rm -rf "$WORK"
+    release_page_reporting
 }
 trap cleanup EXIT
+hold_page_reporting
 fresh_azurite
 mkdir "$MNT"
 CACHE="${PROFILE_CACHE:-$((SIZE_MIB * 2 + 256))M}"
 case "$JOB" in
     fs-*) "$BD" create bench/p.vhd --size $((SIZE_MIB * 2 + 512))M --create-container >/dev/null
           "$BD" mount bench/p.vhd "$MNT" --mkfs ext4 --cache-size "$CACHE" >/dev/null
-          TARGET=(fio --output-format=json "scripts/fio/seq-${JOB#fs-}.fio") ;;
+          FIO_JOB="${JOB#fs-}"; [ "$FIO_JOB" = warm ] && FIO_JOB=read
+          TARGET=(fio --output-format=json "scripts/fio/seq-$FIO_JOB.fio") ;;
     raw-*) "$BD" create bench/p.vhd --size $((SIZE_MIB + 64))M --create-container >/dev/null
            "$BD" mount bench/p.vhd "$MNT" --mode raw --cache-size "$CACHE" >/dev/null
            TARGET=(fio --output-format=json --filename="$MNT/disk" --name="$JOB" --bs=1M
                    --size="$SIZE" --ioengine=psync)
            if [ "$JOB" = raw-write ]; then TARGET+=(--rw=write --end_fsync=1); else TARGET+=(--rw=read); fi ;;
 esac
-if [ "${JOB#*-}" = read ]; then
+if [ "$JOB" = fs-warm ]; then
+    # Written through this mount: the daemon's cache holds every byte, the kernel's
+    # caches are dropped, so the read measures FUSE, the loop device and ext4.
+    BENCH_DIR="$MNT" BENCH_SIZE="$SIZE" fio --output-format=json scripts/fio/seq-write.fio >/dev/null
+    drop_caches
+elif [ "${JOB#*-}" = read ]; then
     # Write what is read first, then remount so the read is cold.
     case "$JOB" in
         fs-read) BENCH_DIR="$MNT" BENCH_SIZE="$SIZE" fio --output-format=json scripts/fio/seq-write.fio >/dev/null
