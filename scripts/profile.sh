@@ -5,9 +5,10 @@
 # target/tools on first use).
 #
 #   sudo scripts/profile.sh JOB [OUT.svg]
-#     JOB: fs-write | fs-read | fs-warm | raw-write | raw-read   (ext4 through the
-#          loop device, or the raw disk file with 1 MiB requests; reads are cold,
-#          but fs-warm's, which finds the bytes in the daemon's memory cache)
+#     JOB: fs-write | fs-read | fs-warm | fs-disk | raw-write | raw-read   (ext4
+#          through the loop device, or the raw disk file with 1 MiB requests; reads
+#          are cold, but fs-warm's, which finds the bytes in the daemon's memory
+#          cache, and fs-disk's, which finds them in its disk cache after a remount)
 #   BENCH_SIZE=1G (default) the bytes moved; PROFILE_HZ=499 the sampling rate;
 #   PROFILE_CACHE=SIZE the daemon's --cache-size (default: twice the bytes moved, as
 #   bench.sh; smaller than them, the cache recycles its memory once full);
@@ -20,8 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 JOB="${1:-}"
-case "$JOB" in fs-write|fs-read|fs-warm|raw-write|raw-read) ;; *)
-    echo "usage: sudo scripts/profile.sh fs-write|fs-read|fs-warm|raw-write|raw-read [OUT.svg]" >&2; exit 2 ;;
+case "$JOB" in fs-write|fs-read|fs-warm|fs-disk|raw-write|raw-read) ;; *)
+    echo "usage: sudo scripts/profile.sh fs-write|fs-read|fs-warm|fs-disk|raw-write|raw-read [OUT.svg]" >&2; exit 2 ;;
 esac
 SVG="${2:-$ROOT/target/profile/$JOB.svg}"
 SIZE="${BENCH_SIZE:-1G}"
@@ -61,9 +62,11 @@ fresh_azurite
 mkdir "$MNT"
 CACHE="${PROFILE_CACHE:-$((SIZE_MIB * 2 + 256))M}"
 case "$JOB" in
-    fs-*) "$BD" create bench/p.vhd --size $((SIZE_MIB * 2 + 512))M --create-container >/dev/null
-          "$BD" mount bench/p.vhd "$MNT" --mkfs ext4 --cache-size "$CACHE" >/dev/null
-          FIO_JOB="${JOB#fs-}"; [ "$FIO_JOB" = warm ] && FIO_JOB=read
+    fs-*) DISK_CACHE=()
+          [ "$JOB" = fs-disk ] && { mkdir -m 700 "$WORK/disk-cache"; DISK_CACHE=(--disk-cache "$WORK/disk-cache"); }
+          "$BD" create bench/p.vhd --size $((SIZE_MIB * 2 + 512))M --create-container >/dev/null
+          "$BD" mount bench/p.vhd "$MNT" --mkfs ext4 --cache-size "$CACHE" "${DISK_CACHE[@]}" >/dev/null
+          FIO_JOB="${JOB#fs-}"; [ "$FIO_JOB" = warm ] || [ "$FIO_JOB" = disk ] && FIO_JOB=read
           TARGET=(fio --output-format=json "scripts/fio/seq-$FIO_JOB.fio") ;;
     raw-*) "$BD" create bench/p.vhd --size $((SIZE_MIB + 64))M --create-container >/dev/null
            "$BD" mount bench/p.vhd "$MNT" --mode raw --cache-size "$CACHE" >/dev/null
@@ -76,12 +79,12 @@ if [ "$JOB" = fs-warm ]; then
     # caches are dropped, so the read measures FUSE, the loop device and ext4.
     BENCH_DIR="$MNT" BENCH_SIZE="$SIZE" fio --output-format=json scripts/fio/seq-write.fio >/dev/null
     drop_caches
-elif [ "${JOB#*-}" = read ]; then
+elif [ "${JOB#*-}" = read ] || [ "$JOB" = fs-disk ]; then
     # Write what is read first, then remount so the read is cold.
     case "$JOB" in
-        fs-read) BENCH_DIR="$MNT" BENCH_SIZE="$SIZE" fio --output-format=json scripts/fio/seq-write.fio >/dev/null
+        fs-read|fs-disk) BENCH_DIR="$MNT" BENCH_SIZE="$SIZE" fio --output-format=json scripts/fio/seq-write.fio >/dev/null
                  "$BD" unmount "$MNT" >/dev/null
-                 "$BD" mount bench/p.vhd "$MNT" --cache-size "$CACHE" >/dev/null ;;
+                 "$BD" mount bench/p.vhd "$MNT" --cache-size "$CACHE" "${DISK_CACHE[@]}" >/dev/null ;;
         raw-read) fio --filename="$MNT/disk" --name=fill --rw=write --bs=1M --size="$SIZE" \
                       --ioengine=psync --end_fsync=1 >/dev/null
                   "$BD" unmount "$MNT" >/dev/null
