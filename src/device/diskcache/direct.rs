@@ -5,9 +5,9 @@
 //! costs the daemon the page cache's own work on every read (finding and adding
 //! folios, the file's read-ahead, accounting): 38% of the daemon's CPU in a warm
 //! sequential read from the disk cache, in a profile (docs/benchmarks.md). A
-//! direct read asks the device for exactly the bytes and has them land in one
-//! aligned buffer, from which they are copied to the caller as the page cache's
-//! copy did before.
+//! direct read asks the device for exactly the bytes and has them land in the
+//! caller's buffer where it is aligned (read-ahead's are), else in an aligned
+//! buffer of ours, from which they are copied as the page cache's copy did.
 //!
 //! Writes stay buffered: the kernel keeps the two coherent (a direct read of a
 //! range first writes back its dirty pages). A filesystem that refuses
@@ -105,21 +105,27 @@ impl DirectReader {
         {
             return Ok(false);
         }
-        let mut bounce = self.take();
-        let result = self.file.read_exact_at(bounce.slice(n), offset);
-        let done = match result {
-            Ok(()) => {
+        // Aligned memory (read-ahead's runs) is read into as it is; anything else
+        // through an aligned buffer of our own.
+        let result = if buf.as_ptr().align_offset(ALIGN) == 0 {
+            self.file.read_exact_at(buf, offset)
+        } else {
+            let mut bounce = self.take();
+            let r = self.file.read_exact_at(bounce.slice(n), offset);
+            if r.is_ok() {
                 buf.copy_from_slice(bounce.slice(n));
-                Ok(true)
             }
+            self.give(bounce);
+            r
+        };
+        match result {
+            Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 self.on.store(false, Relaxed);
                 Ok(false)
             }
             Err(e) => Err(e),
-        };
-        self.give(bounce);
-        done
+        }
     }
 
     fn take(&self) -> Aligned {
@@ -168,6 +174,12 @@ mod tests {
         let mut out = vec![0u8; 2 * ALIGN + 1];
         assert!(r.read_exact_at(&mut out[1..], ALIGN as u64).unwrap());
         assert_eq!(&out[1..], &bytes[ALIGN..3 * ALIGN]);
+        // Aligned memory is read into directly.
+        let mut room = vec![0u8; 3 * ALIGN];
+        let skip = room.as_ptr().align_offset(ALIGN);
+        let window = &mut room[skip..skip + ALIGN];
+        assert!(r.read_exact_at(window, 3 * ALIGN as u64).unwrap());
+        assert_eq!(window, &bytes[3 * ALIGN..]);
         // Unaligned offset or length, or more than the largest read: not done.
         let mut small = vec![0u8; ALIGN];
         assert!(!r.read_exact_at(&mut small, 512).unwrap());
