@@ -26,7 +26,7 @@ use crate::device::sectors::{self, mask};
 use crate::device::sparse::SparseMap;
 use crate::device::{Backend, DeviceError, MAX_RUN, SECTOR};
 
-use super::{Block, Cache, State, BLOCK, FLUSH_BATCH, FLUSH_PARALLEL, SETTLE};
+use super::{Block, Cache, State, BLOCK, FLUSHER_POLL, FLUSH_BATCH, FLUSH_PARALLEL, SETTLE};
 
 /// Dirty data being written by [`Cache::write_blocks`]'s workers.
 struct FlushQueue {
@@ -314,7 +314,7 @@ impl<B: Backend> Cache<B> {
                 let st = self.lock();
                 let st = self
                     .changed
-                    .wait_timeout(st, Duration::from_millis(50))
+                    .wait_timeout(st, FLUSHER_POLL)
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
                 if self.closing.load(Relaxed) {
