@@ -94,7 +94,7 @@ targets = [
 for name, met in targets:
     print(f"  [{'met' if met else 'MISSED'}] {name}")
 print(f"  1 TiB mount: {g('blobdrive_tera.mount_s'):.3f} s with {get('blobdrive_tera.page_range_calls')} Get Page Ranges calls; first byte {g('blobdrive_tera.first_byte_s') * 1000:.1f} ms")
-print(f"  seq write: {get('blobdrive_fs.seq_write_put_page_calls')} Put Page calls; rand write: {g('blobdrive_fs.rand_write_put_page_calls_per_mib'):.3f} calls per MiB")
+print(f"  seq write: {get('blobdrive_fs.seq_write_put_page_calls')} Put Page calls; rand write: {g('blobdrive_fs.rand_write_put_page_calls_per_mib'):.3f} calls per MiB, {g('blobdrive_fs.rand_write_uploaded_mib'):.0f} MiB uploaded")
 print(f"  peak memory: blobdrive {g('blobdrive_fs.peak_mib'):.0f} MiB (cache {g('blobdrive_fs.cache_mib'):.0f} MiB), s3backer {g('s3backer.peak_mib'):.0f} MiB")
 if missing:
     print(f"MISSING FIGURES: {missing}", file=sys.stderr)
