@@ -75,6 +75,10 @@ for name, k, cpu, sdk in cpu_rows:
     vs = f"{frac(k, sdk):>7.2f}" if sdk else f"{'':>7}"
     print(f"{name:<44} {g(k):>9.1f} {g(cpu):>10.3f} {vs}")
 print()
+# The sequential jobs and the random ones run on mounts of their own: the daemon's
+# peak is the highest of the three readings.
+fs_peak = max(g("blobdrive_fs.peak_mib_after_seq_write"), g("blobdrive_fs.peak_mib_after_seq_read"),
+              g("blobdrive_fs.peak_mib"))
 targets = [
     ("seq write >= 80% of the Put Page ceiling", frac("blobdrive_fs.seq_write_mib_s", "backend_ceiling.put_mib_s") >= 0.8),
     ("cold seq read >= 80% of the ranged-read ceiling", frac("blobdrive_fs.seq_read_cold_mib_s", "backend_ceiling.get_mib_s") >= 0.8),
@@ -87,7 +91,7 @@ targets = [
     ("daemon CPU <= 1.0 s/GiB, raw cold seq read (1 MiB)", 0 < g("blobdrive_raw.seq_read_cold_cpu_s_per_gib") <= 1.0),
     ("ext4 seq write >= 1.0x the Python SDK", frac("blobdrive_fs.seq_write_mib_s", "sdk.put_mib_s") >= 1.0),
     ("ext4 cold seq read >= 1.0x the Python SDK", frac("blobdrive_fs.seq_read_cold_mib_s", "sdk.get_mib_s") >= 1.0),
-    ("daemon peak <= cache + 100 MiB", 0 < g("blobdrive_fs.peak_mib") <= g("blobdrive_fs.cache_mib") + 100),
+    ("daemon peak <= cache + 100 MiB", 0 < fs_peak <= g("blobdrive_fs.cache_mib") + 100),
     ("seq write fraction above s3backer's", frac("blobdrive_fs.seq_write_mib_s", "backend_ceiling.put_mib_s") > frac("s3backer.seq_write_mib_s", "s3_ceiling.put_mib_s")),
     ("cold read fraction above s3backer's", frac("blobdrive_fs.seq_read_cold_mib_s", "backend_ceiling.get_mib_s") > frac("s3backer.seq_read_cold_mib_s", "s3_ceiling.get_mib_s")),
 ]
@@ -95,7 +99,7 @@ for name, met in targets:
     print(f"  [{'met' if met else 'MISSED'}] {name}")
 print(f"  1 TiB mount: {g('blobdrive_tera.mount_s'):.3f} s with {get('blobdrive_tera.page_range_calls')} Get Page Ranges calls; first byte {g('blobdrive_tera.first_byte_s') * 1000:.1f} ms")
 print(f"  seq write: {get('blobdrive_fs.seq_write_put_page_calls')} Put Page calls; rand write: {g('blobdrive_fs.rand_write_put_page_calls_per_mib'):.3f} calls per MiB, {g('blobdrive_fs.rand_write_uploaded_mib'):.0f} MiB uploaded")
-print(f"  peak memory: blobdrive {g('blobdrive_fs.peak_mib'):.0f} MiB (cache {g('blobdrive_fs.cache_mib'):.0f} MiB), s3backer {g('s3backer.peak_mib'):.0f} MiB")
+print(f"  peak memory: blobdrive {fs_peak:.0f} MiB (cache {g('blobdrive_fs.cache_mib'):.0f} MiB), s3backer {g('s3backer.peak_mib'):.0f} MiB")
 if missing:
     print(f"MISSING FIGURES: {missing}", file=sys.stderr)
     sys.exit(1)
