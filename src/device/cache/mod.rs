@@ -71,9 +71,6 @@ const FLUSH_PARALLEL: usize = 8;
 /// Idle 4 MiB buffers kept for flushes and read-ahead: the pages of a kept buffer
 /// stay mapped, while a fresh one costs page faults and zeroing for every use.
 const POOL_KEEP: usize = 12;
-/// Alignment of the runs read-ahead receives into its pooled buffers (which are
-/// that much larger than a run): a page, what direct I/O asks of memory.
-const PAGE_ALIGN: usize = 4096;
 /// The largest read-ahead window: eight 4 MiB ranged reads in flight.
 const READAHEAD_MAX: u64 = 8 * MAX_RUN;
 /// The round from which a read stops waiting for other fetches and fetches all it
@@ -324,7 +321,7 @@ impl<B: Backend> Cache<B> {
             jobs: Condvar::new(),
             flush_lock: Mutex::new(()),
             order_waiters: AtomicUsize::new(0),
-            pool: BufPool::new(MAX_RUN as usize + PAGE_ALIGN, POOL_KEEP),
+            pool: BufPool::new(MAX_RUN as usize, POOL_KEEP),
             fenced,
             closing: AtomicBool::new(false),
             counters: CacheCounters::default(),

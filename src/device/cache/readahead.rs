@@ -17,7 +17,7 @@ use tracing::debug;
 use crate::device::{Backend, MAX_RUN};
 
 use super::read::Claim;
-use super::{Cache, State, BLOCK, PAGE_ALIGN};
+use super::{Cache, State, BLOCK};
 
 impl<B: Backend> Cache<B> {
     /// Queues read-ahead of a sequential stream, up to its window past `end`, for
@@ -120,19 +120,13 @@ impl<B: Backend> Cache<B> {
                 }
             };
             let claim = Claim::new(self, claim);
-            // The run lands at a page boundary inside the buffer, so that a
-            // disk cache under the backend can read into it directly (O_DIRECT
-            // wants aligned memory; heap buffers are not).
-            let len = (end - start) as usize;
-            let mut data = self.pool.take_filled(len + PAGE_ALIGN);
-            let skip = data.as_ptr().align_offset(PAGE_ALIGN);
-            let run = skip..skip + len;
-            let result = self.backend.read(start, &mut data[run.clone()]);
+            let mut data = self.pool.take_filled((end - start) as usize);
+            let result = self.backend.read(start, &mut data);
             let mut st = self.lock();
             claim.release(&mut st);
             match result {
                 Ok(()) if !st.changed_since(epoch, start, end) => {
-                    self.insert_clean(&mut st, start, &data[run]);
+                    self.insert_clean(&mut st, start, &data);
                     self.evict(&mut st);
                 }
                 Ok(()) => {}

@@ -16,7 +16,6 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use super::direct::DirectReader;
 use super::index::{Chunk, CHUNK, PIECE, PIECES};
 
 /// What a clean unmount saw of the blob after its last write: the cache is
@@ -37,8 +36,6 @@ pub struct Files {
     /// Held (flock) for as long as this is alive.
     _lock: File,
     pub data: File,
-    /// The same data file opened for direct reads, where its filesystem allows.
-    pub direct: Option<DirectReader>,
 }
 
 const MAGIC: &[u8; 8] = b"BDDCIDX1";
@@ -68,15 +65,6 @@ fn open_at(dir: &File, name: &str, flags: i32) -> std::io::Result<File> {
     }
     // SAFETY: fd was just opened and is owned by nobody else.
     Ok(unsafe { File::from_raw_fd(fd) })
-}
-
-/// The data file `data` in `dir` opened again, read-only with `O_DIRECT`: `None`
-/// where the filesystem refuses it, or where the name no longer leads to the
-/// very file `data` is (nothing then reads through it).
-fn open_direct(dir: &File, data: &File) -> Option<File> {
-    let f = open_at(dir, "data", libc::O_RDONLY | libc::O_DIRECT).ok()?;
-    let (a, b) = (f.metadata().ok()?, data.metadata().ok()?);
-    (a.dev() == b.dev() && a.ino() == b.ino()).then_some(f)
 }
 
 fn fsync_dir(dir: &File) -> std::io::Result<()> {
@@ -201,25 +189,11 @@ impl Files {
         {
             return Err(format!("{shown}/data is not a regular file"));
         }
-        let direct = open_direct(&dir, &data).map(|f| DirectReader::new(f, CHUNK as usize));
         Ok(Files {
             dir,
             _lock: lock,
             data,
-            direct,
         })
-    }
-
-    /// Reads `buf.len()` bytes of the data file at `offset`: directly where the
-    /// read is aligned and the filesystem allows, else through the page cache.
-    pub fn read_data(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        if let Some(d) = &self.direct {
-            if d.read_exact_at(buf, offset)? {
-                return Ok(());
-            }
-        }
-        self.data.read_exact_at(buf, offset)
     }
 
     /// Takes the index a clean unmount left, if any, and removes it, so that

@@ -17,7 +17,6 @@
 //! change stores none of the pieces the change touched, so a late fetch can never
 //! put back bytes a write replaced.
 
-mod direct;
 pub mod files;
 pub mod index;
 
@@ -272,10 +271,12 @@ impl DiskCache {
         offset: u64,
         buf: &mut [u8],
     ) -> std::io::Result<Vec<bool>> {
+        use std::os::unix::fs::FileExt;
         let start = (p * PIECE - offset) as usize;
         let part = &mut buf[start..start + found.len() * PIECE as usize];
         self.files
-            .read_data(part, u64::from(slot) * CHUNK + p * PIECE % CHUNK)?;
+            .data
+            .read_exact_at(part, u64::from(slot) * CHUNK + p * PIECE % CHUNK)?;
         let ok: Vec<bool> = part
             .chunks(PIECE as usize)
             .zip(found)
@@ -315,11 +316,13 @@ impl DiskCache {
         offset: u64,
         buf: &mut [u8],
     ) -> std::io::Result<bool> {
+        use std::os::unix::fs::FileExt;
         let end = offset + buf.len() as u64;
         let (ps, pe) = (p * PIECE, (p + 1) * PIECE);
         let mut whole = vec![0u8; PIECE as usize];
         self.files
-            .read_data(&mut whole, u64::from(slot) * CHUNK + ps % CHUNK)?;
+            .data
+            .read_exact_at(&mut whole, u64::from(slot) * CHUNK + ps % CHUNK)?;
         let ok = crc32c::crc32c(&whole) == crc;
         if ok {
             let (s, e) = (ps.max(offset), pe.min(end));
@@ -602,28 +605,6 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.contains("in use by another mount"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn hits_are_read_past_the_page_cache_where_the_filesystem_allows() {
-        use std::os::unix::fs::OpenOptionsExt;
-        let dir = parent("direct");
-        let asked = Cell::new(0);
-        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
-        let probe = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(dir.join("d/data"));
-        assert_eq!(t.files.direct.is_some(), probe.is_ok());
-        // A whole chunk, then unaligned parts of it: all come back exact (`read`
-        // checks every byte), all but the first from the data file.
-        read(&t, 3 * CHUNK, CHUNK as usize, &asked);
-        read(&t, 3 * CHUNK, CHUNK as usize, &asked);
-        read(&t, 3 * CHUNK + 1000, 70_000, &asked);
-        read(&t, 3 * CHUNK + PIECE, 512, &asked);
-        assert_eq!(asked.get(), CHUNK, "only the first read fetched");
-        assert_eq!(t.stats().checksum_failures, 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
