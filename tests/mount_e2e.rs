@@ -869,10 +869,20 @@ fn a_run_directory_another_user_could_write_to_is_refused() {
 fn the_control_socket_serves_root_only_and_bounds_its_lines() {
     require_root();
     let spec = new_drive("ctlsock", "16MiB");
-    let mp = new_mp();
-    ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    // A run directory of its own: the test opens it to others for a moment, and
+    // the shared one would then be refused to the tests running beside it.
+    let scratch = tempfile::tempdir().unwrap();
+    let own_run = scratch.path().join("run");
+    common::util::private_dir(&own_run);
+    let mp = Mp::new(&own_run, &Azurite::shared().connection_string());
+    let mounted = bd_in(&own_run, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    assert!(
+        mounted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&mounted.stderr)
+    );
     let id = blobdrive::mount::record::id_for(&std::fs::canonicalize(mp.path()).unwrap());
-    let sock = run_dir().join("mounts").join(format!("{id}.sock"));
+    let sock = own_run.join("mounts").join(format!("{id}.sock"));
     assert_eq!(mode_of(&sock), 0o600);
     // Open the way to the socket, as a mistake could, to show that the peer
     // check alone turns another user away.
@@ -920,7 +930,12 @@ fn the_control_socket_serves_root_only_and_bounds_its_lines() {
     let answer = client(false, &long);
     assert!(answer.contains("too long"), "{answer}");
     assert!(mp.stats()["dirty_bytes"].is_u64());
-    ok(&["unmount", mp.s()]);
+    let out = bd_in(&own_run, &["unmount", mp.s()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
