@@ -49,6 +49,23 @@ release_page_reporting() {
     echo "$PAGE_REPORTING_WAS" >"$PAGE_REPORTING"
     PAGE_REPORTING_WAS=""
 }
+# single_mount_work NAME: a work directory for a script that mounts one drive at
+# $MNT, with an EXIT trap that unmounts it, stops the emulator started there and
+# puts page reporting back. Sets WORK, MNT and BLOBDRIVE_RUN_DIR; expects BD.
+single_mount_work() {
+    WORK="$(mktemp -d "/tmp/blobdrive-$1.XXXXXX")"
+    export BLOBDRIVE_RUN_DIR="$WORK/run"
+    MNT="$WORK/mnt"
+    trap single_mount_cleanup EXIT
+}
+single_mount_cleanup() {
+    set +e
+    [ -d "$MNT" ] && "$BD" unmount "$MNT" >/dev/null 2>&1
+    scripts/azurite.sh stop "$WORK/azurite" >/dev/null 2>&1
+    rm -rf "$WORK"
+    release_page_reporting
+}
+
 # page_reporting_json: what the run measured under, for the results.
 page_reporting_json() {
     if [ -n "$PAGE_REPORTING_WAS" ]; then

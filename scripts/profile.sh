@@ -45,18 +45,8 @@ else
     BD="$ROOT/target/release/blobdrive"
 fi
 
-WORK="$(mktemp -d /tmp/blobdrive-profile.XXXXXX)"
+single_mount_work profile
 echo '{}' >"$WORK/r.json"
-export BLOBDRIVE_RUN_DIR="$WORK/run"
-MNT="$WORK/mnt"
-cleanup() {
-    set +e
-    [ -d "$MNT" ] && "$BD" unmount "$MNT" >/dev/null 2>&1
-    scripts/azurite.sh stop "$WORK/azurite" >/dev/null 2>&1
-    rm -rf "$WORK"
-    release_page_reporting
-}
-trap cleanup EXIT
 hold_page_reporting
 fresh_azurite
 mkdir "$MNT"

@@ -21,17 +21,7 @@ SIZE_MIB=1024
 [ -x scripts/node_modules/.bin/azurite-blob ] || npm ci --prefix scripts --no-audit --no-fund --loglevel=error >&2
 cargo build --release --quiet --bin blobdrive
 BD="$ROOT/target/release/blobdrive"
-WORK="$(mktemp -d /tmp/blobdrive-refault.XXXXXX)"
-export BLOBDRIVE_RUN_DIR="$WORK/run"
-MNT="$WORK/mnt"
-cleanup() {
-    set +e
-    [ -d "$MNT" ] && "$BD" unmount "$MNT" >/dev/null 2>&1
-    scripts/azurite.sh stop "$WORK/azurite" >/dev/null 2>&1
-    rm -rf "$WORK"
-    release_page_reporting
-}
-trap cleanup EXIT
+single_mount_work refault
 fresh_azurite
 mkdir "$MNT"
 "$BD" create bench/r.vhd --size 1536M --create-container >/dev/null
