@@ -288,9 +288,11 @@ echo "fs=$(findmnt -n -o FSTYPE,OPTIONS '{mnt}')"
 echo "fuse=$(findmnt -n -o SOURCE -t fuse,fuse.blobdrive | tr '\n' ' ')"
 echo "utab=$(sed 's/SRC=[^ ]* //' /run/mount/utab)"
 if grep -q '{key_part}' /proc/self/mountinfo; then echo SECRET-IN-MOUNTS; fi
-if tr '\0' ' ' < /proc/$pid/cmdline | grep -q '{key_part}'; then echo SECRET-IN-CMDLINE; fi
+cmdline="$(tr '\0' ' ' < /proc/$pid/cmdline)"
+if grep -q '{key_part}' <<<"$cmdline"; then echo SECRET-IN-CMDLINE; fi
 if grep -q '{key_part}' "$BLOBDRIVE_RUN_DIR"/mounts/*.log 2>/dev/null; then echo SECRET-IN-LOG; fi
-if ! tr '\0' '\n' < /proc/$pid/environ | grep -q '^AZURE_STORAGE_CONNECTION_STRING=.*{key_part}'; then echo NO-ACCOUNT-IN-ENV; fi
+environ="$(tr '\0' '\n' < /proc/$pid/environ)"
+if ! grep -q '^AZURE_STORAGE_CONNECTION_STRING=.*{key_part}' <<<"$environ"; then echo NO-ACCOUNT-IN-ENV; fi
 echo hello > '{mnt}/small'
 head -c 9M /dev/urandom > '{mnt}/big'
 (cd '{mnt}' && sha256sum small big) > '{sums}'
@@ -388,7 +390,8 @@ sleep 0.3
 umount '{mnt}' 2>'{err}' && echo BUSY-UMOUNT-SUCCEEDED || echo "busy_rc=$?"
 mountpoint -q '{mnt}' || echo NOT-MOUNTED-AFTER-REFUSAL
 grep -q 'TARGET={mnt} .*helper=blobdrive' /run/mount/utab || echo ENTRY-GONE-AFTER-REFUSAL
-AZURE_STORAGE_CONNECTION_STRING="$CS" "$BD" lease status '{spec}' --json | grep -q '"leased"' || echo LEASE-NOT-HELD-AFTER-REFUSAL
+lease="$(AZURE_STORAGE_CONNECTION_STRING="$CS" "$BD" lease status '{spec}' --json)"
+grep -q '"leased"' <<<"$lease" || echo LEASE-NOT-HELD-AFTER-REFUSAL
 umount -l '{mnt}'
 mountpoint -q '{mnt}' && echo STILL-MOUNTED-AFTER-LAZY
 kill "$holder"; wait "$holder" 2>/dev/null || true
@@ -412,12 +415,16 @@ mount -t blobdrive -o 'credentials={creds},mode=raw,disk-cache={dc},disk-cache-s
 rpid=
 for r in "$BLOBDRIVE_RUN_DIR"/mounts/*.json; do grep -q '"{mnt}"' "$r" && rpid="$(sed -n 's/.*"pid": \([0-9]*\).*/\1/p' "$r")"; done
 grep -q 'TARGET={mnt} .*helper=blobdrive' /run/mount/utab || echo RAW-NOT-IN-UTAB
-"$BD" stats '{mnt}' --json | grep -q '"size_limit": 8388608' || echo RAW-NO-DISK-CACHE
+# Captured first, not piped: `grep -q` stops reading at its match, the writer then
+# fails on the closed pipe, and with pipefail the pipeline fails although it matched.
+stats="$("$BD" stats '{mnt}' --json)"
+grep -q '"size_limit": 8388608' <<<"$stats" || echo RAW-NO-DISK-CACHE
 umount '{mnt}'
 ls '{dc}'/*/index >/dev/null 2>&1 || echo DISK-CACHE-NOT-KEPT
 st="$(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' /proc/$rpid/status 2>/dev/null || true)"
 [ -n "$st" ] && [ "$st" != Z ] && echo RAW-DAEMON-RUNNING-AFTER-UMOUNT
-AZURE_STORAGE_CONNECTION_STRING="$CS" "$BD" lease status '{spec}' --json | grep -q '"available"' || echo RAW-LEASE-HELD-AFTER-UMOUNT
+lease="$(AZURE_STORAGE_CONNECTION_STRING="$CS" "$BD" lease status '{spec}' --json)"
+grep -q '"available"' <<<"$lease" || echo RAW-LEASE-HELD-AFTER-UMOUNT
 true
 "#,
         creds = s.creds().display(),
