@@ -226,7 +226,9 @@ fn fsx_on_the_raw_disk_through_faults_and_late_commits_leaves_its_image_on_the_b
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Stops the proxy answering for 3 s every 10 s until dropped.
+/// Stops the proxy answering for 3 s every 10 s until dropped, the first time 1 s
+/// in: fsx may be done in under 10 s on a quick machine, and the point is an
+/// outage in the middle of it.
 struct Outages {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<u32>>,
@@ -239,8 +241,9 @@ impl Outages {
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut n = 0;
+            let mut wait = 10;
             'run: loop {
-                for _ in 0..100 {
+                for _ in 0..wait {
                     if s.load(SeqCst) {
                         break 'run;
                     }
@@ -250,6 +253,7 @@ impl Outages {
                 n += 1;
                 std::thread::sleep(Duration::from_secs(3));
                 paused.store(false, SeqCst);
+                wait = 70;
             }
             n
         });
@@ -284,7 +288,7 @@ fn fsx_on_a_file_in_ext4_at_default_settings_through_faults_and_outages_survives
     ok(&run, &az, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     ok(&run, &az, &["unmount", mp.s()]);
     // The shipped retry and timeout settings: faults that answer at once, the
-    // service gone for 3 s every 10 s, and two Put Page calls carried out 25 s
+    // service gone for 3 s every 10 s (from 1 s in), and two Put Page calls carried out 25 s
     // late, after the client gave up on them (its timeout is 20 s) and sent them
     // again.
     let proxy = Proxy::start(Config {
