@@ -874,13 +874,9 @@ fn the_control_socket_serves_root_only_and_bounds_its_lines() {
     let scratch = tempfile::tempdir().unwrap();
     let own_run = scratch.path().join("run");
     common::util::private_dir(&own_run);
-    let mp = Mp::new(&own_run, &Azurite::shared().connection_string());
-    let mounted = bd_in(&own_run, &["mount", &spec, mp.s(), "--mode", "raw"]);
-    assert!(
-        mounted.status.success(),
-        "{}",
-        String::from_utf8_lossy(&mounted.stderr)
-    );
+    let cs = Azurite::shared().connection_string();
+    let mp = Mp::new(&own_run, &cs);
+    common::mount::ok(&own_run, &cs, &["mount", &spec, mp.s(), "--mode", "raw"]);
     let id = blobdrive::mount::record::id_for(&std::fs::canonicalize(mp.path()).unwrap());
     let sock = own_run.join("mounts").join(format!("{id}.sock"));
     assert_eq!(mode_of(&sock), 0o600);
@@ -930,12 +926,7 @@ fn the_control_socket_serves_root_only_and_bounds_its_lines() {
     let answer = client(false, &long);
     assert!(answer.contains("too long"), "{answer}");
     assert!(mp.stats()["dirty_bytes"].is_u64());
-    let out = bd_in(&own_run, &["unmount", mp.s()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::mount::ok(&own_run, &cs, &["unmount", mp.s()]);
 }
 
 #[test]

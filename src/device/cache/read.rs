@@ -275,9 +275,9 @@ impl<B: Backend> Cache<B> {
             let bs = b * BLOCK;
             let be = (bs + BLOCK).min(end);
             let blk = st.block(b);
-            // The sectors of this block asked for: `filled[i..i + n]`.
-            let i = (pos / SECTOR - first_sector) as usize;
-            let n = ((be - bs).div_ceil(SECTOR) - (pos - bs) / SECTOR) as usize;
+            // The sectors of this block asked for: `filled[asked]`.
+            let first = (pos / SECTOR - first_sector) as usize;
+            let asked = first..first + ((be - bs).div_ceil(SECTOR) - (pos - bs) / SECTOR) as usize;
             let (out, inner) = (
                 (pos - offset) as usize..(be - offset) as usize,
                 (pos - bs) as usize..(be - bs) as usize,
@@ -289,11 +289,11 @@ impl<B: Backend> Cache<B> {
             let want = mask((pos - bs) / SECTOR, (be - bs).div_ceil(SECTOR));
             if let Some(blk) = blk.filter(|blk| blk.valid & want == want) {
                 buf[out].copy_from_slice(&blk.data[inner]);
-                filled[i..i + n].fill(true);
+                filled[asked].fill(true);
                 pos = be;
                 continue;
             }
-            if !planning && blk.is_none() && !filled[i..i + n].contains(&true) {
+            if !planning && blk.is_none() && !filled[asked].contains(&true) {
                 if let Some((s, d)) = fetched
                     .iter()
                     .find(|(s, d)| *s <= pos && be <= *s + d.len() as u64)
