@@ -21,6 +21,12 @@ pub struct MemBackend {
     pub discards: AtomicU64,
     /// When set, every write and discard fails (a backend that went away).
     pub fail_writes: std::sync::atomic::AtomicBool,
+    /// When set, the backend has a local copy of everything ([`Backend::read_local`]
+    /// serves every read), as a disk cache that holds the whole drive.
+    pub local: std::sync::atomic::AtomicBool,
+    /// Reads served by `read_local`, and their bytes.
+    pub local_reads: AtomicU64,
+    pub local_bytes: AtomicU64,
 }
 
 impl MemBackend {
@@ -60,6 +66,30 @@ impl Backend for MemBackend {
         self.bytes_read.fetch_add(buf.len() as u64, Relaxed);
         buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
         Ok(())
+    }
+
+    fn has_local(&self) -> bool {
+        self.local.load(Relaxed)
+    }
+
+    fn read_local(&self, offset: u64, blocks: &mut [&mut [u8]]) -> bool {
+        if !self.local.load(Relaxed) {
+            return false;
+        }
+        let delay = self.read_delay_us.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
+        let data = self.data.lock().unwrap();
+        let mut at = offset as usize;
+        for b in blocks.iter_mut() {
+            b.copy_from_slice(&data[at..at + b.len()]);
+            at += b.len();
+        }
+        self.local_reads.fetch_add(1, Relaxed);
+        self.local_bytes
+            .fetch_add((at - offset as usize) as u64, Relaxed);
+        true
     }
 
     fn write_runs(&self, runs: Vec<(u64, Bytes)>) -> Result<(), DeviceError> {

@@ -62,4 +62,15 @@ pub trait Backend: Send + Sync + 'static {
     fn write_runs(&self, runs: Vec<(u64, Bytes)>) -> Result<(), DeviceError>;
     /// Deallocates whole pages (they read as zeros afterwards).
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError>;
+    /// Fills `blocks` (cache blocks, consecutive from `offset`) straight from a
+    /// local copy, if the backend holds every byte of them there (a disk cache):
+    /// read-ahead then lands in the cache's own memory, with no buffer between.
+    /// `false`: nothing was read, and the caller reads the usual way.
+    fn read_local(&self, _offset: u64, _blocks: &mut [&mut [u8]]) -> bool {
+        false
+    }
+    /// Whether [`Self::read_local`] can ever succeed (a disk cache is on).
+    fn has_local(&self) -> bool {
+        false
+    }
 }

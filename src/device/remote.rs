@@ -319,6 +319,16 @@ impl Backend for RemoteBackend {
         }
     }
 
+    fn has_local(&self) -> bool {
+        self.tier.as_ref().is_some_and(|t| t.is_on())
+    }
+
+    fn read_local(&self, offset: u64, blocks: &mut [&mut [u8]]) -> bool {
+        self.tier
+            .as_ref()
+            .is_some_and(|t| t.read_held(offset, blocks))
+    }
+
     fn write_runs(&self, runs: Vec<(u64, Bytes)>) -> Result<(), DeviceError> {
         let Some(t) = &self.tier else {
             return first_error(self.write_blob(runs));

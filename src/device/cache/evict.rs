@@ -28,8 +28,9 @@ impl<B: Backend> Cache<B> {
 impl State {
     /// Block memory: a recycled buffer, or one of a new batch (see [`blockmem`]).
     /// The memory in use is at most the blocks held (bounded by the capacity), the
-    /// kept free buffers and one batch.
-    fn take_mem(&mut self) -> BlockMem {
+    /// kept free buffers, one batch, and the blocks of read-ahead runs being read
+    /// from a local copy (which take their memory first: a run each per worker).
+    pub(super) fn take_mem(&mut self) -> BlockMem {
         if self.free.is_empty() {
             self.free
                 .extend(BlockMem::batch(blockmem::BATCH, BLOCK as usize));
@@ -53,12 +54,22 @@ impl State {
     pub(super) fn new_block_from(&mut self, content: &[u8]) -> Block {
         let mut data = self.take_mem();
         data.copy_from_slice(content);
-        Block {
-            data,
-            valid: u128::MAX,
-            dirty: 0,
-            gen: 0,
-            touched: None,
+        Block::clean(data)
+    }
+
+    /// Returns block memory taken for a read that did not use it: it is kept
+    /// whatever [`FREE_KEEP`] says, since the fetch that follows takes it again.
+    pub(super) fn give_back_mem(&mut self, mem: impl IntoIterator<Item = BlockMem>) {
+        self.free.extend(mem);
+    }
+
+    /// Keeps block memory for reuse, up to [`FREE_KEEP`] buffers, and gives the
+    /// rest back.
+    pub(super) fn free_mem(&mut self, mem: impl IntoIterator<Item = BlockMem>) {
+        for m in mem {
+            if self.free.len() < FREE_KEEP {
+                self.free.push(m);
+            }
         }
     }
 
@@ -66,6 +77,19 @@ impl State {
     pub(super) fn recycle(&mut self, blk: Block) {
         if self.free.len() < FREE_KEEP {
             self.free.push(blk.data);
+        }
+    }
+}
+
+impl Block {
+    /// A clean block of `data`, every sector of it valid.
+    pub(super) fn clean(data: BlockMem) -> Block {
+        Block {
+            data,
+            valid: u128::MAX,
+            dirty: 0,
+            gen: 0,
+            touched: None,
         }
     }
 }

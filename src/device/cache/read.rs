@@ -17,6 +17,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use crate::device::blockmem::BlockMem;
 use crate::device::sectors::mask;
 use crate::device::{Backend, DeviceError, MAX_RUN, SECTOR};
 
@@ -331,6 +332,29 @@ impl<B: Backend> Cache<B> {
         while b * BLOCK < end {
             st.clean.get(&b);
             b += 1;
+        }
+    }
+
+    /// Adds blocks read into memory of their own ([`Backend::read_local`]) to the
+    /// cache, as [`Self::insert_clean`] adds bytes: a whole block of data the cache
+    /// lacks is kept as it is, with no copy; into any other (one the cache holds,
+    /// one with holes, the disk's last) only what `insert_clean` would copy is
+    /// copied, and the memory is reused.
+    pub(super) fn insert_blocks(&self, st: &mut State, start: u64, mems: Vec<BlockMem>) {
+        let first = start / BLOCK;
+        for (k, mem) in mems.into_iter().enumerate() {
+            let b = first + k as u64;
+            let bs = b * BLOCK;
+            let whole = bs + BLOCK <= self.size()
+                && st.block(b).is_none()
+                && data_mask(&st.sparse, b) == u128::MAX;
+            if whole {
+                st.clean.put(b, Block::clean(mem));
+            } else {
+                let len = (self.size() - bs).min(BLOCK) as usize;
+                self.insert_clean(st, bs, &mem[..len]);
+                st.give_back_mem([mem]);
+            }
         }
     }
 

@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use tracing::debug;
 
+use crate::device::blockmem::BlockMem;
 use crate::device::{Backend, MAX_RUN};
 
 use super::read::Claim;
@@ -94,6 +95,37 @@ impl<B: Backend> Cache<B> {
         }
     }
 
+    /// Reads `[start, end)` (whole blocks) from the backend's local copy straight
+    /// into new block memory, if the backend has one and it holds all of it
+    /// ([`Backend::read_local`]); `None` otherwise, with the memory kept for the
+    /// fetch that follows.
+    fn read_local(&self, start: u64, end: u64) -> Option<Vec<BlockMem>> {
+        if !self.backend.has_local() {
+            return None;
+        }
+        let n = (end - start).div_ceil(BLOCK) as usize;
+        let mut mems: Vec<BlockMem> = {
+            let mut st = self.lock();
+            (0..n).map(|_| st.take_mem()).collect()
+        };
+        let read = {
+            let mut parts: Vec<&mut [u8]> = mems
+                .iter_mut()
+                .enumerate()
+                .map(|(k, m)| {
+                    let len = (end - start - k as u64 * BLOCK).min(BLOCK) as usize;
+                    &mut m[..len]
+                })
+                .collect();
+            self.backend.read_local(start, &mut parts)
+        };
+        if read {
+            return Some(mems);
+        }
+        self.lock().give_back_mem(mems);
+        None
+    }
+
     /// Runs one prefetch worker until [`Cache::close`]: takes queued read-ahead,
     /// nearest first, and caches it, unless a flush or discard landed while it was
     /// fetched (the bytes may then be older than what the cache wrote since).
@@ -120,6 +152,17 @@ impl<B: Backend> Cache<B> {
                 }
             };
             let claim = Claim::new(self, claim);
+            if let Some(mems) = self.read_local(start, end) {
+                let mut st = self.lock();
+                claim.release(&mut st);
+                if st.changed_since(epoch, start, end) {
+                    st.free_mem(mems);
+                } else {
+                    self.insert_blocks(&mut st, start, mems);
+                    self.evict(&mut st);
+                }
+                continue;
+            }
             let mut data = self.pool.take_filled((end - start) as usize);
             let result = self.backend.read(start, &mut data);
             let mut st = self.lock();

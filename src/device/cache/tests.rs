@@ -1,7 +1,7 @@
 //! Tests of the cache over an in-memory backend, down to a model test of random
 //! reads, writes, discards and flushes with the background threads running.
 
-use super::super::blockmem;
+use super::super::blockmem::{self, BlockMem};
 use super::super::mem::MemBackend;
 use super::*;
 use bytes::Bytes;
@@ -657,4 +657,68 @@ fn read_ahead_in_flight_survives_flushes_landing_elsewhere() {
         size,
         "bytes fetched again after {flushes} unrelated flushes"
     );
+}
+
+#[test]
+fn read_ahead_from_a_local_copy_lands_in_block_memory_once() {
+    // A backend with a local copy of everything (a disk cache holding the drive):
+    // read-ahead reads it straight into block memory, and every byte still comes
+    // from the backend once, by one way or the other.
+    let size = 64 * MIB;
+    let c = Arc::new(cache(size, 256 * MIB));
+    let data = stored(&c, size);
+    c.backend.local.store(true, Relaxed);
+    c.backend.read_delay_us.store(2000, Relaxed);
+    let workers = background(&c, 8);
+    read_back_by_mib(&c, &data);
+    c.close();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let (local, fetched) = (
+        c.backend.local_bytes.load(Relaxed),
+        c.backend.bytes_read.load(Relaxed),
+    );
+    assert_eq!(
+        local + fetched,
+        size,
+        "{local} read locally, {fetched} fetched"
+    );
+    assert!(local >= size / 2, "only {local} bytes read locally");
+    // Cached as read: reading it all again asks the backend for nothing.
+    read_back_by_mib(&c, &data);
+    assert_eq!(c.backend.local_bytes.load(Relaxed), local);
+    assert_eq!(c.backend.bytes_read.load(Relaxed), fetched);
+}
+
+#[test]
+fn blocks_read_locally_fill_only_what_the_cache_lacks_and_keep_holes() {
+    // Blocks read from a local copy into memory of their own: a whole block of
+    // data the cache lacks is kept as read; a block the cache holds in part (a
+    // written sector) gets only the sectors it lacks; a block that is half hole
+    // reads as zeros there, whatever the copy held.
+    let size = 4 * MIB;
+    let c = cache(size, 64 * MIB);
+    c.lock().sparse.insert(0, size);
+    c.write(BLOCK + 3 * SECTOR, &[0xCD; SECTOR as usize])
+        .unwrap();
+    c.lock().sparse.remove(2 * BLOCK, 2 * BLOCK + BLOCK / 2);
+    {
+        let mut st = c.lock();
+        let mems: Vec<BlockMem> = (0..4)
+            .map(|_| {
+                let mut m = st.take_mem();
+                m.fill(0x11);
+                m
+            })
+            .collect();
+        c.insert_blocks(&mut st, 0, mems);
+    }
+    let mut want = vec![0x11u8; 4 * BLOCK as usize];
+    want[(BLOCK + 3 * SECTOR) as usize..(BLOCK + 4 * SECTOR) as usize].fill(0xCD);
+    want[2 * BLOCK as usize..(2 * BLOCK + BLOCK / 2) as usize].fill(0);
+    let mut got = vec![0u8; want.len()];
+    c.read(0, &mut got).unwrap();
+    assert!(got == want, "bytes differ");
+    assert_eq!(c.backend.reads.load(Relaxed), 0, "all of it was cached");
 }

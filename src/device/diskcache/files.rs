@@ -16,6 +16,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+use super::direct::DirectReader;
 use super::index::{Chunk, CHUNK, PIECE, PIECES};
 
 /// What a clean unmount saw of the blob after its last write: the cache is
@@ -36,6 +37,8 @@ pub struct Files {
     /// Held (flock) for as long as this is alive.
     _lock: File,
     pub data: File,
+    /// The same data file opened for direct reads, where its filesystem allows.
+    direct: Option<DirectReader>,
 }
 
 const MAGIC: &[u8; 8] = b"BDDCIDX1";
@@ -65,6 +68,78 @@ fn open_at(dir: &File, name: &str, flags: i32) -> std::io::Result<File> {
     }
     // SAFETY: fd was just opened and is owned by nobody else.
     Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// The data file `data` in `dir` opened again, read-only with `O_DIRECT`: `None`
+/// where the filesystem refuses it, or where the name no longer leads to the
+/// very file `data` is (nothing then reads through it).
+fn open_direct(dir: &File, data: &File) -> Option<File> {
+    let f = open_at(dir, "data", libc::O_RDONLY | libc::O_DIRECT).ok()?;
+    let (a, b) = (f.metadata().ok()?, data.metadata().ok()?);
+    (a.dev() == b.dev() && a.ino() == b.ino()).then_some(f)
+}
+
+/// Fills `bufs` in turn from `file` at `offset` with `preadv`, until every byte
+/// is read: a short read goes on where it stopped, the end of the file is an
+/// error (`UnexpectedEof`), never a buffer left partly unread.
+pub fn read_vectored_exact_at(
+    file: &File,
+    bufs: &mut [&mut [u8]],
+    mut offset: u64,
+) -> std::io::Result<()> {
+    let (mut i, mut skip) = (0, 0);
+    while i < bufs.len() {
+        let iov: Vec<libc::iovec> = bufs[i..]
+            .iter_mut()
+            .take(libc::UIO_MAXIOV as usize)
+            .enumerate()
+            .map(|(k, b)| {
+                let b = if k == 0 { &mut b[skip..] } else { &mut b[..] };
+                libc::iovec {
+                    iov_base: b.as_mut_ptr().cast(),
+                    iov_len: b.len(),
+                }
+            })
+            .collect();
+        // SAFETY: each iovec points into a live, exclusively borrowed buffer of
+        // at least iov_len bytes.
+        let n = unsafe {
+            libc::preadv(
+                file.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        offset += n as u64;
+        let mut n = n as usize;
+        while n > 0 {
+            let left = bufs[i].len() - skip;
+            if n >= left {
+                n -= left;
+                i += 1;
+                skip = 0;
+            } else {
+                skip += n;
+                n = 0;
+            }
+        }
+        while i < bufs.len() && bufs[i].len() == skip {
+            i += 1;
+            skip = 0;
+        }
+    }
+    Ok(())
 }
 
 fn fsync_dir(dir: &File) -> std::io::Result<()> {
@@ -189,11 +264,43 @@ impl Files {
         {
             return Err(format!("{shown}/data is not a regular file"));
         }
+        let direct = open_direct(&dir, &data).map(DirectReader::new);
         Ok(Files {
             dir,
             _lock: lock,
             data,
+            direct,
         })
+    }
+
+    /// Whether reads bypass the page cache.
+    #[cfg(test)]
+    pub fn reads_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// Fills `bufs` in turn from the data file at `offset` (one read, scattered):
+    /// directly where every buffer is aligned and the filesystem allows, else
+    /// through the page cache.
+    pub fn read_data_vectored(&self, bufs: &mut [&mut [u8]], offset: u64) -> std::io::Result<()> {
+        if let Some(d) = &self.direct {
+            if d.read_vectored_exact_at(bufs, offset)? {
+                return Ok(());
+            }
+        }
+        read_vectored_exact_at(&self.data, bufs, offset)
+    }
+
+    /// Reads `buf.len()` bytes of the data file at `offset`: directly where the
+    /// read is aligned and the filesystem allows, else through the page cache.
+    pub fn read_data(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if let Some(d) = &self.direct {
+            if d.read_exact_at(buf, offset)? {
+                return Ok(());
+            }
+        }
+        self.data.read_exact_at(buf, offset)
     }
 
     /// Takes the index a clean unmount left, if any, and removes it, so that

@@ -17,6 +17,7 @@
 //! change stores none of the pieces the change touched, so a late fetch can never
 //! put back bytes a write replaced.
 
+mod direct;
 pub mod files;
 pub mod index;
 
@@ -190,6 +191,9 @@ impl DiskCache {
             };
             // Whole pieces held next to each other in one slot: one read. A
             // piece the request covers only in part (at its edges) alone.
+            // (Reading on across slots that follow each other in the file, as
+            // `read_held` does, made warm reads slower here, through the bounce
+            // buffer: 2050-2270 MiB/s against 2440-2620 in seven warm remounts each.)
             let mut j = i + 1;
             while whole(i)
                 && j < found.len()
@@ -200,8 +204,9 @@ impl DiskCache {
                 j += 1;
             }
             let p = first + i as u64;
+            let at = u64::from(slot) * CHUNK + p % PIECES as u64 * PIECE;
             let result = if whole(i) {
-                self.read_pieces(p, slot, &found[i..j], offset, buf)
+                self.read_pieces(p, at, &found[i..j], offset, buf)
                     .map(|ok| served[i..j].copy_from_slice(&ok))
             } else {
                 self.read_part(p, slot, crc, offset, buf)
@@ -260,23 +265,84 @@ impl DiskCache {
         result
     }
 
-    /// Reads whole pieces `p..` (as many as `found` holds, all in `slot`, all
-    /// inside `buf`) with one read, and says which matched their crc; those
-    /// that did not are forgotten (a miss).
+    /// Fills `pieces` (whole pieces, consecutive from `offset`) from the tier if it
+    /// holds every one of them and each matches its crc; `false` otherwise, and
+    /// then nothing counts as served (a piece that failed its checksum is
+    /// forgotten, so the caller's usual read fetches it). Runs of pieces next to
+    /// each other in the data file are one read, straight into the pieces.
+    pub fn read_held(&self, offset: u64, pieces: &mut [&mut [u8]]) -> bool {
+        if !self.is_on()
+            || pieces.is_empty()
+            || offset % PIECE != 0
+            || pieces.iter().any(|p| p.len() as u64 != PIECE)
+        {
+            return false;
+        }
+        let first = offset / PIECE;
+        let found: Vec<Option<(u32, u32)>> = {
+            let mut ix = self.lock();
+            (first..first + pieces.len() as u64)
+                .map(|p| ix.lookup(p))
+                .collect()
+        };
+        let unpin = |found: &[Option<(u32, u32)>]| {
+            let mut ix = self.lock();
+            for (slot, _) in found.iter().flatten() {
+                ix.unpin(*slot);
+            }
+        };
+        if found.iter().any(Option::is_none) {
+            unpin(&found);
+            return false;
+        }
+        let at = |k: usize| {
+            let (slot, _) = found[k].expect("all held");
+            u64::from(slot) * CHUNK + (first + k as u64) % PIECES as u64 * PIECE
+        };
+        let mut read = Ok(());
+        let mut i = 0;
+        while i < pieces.len() && read.is_ok() {
+            let mut j = i + 1;
+            while j < pieces.len() && at(j) == at(j - 1) + PIECE {
+                j += 1;
+            }
+            read = self.files.read_data_vectored(&mut pieces[i..j], at(i));
+            i = j;
+        }
+        unpin(&found);
+        if let Err(e) = read {
+            self.off(format!("reading {}/data: {e}", self.shown.display()));
+            return false;
+        }
+        let mut all = true;
+        for (k, bytes) in pieces.iter().enumerate() {
+            if crc32c::crc32c(bytes) != found[k].expect("all held").1 {
+                self.count_checked(first + k as u64, false, PIECE);
+                all = false;
+            }
+        }
+        if all {
+            let n = pieces.len() as u64;
+            self.hits.fetch_add(n, Relaxed);
+            self.hit_bytes.fetch_add(n * PIECE, Relaxed);
+        }
+        all
+    }
+
+    /// Reads whole pieces `p..` (as many as `found` holds, all inside `buf`,
+    /// next to each other in the data file from `at`) with one read, and says
+    /// which matched their crc; those that did not are forgotten (a miss).
     fn read_pieces(
         &self,
         p: u64,
-        slot: u32,
+        at: u64,
         found: &[Option<(u32, u32)>],
         offset: u64,
         buf: &mut [u8],
     ) -> std::io::Result<Vec<bool>> {
-        use std::os::unix::fs::FileExt;
         let start = (p * PIECE - offset) as usize;
         let part = &mut buf[start..start + found.len() * PIECE as usize];
-        self.files
-            .data
-            .read_exact_at(part, u64::from(slot) * CHUNK + p * PIECE % CHUNK)?;
+        self.files.read_data(part, at)?;
         let ok: Vec<bool> = part
             .chunks(PIECE as usize)
             .zip(found)
@@ -316,13 +382,11 @@ impl DiskCache {
         offset: u64,
         buf: &mut [u8],
     ) -> std::io::Result<bool> {
-        use std::os::unix::fs::FileExt;
         let end = offset + buf.len() as u64;
         let (ps, pe) = (p * PIECE, (p + 1) * PIECE);
         let mut whole = vec![0u8; PIECE as usize];
         self.files
-            .data
-            .read_exact_at(&mut whole, u64::from(slot) * CHUNK + ps % CHUNK)?;
+            .read_data(&mut whole, u64::from(slot) * CHUNK + ps % CHUNK)?;
         let ok = crc32c::crc32c(&whole) == crc;
         if ok {
             let (s, e) = (ps.max(offset), pe.min(end));
@@ -605,6 +669,68 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.contains("in use by another mount"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Checks that `pieces` hold the drive's bytes from `offset`.
+    fn holds(pieces: &[&mut [u8]], offset: u64) {
+        for (k, p) in pieces.iter().enumerate() {
+            let at = offset + k as u64 * PIECE;
+            assert!(
+                p.iter().enumerate().all(|(i, x)| *x == byte(at + i as u64)),
+                "piece at {at}"
+            );
+        }
+    }
+
+    #[test]
+    fn held_pieces_are_read_straight_into_block_memory_all_or_nothing() {
+        use crate::device::blockmem::BlockMem;
+        use std::os::unix::fs::FileExt;
+        let dir = parent("held");
+        let asked = Cell::new(0);
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
+        // Two chunks (in slots next to each other: one read across both) and
+        // the first piece of a third.
+        read(&t, 0, 2 * CHUNK as usize, &asked);
+        read(&t, 2 * CHUNK, PIECE as usize, &asked);
+        let hits = t.stats().hits;
+        // Into memory like the cache's blocks (parts of huge-page mappings).
+        let mut mems = BlockMem::batch(32, PIECE as usize);
+        let mut parts: Vec<&mut [u8]> = mems.iter_mut().map(|m| &mut m[..]).collect();
+        assert!(t.read_held(0, &mut parts));
+        holds(&parts, 0);
+        assert_eq!(t.stats().hits, hits + 32);
+        // Into heap memory (not aligned for direct reads): the same bytes.
+        let mut heap = [vec![0u8; PIECE as usize], vec![0u8; PIECE as usize + 1]];
+        let mut parts: Vec<&mut [u8]> = heap.iter_mut().map(|h| &mut h[..PIECE as usize]).collect();
+        assert!(t.read_held(3 * PIECE, &mut parts));
+        holds(&parts, 3 * PIECE);
+        // Not every piece held: nothing served, nothing counted.
+        let mut parts: Vec<&mut [u8]> = mems.iter_mut().take(2).map(|m| &mut m[..]).collect();
+        assert!(!t.read_held(2 * CHUNK, &mut parts));
+        assert_eq!(t.stats().hits, hits + 34);
+        // A corrupted piece: nothing served, that piece forgotten (the usual
+        // read then fetches it), the failure counted.
+        let data = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("d/data"))
+            .unwrap();
+        let at = 5 * PIECE + 9;
+        data.write_all_at(&[!byte(at)], at).unwrap();
+        let mut parts: Vec<&mut [u8]> = mems.iter_mut().take(16).map(|m| &mut m[..]).collect();
+        assert!(!t.read_held(0, &mut parts));
+        assert_eq!(t.stats().checksum_failures, 1);
+        assert!(!t.read_held(0, &mut parts));
+        assert_eq!(t.stats().checksum_failures, 1, "the piece was forgotten");
+        read(&t, 0, CHUNK as usize, &asked);
+        assert_eq!(
+            asked.get(),
+            2 * CHUNK + 2 * PIECE,
+            "only that piece fetched again"
+        );
+        assert!(t.read_held(0, &mut parts));
+        holds(&parts, 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
