@@ -35,19 +35,27 @@ use crate::device::blockmem::HugeBuf;
 /// block size Linux block devices ask for. (Memory is aligned by [`HugeBuf`].)
 pub const ALIGN: usize = 4096;
 
-/// The largest single read: a read-ahead run (4 MiB). Longer reads are split.
-pub const MAX: usize = 4 << 20;
+/// The largest single read through a bounce buffer (one huge page, room for a
+/// slot of the data file and more). Longer reads are split.
+pub const MAX: usize = 2 << 20;
 
-/// Bounce buffers kept between reads: one per prefetch worker reading at once.
-/// More are made when needed and unmapped after.
-const KEEP: usize = 8;
+/// The smallest read worth a bounce buffer: a random read's single piece
+/// (64 KiB) goes through the page cache, where the cost of a request matters
+/// less than the copy, and a burst of them at queue depth 32 would otherwise
+/// each want a buffer.
+pub const MIN: usize = 256 << 10;
+
+/// Bounce buffers at most (16 MiB): reads past them, all at once, go through the
+/// page cache, so the daemon's memory stays bounded whatever the queue depth.
+const BOUNCES: usize = 8;
 
 /// The data file opened a second time with `O_DIRECT`, and the buffers its
 /// reads land in.
 pub struct DirectReader {
     file: File,
     on: AtomicBool,
-    pool: Mutex<Vec<HugeBuf>>,
+    /// Idle bounce buffers, and how many exist (idle or in use).
+    pool: Mutex<(Vec<HugeBuf>, usize)>,
 }
 
 impl DirectReader {
@@ -56,17 +64,18 @@ impl DirectReader {
         DirectReader {
             file,
             on: AtomicBool::new(true),
-            pool: Mutex::new(Vec::new()),
+            pool: Mutex::new((Vec::new(), 0)),
         }
     }
 
     /// Fills `buf` from `offset` with direct reads, if it can: `Ok(false)` when
-    /// offset or length is not aligned, direct reads are off, or no bounce buffer
-    /// can be mapped (the caller then reads through the page cache). A read the
-    /// kernel refuses (`EINVAL`) turns direct reads off for good.
+    /// offset or length is not aligned, the read is short of [`MIN`], direct
+    /// reads are off, or every bounce buffer is in use or none can be mapped (the
+    /// caller then reads through the page cache). A read the kernel refuses
+    /// (`EINVAL`) turns direct reads off for good.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<bool> {
         if !self.on.load(Relaxed)
-            || buf.is_empty()
+            || buf.len() < MIN
             || buf.len() % ALIGN != 0
             || offset % ALIGN as u64 != 0
         {
@@ -123,16 +132,30 @@ impl DirectReader {
         }
     }
 
+    /// An idle bounce buffer, or a new one while there are fewer than [`BOUNCES`].
     fn take(&self) -> Option<HugeBuf> {
-        let kept = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        kept.or_else(|| HugeBuf::new(MAX))
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = pool.0.pop() {
+            return Some(b);
+        }
+        if pool.1 >= BOUNCES {
+            return None;
+        }
+        pool.1 += 1;
+        drop(pool);
+        let made = HugeBuf::new(MAX);
+        if made.is_none() {
+            self.pool.lock().unwrap_or_else(|p| p.into_inner()).1 -= 1;
+        }
+        made
     }
 
     fn give(&self, b: HugeBuf) {
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < KEEP {
-            pool.push(b);
-        }
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .push(b);
     }
 }
 
@@ -152,6 +175,7 @@ mod tests {
     #[test]
     fn aligned_reads_come_back_exact_and_others_are_left_to_the_caller() {
         let len = MAX + 3 * ALIGN;
+        const { assert!(MIN <= 2 * ALIGN + MAX) };
         let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("data");
@@ -166,11 +190,21 @@ mod tests {
         let mut out = vec![0u8; MAX + 2 * ALIGN + 1];
         assert!(r.read_exact_at(&mut out[1..], ALIGN as u64).unwrap());
         assert_eq!(&out[1..], &bytes[ALIGN..]);
-        // Unaligned offset or length: not done.
-        let mut small = vec![0u8; ALIGN];
-        assert!(!r.read_exact_at(&mut small, 512).unwrap());
-        assert!(!r.read_exact_at(&mut small[..512], 0).unwrap());
+        // Unaligned offset or length, or a small read: not done.
+        let mut some = vec![0u8; MIN];
+        assert!(!r.read_exact_at(&mut some, 512).unwrap());
+        assert!(!r.read_exact_at(&mut some[..MIN - 512], 0).unwrap());
+        assert!(!r.read_exact_at(&mut some[..MIN - ALIGN], 0).unwrap());
         // Past the end of the file: an error, never a short buffer taken as data.
-        assert!(r.read_exact_at(&mut small, len as u64).is_err());
+        assert!(r.read_exact_at(&mut some, len as u64).is_err());
+        // Every bounce buffer in use: not done (the caller reads through the
+        // page cache), and done again once one is back.
+        let held: Vec<HugeBuf> = (0..BOUNCES).map(|_| r.take().unwrap()).collect();
+        assert!(!r.read_exact_at(&mut some, 0).unwrap());
+        for b in held {
+            r.give(b);
+        }
+        assert!(r.read_exact_at(&mut some, 0).unwrap());
+        assert_eq!(some, bytes[..MIN]);
     }
 }
