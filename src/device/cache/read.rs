@@ -125,12 +125,18 @@ impl<B: Backend> Cache<B> {
                 (plan, st.mutations, claim)
             };
             missed = true;
-            // Large runs go into pooled buffers (`take_filled`): a fresh one costs
-            // page faults and zeroing per fetch, a large share of the daemon's CPU
-            // in a cold sequential read.
+            // Runs a local copy holds whole (a disk cache) are read straight into
+            // block memory, as read-ahead does. Others go into pooled buffers
+            // (`take_filled`): a fresh one costs page faults and zeroing per
+            // fetch, a large share of the daemon's CPU in a cold sequential read.
             let mut fetched = Vec::with_capacity(plan.runs.len());
+            let mut local = Vec::new();
             let mut failed = None;
             for &(s, e) in &plan.runs {
+                if let Some(mems) = self.read_local(s, e) {
+                    local.push((s, mems));
+                    continue;
+                }
                 let mut data = self.pool.take_filled((e - s) as usize);
                 let result = self.backend.read(s, &mut data);
                 fetched.push((s, data));
@@ -146,6 +152,7 @@ impl<B: Backend> Cache<B> {
             };
             if let Some(e) = failed {
                 give_back(fetched);
+                self.lock().free_mem(local.into_iter().flat_map(|(_, m)| m));
                 return Err(e);
             }
             let mut st = self.lock();
@@ -156,7 +163,13 @@ impl<B: Backend> Cache<B> {
                 .any(|&(s, e)| st.changed_since(epoch, s, e))
             {
                 give_back(fetched);
+                st.free_mem(local.into_iter().flat_map(|(_, m)| m));
                 continue;
+            }
+            // Cached before the copy (which then finds them) and evicted only
+            // after it.
+            for (s, mems) in local {
+                self.insert_blocks(&mut st, s, mems);
             }
             if plan.waits.is_empty() {
                 self.copy_out(&mut st, offset, buf, &fetched, &mut filled, false);

@@ -99,7 +99,7 @@ impl<B: Backend> Cache<B> {
     /// into new block memory, if the backend has one and it holds all of it
     /// ([`Backend::read_local`]); `None` otherwise, with the memory kept for the
     /// fetch that follows.
-    fn read_local(&self, start: u64, end: u64) -> Option<Vec<BlockMem>> {
+    pub(super) fn read_local(&self, start: u64, end: u64) -> Option<Vec<BlockMem>> {
         if !self.backend.has_local() {
             return None;
         }

@@ -722,3 +722,33 @@ fn blocks_read_locally_fill_only_what_the_cache_lacks_and_keep_holes() {
     assert!(got == want, "bytes differ");
     assert_eq!(c.backend.reads.load(Relaxed), 0, "all of it was cached");
 }
+
+#[test]
+fn a_read_that_fetches_itself_reads_a_local_copy_into_blocks_too() {
+    // No read-ahead workers: every read fetches what it needs itself, and with a
+    // local copy that is straight into block memory, with the written sector,
+    // the hole and the rest as the other path gives them.
+    let size = 8 * MIB;
+    let c = cache(size, 64 * MIB);
+    let mut want = stored(&c, size);
+    let one = 2 * MIB + 5 * SECTOR;
+    c.write(one, &[0xEE; SECTOR as usize]).unwrap();
+    want[one as usize..(one + SECTOR) as usize].fill(0xEE);
+    let hole = 3 * MIB + BLOCK;
+    c.lock().sparse.remove(hole, hole + 2 * SECTOR);
+    want[hole as usize..(hole + 2 * SECTOR) as usize].fill(0);
+    c.backend.local.store(true, Relaxed);
+    read_back_by_mib(&c, &want);
+    assert_eq!(
+        c.backend.bytes_read.load(Relaxed),
+        0,
+        "nothing fetched the usual way"
+    );
+    assert_eq!(c.backend.local_bytes.load(Relaxed), size);
+    read_back_by_mib(&c, &want);
+    assert_eq!(
+        c.backend.local_bytes.load(Relaxed),
+        size,
+        "all of it cached"
+    );
+}
