@@ -58,6 +58,17 @@ fn read_back_by_mib(c: &Cache<MemBackend>, data: &[u8]) {
     }
 }
 
+/// Reads `data` back as [`read_back_by_mib`] does, with the flusher and eight
+/// prefetch workers running, and stops them.
+fn read_back_with_read_ahead(c: &Arc<Cache<MemBackend>>, data: &[u8]) {
+    let workers = background(c, 8);
+    read_back_by_mib(c, data);
+    c.close();
+    for w in workers {
+        w.join().unwrap();
+    }
+}
+
 /// Starts the flusher and `prefetchers` prefetch workers, as the daemon does.
 fn background(c: &Arc<Cache<MemBackend>>, prefetchers: usize) -> Vec<std::thread::JoinHandle<()>> {
     let f = c.clone();
@@ -549,12 +560,7 @@ fn sequential_reads_fetch_each_block_once_with_read_ahead_in_flight() {
     let c = Arc::new(cache(size, 256 * MIB));
     let data = stored(&c, size);
     c.backend.read_delay_us.store(2000, Relaxed);
-    let workers = background(&c, 8);
-    read_back_by_mib(&c, &data);
-    c.close();
-    for w in workers {
-        w.join().unwrap();
-    }
+    read_back_with_read_ahead(&c, &data);
     // Readers waited for read-ahead already on its way instead of fetching it
     // again: every byte came from the backend exactly once.
     assert_eq!(c.backend.bytes_read.load(Relaxed), size);
@@ -669,12 +675,7 @@ fn read_ahead_from_a_local_copy_lands_in_block_memory_once() {
     let data = stored(&c, size);
     c.backend.local.store(true, Relaxed);
     c.backend.read_delay_us.store(2000, Relaxed);
-    let workers = background(&c, 8);
-    read_back_by_mib(&c, &data);
-    c.close();
-    for w in workers {
-        w.join().unwrap();
-    }
+    read_back_with_read_ahead(&c, &data);
     let (local, fetched) = (
         c.backend.local_bytes.load(Relaxed),
         c.backend.bytes_read.load(Relaxed),

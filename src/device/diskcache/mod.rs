@@ -672,6 +672,17 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Flips byte `at` of drive `d`'s data file: the drive's byte `at` where
+    /// chunk 0 is in slot 0, as in a cache that stored it first.
+    fn corrupt(dir: &Path, at: u64) {
+        use std::os::unix::fs::FileExt;
+        let data = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("d/data"))
+            .unwrap();
+        data.write_all_at(&[!byte(at)], at).unwrap();
+    }
+
     /// Checks that `pieces` hold the drive's bytes from `offset`.
     fn holds(pieces: &[&mut [u8]], offset: u64) {
         for (k, p) in pieces.iter().enumerate() {
@@ -686,7 +697,6 @@ mod tests {
     #[test]
     fn held_pieces_are_read_straight_into_block_memory_all_or_nothing() {
         use crate::device::blockmem::BlockMem;
-        use std::os::unix::fs::FileExt;
         let dir = parent("held");
         let asked = Cell::new(0);
         let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
@@ -712,12 +722,7 @@ mod tests {
         assert_eq!(t.stats().hits, hits + 34);
         // A corrupted piece: nothing served, that piece forgotten (the usual
         // read then fetches it), the failure counted.
-        let data = std::fs::OpenOptions::new()
-            .write(true)
-            .open(dir.join("d/data"))
-            .unwrap();
-        let at = 5 * PIECE + 9;
-        data.write_all_at(&[!byte(at)], at).unwrap();
+        corrupt(&dir, 5 * PIECE + 9);
         let mut parts: Vec<&mut [u8]> = mems.iter_mut().take(16).map(|m| &mut m[..]).collect();
         assert!(!t.read_held(0, &mut parts));
         assert_eq!(t.stats().checksum_failures, 1);
@@ -736,18 +741,12 @@ mod tests {
 
     #[test]
     fn a_corrupted_block_is_a_miss_and_read_from_the_blob() {
-        use std::os::unix::fs::FileExt;
         let dir = parent("crc");
         let asked = Cell::new(0);
         let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
         read(&t, 0, CHUNK as usize, &asked);
         // Chunk 0 is in slot 0: flip one byte of its third piece.
-        let data = std::fs::OpenOptions::new()
-            .write(true)
-            .open(dir.join("d/data"))
-            .unwrap();
-        let at = 2 * PIECE + 77;
-        data.write_all_at(&[!byte(at)], at).unwrap();
+        corrupt(&dir, 2 * PIECE + 77);
         read(&t, 0, CHUNK as usize, &asked);
         assert_eq!(
             asked.get(),
