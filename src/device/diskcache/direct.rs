@@ -89,8 +89,7 @@ impl DirectReader {
             let room = &mut bounce[..part.len()];
             match self.file.read_exact_at(room, offset + (k * MAX) as u64) {
                 Ok(()) => part.copy_from_slice(room),
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    self.on.store(false, Relaxed);
+                Err(e) if self.refuses(&e) => {
                     result = Ok(false);
                     break;
                 }
@@ -124,12 +123,19 @@ impl DirectReader {
         }
         match super::files::read_vectored_exact_at(&self.file, bufs, offset) {
             Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                self.on.store(false, Relaxed);
-                Ok(false)
-            }
+            Err(e) if self.refuses(&e) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether `e` is the kernel refusing a direct read (`EINVAL`): direct reads
+    /// are then off for good.
+    fn refuses(&self, e: &std::io::Error) -> bool {
+        let refused = e.raw_os_error() == Some(libc::EINVAL);
+        if refused {
+            self.on.store(false, Relaxed);
+        }
+        refused
     }
 
     /// An idle bounce buffer, or a new one while there are fewer than [`BOUNCES`].

@@ -273,12 +273,6 @@ impl Files {
         })
     }
 
-    /// Whether reads bypass the page cache.
-    #[cfg(test)]
-    pub fn reads_direct(&self) -> bool {
-        self.direct.is_some()
-    }
-
     /// Fills `bufs` in turn from the data file at `offset` (one read, scattered):
     /// directly where every buffer is aligned and the filesystem allows, else
     /// through the page cache.
