@@ -4,12 +4,17 @@
 //!
 //! usage: backend_ceiling CONNECTION_STRING CONTAINER MIB SECONDS_FOR_SMALL_WRITES [BLOB]
 //!
+//! Large writes are 4 MiB Put Page calls (the most one may carry), 8 in flight;
+//! large reads are ranged GETs of the daemon's read-ahead runs (`MAX_GET`,
+//! 16 MiB), as many in flight as its read-ahead window holds (4): the ceiling is
+//! what the same requests the daemon sends can get.
+//!
 //! With 0 seconds only the large writes and reads run: the sequential ceiling
 //! measured beside a job, on the emulator as the job finds it. With BLOB (in the
 //! same container) the ranged reads also read the first MIB of that blob's written
-//! ranges, 4 MiB at a time, 8 in flight (`blob_get_mib_s`): the emulator's cost per
-//! read grows with a blob's history, so a drive's own blob is the fair reference
-//! for reading it back.
+//! ranges the same way (`blob_get_mib_s`): the emulator's cost per read grows with
+//! a blob's history, so a drive's own blob is the fair reference for reading it
+//! back.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +25,9 @@ use tokio::sync::Semaphore;
 
 const CHUNK: u64 = 4 * 1024 * 1024;
 const PARALLEL: usize = 8;
+/// Large reads: the daemon's read-ahead runs, and as many as its window holds.
+const GET_CHUNK: u64 = blobdrive::device::MAX_GET;
+const GET_PARALLEL: usize = 4;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
@@ -65,12 +73,14 @@ async fn main() {
     let write_s = started.elapsed().as_secs_f64();
 
     // Large parallel ranged reads.
+    let get_sem = Arc::new(Semaphore::new(GET_PARALLEL));
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for off in (0..bytes).step_by(CHUNK as usize) {
-        let (b, p) = (blob.clone(), sem.clone().acquire_owned().await.unwrap());
+    for off in (0..bytes).step_by(GET_CHUNK as usize) {
+        let len = GET_CHUNK.min(bytes - off);
+        let (b, p) = (blob.clone(), get_sem.clone().acquire_owned().await.unwrap());
         tasks.spawn(async move {
-            b.read(off, CHUNK).await.expect("read");
+            b.read(off, len).await.expect("read");
             drop(p);
         });
     }
@@ -78,7 +88,7 @@ async fn main() {
     let read_s = started.elapsed().as_secs_f64();
 
     let existing = match args.get(5) {
-        Some(name) => Some(read_written(&svc.blob(&args[2], name), bytes, &sem).await),
+        Some(name) => Some(read_written(&svc.blob(&args[2], name), bytes, &get_sem).await),
         None => None,
     };
     let small = if secs > 0.0 {
@@ -90,12 +100,12 @@ async fn main() {
         .delete(blobdrive::azure::DeleteSnapshots::None, None)
         .await;
     let mib_f = mib as f64;
-    let calls = (bytes / CHUNK) as f64;
     let mut out = serde_json::json!({
         "put_mib_s": mib_f / write_s,
-        "put_requests_s": calls / write_s,
+        "put_requests_s": bytes.div_ceil(CHUNK) as f64 / write_s,
         "get_mib_s": mib_f / read_s,
-        "get_requests_s": calls / read_s,
+        "get_requests_s": bytes.div_ceil(GET_CHUNK) as f64 / read_s,
+        "get_bytes_per_request": GET_CHUNK.min(bytes),
         "bytes": bytes,
     });
     if let (Some(small), Some(out)) = (small, out.as_object_mut()) {
@@ -107,8 +117,8 @@ async fn main() {
     println!("{out}");
 }
 
-/// Reads up to `bytes` of `blob`'s written ranges in pieces of at most 4 MiB,
-/// `PARALLEL` in flight: MiB/s.
+/// Reads up to `bytes` of `blob`'s written ranges in pieces of at most
+/// `GET_CHUNK`, as many in flight as `sem` allows: MiB/s.
 async fn read_written(
     blob: &blobdrive::azure::BlobClient,
     bytes: u64,
@@ -120,7 +130,7 @@ async fn read_written(
     'ranges: for r in ranges {
         let mut at = r.start;
         while at < r.end {
-            let len = CHUNK.min(r.end - at).min(bytes - total);
+            let len = GET_CHUNK.min(r.end - at).min(bytes - total);
             pieces.push((at, len));
             at += len;
             total += len;

@@ -1,8 +1,9 @@
 """What Microsoft's Python SDK for Blob Storage moves through the same emulator:
 a page blob written with 8 parallel 4 MiB Put Page calls from memory, then read
-back with 8 parallel 4 MiB ranged Gets, the way blobdrive's daemon moves a
-sequential stream. Prints one JSON object: MiB/s each way, and the CPU seconds
-this process spent per GiB moved (user + system), to set beside the daemon's.
+back with 8 parallel 4 MiB ranged Gets (the SDK's own chunk size for downloads,
+and what blobdrive's daemon sent before its read-ahead runs grew to 16 MiB).
+Prints one JSON object: MiB/s each way, and the CPU seconds this process spent
+per GiB moved (user + system), to set beside the daemon's.
 
 usage: sdk_ceiling.py CONNECTION_STRING CONTAINER MIB
 """

@@ -136,6 +136,41 @@ fn put_read_clear_and_page_ranges() {
 }
 
 #[test]
+fn a_scattered_read_fills_its_parts_in_order_with_one_get() {
+    rt().block_on(async {
+        let svc = service();
+        let blob = fresh_blob(&svc, "scatter", 20 * MIB).await;
+        let data = pattern(16 * MIB as usize, 7);
+        for (i, run) in data.chunks(4 * MIB as usize).enumerate() {
+            blob.put_pages(i as u64 * 4 * MIB, Bytes::copy_from_slice(run), None)
+                .await
+                .unwrap();
+        }
+        // 64 KiB blocks and odd-sized parts, poisoned, over data and a hole.
+        let sizes: Vec<usize> = std::iter::repeat_n(65536, 255)
+            .chain([512, 65536 - 512, 3 * 65536])
+            .collect();
+        let mut mem: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0xEE; n]).collect();
+        let mut parts: Vec<&mut [u8]> = mem.iter_mut().map(|m| &mut m[..]).collect();
+        let before = svc.stats().get_requests;
+        blob.read_scattered(MIB, &mut parts).await.unwrap();
+        assert_eq!(svc.stats().get_requests - before, 1, "one GET");
+        let got: Vec<u8> = mem.concat();
+        let want_data = &data[MIB as usize..];
+        assert!(got[..want_data.len()] == *want_data, "the data, in order");
+        assert!(got[want_data.len()..].iter().all(|&b| b == 0), "the hole");
+        // Parts that reach past the blob's end: an error, not padding.
+        let mut tail = [vec![0u8; 2 * MIB as usize], vec![0u8; 4096]];
+        let mut parts: Vec<&mut [u8]> = tail.iter_mut().map(|m| &mut m[..]).collect();
+        let err = blob.read_scattered(18 * MIB, &mut parts).await.unwrap_err();
+        assert!(
+            matches!(err, AzureError::Protocol { .. }) || err.code().is_some(),
+            "{err}"
+        );
+    });
+}
+
+#[test]
 fn segmented_page_ranges_equal_one_query_and_merge_at_edges() {
     rt().block_on(async {
         let svc = service();

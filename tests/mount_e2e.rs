@@ -262,6 +262,14 @@ fn block_mode_exposes_a_loop_device_of_the_disk_size() {
         sh_ok(&format!("blockdev --getsize64 {dev}")).trim(),
         (96 * MIB).to_string()
     );
+    // Writeback to the drive has a limit of its own while it is mounted, and the
+    // loop device gets the kernel's defaults back when it is let go.
+    let bdi = format!("/sys/block/{}/bdi", dev.trim_start_matches("/dev/"));
+    let setting = |f: &str| sh_ok(&format!("cat {bdi}/{f}")).trim().to_string();
+    assert_eq!(setting("strict_limit"), "1");
+    // (The kernel keeps it as a share of its own limit: within a MiB of it.)
+    let max_bytes: u64 = setting("max_bytes").parse().unwrap();
+    assert!(max_bytes.abs_diff(256 * MIB) < MIB, "max_bytes {max_bytes}");
     sh_ok(&format!(
         "printf 'block-data' | dd of={dev} bs=512 seek=2048 conv=fsync status=none"
     ));
@@ -274,6 +282,17 @@ fn block_mode_exposes_a_loop_device_of_the_disk_size() {
     assert!(mp.stats()["clear_requests"].as_u64().unwrap() > before);
     ok(&["unmount", mp.s()]);
     assert!(!sh_ok("losetup -a").contains(mp.s()));
+    assert_eq!(
+        (setting("strict_limit"), setting("max_ratio")),
+        ("0".to_string(), "100".to_string())
+    );
+    // A read-only mount writes nothing back: no limit is set.
+    let ro = ok(&["mount", &spec, mp.s(), "--mode", "block", "--read-only"])
+        .trim()
+        .to_string();
+    let ro_bdi = format!("/sys/block/{}/bdi", ro.trim_start_matches("/dev/"));
+    assert_eq!(sh_ok(&format!("cat {ro_bdi}/strict_limit")).trim(), "0");
+    ok(&["unmount", mp.s()]);
     let blob = blob_of(&spec);
     let data = rt().block_on(blob.read(2048 * 512, 10)).unwrap();
     assert_eq!(&data[..], b"block-data");

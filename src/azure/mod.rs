@@ -2,7 +2,8 @@
 //!
 //! No FUSE, no disks: accounts ([`account`]), how requests are authorised ([`auth`]:
 //! Shared Key, SAS, Entra ID tokens), the HTTP client and its TLS trust ([`http`]),
-//! the request pipeline with its retries ([`pipeline`], [`retry`]),
+//! the request pipeline with its retries ([`pipeline`], [`retry`]) and where
+//! a read's body lands ([`scatter`]),
 //! one async function per operation grouped by what it acts on ([`ops`]), typed errors
 //! ([`error`]) and the XML bodies ([`xml`]).
 
@@ -15,6 +16,7 @@ pub mod ops;
 pub mod pipeline;
 pub mod ranges;
 pub mod retry;
+pub mod scatter;
 pub mod stats;
 pub mod xml;
 
@@ -27,4 +29,5 @@ pub use ops::{
 pub use pipeline::BlobService;
 pub use ranges::PageRange;
 pub use retry::RetryPolicy;
+pub use scatter::Scatter;
 pub use stats::StatsSnapshot;

@@ -24,6 +24,7 @@ use super::http::{describe, Transport};
 use super::ops::fence::SEQUENCE_REFUSED;
 use super::ops::{BlobClient, ContainerClient, WriteFence};
 use super::retry::{is_retryable_status, RetryPolicy};
+use super::scatter::Scatter;
 use super::stats::{ClientStats, Outcome, StatsSnapshot};
 use super::xml;
 
@@ -280,7 +281,7 @@ impl BlobService {
     pub(super) async fn execute_into(
         &self,
         req: Request,
-        mut sink: Option<&mut [u8]>,
+        mut sink: Option<&mut Scatter<'_, '_>>,
     ) -> Result<Response, AzureError> {
         let policy = &self.inner.policy;
         let mut max_attempts = req.max_attempts.unwrap_or(policy.max_attempts).max(1);
@@ -502,7 +503,7 @@ impl BlobService {
         sequence: Option<u64>,
         timeout: Duration,
         fresh: bool,
-        sink: Option<&mut [u8]>,
+        sink: Option<&mut Scatter<'_, '_>>,
     ) -> Result<Response, Failure> {
         let date = httpdate::fmt_http_date(SystemTime::now());
         let mut headers: Vec<(String, String)> = Vec::with_capacity(req.headers.len() + 5);
@@ -554,16 +555,16 @@ impl BlobService {
             let body = match sink {
                 Some(sink) if success => {
                     let mut resp = resp;
+                    sink.restart();
                     while let Some(chunk) = resp.chunk().await.map_err(describe)? {
-                        let Some(out) = sink.get_mut(streamed..streamed + chunk.len()) else {
+                        if !sink.put(&chunk) {
                             return Err(Transport::Other(format!(
                                 "the answer is longer than the {} bytes asked for",
-                                sink.len()
+                                sink.capacity()
                             )));
-                        };
-                        out.copy_from_slice(&chunk);
-                        streamed += chunk.len();
+                        }
                     }
+                    streamed = sink.filled();
                     Bytes::new()
                 }
                 _ if success => body_within(resp, body_max(req)).await?,

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
-use super::{Backend, DeviceError, MAX_RUN, SECTOR};
+use super::{Backend, DeviceError, MAX_GET, MAX_RUN, SECTOR};
 
 #[derive(Default)]
 pub struct MemBackend {
@@ -27,6 +27,11 @@ pub struct MemBackend {
     /// Reads served by `read_local`, and their bytes.
     pub local_reads: AtomicU64,
     pub local_bytes: AtomicU64,
+    /// When set, the backend reads straight into scattered parts
+    /// ([`Backend::reads_scattered`]), as the blob's does without a disk cache.
+    pub scattered: std::sync::atomic::AtomicBool,
+    /// Reads served by `read_scattered`.
+    pub scattered_reads: AtomicU64,
 }
 
 impl MemBackend {
@@ -65,6 +70,30 @@ impl Backend for MemBackend {
         self.reads.fetch_add(1, Relaxed);
         self.bytes_read.fetch_add(buf.len() as u64, Relaxed);
         buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+
+    fn reads_scattered(&self) -> bool {
+        self.scattered.load(Relaxed)
+    }
+
+    fn read_scattered(&self, offset: u64, parts: &mut [&mut [u8]]) -> Result<(), DeviceError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        assert!(len as u64 <= MAX_GET, "read over {MAX_GET} bytes");
+        let delay = self.read_delay_us.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
+        let data = self.data.lock().unwrap();
+        check(offset, len as u64, data.len())?;
+        self.reads.fetch_add(1, Relaxed);
+        self.scattered_reads.fetch_add(1, Relaxed);
+        self.bytes_read.fetch_add(len as u64, Relaxed);
+        let mut at = offset as usize;
+        for p in parts.iter_mut() {
+            p.copy_from_slice(&data[at..at + p.len()]);
+            at += p.len();
+        }
         Ok(())
     }
 

@@ -26,7 +26,7 @@ use tracing::{error, warn};
 
 use super::diskcache::DiskCache;
 use super::health::{Health, HealthSnapshot, Pending};
-use super::{Backend, DeviceError, MAX_RUN};
+use super::{Backend, DeviceError, MAX_GET};
 use crate::azure::ops::fence::SEQUENCE_REFUSED;
 use crate::azure::{AzureError, BlobClient, WriteFence};
 
@@ -165,13 +165,14 @@ impl RemoteBackend {
         self.lease.as_deref().ok_or(DeviceError::ReadOnly)
     }
 
-    /// One ranged read of at most [`MAX_RUN`], waiting through an outage.
-    fn read_run(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+    /// One ranged read of at most [`MAX_GET`] into `parts`, waiting through an
+    /// outage.
+    fn read_run(&self, offset: u64, parts: &mut [&mut [u8]]) -> Result<(), DeviceError> {
         self.rt.block_on(async {
             self.patience.check_given_up()?;
             let mut a = self.patience.begin();
             loop {
-                match self.blob.read_into(offset, buf).await {
+                match self.blob.read_scattered(offset, parts).await {
                     Ok(()) => {
                         self.patience.succeeded(&a);
                         return Ok(());
@@ -319,6 +320,19 @@ impl Backend for RemoteBackend {
         }
     }
 
+    /// Without a disk cache, straight from the blob into the parts. With one,
+    /// through a buffer: the disk cache keeps what is fetched, from one buffer.
+    fn read_scattered(&self, offset: u64, parts: &mut [&mut [u8]]) -> Result<(), DeviceError> {
+        match &self.tier {
+            Some(_) => super::read_through_buffer(self, offset, parts),
+            None => self.read_blob_scattered(offset, parts),
+        }
+    }
+
+    fn reads_scattered(&self) -> bool {
+        self.tier.is_none()
+    }
+
     fn has_local(&self) -> bool {
         self.tier.as_ref().is_some_and(|t| t.is_on())
     }
@@ -355,6 +369,29 @@ impl Backend for RemoteBackend {
     }
 }
 
+/// `parts` (consecutive from `offset`), cut where needed, in groups of at most
+/// `max` bytes: one ranged GET each, with the offset it starts at.
+fn ranged_gets<'a>(
+    offset: u64,
+    parts: &'a mut [&mut [u8]],
+    max: u64,
+) -> Vec<(u64, Vec<&'a mut [u8]>)> {
+    let mut groups: Vec<(u64, Vec<&'a mut [u8]>)> = Vec::new();
+    let (mut at, mut group_len) = (offset, 0);
+    for part in parts.iter_mut() {
+        for piece in part.chunks_mut(max as usize) {
+            if groups.is_empty() || group_len + piece.len() as u64 > max {
+                groups.push((at, Vec::new()));
+                group_len = 0;
+            }
+            group_len += piece.len() as u64;
+            at += piece.len() as u64;
+            groups.last_mut().expect("pushed").1.push(piece);
+        }
+    }
+    groups
+}
+
 /// The error to report of several runs': a lost lease outranks any other.
 fn first_error(results: Vec<Result<(), DeviceError>>) -> Result<(), DeviceError> {
     let mut first = None;
@@ -370,18 +407,23 @@ fn first_error(results: Vec<Result<(), DeviceError>>) -> Result<(), DeviceError>
 
 impl RemoteBackend {
     fn read_blob(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
-        // Bodies stream straight into `buf`. Large reads go out as parallel ranged
-        // GETs of at most 4 MiB, each waited for by its own thread.
-        if buf.len() as u64 <= MAX_RUN {
-            return self.read_run(offset, buf);
+        self.read_blob_scattered(offset, &mut [buf])
+    }
+
+    /// Bodies stream straight into `parts`. Reads longer than [`MAX_GET`] go out
+    /// as parallel ranged GETs of at most that, each waited for by its own thread.
+    fn read_blob_scattered(&self, offset: u64, parts: &mut [&mut [u8]]) -> Result<(), DeviceError> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        if total as u64 <= MAX_GET {
+            return self.read_run(offset, parts);
         }
+        let mut groups = ranged_gets(offset, parts, MAX_GET);
         let results: Vec<Result<(), DeviceError>> = std::thread::scope(|s| {
-            let tasks: Vec<_> = buf
-                .chunks_mut(MAX_RUN as usize)
-                .enumerate()
-                .map(|(i, chunk)| {
-                    let at = offset + i as u64 * MAX_RUN;
-                    s.spawn(move || self.read_run(at, chunk))
+            let tasks: Vec<_> = groups
+                .iter_mut()
+                .map(|(at, group)| {
+                    let at = *at;
+                    s.spawn(move || self.read_run(at, group))
                 })
                 .collect();
             tasks
@@ -463,6 +505,42 @@ impl RemoteBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_reads_go_out_as_ranged_gets_of_at_most_the_most() {
+        // Blocks of 4 bytes read in GETs of at most 10: whole blocks per GET
+        // where they fit, and the bytes in order, each in exactly one GET.
+        let mut mem = [[0u8; 4]; 6];
+        let mut parts: Vec<&mut [u8]> = mem.iter_mut().map(|m| &mut m[..]).collect();
+        let groups = ranged_gets(100, &mut parts, 10);
+        let shape: Vec<(u64, Vec<usize>)> = groups
+            .iter()
+            .map(|(at, g)| (*at, g.iter().map(|p| p.len()).collect()))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![(100, vec![4, 4]), (108, vec![4, 4]), (116, vec![4, 4])]
+        );
+        // A part longer than a GET is cut.
+        let mut big = [0u8; 25];
+        let mut parts: Vec<&mut [u8]> = vec![&mut big[..]];
+        let groups = ranged_gets(0, &mut parts, 10);
+        let shape: Vec<(u64, usize)> = groups.iter().map(|(at, g)| (*at, g[0].len())).collect();
+        assert_eq!(shape, vec![(0, 10), (10, 10), (20, 5)]);
+        // Writing through the groups fills the parts in order.
+        let mut mem = [[0u8; 3]; 3];
+        let mut parts: Vec<&mut [u8]> = mem.iter_mut().map(|m| &mut m[..]).collect();
+        for (at, group) in ranged_gets(0, &mut parts, 5) {
+            let mut n = at as u8;
+            for p in group {
+                for b in p.iter_mut() {
+                    *b = n;
+                    n += 1;
+                }
+            }
+        }
+        assert_eq!(mem, [[0, 1, 2], [3, 4, 5], [6, 7, 8]]);
+    }
 
     fn patience(io_timeout: Duration) -> Patience {
         Patience {

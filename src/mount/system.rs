@@ -96,6 +96,53 @@ pub fn loop_readahead(dev: &str, kib: u32) {
     );
 }
 
+/// Most dirty data of the drive's filesystem the page cache holds before its
+/// writers wait for writeback: see [`loop_writeback_limit`].
+pub const LOOP_DIRTY_MAX: u64 = 256 * 1024 * 1024;
+
+/// Gives a writable loop device over the drive the writeback rule the kernel
+/// gives FUSE's own files: a limit of its own on dirty data (`max_bytes`) that
+/// binds even while the machine's global limits are far off (`strict_limit`).
+///
+/// Without it, writeback to the drive starts only at fsync or after 30 s, or once
+/// a tenth of the machine's memory is dirty (2.3 GiB here): a 1 GiB write first
+/// filled the page cache and only then started uploading. With it, uploads start
+/// after some tens of MiB and go on while the writer writes, a sync or unmount has
+/// at most this much to send beyond the daemon's own cache, and a writer faster
+/// than the storage account is slowed to its pace instead of filling memory.
+/// [`loop_detach`] puts the kernel's defaults back before the device can serve
+/// anything else. Best effort: a kernel without these files keeps its defaults.
+pub fn loop_writeback_limit(dev: &str, max_bytes: u64) {
+    let bdi = bdi_dir(dev);
+    let set = |file: &str, value: &str| {
+        if let Err(e) = std::fs::write(format!("{bdi}/{file}"), value) {
+            tracing::warn!("{dev}: cannot set {file} to {value}: {e}");
+        }
+    };
+    set("strict_limit", "1");
+    set("max_bytes", &max_bytes.to_string());
+}
+
+/// Puts back the kernel's default writeback rule of a loop device (no limit of
+/// its own, no strict limit): undoes [`loop_writeback_limit`], so the device
+/// serves whatever uses it next as any other loop device. Best effort.
+fn loop_writeback_defaults(dev: &str) {
+    let bdi = bdi_dir(dev);
+    for (file, value) in [("strict_limit", "0"), ("max_ratio", "100")] {
+        let path = format!("{bdi}/{file}");
+        if Path::new(&path).exists() {
+            if let Err(e) = std::fs::write(&path, value) {
+                tracing::warn!("{dev}: cannot put {file} back to {value}: {e}");
+            }
+        }
+    }
+}
+
+/// The sysfs directory of a block device's writeback settings.
+fn bdi_dir(dev: &str) -> String {
+    format!("/sys/block/{}/bdi", dev.trim_start_matches("/dev/"))
+}
+
 /// Puts a loop device in direct-I/O mode: it then sends each request to the disk
 /// file as asynchronous direct I/O, so a filesystem's queued requests reach the
 /// daemon (and the storage service) together. In buffered mode the loop worker
@@ -119,6 +166,7 @@ pub fn loop_detach(dev: &str) -> Result<(), MountError> {
     if !Path::new(&backing).exists() {
         return Ok(());
     }
+    loop_writeback_defaults(dev);
     if let Err(e) = run("losetup", &["-d", dev]) {
         // A device with autoclear set may have let go by itself just now.
         if Path::new(&backing).exists() {

@@ -12,6 +12,7 @@ use super::fence::WriteFence;
 use crate::azure::error::{AzureError, Op};
 use crate::azure::pipeline::Request;
 use crate::azure::ranges::{self, PageRange};
+use crate::azure::scatter::Scatter;
 use crate::azure::stats::ClientStats;
 use crate::azure::xml;
 
@@ -67,12 +68,24 @@ impl BlobClient {
     /// Reads `buf.len()` bytes at `offset` straight into `buf`; a short answer is
     /// an error.
     pub async fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<(), AzureError> {
-        let len = buf.len() as u64;
+        self.read_scattered(offset, &mut [buf]).await
+    }
+
+    /// Reads the bytes at `offset` into `parts`, one after another, with one
+    /// ranged GET (so as many bytes as they hold together); a short answer is an
+    /// error.
+    pub async fn read_scattered(
+        &self,
+        offset: u64,
+        parts: &mut [&mut [u8]],
+    ) -> Result<(), AzureError> {
+        let mut sink = Scatter::new(parts);
+        let len = sink.capacity() as u64;
         if len == 0 {
             return Ok(());
         }
         let req = self.range_get(offset, len);
-        let resp = self.svc.execute_into(req, Some(buf)).await?;
+        let resp = self.svc.execute_into(req, Some(&mut sink)).await?;
         self.count(|s| ClientStats::add(&s.bytes_downloaded, resp.streamed as u64));
         if resp.streamed as u64 != len {
             return Err(self.short_read(offset, len, resp.streamed as u64));

@@ -16,7 +16,7 @@ use super::{Block, Cache, State, BLOCK, FREE_KEEP};
 impl<B: Backend> Cache<B> {
     pub(super) fn evict(&self, st: &mut State) {
         let cap = self.cap_blocks();
-        while st.len() > cap {
+        while st.len() + st.fetching_mem > cap {
             match st.clean.pop_lru() {
                 Some((_, blk)) => st.recycle(blk),
                 None => break,
@@ -27,9 +27,9 @@ impl<B: Backend> Cache<B> {
 
 impl State {
     /// Block memory: a recycled buffer, or one of a new batch (see [`blockmem`]).
-    /// The memory in use is at most the blocks held (bounded by the capacity), the
-    /// kept free buffers, one batch, and the blocks of read-ahead runs being read
-    /// from a local copy (which take their memory first: a run each per worker).
+    /// The memory in use is at most the blocks held and those fetches in flight
+    /// read into (bounded together by the capacity), the kept free buffers, and
+    /// one batch.
     pub(super) fn take_mem(&mut self) -> BlockMem {
         if self.free.is_empty() {
             self.free
@@ -59,6 +59,12 @@ impl State {
 
     /// Returns block memory taken for a read that did not use it: it is kept
     /// whatever [`FREE_KEEP`] says, since the fetch that follows takes it again.
+    /// Ends the count of `blocks` fetched into memory of their own (see
+    /// `fetching_mem`): they are cached or freed now.
+    pub(super) fn fetch_landed(&mut self, blocks: usize) {
+        self.fetching_mem -= blocks;
+    }
+
     pub(super) fn give_back_mem(&mut self, mem: impl IntoIterator<Item = BlockMem>) {
         self.free.extend(mem);
     }

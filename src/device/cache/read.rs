@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use crate::device::blockmem::BlockMem;
 use crate::device::sectors::mask;
-use crate::device::{Backend, DeviceError, MAX_RUN, SECTOR};
+use crate::device::{Backend, DeviceError, MAX_GET, SECTOR};
 
 use super::flush::data_mask;
 use super::{Block, Cache, State, BLOCK, DESPERATE, SECTORS};
@@ -125,17 +125,26 @@ impl<B: Backend> Cache<B> {
                 (plan, st.mutations, claim)
             };
             missed = true;
-            // Runs a local copy holds whole (a disk cache) are read straight into
-            // block memory, as read-ahead does. Others go into pooled buffers
-            // (`take_filled`): a fresh one costs page faults and zeroing per
-            // fetch, a large share of the daemon's CPU in a cold sequential read.
+            // Runs are read straight into block memory where the backend can
+            // (a local copy that holds them whole, or a backend that reads into
+            // scattered memory), as read-ahead does. Others go into pooled
+            // buffers (`take_filled`): a fresh one costs page faults and zeroing
+            // per fetch, a large share of the daemon's CPU in a cold sequential
+            // read.
             let mut fetched = Vec::with_capacity(plan.runs.len());
             let mut local = Vec::new();
             let mut failed = None;
             for &(s, e) in &plan.runs {
-                if let Some(mems) = self.read_local(s, e) {
-                    local.push((s, mems));
-                    continue;
+                match self.fetch_blocks(s, e) {
+                    Some(Ok(mems)) => {
+                        local.push((s, mems));
+                        continue;
+                    }
+                    Some(Err(e)) => {
+                        failed = Some(e);
+                        break;
+                    }
+                    None => {}
                 }
                 let mut data = self.pool.take_filled((e - s) as usize);
                 let result = self.backend.read(s, &mut data);
@@ -150,13 +159,17 @@ impl<B: Backend> Cache<B> {
                     self.pool.give(data);
                 }
             };
+            let local_blocks: usize = local.iter().map(|(_, m)| m.len()).sum();
             if let Some(e) = failed {
                 give_back(fetched);
-                self.lock().free_mem(local.into_iter().flat_map(|(_, m)| m));
+                let mut st = self.lock();
+                st.fetch_landed(local_blocks);
+                st.free_mem(local.into_iter().flat_map(|(_, m)| m));
                 return Err(e);
             }
             let mut st = self.lock();
             claim.release(&mut st);
+            st.fetch_landed(local_blocks);
             if plan
                 .runs
                 .iter()
@@ -219,7 +232,7 @@ impl<B: Backend> Cache<B> {
         for &b in &mine {
             let (bs, be) = (b * BLOCK, (b * BLOCK + BLOCK).min(self.size()));
             match plan.runs.last_mut() {
-                Some(last) if last.1 == bs && last.1 - last.0 < MAX_RUN * 4 => last.1 = be,
+                Some(last) if last.1 == bs && last.1 - last.0 < MAX_GET => last.1 = be,
                 _ => plan.runs.push((bs, be)),
             }
             if !desperate && st.fetching.insert(b) {

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use tracing::debug;
 
 use crate::device::blockmem::BlockMem;
-use crate::device::{Backend, MAX_RUN};
+use crate::device::{Backend, DeviceError};
 
 use super::read::Claim;
 use super::{Cache, State, BLOCK};
@@ -23,14 +23,18 @@ use super::{Cache, State, BLOCK};
 impl<B: Backend> Cache<B> {
     /// Queues read-ahead of a sequential stream, up to its window past `end`, for
     /// the prefetch workers: blocks not cached, not already coming, holding data, in
-    /// runs of 4 MiB, nearest first. A shorter run is queued only where something
-    /// ends it (cached data, a hole, the disk's end); one cut short by the window is
-    /// left for the next read to complete, so the stream's fetches stay large.
+    /// runs of [`Cache::ra_run`], nearest first. A shorter run is queued only where
+    /// something ends it (cached data, a hole, the disk's end); one cut short by
+    /// the window is left for the next read to complete, so the stream's fetches
+    /// stay large, unless the window is still growing and shorter than a run: the
+    /// stream's first reads then have read-ahead at once (at 10 ms round trips,
+    /// waiting for a 16 MiB window cost the first eight 1 MiB reads a round trip
+    /// each).
     pub(super) fn plan_readahead(&self, st: &mut State, end: u64) {
         if st.readahead == 0 {
             return;
         }
-        const RUN: u64 = MAX_RUN / BLOCK;
+        let run_max = self.ra_run;
         let last = self.size().div_ceil(BLOCK);
         let window_end = (end + st.readahead).div_ceil(BLOCK).min(last);
         let mut b = end.div_ceil(BLOCK).max(st.ra_next);
@@ -43,7 +47,7 @@ impl<B: Backend> Cache<B> {
                 && !st.is_queued(b)
                 && st.sparse.any_data(bs, (bs + BLOCK).min(self.size()));
             match run {
-                Some((s, e)) if free && e == b && e - s < RUN => run = Some((s, b + 1)),
+                Some((s, e)) if free && e == b && e - s < run_max => run = Some((s, b + 1)),
                 _ => {
                     if let Some((s, e)) = run.take() {
                         st.queued.insert(s, e);
@@ -56,7 +60,7 @@ impl<B: Backend> Cache<B> {
         }
         st.ra_next = window_end;
         if let Some((s, e)) = run {
-            if e - s == RUN || e == last {
+            if e - s == run_max || e == last || st.readahead < run_max * BLOCK {
                 st.queued.insert(s, e);
                 queued = true;
             } else {
@@ -82,9 +86,7 @@ impl<B: Backend> Cache<B> {
         let reach = SLACK + st.readahead;
         if st.seq_next != u64::MAX && offset.abs_diff(st.seq_next) <= reach {
             // Starts at 128 KiB, never past the configured most (which may be less).
-            st.readahead = (st.readahead * 2)
-                .max(128 * 1024)
-                .min(self.cfg.readahead_max);
+            st.readahead = (st.readahead * 2).max(128 * 1024).min(self.ra_window);
             st.seq_next = st.seq_next.max(end);
         } else {
             st.readahead = 0;
@@ -95,17 +97,25 @@ impl<B: Backend> Cache<B> {
         }
     }
 
-    /// Reads `[start, end)` (whole blocks) from the backend's local copy straight
-    /// into new block memory, if the backend has one and it holds all of it
-    /// ([`Backend::read_local`]); `None` otherwise, with the memory kept for the
-    /// fetch that follows.
-    pub(super) fn read_local(&self, start: u64, end: u64) -> Option<Vec<BlockMem>> {
-        if !self.backend.has_local() {
+    /// Reads `[start, end)` (whole blocks) straight into new block memory: from
+    /// the backend's local copy if it holds all of it ([`Backend::read_local`]),
+    /// or else from the backend itself if it reads into scattered memory
+    /// ([`Backend::reads_scattered`]). `None` when neither can (the caller reads
+    /// through a pooled buffer); on an error the memory is given back.
+    pub(super) fn fetch_blocks(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> Option<Result<Vec<BlockMem>, DeviceError>> {
+        let (local, scattered) = (self.backend.has_local(), self.backend.reads_scattered());
+        if !local && !scattered {
             return None;
         }
         let n = (end - start).div_ceil(BLOCK) as usize;
         let mut mems: Vec<BlockMem> = {
             let mut st = self.lock();
+            st.fetching_mem += n;
+            self.evict(&mut st);
             (0..n).map(|_| st.take_mem()).collect()
         };
         let read = {
@@ -117,13 +127,22 @@ impl<B: Backend> Cache<B> {
                     &mut m[..len]
                 })
                 .collect();
-            self.backend.read_local(start, &mut parts)
+            if local && self.backend.read_local(start, &mut parts) {
+                Some(Ok(()))
+            } else if scattered {
+                Some(self.backend.read_scattered(start, &mut parts))
+            } else {
+                None
+            }
         };
-        if read {
-            return Some(mems);
+        if let Some(Ok(())) = read {
+            // Counted until the caller caches or frees them (`fetch_landed`).
+            return Some(Ok(mems));
         }
-        self.lock().give_back_mem(mems);
-        None
+        let mut st = self.lock();
+        st.fetch_landed(n);
+        st.give_back_mem(mems);
+        read.map(|r| r.map(|()| Vec::new()))
     }
 
     /// Runs one prefetch worker until [`Cache::close`]: takes queued read-ahead,
@@ -152,16 +171,25 @@ impl<B: Backend> Cache<B> {
                 }
             };
             let claim = Claim::new(self, claim);
-            if let Some(mems) = self.read_local(start, end) {
-                let mut st = self.lock();
-                claim.release(&mut st);
-                if st.changed_since(epoch, start, end) {
-                    st.free_mem(mems);
-                } else {
-                    self.insert_blocks(&mut st, start, mems);
-                    self.evict(&mut st);
+            match self.fetch_blocks(start, end) {
+                Some(Ok(mems)) => {
+                    let mut st = self.lock();
+                    claim.release(&mut st);
+                    st.fetch_landed(mems.len());
+                    if st.changed_since(epoch, start, end) {
+                        st.free_mem(mems);
+                    } else {
+                        self.insert_blocks(&mut st, start, mems);
+                        self.evict(&mut st);
+                    }
+                    continue;
                 }
-                continue;
+                // The reader that needs these blocks fetches them and reports it.
+                Some(Err(e)) => {
+                    debug!("read-ahead at {start} failed: {e}");
+                    continue;
+                }
+                None => {}
             }
             let mut data = self.pool.take_filled((end - start) as usize);
             let result = self.backend.read(start, &mut data);

@@ -14,8 +14,21 @@ fn cache(size: u64, capacity: u64) -> Cache<MemBackend> {
 
 /// An empty in-memory drive of `size` behind a cache tuned by `cfg`.
 fn cache_with(size: u64, cfg: CacheConfig) -> Cache<MemBackend> {
+    cache_over(MemBackend::new(size), cfg)
+}
+
+/// [`cache_with`] over a backend that reads into scattered memory, as the blob's
+/// does without a disk cache: read-ahead fetches long runs into block memory.
+fn scattered_cache_with(size: u64, cfg: CacheConfig) -> Cache<MemBackend> {
+    let backend = MemBackend::new(size);
+    backend.scattered.store(true, Relaxed);
+    cache_over(backend, cfg)
+}
+
+fn cache_over(backend: MemBackend, cfg: CacheConfig) -> Cache<MemBackend> {
+    let size = backend.contents().len() as u64;
     Cache::new(
-        MemBackend::new(size),
+        backend,
         size,
         SparseMap::default(),
         cfg,
@@ -190,8 +203,18 @@ fn discard_clears_and_reads_zero() {
 
 #[test]
 fn matches_a_byte_model_under_random_io_and_tiny_cache() {
-    // Random reads, writes (aligned and not), discards and flushes against a plain
-    // byte vector, with a cache much smaller than the disk so eviction happens.
+    matches_a_byte_model(false);
+}
+
+#[test]
+fn matches_a_byte_model_reading_into_scattered_block_memory() {
+    matches_a_byte_model(true);
+}
+
+/// Random reads, writes (aligned and not), discards and flushes against a plain
+/// byte vector, with a cache much smaller than the disk so eviction happens;
+/// fetches `scattered` straight into block memory or through pooled buffers.
+fn matches_a_byte_model(scattered: bool) {
     let size = 16 * MIB;
     let cfg = CacheConfig {
         capacity: 4 * MIB,
@@ -199,7 +222,11 @@ fn matches_a_byte_model_under_random_io_and_tiny_cache() {
         readahead_max: 512 * 1024,
         flush_after: Duration::from_secs(3),
     };
-    let c = Arc::new(cache_with(size, cfg));
+    let c = Arc::new(if scattered {
+        scattered_cache_with(size, cfg)
+    } else {
+        cache_with(size, cfg)
+    });
     // The background flusher and prefetch workers run all along, as in the
     // daemon; backend calls take a moment, so read-ahead and flush units are
     // caught in flight.
@@ -252,6 +279,11 @@ fn matches_a_byte_model_under_random_io_and_tiny_cache() {
     assert!(
         c.backend.reads.load(Relaxed) > 0,
         "the model test reads the backend"
+    );
+    assert_eq!(
+        c.backend.scattered_reads.load(Relaxed) > 0,
+        scattered,
+        "fetched into block memory only where the backend can"
     );
     c.close();
     for w in workers {
@@ -497,8 +529,17 @@ fn complete_runs_travel_before_fsync_and_whole() {
 
 #[test]
 fn concurrent_readers_under_eviction_see_only_real_data() {
-    // Regression: a block the read plan relied on was evicted by another
-    // reader's insert before the fetch returned, and its bytes came back as zeros.
+    concurrent_readers_under_eviction(false);
+}
+
+#[test]
+fn concurrent_readers_fetching_into_block_memory_see_only_real_data() {
+    concurrent_readers_under_eviction(true);
+}
+
+/// Regression: a block the read plan relied on was evicted by another reader's
+/// insert before the fetch returned, and its bytes came back as zeros.
+fn concurrent_readers_under_eviction(scattered: bool) {
     let size = 8 * MIB;
     let cfg = CacheConfig {
         capacity: MIB,
@@ -506,7 +547,11 @@ fn concurrent_readers_under_eviction_see_only_real_data() {
         readahead_max: 256 * 1024,
         flush_after: Duration::from_secs(3),
     };
-    let c = Arc::new(cache_with(size, cfg));
+    let c = Arc::new(if scattered {
+        scattered_cache_with(size, cfg)
+    } else {
+        cache_with(size, cfg)
+    });
     let pattern = |pos: u64| (pos / SECTOR % 251) as u8 + 1;
     let data: Vec<u8> = (0..size).map(pattern).collect();
     for off in (0..size).step_by(MIB as usize) {
@@ -574,6 +619,77 @@ fn sequential_reads_fetch_each_block_once_with_read_ahead_in_flight() {
         s.cache_hits > 0,
         "some reads found read-ahead already cached"
     );
+}
+
+#[test]
+fn read_ahead_into_scattered_block_memory_fetches_long_runs_once() {
+    // A backend that reads into scattered memory: read-ahead fetches runs of
+    // MAX_GET (16 MiB) straight into block memory, eight in flight, and every
+    // byte still comes from the backend exactly once.
+    let size = 256 * MIB;
+    let c = Arc::new(scattered_cache_with(
+        size,
+        CacheConfig::with_capacity(1024 * MIB),
+    ));
+    assert_eq!((c.ra_run * BLOCK, c.ra_window), (MAX_GET, 8 * MAX_GET));
+    let data = stored(&c, size);
+    c.backend.read_delay_us.store(2000, Relaxed);
+    read_back_with_read_ahead(&c, &data);
+    assert_eq!(c.backend.bytes_read.load(Relaxed), size);
+    let reads = c.backend.reads.load(Relaxed);
+    assert!(
+        reads <= size / MAX_GET + 12,
+        "{reads} backend reads for {size} bytes: runs are long"
+    );
+    assert_eq!(
+        c.backend.scattered_reads.load(Relaxed),
+        reads,
+        "every fetch went straight into block memory"
+    );
+    // Cached as read: reading it all again asks the backend for nothing.
+    read_back_by_mib(&c, &data);
+    assert_eq!(c.backend.reads.load(Relaxed), reads);
+    assert_eq!(c.lock().fetching_mem, 0, "every fetch landed");
+}
+
+#[test]
+fn blocks_fetched_in_flight_count_against_the_capacity() {
+    // A file four times the cache read with read-ahead of eight 16 MiB runs: the
+    // cache makes room for the blocks being fetched, so what it holds and what is
+    // in flight together stay within the capacity (the window is an eighth of it).
+    let size = 512 * MIB;
+    let cap = 128 * MIB;
+    let c = Arc::new(scattered_cache_with(size, CacheConfig::with_capacity(cap)));
+    assert_eq!(c.ra_window, cap / 8);
+    let data = stored(&c, size);
+    c.backend.read_delay_us.store(500, Relaxed);
+    let workers = background(&c, 8);
+    let mut b = vec![0u8; MIB as usize];
+    for off in (0..size).step_by(MIB as usize) {
+        c.read(off, &mut b).unwrap();
+        assert!(
+            b == data[off as usize..(off + MIB) as usize],
+            "bytes at {off}"
+        );
+        let st = c.lock();
+        let held = (st.len() + st.fetching_mem) as u64 * BLOCK;
+        assert!(held <= cap, "{held} bytes held or in flight at {off}");
+    }
+    c.close();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert_eq!(c.lock().fetching_mem, 0, "every fetch landed");
+    assert_eq!(c.backend.bytes_read.load(Relaxed), size, "each byte once");
+}
+
+#[test]
+fn read_ahead_through_pooled_buffers_keeps_4_mib_runs_eight_in_flight() {
+    let c = cache(64 * MIB, 1024 * MIB);
+    assert_eq!((c.ra_run * BLOCK, c.ra_window), (MAX_RUN, 8 * MAX_RUN));
+    // A window smaller than a run bounds the run.
+    let c = cache(64 * MIB, 32 * MIB);
+    assert_eq!(c.ra_run * BLOCK, c.ra_window);
 }
 
 #[test]

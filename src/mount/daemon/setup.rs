@@ -205,6 +205,9 @@ pub(super) fn setup(
         let dev = system::loop_attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
         system::loop_readahead(&dev, 4096);
         system::loop_direct_io(&dev);
+        if !m.req.read_only {
+            system::loop_writeback_limit(&dev, system::LOOP_DIRTY_MAX);
+        }
         m.device = Some(dev.clone());
         m.loop_backing = system::loop_backing_file(&dev);
         rec.device = Some(dev.clone());
