@@ -76,7 +76,7 @@ for name, k, c in rows:
 print(f"  (the 64 KiB ranged-read ceiling at 32 in flight, what a cache miss fetches: "
       f"{g('wan_ceiling.rand_read_64k_qd32_s'):.0f}/s; share of reads that missed the cache: "
       f"raw {g('wan_raw.miss_fraction'):.2f}, block {g('wan_block.miss_fraction'):.2f})")
-print(f"  (8 x 4 MiB Put Page / 4 x {g('wan_ceiling.get_bytes_per_request') / 2**20:.0f} MiB ranged reads: "
+print(f"  (8 x 4 MiB Put Page / 8 x {g('wan_ceiling.get_bytes_per_request') / 2**20:.0f} MiB ranged reads: "
       f"{g('wan_ceiling.put_mib_s'):.0f} / {g('wan_ceiling.get_mib_s'):.0f} MiB/s "
       f"on a fresh emulator, {g('wan_fs_ceiling.put_mib_s'):.0f} / {g('wan_fs_ceiling.get_mib_s'):.0f} "
       f"on the ext4 jobs' emulator after them, where reading the drive's own blob ran "

@@ -39,7 +39,7 @@ impl<B: Backend> Cache<B> {
         let window_end = (end + st.readahead).div_ceil(BLOCK).min(last);
         let mut b = end.div_ceil(BLOCK).max(st.ra_next);
         let mut run: Option<(u64, u64)> = None;
-        let mut queued = false;
+        let mut queued = 0;
         while b < window_end {
             let bs = b * BLOCK;
             let free = st.block(b).is_none()
@@ -51,7 +51,7 @@ impl<B: Backend> Cache<B> {
                 _ => {
                     if let Some((s, e)) = run.take() {
                         st.queued.insert(s, e);
-                        queued = true;
+                        queued += 1;
                     }
                     run = free.then_some((b, b + 1));
                 }
@@ -62,13 +62,15 @@ impl<B: Backend> Cache<B> {
         if let Some((s, e)) = run {
             if e - s == run_max || e == last || st.readahead < run_max * BLOCK {
                 st.queued.insert(s, e);
-                queued = true;
+                queued += 1;
             } else {
                 st.ra_next = s;
             }
         }
-        if queued {
-            self.jobs.notify_all();
+        // One idle worker per job: waking them all (eight, for the one job a read
+        // usually queues) cost the daemon context switches on its two cores.
+        for _ in 0..queued {
+            self.jobs.notify_one();
         }
     }
 
