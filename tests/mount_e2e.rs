@@ -129,7 +129,15 @@ fn filesystem_mode_survives_unmount_and_remount() {
     assert_eq!(me["mode"], "fs");
     assert_eq!(me["blob"], spec.as_str());
     assert_eq!(me["read_only"], false);
-    assert!(me["device"].as_str().unwrap().starts_with("/dev/loop"));
+    let dev = me["device"].as_str().unwrap().to_string();
+    assert!(dev.starts_with("/dev/loop"), "{dev}");
+    let strict = || {
+        let name = dev.trim_start_matches("/dev/");
+        sh_ok(&format!("cat /sys/block/{name}/bdi/strict_limit"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(strict(), "1", "writeback limited while mounted");
     let st = mp.stats();
     for k in [
         "put_page_requests",
@@ -150,6 +158,8 @@ fn filesystem_mode_survives_unmount_and_remount() {
     assert_eq!(lease["state"], "leased");
     let out = ok(&["unmount", mp.s()]);
     assert!(out.contains("unmounted"), "{out}");
+    // The loop device let go by itself (autoclear) and has its defaults back.
+    assert_eq!(strict(), "0", "writeback limit left on {dev}");
     // Everything is in the blob and the lease is free.
     let lease = json(&ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(lease["state"], "available");

@@ -165,6 +165,8 @@ fn clean_dead(mountpoint: &Path, mode: Mode, device: Option<&str>, fuse_dir: &Pa
     let disk = real_dir.join("disk");
     if let Some(dev) = device.filter(|d| system::loop_backing_file(d).is_some_and(|f| f == disk)) {
         system::loop_detach(dev)?;
+    } else if let Some(dev) = device {
+        system::loop_released(dev);
     }
     if system::is_mountpoint(fuse_dir) {
         system::umount(fuse_dir, true)?;

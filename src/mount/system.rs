@@ -111,7 +111,11 @@ pub const LOOP_DIRTY_MAX: u64 = 256 * 1024 * 1024;
 /// at most this much to send beyond the daemon's own cache, and a writer faster
 /// than the storage account is slowed to its pace instead of filling memory.
 /// [`loop_detach`] puts the kernel's defaults back before the device can serve
-/// anything else. Best effort: a kernel without these files keeps its defaults.
+/// anything else, and [`loop_released`] after the device let go by itself
+/// (autoclear, when its filesystem is unmounted). A device whose daemon was
+/// killed and that is then detached by hand keeps the limit until blobdrive
+/// uses it again: writeback to it then starts sooner, nothing else changes.
+/// Best effort: a kernel without these files keeps its defaults.
 pub fn loop_writeback_limit(dev: &str, max_bytes: u64) {
     let bdi = bdi_dir(dev);
     let set = |file: &str, value: &str| {
@@ -121,6 +125,15 @@ pub fn loop_writeback_limit(dev: &str, max_bytes: u64) {
     };
     set("strict_limit", "1");
     set("max_bytes", &max_bytes.to_string());
+}
+
+/// After a loop device with autoclear let go of the drive by itself (its
+/// filesystem was unmounted): puts its default writeback rule back, unless
+/// something attached it again meanwhile (whose settings are its own).
+pub fn loop_released(dev: &str) {
+    if loop_backing_file(dev).is_none() {
+        loop_writeback_defaults(dev);
+    }
 }
 
 /// Puts back the kernel's default writeback rule of a loop device (no limit of

@@ -130,6 +130,28 @@ impl<B: Backend> Cache<B> {
         set
     }
 
+    /// Whether the dirty data holds a complete 4 MiB run of fully dirty blocks,
+    /// settled or not, in flight or not: one that [`Self::flush_full_runs`] sends,
+    /// or will once it settles.
+    pub(super) fn has_complete_runs(&self, st: &State) -> bool {
+        let per_run = MAX_RUN / BLOCK;
+        let mut streak = 0;
+        let mut last = None;
+        for (&b, blk) in st.dirty.iter() {
+            if blk.dirty != u128::MAX || last.is_some_and(|l| l + 1 != b) {
+                streak = 0;
+            }
+            last = Some(b);
+            if blk.dirty == u128::MAX {
+                streak += 1;
+                if streak == per_run {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     /// Writes the dirty sectors of `pending` blocks, in units of at most 4 MiB with
     /// up to [`FLUSH_PARALLEL`] in flight, each unit marked clean as soon as it
     /// lands. With `refill`, settled runs are added as the pending ones run out.
@@ -306,11 +328,16 @@ impl<B: Backend> Cache<B> {
         }
     }
 
-    /// Runs the background flusher until [`Cache::close`]: writes dirty data when it
-    /// passes half its limit, or when no write came for `flush_after`.
+    /// Runs the background flusher until [`Cache::close`]: sends complete runs as
+    /// they settle, and writes all dirty data when no write came for `flush_after`,
+    /// or when it passes half its limit with no complete run among it (scattered
+    /// writes). A sequential writer's data past half the limit goes on as a
+    /// stream of complete runs: a whole flush there would send the run still
+    /// being written in pieces and let the uploads drain to nothing before the
+    /// next flush.
     pub fn run_flusher(&self) {
         loop {
-            let due = {
+            let (idle, full) = {
                 let st = self.lock();
                 let st = self
                     .changed
@@ -321,13 +348,15 @@ impl<B: Backend> Cache<B> {
                     return;
                 }
                 let dirty = st.dirty_memory();
-                dirty > 0
-                    && (dirty >= self.cfg.dirty_limit / 2
-                        || st
-                            .last_write
-                            .is_none_or(|t| t.elapsed() >= self.cfg.flush_after))
+                let idle = dirty > 0
+                    && st
+                        .last_write
+                        .is_none_or(|t| t.elapsed() >= self.cfg.flush_after);
+                let full =
+                    dirty > 0 && dirty >= self.cfg.dirty_limit / 2 && !self.has_complete_runs(&st);
+                (idle, full)
             };
-            let result = if due && !self.is_fenced() {
+            let result = if (idle || full) && !self.is_fenced() {
                 self.flush()
             } else {
                 // Drain complete runs while there are any.

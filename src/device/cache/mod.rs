@@ -61,6 +61,9 @@ const SECTORS: u64 = BLOCK / SECTOR;
 /// that a stream's uploads start as it writes (at 100 ms, the fsync of 1 GiB
 /// through ext4 took about 3% longer).
 const SETTLE: Duration = Duration::from_millis(20);
+/// How long a writer waiting for room waits on complete runs that do not land
+/// before it flushes everything itself (and so learns of a failure to write).
+const ROOM_PATIENCE: Duration = Duration::from_secs(1);
 /// How often the background flusher looks for settled runs (writes do not wake it).
 const FLUSHER_POLL: Duration = Duration::from_millis(10);
 /// How much dirty data one flush batch copies at most, bounding the memory a flush

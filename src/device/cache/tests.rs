@@ -399,6 +399,38 @@ fn writers_wait_for_the_flusher_instead_of_failing() {
 }
 
 #[test]
+fn a_sequential_writer_past_the_dirty_limit_is_sent_as_whole_runs() {
+    // 96 MiB written 768 KiB at a time (as runs do not end where writes do)
+    // through a cache whose dirty limit is 16 MiB, with uploads that take a
+    // moment: the writer waits for complete runs to land instead of flushing
+    // everything it finds (which sent the run it was writing in pieces, and let
+    // the uploads drain between whole flushes).
+    let size = 96 * MIB;
+    let step = 768 * 1024;
+    let c = Arc::new(cache(size, 32 * MIB));
+    c.backend.write_delay_us.store(2000, Relaxed);
+    let workers = background(&c, 0);
+    let data: Vec<u8> = (0..size).map(|p| (p / SECTOR % 241) as u8 + 1).collect();
+    for off in (0..size).step_by(step as usize) {
+        c.write(off, &data[off as usize..(off + step) as usize])
+            .unwrap();
+        assert!(c.dirty_bytes() <= 16 * MIB + step, "dirty past the limit");
+    }
+    c.flush().unwrap();
+    c.close();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert!(c.snapshot().write_waits > 0, "the writer never waited");
+    assert_eq!(
+        c.backend.writes.load(Relaxed),
+        size / MAX_RUN,
+        "every run went out whole"
+    );
+    assert!(c.backend.contents() == data);
+}
+
+#[test]
 fn block_memory_is_reused_and_stays_within_the_capacity() {
     let c = cache(64 * MIB, 4 * MIB);
     let data = vec![9u8; MIB as usize];

@@ -16,7 +16,7 @@ use std::time::Instant;
 use crate::device::sectors::mask;
 use crate::device::{Backend, DeviceError, SECTOR};
 
-use super::{Cache, BLOCK};
+use super::{Cache, BLOCK, ROOM_PATIENCE, SETTLE};
 
 impl<B: Backend> Cache<B> {
     /// Writes `data` at `offset` into the cache; durable only after [`Cache::flush`].
@@ -146,13 +146,23 @@ impl<B: Backend> Cache<B> {
         st.dirty.is_empty() || st.dirty_memory() + len <= self.cfg.dirty_limit.max(len)
     }
 
-    /// Back-pressure: while dirty data is at its limit the writer itself flushes
-    /// (in turn with the background flusher), so it is slowed, never failed, unless
-    /// the blob cannot be written at all (the backend waits out outages up to its
-    /// I/O timeout). The limit counts the memory of dirty blocks, not dirty sectors:
-    /// one 512-byte write holds a whole 64 KiB block until it is written.
+    /// Back-pressure: while dirty data is at its limit the writer waits for room,
+    /// so it is slowed, never failed, unless the blob cannot be written at all
+    /// (the backend waits out outages up to its I/O timeout). The limit counts the
+    /// memory of dirty blocks, not dirty sectors: one 512-byte write holds a whole
+    /// 64 KiB block until it is written.
+    ///
+    /// Complete 4 MiB runs go first, as the background flusher sends them (eight
+    /// in flight, refilled as runs settle), and while such runs are settling or on
+    /// their way the writer waits for them to land. Only when there are none, or
+    /// nothing has landed for [`ROOM_PATIENCE`], does it flush everything itself
+    /// (whose errors it then reports). Every waiting writer flushing everything
+    /// in turn made a sequential write past the limit a series of whole flushes,
+    /// each draining to nothing before the next began: at 10 ms round trips it
+    /// uploaded at about half the rate of complete runs sent back to back.
     fn wait_for_room(&self, len: u64) -> Result<(), DeviceError> {
         let mut counted = false;
+        let mut progress = (self.dirty_bytes(), Instant::now());
         loop {
             if self.has_room(len) {
                 return Ok(());
@@ -161,8 +171,21 @@ impl<B: Backend> Cache<B> {
                 self.counters.write_waits.fetch_add(1, Relaxed);
                 counted = true;
             }
-            self.changed.notify_all();
+            if self.flush_full_runs()? {
+                continue;
+            }
+            let dirty = self.dirty_bytes();
+            if dirty < progress.0 {
+                progress = (dirty, Instant::now());
+            }
+            let st = self.lock();
+            if self.has_complete_runs(&st) && progress.1.elapsed() < ROOM_PATIENCE {
+                let _ = self.changed.wait_timeout(st, SETTLE);
+                continue;
+            }
+            drop(st);
             self.flush()?;
+            progress = (self.dirty_bytes(), Instant::now());
         }
     }
 }

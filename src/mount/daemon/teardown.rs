@@ -70,6 +70,7 @@ impl Mounted {
             self.fs_mounted = false;
         }
         if let Some(dev) = self.device.take() {
+            system::loop_released(&dev);
             if let Err(e) = system::loop_detach(&dev) {
                 warn!("cannot detach {dev} yet ({e}): it goes once its last user lets go");
             }
@@ -116,6 +117,7 @@ impl Mounted {
             "{} was unmounted and {dev} detached itself: writing what is cached, releasing the lease and stopping",
             self.req.mountpoint.display()
         );
+        system::loop_released(dev);
         self.fs_mounted = false;
         self.device = None;
         self.autoclear = false;
@@ -172,6 +174,9 @@ impl Mounted {
             self.umount_fs()?;
             self.fs_mounted = false;
             info!("unmounted {}", self.req.mountpoint.display());
+            if let Some(dev) = &self.device {
+                system::loop_released(dev);
+            }
         }
         if let Some(dev) = self.device.clone() {
             system::loop_detach(&dev)?;
