@@ -82,6 +82,17 @@ fn read_back_with_read_ahead(c: &Arc<Cache<MemBackend>>, data: &[u8]) {
     }
 }
 
+/// Stores `size` bytes, reads them back with read-ahead over a backend that
+/// takes 2 ms per read, and checks that every byte came from the backend once;
+/// returns the bytes and the backend reads it took.
+fn read_once_with_read_ahead(c: &Arc<Cache<MemBackend>>, size: u64) -> (Vec<u8>, u64) {
+    let data = stored(c, size);
+    c.backend.read_delay_us.store(2000, Relaxed);
+    read_back_with_read_ahead(c, &data);
+    assert_eq!(c.backend.bytes_read.load(Relaxed), size, "each byte once");
+    (data, c.backend.reads.load(Relaxed))
+}
+
 /// Starts the flusher and `prefetchers` prefetch workers, as the daemon does.
 fn background(c: &Arc<Cache<MemBackend>>, prefetchers: usize) -> Vec<std::thread::JoinHandle<()>> {
     let f = c.clone();
@@ -635,13 +646,9 @@ fn concurrent_readers_under_eviction(scattered: bool) {
 fn sequential_reads_fetch_each_block_once_with_read_ahead_in_flight() {
     let size = 64 * MIB;
     let c = Arc::new(cache(size, 256 * MIB));
-    let data = stored(&c, size);
-    c.backend.read_delay_us.store(2000, Relaxed);
-    read_back_with_read_ahead(&c, &data);
     // Readers waited for read-ahead already on its way instead of fetching it
     // again: every byte came from the backend exactly once.
-    assert_eq!(c.backend.bytes_read.load(Relaxed), size);
-    let reads = c.backend.reads.load(Relaxed);
+    let (_, reads) = read_once_with_read_ahead(&c, size);
     assert!(
         reads < 64,
         "{reads} backend reads: read-ahead runs are large"
@@ -664,11 +671,7 @@ fn read_ahead_into_scattered_block_memory_fetches_long_runs_once() {
         CacheConfig::with_capacity(1024 * MIB),
     ));
     assert_eq!((c.ra_run * BLOCK, c.ra_window), (MAX_GET, 8 * MAX_GET));
-    let data = stored(&c, size);
-    c.backend.read_delay_us.store(2000, Relaxed);
-    read_back_with_read_ahead(&c, &data);
-    assert_eq!(c.backend.bytes_read.load(Relaxed), size);
-    let reads = c.backend.reads.load(Relaxed);
+    let (data, reads) = read_once_with_read_ahead(&c, size);
     assert!(
         reads <= size / MAX_GET + 12,
         "{reads} backend reads for {size} bytes: runs are long"
