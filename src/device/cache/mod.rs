@@ -6,8 +6,10 @@
 //! flush send exactly the dirty sectors, coalesced across blocks into runs of up to
 //! 4 MiB, several in parallel, each marked clean as soon as it lands.
 //!
-//! Sequential reads are served by read-ahead: the stream's next 4 MiB runs are
-//! queued for prefetch workers, which keep several ranged reads in flight. A reader
+//! Sequential reads are served by read-ahead: the stream's next runs (16 MiB read
+//! straight into new blocks where the backend can, else 4 MiB through pooled
+//! buffers) are queued for prefetch workers, which keep several ranged reads in
+//! flight. A reader
 //! never fetches a block that another fetch is already bringing in; it waits for
 //! it (or takes over queued read-ahead it needs now), so every byte of a stream
 //! crosses the network once.

@@ -31,7 +31,8 @@ use crate::mount::{Mode, MountError, Ready};
 /// lease even while nothing is written.
 const LEASE_CHECK: Duration = Duration::from_secs(10);
 /// Read-ahead threads: as many ranged reads in flight as the widest read-ahead
-/// window holds (eight 4 MiB runs), the parallelism the ceiling is measured with.
+/// window holds (eight runs of 16 MiB, or of 4 MiB with a disk cache), the
+/// parallelism the ceiling is measured with.
 const PREFETCH_WORKERS: usize = 8;
 
 /// glibc gives each thread that allocates its own arena; with FUSE, I/O and flush
