@@ -678,3 +678,35 @@ fn a_try_cut_off_on_a_pooled_connection_is_made_again_on_a_new_one() {
     );
     assert_ne!(seen[2], 0, "the try again went on a new connection");
 }
+
+#[test]
+fn a_ranged_read_answered_with_more_bytes_than_asked_fails_and_writes_no_further() {
+    // A hostile endpoint answers a 128 KiB ranged GET (two 64 KiB cache blocks)
+    // with 4 GiB: the read fails as soon as the answer passes what was asked,
+    // and no byte lands beyond the parts.
+    let stub = Stub::start(|_, _| Reply::Stream {
+        len: 4 << 30,
+        unit: vec![0xAB; 4096],
+    });
+    let svc = service(&stub, fast_policy());
+    let blob = svc.blob("disks", "a.vhd");
+    let mut mem = vec![0u8; 3 * 65536];
+    let (asked, beyond) = mem.split_at_mut(2 * 65536);
+    let (a, b) = asked.split_at_mut(65536);
+    let mut parts: Vec<&mut [u8]> = vec![a, b];
+    let started = Instant::now();
+    let err = rt()
+        .block_on(blob.read_scattered(0, &mut parts))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("longer than the 131072 bytes asked for"),
+        "{err}"
+    );
+    assert!(beyond.iter().all(|&x| x == 0), "written past the parts");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "read {} s of the endless answer",
+        started.elapsed().as_secs()
+    );
+}

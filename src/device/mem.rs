@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
-use super::{Backend, DeviceError, MAX_GET, MAX_RUN, SECTOR};
+use super::{fill_parts, Backend, DeviceError, MAX_GET, MAX_RUN, SECTOR};
 
 #[derive(Default)]
 pub struct MemBackend {
@@ -46,6 +46,14 @@ impl MemBackend {
         self.data.lock().unwrap().clone()
     }
 
+    /// Waits the latency set for reads (`read_delay_us`).
+    fn read_delay(&self) {
+        let delay = self.read_delay_us.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
+    }
+
     /// Grows the disk to `size` bytes of zeros past the old end, as a resized blob.
     pub fn grow(&self, size: u64) {
         self.data.lock().unwrap().resize(size as usize, 0);
@@ -61,10 +69,7 @@ fn check(offset: u64, len: u64, size: usize) -> Result<(), DeviceError> {
 
 impl Backend for MemBackend {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
-        let delay = self.read_delay_us.load(Relaxed);
-        if delay > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(delay));
-        }
+        self.read_delay();
         let data = self.data.lock().unwrap();
         check(offset, buf.len() as u64, data.len())?;
         self.reads.fetch_add(1, Relaxed);
@@ -80,20 +85,13 @@ impl Backend for MemBackend {
     fn read_scattered(&self, offset: u64, parts: &mut [&mut [u8]]) -> Result<(), DeviceError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         assert!(len as u64 <= MAX_GET, "read over {MAX_GET} bytes");
-        let delay = self.read_delay_us.load(Relaxed);
-        if delay > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(delay));
-        }
+        self.read_delay();
         let data = self.data.lock().unwrap();
         check(offset, len as u64, data.len())?;
         self.reads.fetch_add(1, Relaxed);
         self.scattered_reads.fetch_add(1, Relaxed);
         self.bytes_read.fetch_add(len as u64, Relaxed);
-        let mut at = offset as usize;
-        for p in parts.iter_mut() {
-            p.copy_from_slice(&data[at..at + p.len()]);
-            at += p.len();
-        }
+        fill_parts(parts, &data[offset as usize..]);
         Ok(())
     }
 
@@ -105,19 +103,11 @@ impl Backend for MemBackend {
         if !self.local.load(Relaxed) {
             return false;
         }
-        let delay = self.read_delay_us.load(Relaxed);
-        if delay > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(delay));
-        }
+        self.read_delay();
         let data = self.data.lock().unwrap();
-        let mut at = offset as usize;
-        for b in blocks.iter_mut() {
-            b.copy_from_slice(&data[at..at + b.len()]);
-            at += b.len();
-        }
+        let copied = fill_parts(blocks, &data[offset as usize..]);
         self.local_reads.fetch_add(1, Relaxed);
-        self.local_bytes
-            .fetch_add((at - offset as usize) as u64, Relaxed);
+        self.local_bytes.fetch_add(copied as u64, Relaxed);
         true
     }
 

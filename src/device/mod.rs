@@ -105,10 +105,17 @@ fn read_through_buffer<B: Backend + ?Sized>(
 ) -> Result<(), DeviceError> {
     let mut buf = vec![0; parts.iter().map(|p| p.len()).sum()];
     backend.read(offset, &mut buf)?;
+    fill_parts(parts, &buf);
+    Ok(())
+}
+
+/// Copies the start of `src` into `parts`, one after another; returns the bytes
+/// copied.
+fn fill_parts(parts: &mut [&mut [u8]], src: &[u8]) -> usize {
     let mut at = 0;
     for p in parts.iter_mut() {
-        p.copy_from_slice(&buf[at..at + p.len()]);
+        p.copy_from_slice(&src[at..at + p.len()]);
         at += p.len();
     }
-    Ok(())
+    at
 }

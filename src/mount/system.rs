@@ -111,8 +111,9 @@ pub const LOOP_DIRTY_MAX: u64 = 256 * 1024 * 1024;
 /// at most this much to send beyond the daemon's own cache, and a writer faster
 /// than the storage account is slowed to its pace instead of filling memory.
 /// [`loop_detach`] puts the kernel's defaults back before the device can serve
-/// anything else, and [`loop_released`] after the device let go by itself
-/// (autoclear, when its filesystem is unmounted). A device whose daemon was
+/// anything else (or after it let go by itself: autoclear, when its filesystem
+/// is unmounted), and [`loop_released`] where the daemon learns of that without
+/// detaching. A device whose daemon was
 /// killed and that is then detached by hand keeps the limit until blobdrive
 /// uses it again: writeback to it then starts sooner, nothing else changes.
 /// Best effort: a kernel without these files keeps its defaults.
@@ -169,17 +170,19 @@ pub fn loop_direct_io(dev: &str) {
 }
 
 /// Detaches a loop device and waits until the kernel let go of its backing file
-/// (until then the FUSE mount below it cannot be unmounted).
+/// (until then the FUSE mount below it cannot be unmounted), its default
+/// writeback rule put back first.
 pub fn loop_detach(dev: &str) -> Result<(), MountError> {
     if !Path::new(dev).exists() {
         return Ok(());
     }
     let name = dev.trim_start_matches("/dev/");
     let backing = format!("/sys/block/{name}/loop/backing_file");
+    // Also when it let go by itself (autoclear) and there is nothing to detach.
+    loop_writeback_defaults(dev);
     if !Path::new(&backing).exists() {
         return Ok(());
     }
-    loop_writeback_defaults(dev);
     if let Err(e) = run("losetup", &["-d", dev]) {
         // A device with autoclear set may have let go by itself just now.
         if Path::new(&backing).exists() {

@@ -57,14 +57,14 @@ impl State {
         Block::clean(data)
     }
 
-    /// Returns block memory taken for a read that did not use it: it is kept
-    /// whatever [`FREE_KEEP`] says, since the fetch that follows takes it again.
     /// Ends the count of `blocks` fetched into memory of their own (see
     /// `fetching_mem`): they are cached or freed now.
     pub(super) fn fetch_landed(&mut self, blocks: usize) {
         self.fetching_mem -= blocks;
     }
 
+    /// Returns block memory taken for a read that did not use it: it is kept
+    /// whatever [`FREE_KEEP`] says, since the fetch that follows takes it again.
     pub(super) fn give_back_mem(&mut self, mem: impl IntoIterator<Item = BlockMem>) {
         self.free.extend(mem);
     }

@@ -43,6 +43,30 @@ struct FlushUnit {
     taken: Vec<(u64, u64, u128)>,
 }
 
+/// Blocks of the dirty data that make up complete 4 MiB runs of consecutive
+/// blocks each passing `ok`, in disk order, until at least `most` bytes are found.
+fn full_runs(st: &State, most: u64, ok: impl Fn(u64, &Block) -> bool) -> BTreeSet<u64> {
+    let per_run = MAX_RUN / BLOCK;
+    let mut set = BTreeSet::new();
+    let mut streak: Vec<u64> = Vec::new();
+    for (&b, blk) in st.dirty.iter() {
+        let fits = ok(b, blk);
+        if !fits || streak.last().is_some_and(|&l| l + 1 != b) {
+            streak.clear();
+        }
+        if fits {
+            streak.push(b);
+            if streak.len() as u64 == per_run {
+                set.extend(streak.drain(..));
+                if set.len() as u64 * BLOCK >= most {
+                    break;
+                }
+            }
+        }
+    }
+    set
+}
+
 /// The sectors of block `b` that hold data on the blob (the rest are holes).
 pub(super) fn data_mask(sparse: &SparseMap, b: u64) -> u128 {
     let bs = b * BLOCK;
@@ -104,52 +128,18 @@ impl<B: Backend> Cache<B> {
     /// [`SETTLE`] (a block rewritten within the last moment is part of a hot region
     /// that fsync will coalesce better) and not in flight; at most [`FLUSH_BATCH`].
     fn settled_runs(&self, st: &State, in_flight: &BTreeSet<u64>) -> BTreeSet<u64> {
-        let per_run = MAX_RUN / BLOCK;
-        let mut set = BTreeSet::new();
-        let mut streak: Vec<u64> = Vec::new();
-        let settled = |b: u64, blk: &Block| {
+        full_runs(st, FLUSH_BATCH, |b, blk| {
             blk.dirty == u128::MAX
                 && blk.touched.is_none_or(|t| t.elapsed() >= SETTLE)
                 && !in_flight.contains(&b)
-        };
-        for (&b, blk) in st.dirty.iter() {
-            let ok = settled(b, blk);
-            if !ok || streak.last().is_some_and(|&l| l + 1 != b) {
-                streak.clear();
-            }
-            if ok {
-                streak.push(b);
-                if streak.len() as u64 == per_run {
-                    set.extend(streak.drain(..));
-                    if set.len() as u64 * BLOCK >= FLUSH_BATCH {
-                        break;
-                    }
-                }
-            }
-        }
-        set
+        })
     }
 
     /// Whether the dirty data holds a complete 4 MiB run of fully dirty blocks,
     /// settled or not, in flight or not: one that [`Self::flush_full_runs`] sends,
     /// or will once it settles.
     pub(super) fn has_complete_runs(&self, st: &State) -> bool {
-        let per_run = MAX_RUN / BLOCK;
-        let mut streak = 0;
-        let mut last = None;
-        for (&b, blk) in st.dirty.iter() {
-            if blk.dirty != u128::MAX || last.is_some_and(|l| l + 1 != b) {
-                streak = 0;
-            }
-            last = Some(b);
-            if blk.dirty == u128::MAX {
-                streak += 1;
-                if streak == per_run {
-                    return true;
-                }
-            }
-        }
-        false
+        !full_runs(st, MAX_RUN, |_, blk| blk.dirty == u128::MAX).is_empty()
     }
 
     /// Writes the dirty sectors of `pending` blocks, in units of at most 4 MiB with

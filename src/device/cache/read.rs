@@ -132,12 +132,12 @@ impl<B: Backend> Cache<B> {
             // per fetch, a large share of the daemon's CPU in a cold sequential
             // read.
             let mut fetched = Vec::with_capacity(plan.runs.len());
-            let mut local = Vec::new();
+            let mut in_blocks = Vec::new();
             let mut failed = None;
             for &(s, e) in &plan.runs {
                 match self.fetch_blocks(s, e) {
                     Some(Ok(mems)) => {
-                        local.push((s, mems));
+                        in_blocks.push((s, mems));
                         continue;
                     }
                     Some(Err(e)) => {
@@ -159,29 +159,29 @@ impl<B: Backend> Cache<B> {
                     self.pool.give(data);
                 }
             };
-            let local_blocks: usize = local.iter().map(|(_, m)| m.len()).sum();
+            let blocks_fetched: usize = in_blocks.iter().map(|(_, m)| m.len()).sum();
             if let Some(e) = failed {
                 give_back(fetched);
                 let mut st = self.lock();
-                st.fetch_landed(local_blocks);
-                st.free_mem(local.into_iter().flat_map(|(_, m)| m));
+                st.fetch_landed(blocks_fetched);
+                st.free_mem(in_blocks.into_iter().flat_map(|(_, m)| m));
                 return Err(e);
             }
             let mut st = self.lock();
             claim.release(&mut st);
-            st.fetch_landed(local_blocks);
+            st.fetch_landed(blocks_fetched);
             if plan
                 .runs
                 .iter()
                 .any(|&(s, e)| st.changed_since(epoch, s, e))
             {
                 give_back(fetched);
-                st.free_mem(local.into_iter().flat_map(|(_, m)| m));
+                st.free_mem(in_blocks.into_iter().flat_map(|(_, m)| m));
                 continue;
             }
             // Cached before the copy (which then finds them) and evicted only
             // after it.
-            for (s, mems) in local {
+            for (s, mems) in in_blocks {
                 self.insert_blocks(&mut st, s, mems);
             }
             if plan.waits.is_empty() {

@@ -144,7 +144,10 @@ impl<B: Backend> Cache<B> {
         let mut st = self.lock();
         st.fetch_landed(n);
         st.give_back_mem(mems);
-        read.map(|r| r.map(|()| Vec::new()))
+        match read {
+            Some(Err(e)) => Some(Err(e)),
+            _ => None,
+        }
     }
 
     /// Runs one prefetch worker until [`Cache::close`]: takes queued read-ahead,

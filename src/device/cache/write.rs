@@ -174,11 +174,11 @@ impl<B: Backend> Cache<B> {
             if self.flush_full_runs()? {
                 continue;
             }
-            let dirty = self.dirty_bytes();
+            let st = self.lock();
+            let dirty = st.dirty_sectors * SECTOR;
             if dirty < progress.0 {
                 progress = (dirty, Instant::now());
             }
-            let st = self.lock();
             if self.has_complete_runs(&st) && progress.1.elapsed() < ROOM_PATIENCE {
                 let _ = self.changed.wait_timeout(st, SETTLE);
                 continue;

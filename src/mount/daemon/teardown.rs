@@ -70,7 +70,6 @@ impl Mounted {
             self.fs_mounted = false;
         }
         if let Some(dev) = self.device.take() {
-            system::loop_released(&dev);
             if let Err(e) = system::loop_detach(&dev) {
                 warn!("cannot detach {dev} yet ({e}): it goes once its last user lets go");
             }
@@ -174,9 +173,6 @@ impl Mounted {
             self.umount_fs()?;
             self.fs_mounted = false;
             info!("unmounted {}", self.req.mountpoint.display());
-            if let Some(dev) = &self.device {
-                system::loop_released(dev);
-            }
         }
         if let Some(dev) = self.device.clone() {
             system::loop_detach(&dev)?;
