@@ -76,12 +76,19 @@ const FLUSH_PARALLEL: usize = 8;
 /// Idle 4 MiB buffers kept for flushes and read-ahead: the pages of a kept buffer
 /// stay mapped, while a fresh one costs page faults and zeroing for every use.
 const POOL_KEEP: usize = 12;
-/// The largest read-ahead window: eight ranged reads of [`MAX_GET`]. At 10 ms
-/// round trips a cold read through ext4 ran 666-781 MiB/s with four, 828-833 with
-/// six and 874-925 with eight, where 4 GETs of 16 MiB in flight carry 956-1057:
-/// the reader takes a run at once when it lands, and the window only moves on
-/// then. The blocks being fetched count against the cache's capacity.
-const READAHEAD_MAX: u64 = 8 * MAX_GET;
+/// Ranged reads of [`MAX_GET`] in the largest read-ahead window, and so the most
+/// in flight at once (the daemon runs as many prefetch workers). A run is taken by
+/// the reader only once all of it has landed, and the window moves on only then,
+/// so the service idles between a batch of runs landing and the next batch
+/// starting unless the window holds more than the service needs in flight. At
+/// 10 ms round trips a cold read through ext4 ran 666-781 MiB/s with four runs,
+/// 710-890 with eight, 842-1005 with twelve and 868-1086 with sixteen (paired runs
+/// on one emulator each), where the ceiling's eight GETs in flight carry
+/// 1002-1181 (and sixteen in flight from the ceiling client 799-1031).
+pub const READAHEAD_RUNS: usize = 16;
+/// The largest read-ahead window, [`READAHEAD_RUNS`] runs of [`MAX_GET`]; at most a
+/// quarter of the cache. The blocks being fetched count against its capacity.
+const READAHEAD_MAX: u64 = READAHEAD_RUNS as u64 * MAX_GET;
 /// Read-ahead runs in flight at most where each goes through a pooled 4 MiB
 /// buffer (a backend that cannot read into scattered memory).
 const POOLED_RUNS: u64 = 8;
@@ -109,7 +116,7 @@ impl CacheConfig {
         CacheConfig {
             capacity,
             dirty_limit: capacity / 2,
-            readahead_max: (capacity / 8).clamp(BLOCK, READAHEAD_MAX),
+            readahead_max: (capacity / 4).clamp(BLOCK, READAHEAD_MAX),
             flush_after: Duration::from_secs(3),
         }
     }

@@ -663,14 +663,14 @@ fn sequential_reads_fetch_each_block_once_with_read_ahead_in_flight() {
 #[test]
 fn read_ahead_into_scattered_block_memory_fetches_long_runs_once() {
     // A backend that reads into scattered memory: read-ahead fetches runs of
-    // MAX_GET (16 MiB) straight into block memory, eight in flight, and every
+    // MAX_GET (16 MiB) straight into block memory, sixteen in flight, and every
     // byte still comes from the backend exactly once.
     let size = 256 * MIB;
     let c = Arc::new(scattered_cache_with(
         size,
         CacheConfig::with_capacity(1024 * MIB),
     ));
-    assert_eq!((c.ra_run * BLOCK, c.ra_window), (MAX_GET, 8 * MAX_GET));
+    assert_eq!((c.ra_run * BLOCK, c.ra_window), (MAX_GET, 16 * MAX_GET));
     let (data, reads) = read_once_with_read_ahead(&c, size);
     assert!(
         reads <= size / MAX_GET + 12,
@@ -689,13 +689,13 @@ fn read_ahead_into_scattered_block_memory_fetches_long_runs_once() {
 
 #[test]
 fn blocks_fetched_in_flight_count_against_the_capacity() {
-    // A file four times the cache read with read-ahead of eight 16 MiB runs: the
+    // A file four times the cache read with read-ahead of two 16 MiB runs: the
     // cache makes room for the blocks being fetched, so what it holds and what is
-    // in flight together stay within the capacity (the window is an eighth of it).
+    // in flight together stay within the capacity (the window is a quarter of it).
     let size = 512 * MIB;
     let cap = 128 * MIB;
     let c = Arc::new(scattered_cache_with(size, CacheConfig::with_capacity(cap)));
-    assert_eq!(c.ra_window, cap / 8);
+    assert_eq!(c.ra_window, cap / 4);
     let data = stored(&c, size);
     c.backend.read_delay_us.store(500, Relaxed);
     let workers = background(&c, 8);
@@ -723,8 +723,15 @@ fn read_ahead_through_pooled_buffers_keeps_4_mib_runs_eight_in_flight() {
     let c = cache(64 * MIB, 1024 * MIB);
     assert_eq!((c.ra_run * BLOCK, c.ra_window), (MAX_RUN, 8 * MAX_RUN));
     // A window smaller than a run bounds the run.
-    let c = cache(64 * MIB, 32 * MIB);
+    let c = cache_with(
+        64 * MIB,
+        CacheConfig {
+            readahead_max: 2 * MIB,
+            ..CacheConfig::with_capacity(32 * MIB)
+        },
+    );
     assert_eq!(c.ra_run * BLOCK, c.ra_window);
+    assert_eq!(c.ra_window, 2 * MIB);
 }
 
 #[test]
@@ -739,15 +746,73 @@ fn a_stream_read_out_of_order_by_a_few_mib_keeps_its_read_ahead() {
     for &i in &order {
         c.track_stream(&mut st, i * MIB, (i + 1) * MIB);
     }
-    assert_eq!(
-        st.readahead, c.cfg.readahead_max,
-        "the window grew to its most"
-    );
+    assert_eq!(st.readahead, c.ra_window, "the window grew to its most");
     assert_eq!(st.seq_next, 18 * MIB);
-    // A read far away starts a new stream.
+    // A read far away starts a new stream (with a run of read-ahead, as the
+    // stream before it had grown its whole window).
     c.track_stream(&mut st, 900 * MIB, 901 * MIB);
-    assert_eq!(st.readahead, 0);
+    assert_eq!(st.readahead, c.ra_run * BLOCK);
     assert_eq!(st.seq_next, 901 * MIB);
+}
+
+/// A stream read sequentially in 1 MiB requests up to `mib`, its window grown.
+fn grown_stream(c: &Cache<MemBackend>, st: &mut State, mib: u64) {
+    for i in 0..mib {
+        c.track_stream(st, i * MIB, (i + 1) * MIB);
+    }
+    assert_eq!(st.readahead, c.ra_window, "the window grew to its most");
+}
+
+#[test]
+fn a_stream_that_jumps_forward_drops_the_read_ahead_it_skipped() {
+    // A file's next extent further on the disk: the read-ahead queued for what
+    // lies between is dropped, what lies past the new read is kept.
+    let c = scattered_cache_with(2048 * MIB, CacheConfig::with_capacity(1024 * MIB));
+    let blocks = |from: u64, to: u64| (from * MIB / BLOCK, to * MIB / BLOCK);
+    let mut st = c.lock();
+    grown_stream(&c, &mut st, 14);
+    for (s, e) in [blocks(14, 30), blocks(100, 116), blocks(200, 216)] {
+        st.queued.insert(s, e);
+    }
+    // Out of order by less than a run: nothing is dropped.
+    c.track_stream(&mut st, 22 * MIB, 23 * MIB);
+    assert_eq!(st.queued.len(), 3);
+    // 127 MiB past the stream's front, within its reach: the same stream.
+    c.track_stream(&mut st, 150 * MIB, 151 * MIB);
+    assert_eq!(st.readahead, c.ra_window, "still the same stream");
+    assert_eq!(st.seq_next, 151 * MIB);
+    let (s, e) = blocks(200, 216);
+    assert_eq!(
+        st.queued.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>(),
+        [(s, e)]
+    );
+}
+
+#[test]
+fn a_new_stream_where_a_grown_one_ended_starts_with_a_run_of_read_ahead() {
+    let c = scattered_cache_with(2048 * MIB, CacheConfig::with_capacity(1024 * MIB));
+    let mut st = c.lock();
+    st.sparse.insert(0, 2048 * MIB);
+    grown_stream(&c, &mut st, 14);
+    st.queued.insert(30 * MIB / BLOCK, 46 * MIB / BLOCK);
+    // Far past the window: a new stream, which reads a run ahead at once.
+    c.track_stream(&mut st, 1500 * MIB, 1501 * MIB);
+    assert_eq!(st.readahead, MAX_GET);
+    assert!(
+        st.queued.is_empty(),
+        "the old stream's read-ahead is dropped"
+    );
+    c.plan_readahead(&mut st, 1501 * MIB);
+    let first = 1501 * MIB / BLOCK;
+    assert_eq!(
+        st.queued.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>(),
+        [(first, first + MAX_GET / BLOCK)],
+        "one run, right after the read"
+    );
+    // A read far from that stream, which had not grown: no read-ahead at first.
+    c.track_stream(&mut st, 700 * MIB, 701 * MIB);
+    assert_eq!(st.readahead, 0);
+    assert!(st.queued.is_empty());
 }
 
 #[test]

@@ -15,7 +15,7 @@ use super::Mounted;
 use std::path::Path;
 
 use crate::azure::{BlobProperties, PageRange, SegmentPlan};
-use crate::device::cache::{Cache, CacheConfig};
+use crate::device::cache::{Cache, CacheConfig, READAHEAD_RUNS};
 use crate::device::diskcache::files::{self, BlobState};
 use crate::device::diskcache::DiskCache;
 use crate::device::remote::{self, RemoteBackend};
@@ -31,9 +31,8 @@ use crate::mount::{Mode, MountError, Ready};
 /// lease even while nothing is written.
 const LEASE_CHECK: Duration = Duration::from_secs(10);
 /// Read-ahead threads: as many ranged reads in flight as the widest read-ahead
-/// window holds (eight runs of 16 MiB, or of 4 MiB with a disk cache), the
-/// parallelism the ceiling is measured with.
-const PREFETCH_WORKERS: usize = 8;
+/// window holds (sixteen runs of 16 MiB, or eight of 4 MiB with a disk cache).
+const PREFETCH_WORKERS: usize = READAHEAD_RUNS;
 
 /// glibc gives each thread that allocates its own arena; with FUSE, I/O and flush
 /// threads all touching cache-sized buffers, freed memory would sit in many arenas
