@@ -81,8 +81,9 @@ impl<B: Backend> Cache<B> {
     /// of the stream's front, behind it or ahead. Reads through ext4 on the loop
     /// device arrive several MiB out of order (the filesystem's 4 MiB read-ahead,
     /// split into requests that the loop device and FUSE send in parallel): with
-    /// only the slack tolerated, a 1 GiB file read started a new stream, and threw
-    /// its queued read-ahead away, 258 times.
+    /// only a 2 MiB slack tolerated, a 1 GiB file read started a new stream, and
+    /// threw its queued read-ahead away, 258 times. The slack is two of those
+    /// read-aheads, as the window grows only with reads that move the front on.
     ///
     /// A file is often several extents apart on the disk (the benchmark's 1 GiB
     /// file on a nearly full ext4 was three, with 144 MiB of another file between
@@ -94,11 +95,17 @@ impl<B: Backend> Cache<B> {
     /// it is most likely the same reader on its next extent, and if it is not,
     /// one run is fetched in vain.
     pub(super) fn track_stream(&self, st: &mut State, offset: u64, end: u64) {
-        const SLACK: u64 = 2 * 1024 * 1024;
+        const SLACK: u64 = 8 * 1024 * 1024;
         let reach = SLACK + st.readahead;
         if st.seq_next != u64::MAX && offset.abs_diff(st.seq_next) <= reach {
-            // Starts at 128 KiB, never past the configured most (which may be less).
-            st.readahead = (st.readahead * 2).max(128 * 1024).min(self.ra_window);
+            // Only a read that moves the front on grows the window (from 128 KiB,
+            // never past the configured most, which may be less): a few blocks
+            // read over and over, as ext4 reads its superblock and group
+            // descriptors while it mounts, are no stream, and growing on them
+            // fetched 240 MiB of read-ahead at every mount.
+            if end > st.seq_next {
+                st.readahead = (st.readahead * 2).max(128 * 1024).min(self.ra_window);
+            }
             if offset > st.seq_next + self.ra_run * BLOCK {
                 let first = offset / BLOCK;
                 st.queued.retain(|_, e| *e > first);

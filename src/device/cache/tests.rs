@@ -764,6 +764,29 @@ fn grown_stream(c: &Cache<MemBackend>, st: &mut State, mib: u64) {
 }
 
 #[test]
+fn the_same_blocks_read_again_and_again_grow_no_read_ahead() {
+    // What a filesystem does while it mounts: its first blocks, and a few at the
+    // disk's end, read over and over.
+    let c = scattered_cache_with(2048 * MIB, CacheConfig::with_capacity(1024 * MIB));
+    let mut st = c.lock();
+    for _ in 0..20 {
+        c.track_stream(&mut st, 2000 * MIB, 2000 * MIB + 4096);
+    }
+    assert_eq!(st.readahead, 0, "no read moved the stream on");
+    // A new stream there (the last had not grown), read the same way.
+    for _ in 0..20 {
+        c.track_stream(&mut st, 0, 4096);
+        c.track_stream(&mut st, 8192, 12288);
+    }
+    assert_eq!(st.readahead, 128 * 1024, "one read moved it on, once");
+    // Reads that move on grow it as before.
+    for i in 1..=3 {
+        c.track_stream(&mut st, i * 4096 * 4, (i + 1) * 4096 * 4);
+    }
+    assert_eq!(st.readahead, 1024 * 1024);
+}
+
+#[test]
 fn a_stream_that_jumps_forward_drops_the_read_ahead_it_skipped() {
     // A file's next extent further on the disk: the read-ahead queued for what
     // lies between is dropped, what lies past the new read is kept.
