@@ -167,6 +167,11 @@ fn filesystem_mode_survives_unmount_and_remount() {
     // Remount (the existing ext4 is found; --mkfs is not needed) and verify.
     let out = ok(&["mount", &spec, mp.s()]);
     assert!(out.contains("ext4"), "{out}");
+    // Mounting reads what ext4 reads to mount, not read-ahead grown on its
+    // superblock and group descriptors read over and over (which fetched all the
+    // data the drive holds, up to the largest window).
+    let down = mp.stats()["bytes_downloaded"].as_u64().unwrap();
+    assert!(down < 16 * MIB, "{down} bytes downloaded to mount");
     let again = sh_ok(&format!(
         "cd '{}' && find tree -type f | sort | xargs sha256sum",
         mp.s()
