@@ -102,7 +102,8 @@ impl<B: Backend> Cache<B> {
             // never past the configured most, which may be less): a few blocks
             // read over and over, as ext4 reads its superblock and group
             // descriptors while it mounts, are no stream, and growing on them
-            // fetched 240 MiB of read-ahead at every mount.
+            // fetched up to a whole window at every mount (202 MiB before the
+            // WAN benchmark's write job).
             if end > st.seq_next {
                 st.readahead = (st.readahead * 2).max(128 * 1024).min(self.ra_window);
             }
