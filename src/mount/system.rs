@@ -113,10 +113,10 @@ pub const LOOP_DIRTY_MAX: u64 = 256 * 1024 * 1024;
 /// [`loop_detach`] puts the kernel's defaults back before the device can serve
 /// anything else (or after it let go by itself: autoclear, when its filesystem
 /// is unmounted), and [`loop_released`] where the daemon learns of that without
-/// detaching. A device whose daemon was
-/// killed and that is then detached by hand keeps the limit until blobdrive
-/// uses it again: writeback to it then starts sooner, nothing else changes.
-/// Best effort: a kernel without these files keeps its defaults.
+/// detaching. A device whose daemon was killed and that is then detached by hand
+/// keeps the limit until blobdrive uses it again: writeback to it then starts
+/// sooner, nothing else changes. Best effort: a kernel without these files keeps
+/// its defaults.
 pub fn loop_writeback_limit(dev: &str, max_bytes: u64) {
     let bdi = bdi_dir(dev);
     let set = |file: &str, value: &str| {
