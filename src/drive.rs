@@ -28,6 +28,8 @@ pub enum DriveError {
     ResizeIncomplete { target: String, from: u64, to: u64 },
     #[error("'{target}' is {from} bytes; shrinking it to {to} would cut off data: blobdrive only grows drives")]
     Shrink { target: String, from: u64, to: u64 },
+    #[error("'{0}' changed while it was being resized (another party wrote it): nothing was changed; run the resize again")]
+    ChangedUnderfoot(String),
     #[error("'{target}': {source}")]
     Vhd {
         target: String,

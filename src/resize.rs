@@ -83,6 +83,10 @@ pub struct Growth {
     pub to: u64,
     /// The metadata the blob carries besides the mark: kept as it is.
     others: Vec<(String, String)>,
+    /// The blob's ETag when the plan was made: the lease is taken only while it
+    /// holds, so the plan is the blob's under the lease, and a copy of the acquire
+    /// that lands after the first step changed the blob is refused.
+    etag: Option<String>,
 }
 
 /// Checks that `blob` can grow to a disk of `size` bytes and says what it takes:
@@ -92,6 +96,7 @@ pub async fn plan(blob: &BlobClient, size: u64) -> Result<Plan, DriveError> {
     let target = blob.target();
     let props = drive::properties(blob).await?;
     drive::check_page_blob(blob, &props)?;
+    let etag = props.etag.clone();
     let others = props
         .metadata
         .iter()
@@ -124,6 +129,7 @@ pub async fn plan(blob: &BlobClient, size: u64) -> Result<Plan, DriveError> {
         from,
         to: size,
         others,
+        etag,
     }))
 }
 
@@ -141,7 +147,15 @@ pub async fn grow_steps(blob: &BlobClient, size: u64, steps: usize) -> Result<Re
         Plan::Grow(g) => g,
     };
     let lease_id = uuid::Uuid::new_v4().to_string();
-    let lease = blob.acquire_lease(&lease_id, Some(LEASE_SECS)).await?;
+    let lease = match blob
+        .acquire_lease_if_match(&lease_id, Some(LEASE_SECS), growth.etag.as_deref())
+        .await
+    {
+        Err(e) if e.code() == Some("ConditionNotMet") => {
+            return Err(DriveError::ChangedUnderfoot(blob.target()))
+        }
+        got => got?.id,
+    };
     let fence = WriteFence::new(blob.clone(), Some(lease.clone()));
     let mut done = Ok(());
     for step in STEPS.iter().take(steps) {

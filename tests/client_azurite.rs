@@ -210,6 +210,49 @@ fn segmented_page_ranges_equal_one_query_and_merge_at_edges() {
     });
 }
 
+/// What a mount's acquire relies on: lease operations leave the ETag alone (so a
+/// retried acquire still matches), a raised sequence number moves it on, and an
+/// acquire on the condition of an ETag that has moved on is refused even on a
+/// blob nobody holds (a copy of it landing after the holder let go takes nothing).
+#[test]
+fn an_acquire_on_an_old_etag_is_refused_once_the_sequence_number_rose() {
+    rt().block_on(async {
+        let svc = service();
+        let blob = fresh_blob(&svc, "leaseetag", 4 * MIB).await;
+        let id = "44444444-4444-4444-8444-444444444444";
+        let etag = blob.properties().await.unwrap().etag.unwrap();
+        let got = blob
+            .acquire_lease_if_match(id, None, Some(&etag))
+            .await
+            .unwrap();
+        assert_eq!(got.id, id);
+        assert!(!got.earlier_attempt_unanswered);
+        assert_eq!(
+            blob.properties().await.unwrap().etag.as_deref(),
+            Some(&*etag)
+        );
+        // A retry of the same acquire still matches.
+        blob.acquire_lease_if_match(id, None, Some(&etag))
+            .await
+            .unwrap();
+        blob.increment_sequence_number(Some(id)).await.unwrap();
+        let moved = blob.properties().await.unwrap().etag.unwrap();
+        assert_ne!(moved, etag, "raising the sequence number kept the ETag");
+        blob.release_lease(id).await.unwrap();
+        assert_eq!(
+            blob.properties().await.unwrap().etag.as_deref(),
+            Some(&*moved)
+        );
+        let err = blob
+            .acquire_lease_if_match(id, None, Some(&etag))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some("ConditionNotMet"), "{err}");
+        let p = blob.properties().await.unwrap();
+        assert_eq!(p.lease_state.as_deref(), Some("available"));
+    });
+}
+
 #[test]
 fn leases_fence_writers() {
     rt().block_on(async {

@@ -8,6 +8,8 @@ mod common;
 mod faultproxy;
 
 use common::util::{json, rt, sh, sh_ok, stdout_of_success};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::Ordering::SeqCst;
@@ -888,6 +890,85 @@ print(r[8192:8192 + 11].decode())\"",
     assert_eq!(read_back.trim(), "mapped page");
     ok(&az(), &[], &["unmount", mp.s()]);
     assert_eq!(&read_blob(&spec, (4 << 20) + 8192, 11)[..], b"mapped page");
+}
+
+/// A mount's Acquire Lease is held in the network past the client's timeout; the
+/// retry takes the lease, the drive is unmounted (nothing written), and only then
+/// does the first attempt reach the service. It must take nothing: unmount said
+/// the drive was free, and the next mount must find it so.
+#[test]
+fn an_abandoned_lease_acquire_that_lands_after_unmount_takes_nothing() {
+    require_root();
+    let spec = new_drive("lateacq", "16MiB");
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        "x-ms-lease-action: acquire",
+        1,
+        Duration::from_secs(15),
+    ));
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    let mp = Mp::new(&run_dir(), &cs);
+    ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    ok(&cs, &env, &["unmount", mp.s()]);
+    assert!(
+        proxy.late_commits().is_empty(),
+        "the held acquire landed before the unmount ended: this run tests nothing"
+    );
+    proxy.wait_for_held();
+    let late = proxy.late_commits();
+    assert_eq!(late.len(), 1, "{late:?}");
+    // It reached the service and was refused there.
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    assert_ne!(info["lease_state"], "leased", "{info}");
+    let mp = Mp::new(&run_dir(), &az());
+    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    ok(&az(), &[], &["unmount", mp.s()]);
+}
+
+/// Another party writes the blob between the mount reading it and its acquire
+/// landing (the acquire is held in the network meanwhile): the acquire is refused
+/// for the changed ETag, the mount reads the drive again, takes the lease, and
+/// shows the other party's data, not a view read before it.
+#[test]
+fn a_drive_written_while_its_lease_is_being_taken_is_read_again() {
+    require_root();
+    let spec = new_drive("raceacq", "16MiB");
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        "x-ms-lease-action: acquire",
+        1,
+        Duration::from_secs(1),
+    ));
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3")];
+    let mp = Mp::new(&run_dir(), &cs);
+    let mount = bd_cmd(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the acquire to be held", Duration::from_secs(30), || {
+        proxy.holding.load(SeqCst) > 0
+    });
+    let theirs = vec![0x3c; 4096];
+    rt().block_on(blob_of(&spec).put_pages(8192, theirs.clone().into(), None))
+        .unwrap();
+    let out = mount.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let late = proxy.late_commits();
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+    let mut got = vec![0u8; 4096];
+    File::open(mp.disk())
+        .unwrap()
+        .read_exact_at(&mut got, 8192)
+        .unwrap();
+    assert!(
+        got == theirs,
+        "the mount shows the drive as it was before the write"
+    );
+    ok(&cs, &env, &["unmount", mp.s()]);
 }
 
 #[test]

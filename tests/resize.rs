@@ -211,3 +211,28 @@ fn a_clear_of_the_old_footer_that_lands_late_is_refused() {
         "a late clear zeroed data written after the resize"
     );
 }
+
+/// A resize's Acquire Lease held past the client's timeout and carried out after
+/// the resize ended takes nothing: the next mount finds the drive free, not
+/// leased for a minute by a resize that is over.
+#[test]
+fn an_acquire_that_lands_after_the_resize_ended_takes_nothing() {
+    let (spec, data) = drive_with_data("lateacq");
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        "x-ms-lease-action: acquire",
+        1,
+        std::time::Duration::from_secs(8),
+    ));
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    ok_env(&run(), &cs, &env, &["resize", &spec, "--size", "8MiB"]);
+    assert!(
+        proxy.late_commits().is_empty(),
+        "the held acquire landed before the resize ended: this run tests nothing"
+    );
+    proxy.wait_for_held();
+    let late = proxy.late_commits();
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+    check_grown(&spec, &data, 8 * MIB);
+}

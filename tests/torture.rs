@@ -10,8 +10,10 @@
 //!   written to it since, and nothing older ever reappears.
 //!
 //! Bounded by default (`BLOBDRIVE_TORTURE_OPS`, default 300 operations per run);
-//! `BLOBDRIVE_TORTURE_OPS=5000` makes a soak of it. `BLOBDRIVE_TORTURE_SEED` replays
-//! a run (each run prints its seed).
+//! `BLOBDRIVE_TORTURE_OPS=5000` makes a soak of it. Each run prints its two seeds:
+//! `BLOBDRIVE_TORTURE_SEED` replays its operations, `BLOBDRIVE_TORTURE_FAULT_SEED`
+//! the proxy's draws (which fault, how much latency, request by request; the
+//! threads' timing can still change which request draws what).
 
 mod common;
 mod faultproxy;
@@ -264,6 +266,11 @@ fn range(rng: &mut StdRng, most_sectors: u64) -> (u64, u64) {
     (start, sectors * SECTOR)
 }
 
+/// How to replay the proxy's draws.
+fn fault_seed_note(proxy: &Proxy) -> String {
+    format!("BLOBDRIVE_TORTURE_FAULT_SEED={}", proxy.seed)
+}
+
 /// Runs `ops` random operations; returns how many late commits the proxy made.
 fn torture(tag: &str, ops: u64, proxy: Proxy, env: Vec<(&'static str, String)>) -> usize {
     torture_with(tag, ops, proxy, env, Vec::new())
@@ -284,8 +291,9 @@ fn torture_with(
         "the torture test must run as root"
     );
     let seed = env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or_else(rand::random);
+    let faults = fault_seed_note(&proxy);
     eprintln!(
-        "torture {tag}: seed {seed} ({ops} operations; BLOBDRIVE_TORTURE_SEED={seed} replays it)"
+        "torture {tag}: seed {seed} ({ops} operations; BLOBDRIVE_TORTURE_SEED={seed} {faults} replay it)"
     );
     let mut rng = StdRng::seed_from_u64(seed);
     let az = Azurite::isolated().connection_string();
@@ -421,7 +429,7 @@ fn random_io_with_crashes_outages_and_late_commits_matches_a_byte_model() {
     // Short timeouts, so that late commits and stalls cost seconds, not minutes.
     let proxy = Proxy::start(Config {
         rate: 0.05,
-        seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(7),
+        seed: env_u64("BLOBDRIVE_TORTURE_FAULT_SEED").unwrap_or(7),
         stall: Duration::from_secs(3),
         kinds: faultproxy::ALL_AND_LATE,
         ..Config::clean(Azurite::isolated().port)
@@ -443,7 +451,7 @@ fn random_io_with_crashes_outages_and_late_commits_matches_a_byte_model() {
 fn random_io_with_a_disk_cache_matches_a_byte_model() {
     let proxy = Proxy::start(Config {
         rate: 0.05,
-        seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(13),
+        seed: env_u64("BLOBDRIVE_TORTURE_FAULT_SEED").unwrap_or(13),
         stall: Duration::from_secs(3),
         kinds: faultproxy::ALL_AND_LATE,
         ..Config::clean(Azurite::isolated().port)
@@ -473,7 +481,7 @@ fn random_io_with_faults_at_default_settings_matches_a_byte_model() {
     // calls are carried out late, after the client gave up on them.
     let proxy = Proxy::start(Config {
         rate: 0.03,
-        seed: env_u64("BLOBDRIVE_TORTURE_SEED").unwrap_or(11),
+        seed: env_u64("BLOBDRIVE_TORTURE_FAULT_SEED").unwrap_or(11),
         kinds: faultproxy::QUICK,
         hold: Some(Hold::put_pages(2, Duration::from_secs(25))),
         ..Config::clean(Azurite::isolated().port)

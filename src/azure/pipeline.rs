@@ -136,6 +136,9 @@ pub(super) struct Response {
     pub(super) body: Bytes,
     /// Bytes streamed into the caller's buffer (see `execute_into`).
     pub(super) streamed: usize,
+    /// An earlier attempt of this request got no answer: it may still be carried
+    /// out, after this one.
+    pub(super) after_unanswered: bool,
 }
 
 impl Request {
@@ -346,10 +349,11 @@ impl BlobService {
                     debug!(op = %req.op, target = %req.target, attempt, "gone: an earlier attempt did it");
                     return Ok(resp);
                 }
-                Ok(resp) if req.ok.contains(&resp.status) => {
+                Ok(mut resp) if req.ok.contains(&resp.status) => {
                     self.inner.gate.succeeded();
                     self.inner.stats.attempt_ended(None);
                     debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
+                    resp.after_unanswered = unknown;
                     return Ok(resp);
                 }
                 Ok(resp) if !renewed && token_refused(&resp) => {
@@ -578,6 +582,7 @@ impl BlobService {
                 headers,
                 body,
                 streamed,
+                after_unanswered: false,
             })
         };
         match tokio::time::timeout(timeout, send).await {

@@ -126,6 +126,8 @@ pub struct LateCommit {
 
 pub struct Proxy {
     pub port: u16,
+    /// The seed of the proxy's draws (to replay a run).
+    pub seed: u64,
     pub dead: Arc<AtomicBool>,
     /// While set, requests wait unanswered (nothing is forwarded) until it clears.
     pub paused: Arc<AtomicBool>,
@@ -190,6 +192,7 @@ impl Proxy {
         });
         Proxy {
             port,
+            seed: shared.cfg.seed,
             dead: shared.dead.clone(),
             paused: shared.paused.clone(),
             endless: shared.endless.clone(),

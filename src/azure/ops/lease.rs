@@ -8,6 +8,15 @@ use crate::azure::error::{AzureError, Op};
 use crate::azure::pipeline::Response;
 use crate::azure::stats::ClientStats;
 
+/// A lease taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acquired {
+    pub id: String,
+    /// An attempt before the one that took it got no answer: that copy may still
+    /// reach the service, at any time (see [`BlobClient::acquire_lease_if_match`]).
+    pub earlier_attempt_unanswered: bool,
+}
+
 impl BlobClient {
     /// Acquires a lease with our own id; `duration` `None` is infinite. Acquiring again
     /// with the same id succeeds, so a retry after a lost answer is safe.
@@ -16,6 +25,22 @@ impl BlobClient {
         proposed_id: &str,
         duration: Option<u32>,
     ) -> Result<String, AzureError> {
+        self.acquire_lease_if_match(proposed_id, duration, None)
+            .await
+            .map(|a| a.id)
+    }
+
+    /// [`Self::acquire_lease`] only while the blob's ETag is `etag` (else 412
+    /// `ConditionNotMet`). Lease operations leave the ETag as it is, so a retry
+    /// still matches; but an attempt given up on that lands after the holder
+    /// changed the blob (a write, or a raised sequence number) and released it is
+    /// refused, instead of taking the lease again for a holder that is gone.
+    pub async fn acquire_lease_if_match(
+        &self,
+        proposed_id: &str,
+        duration: Option<u32>,
+        etag: Option<&str>,
+    ) -> Result<Acquired, AzureError> {
         let mut req = self.request(
             Op::AcquireLease,
             Method::PUT,
@@ -29,11 +54,17 @@ impl BlobClient {
             duration.map_or("-1".to_string(), |d| d.to_string()),
         );
         req.header("x-ms-proposed-lease-id", proposed_id.to_string());
+        if let Some(etag) = etag {
+            req.header("If-Match", etag.to_string());
+        }
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         let resp = self.svc.execute(req).await?;
-        Ok(resp
-            .header("x-ms-lease-id")
-            .unwrap_or_else(|| proposed_id.to_string()))
+        Ok(Acquired {
+            id: resp
+                .header("x-ms-lease-id")
+                .unwrap_or_else(|| proposed_id.to_string()),
+            earlier_attempt_unanswered: resp.after_unanswered,
+        })
     }
 
     async fn lease_action(

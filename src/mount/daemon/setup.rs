@@ -34,6 +34,77 @@ const LEASE_CHECK: Duration = Duration::from_secs(10);
 /// window holds (sixteen runs of 16 MiB, or eight of 4 MiB with a disk cache).
 const PREFETCH_WORKERS: usize = READAHEAD_RUNS;
 
+/// How often the drive is read again and its lease asked for when the blob keeps
+/// changing between the two (another party writing it just before it let go).
+const LEASE_ROUNDS: usize = 3;
+
+/// Reads the drive and takes its infinite lease, on the condition that the blob is
+/// still as read (`If-Match` its ETag): the footer and size we go on with are the
+/// ones under the lease.
+///
+/// The condition also disarms copies of our acquire that the service may still
+/// carry out after we gave up on them (a request can land long after its
+/// timeout). Unconditioned, one landing after a quick `unmount` released the lease
+/// would take it again for a mount that no longer exists, and the next mount
+/// would be refused "in use". With it, it is refused once the ETag has moved on,
+/// which is made sure of at once when an attempt went unanswered (the sequence
+/// number is raised; a mount that is refused or never writes would otherwise
+/// leave the ETag as it was). Lease operations leave the ETag alone, so our own
+/// retries of the acquire still match, and a blob nobody else touched changes
+/// not at all.
+fn open_and_lease(m: &mut Mounted) -> Result<Drive, MountError> {
+    let id = uuid::Uuid::new_v4().to_string();
+    let mut round = 0;
+    loop {
+        round += 1;
+        let drive = m.rt.block_on(Drive::open(&m.blob))?;
+        let etag = drive.props.etag.clone();
+        // The same id each round: a round whose answer was lost may hold the
+        // lease already, and asking again with its id keeps it.
+        match m
+            .rt
+            .block_on(m.blob.acquire_lease_if_match(&id, None, etag.as_deref()))
+        {
+            Ok(got) => {
+                m.lease = Some(got.id.clone());
+                if got.earlier_attempt_unanswered {
+                    // That attempt may still land, after this mount let go: move
+                    // the ETag on now, so that it is refused whenever it comes,
+                    // even if this mount never writes. (A write would move it
+                    // too, but a mount may write nothing, or be refused.)
+                    m.rt.block_on(m.blob.increment_sequence_number(Some(&got.id)))?;
+                    info!(
+                        "{}: an acquire that got no answer may still land; raised the sequence number so that it is refused",
+                        m.target
+                    );
+                }
+                return Ok(drive);
+            }
+            Err(e) if e.code() == Some("LeaseAlreadyPresent") => {
+                return Err(MountError::System(format!(
+                    "{} is in use: another mount holds its lease (on this or another host). Mount it --read-only, or if its host is dead run `blobdrive lease break {}`",
+                    m.target, m.target
+                )))
+            }
+            Err(e) if e.code() == Some("ConditionNotMet") && round < LEASE_ROUNDS => {
+                warn!(
+                    "{} changed between reading it and taking its lease; reading it again",
+                    m.target
+                );
+            }
+            Err(e) if e.code() == Some("ConditionNotMet") => {
+                // An earlier round may have taken it with its answer lost.
+                let _ = m.rt.block_on(m.blob.release_lease(&id));
+                return Err(MountError::System(format!(
+                    "{} kept changing while it was being mounted ({LEASE_ROUNDS} tries): another party is writing it. Mount it --read-only, or try again once it is done",
+                    m.target
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// glibc gives each thread that allocates its own arena; with FUSE, I/O and flush
 /// threads all touching cache-sized buffers, freed memory would sit in many arenas
 /// and the daemon's footprint would grow far past the cache size. Two arenas keep it
@@ -74,22 +145,14 @@ pub(super) fn setup(
             )))
         }
     }
-    let drive = m.rt.block_on(Drive::open(&m.blob))?;
-    let size = drive.disk_size();
-    if !m.req.read_only {
-        let id = uuid::Uuid::new_v4().to_string();
-        match m.rt.block_on(m.blob.acquire_lease(&id, None)) {
-            Ok(got) => m.lease = Some(got),
-            Err(e) if e.code() == Some("LeaseAlreadyPresent") => {
-                return Err(MountError::System(format!(
-                    "{} is in use: another mount holds its lease (on this or another host). Mount it --read-only, or if its host is dead run `blobdrive lease break {}`",
-                    m.target, m.target
-                )))
-            }
-            Err(e) => return Err(e.into()),
-        }
+    let drive = if m.req.read_only {
+        m.rt.block_on(Drive::open(&m.blob))?
+    } else {
+        let drive = open_and_lease(m)?;
         info!("acquired the lease on {}", m.target);
-    }
+        drive
+    };
+    let size = drive.disk_size();
     // A live blob mounted read-only may be written by its writer (on this or
     // another host) after the page map was learnt: a hole then would answer zeros
     // for data that exists. So no range of it counts as a hole. A snapshot never
