@@ -213,9 +213,10 @@ fn segmented_page_ranges_equal_one_query_and_merge_at_edges() {
 /// What a mount's acquire relies on: lease operations leave the ETag alone (so a
 /// retried acquire still matches), a raised sequence number moves it on, and an
 /// acquire on the condition of an ETag that has moved on is refused even on a
-/// blob nobody holds (a copy of it landing after the holder let go takes nothing).
+/// blob nobody holds (a copy of it landing after the holder let go takes nothing);
+/// so is a break (a copy landing after a new holder took it breaks nothing).
 #[test]
-fn an_acquire_on_an_old_etag_is_refused_once_the_sequence_number_rose() {
+fn an_acquire_or_break_on_an_old_etag_is_refused_once_the_sequence_number_rose() {
     rt().block_on(async {
         let svc = service();
         let blob = fresh_blob(&svc, "leaseetag", 4 * MIB).await;
@@ -250,6 +251,20 @@ fn an_acquire_on_an_old_etag_is_refused_once_the_sequence_number_rose() {
         assert_eq!(err.code(), Some("ConditionNotMet"), "{err}");
         let p = blob.properties().await.unwrap();
         assert_eq!(p.lease_state.as_deref(), Some("available"));
+        // A break on an old ETag leaves a lease taken since alone.
+        blob.acquire_lease(id, None).await.unwrap();
+        let err = blob
+            .break_lease_if_match(None, Some(&etag))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some("ConditionNotMet"), "{err}");
+        let p = blob.properties().await.unwrap();
+        assert_eq!(p.lease_state.as_deref(), Some("leased"));
+        let broken = blob
+            .break_lease_if_match(None, p.etag.as_deref())
+            .await
+            .unwrap();
+        assert_eq!(broken.seconds_left, 0);
     });
 }
 

@@ -927,6 +927,43 @@ fn an_abandoned_lease_acquire_that_lands_after_unmount_takes_nothing() {
     ok(&az(), &[], &["unmount", mp.s()]);
 }
 
+/// `lease break` of a dead host's lease: its Break Lease is held in the network
+/// past the client's timeout, the retry breaks the lease, a new mount takes the
+/// drive, and only then does the first attempt reach the service. It must not
+/// break the new mount's lease (which would fence the mount and fail its writes).
+#[test]
+fn an_abandoned_lease_break_that_lands_after_a_new_mount_breaks_nothing() {
+    require_root();
+    let spec = new_drive("latebrk", "16MiB");
+    let dead = "0badf00d-0000-4000-8000-000000000000";
+    rt().block_on(blob_of(&spec).acquire_lease(dead, None))
+        .unwrap();
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        "x-ms-lease-action: break",
+        1,
+        Duration::from_secs(15),
+    ));
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    ok(&cs, &env, &["lease", "break", &spec]);
+    let mp = Mp::new(&run_dir(), &az());
+    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    assert!(
+        proxy.late_commits().is_empty(),
+        "the held break landed before the mount: this run tests nothing"
+    );
+    proxy.wait_for_held();
+    let late = proxy.late_commits();
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    assert_eq!(info["lease_state"], "leased", "{info}");
+    let data = [0x5au8; 4096];
+    pwrite_fsync(&mp.disk(), 0, &data);
+    ok(&az(), &[], &["unmount", mp.s()]);
+    assert_eq!(read_blob(&spec, 0, 4096), data);
+}
+
 /// Another party writes the blob between the mount reading it and its acquire
 /// landing (the acquire is held in the network meanwhile): the acquire is refused
 /// for the changed ETag, the mount reads the drive again, takes the lease, and

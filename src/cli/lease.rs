@@ -77,7 +77,32 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
                     println!("{r}: no active lease (state: {state}); nothing changed");
                     return Ok(());
                 }
-                let left = client.break_lease(period).await?;
+                // On the condition of the blob as read: a copy of this break
+                // that lands late must not break a lease a mount takes after it.
+                let broken = match client
+                    .break_lease_if_match(period, p.etag.as_deref())
+                    .await
+                {
+                    Err(e) if e.code() == Some("ConditionNotMet") => bail!(
+                        "{r} changed while its lease was being broken (its holder is writing it: is it really dead?); nothing was broken"
+                    ),
+                    got => got?,
+                };
+                let left = broken.seconds_left;
+                if broken.earlier_attempt_unanswered {
+                    // That attempt may still land, after a mount took the lease
+                    // anew: move the ETag on so that it is refused whenever it
+                    // comes. Once the lease is broken a write needs no lease id.
+                    if left > 0 {
+                        println!(
+                            "{r}: lease breaking; waiting {left} s for it to break (a request that got no answer must be fenced off)"
+                        );
+                        tokio::time::sleep(std::time::Duration::from_secs(left.into())).await;
+                    }
+                    client.increment_sequence_number(None).await?;
+                    println!("{r}: lease broken; the drive can be mounted again");
+                    return Ok(());
+                }
                 if left == 0 {
                     println!("{r}: lease broken; the drive can be mounted again");
                 } else {

@@ -17,6 +17,16 @@ pub struct Acquired {
     pub earlier_attempt_unanswered: bool,
 }
 
+/// A lease broken, or breaking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broken {
+    /// Seconds until it is broken (0: it is).
+    pub seconds_left: u32,
+    /// An attempt before the one that broke it got no answer: that copy may still
+    /// reach the service, at any time.
+    pub earlier_attempt_unanswered: bool,
+}
+
 impl BlobClient {
     /// Acquires a lease with our own id; `duration` `None` is infinite. Acquiring again
     /// with the same id succeeds, so a retry after a lost answer is safe.
@@ -151,20 +161,40 @@ impl BlobClient {
     /// Breaks whoever's lease; `period` seconds (0..=60) lets the holder finish, `None`
     /// breaks an infinite lease at once. Returns the seconds until it is broken.
     pub async fn break_lease(&self, period: Option<u32>) -> Result<u32, AzureError> {
+        self.break_lease_if_match(period, None)
+            .await
+            .map(|b| b.seconds_left)
+    }
+
+    /// [`Self::break_lease`] only while the blob's ETag is `etag` (else 412
+    /// `ConditionNotMet`): a copy of the break given up on that lands after the
+    /// blob changed (a new holder's writes, or a raised sequence number) is
+    /// refused instead of breaking a lease taken since.
+    pub async fn break_lease_if_match(
+        &self,
+        period: Option<u32>,
+        etag: Option<&str>,
+    ) -> Result<Broken, AzureError> {
         if let Some(p) = period {
             if p > 60 {
                 return Err(self.invalid(Op::BreakLease, "break period must be 0 to 60 seconds"));
             }
         }
-        let extra = period
+        let mut extra: Vec<(&str, String)> = period
             .map(|p| vec![("x-ms-lease-break-period", p.to_string())])
             .unwrap_or_default();
+        if let Some(etag) = etag {
+            extra.push(("If-Match", etag.to_string()));
+        }
         let resp = self
             .lease_action(Op::BreakLease, "break", extra, &[202])
             .await?;
-        Ok(resp
-            .header("x-ms-lease-time")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0))
+        Ok(Broken {
+            seconds_left: resp
+                .header("x-ms-lease-time")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            earlier_attempt_unanswered: resp.after_unanswered,
+        })
     }
 }
