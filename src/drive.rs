@@ -28,8 +28,11 @@ pub enum DriveError {
     ResizeIncomplete { target: String, from: u64, to: u64 },
     #[error("'{target}' is {from} bytes; shrinking it to {to} would cut off data: blobdrive only grows drives")]
     Shrink { target: String, from: u64, to: u64 },
-    #[error("'{0}' changed while it was being resized (another party wrote it): nothing was changed; run the resize again")]
-    ChangedUnderfoot(String),
+    #[error("'{target}' changed while it was being {during} (another party wrote it): nothing was changed; run it again")]
+    ChangedUnderfoot {
+        target: String,
+        during: &'static str,
+    },
     #[error("'{target}': {source}")]
     Vhd {
         target: String,

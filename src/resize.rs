@@ -152,7 +152,10 @@ pub async fn grow_steps(blob: &BlobClient, size: u64, steps: usize) -> Result<Re
         .await
     {
         Err(e) if e.code() == Some("ConditionNotMet") => {
-            return Err(DriveError::ChangedUnderfoot(blob.target()))
+            return Err(DriveError::ChangedUnderfoot {
+                target: blob.target(),
+                during: "resized",
+            })
         }
         got => got?.id,
     };

@@ -69,7 +69,24 @@ pub async fn restore(base: &BlobClient, snapshot: &str) -> Result<(), DriveError
     }
     let snap = base.at_snapshot(Some(snapshot));
     let drive = Drive::open(&snap).await?;
-    base.copy_from(&snap, None).await?;
+    // On the condition of the drive as checked: an attempt given up on that lands
+    // after the restore, once the drive has been written again, must not copy the
+    // snapshot back over those writes.
+    match base.copy_from(&snap, None, props.etag.as_deref()).await {
+        // Changed since: by an earlier attempt of this copy that got no answer
+        // (the blob then says it was copied from this snapshot), or by another
+        // party, and then nothing was restored.
+        Err(e) if e.code() == Some("ConditionNotMet") => {
+            let now = base.properties().await?;
+            if !base.last_copy_was_from(&now, &snap) {
+                return Err(DriveError::ChangedUnderfoot {
+                    target: base.target(),
+                    during: "restored",
+                });
+            }
+        }
+        copied => copied?,
+    }
     // Verify: the base now has the snapshot's size, footer and page list.
     let after = Drive::open(base).await?;
     let want = snap

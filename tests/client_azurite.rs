@@ -358,9 +358,21 @@ fn snapshots_list_read_copy_and_delete() {
                 .count(),
             1
         );
-        // Restore the snapshot by copying it over the base blob.
-        blob.copy_from(&at, None).await.unwrap();
+        // Restore the snapshot by copying it over the base blob, on the
+        // condition of its ETag; the blob then names its source, and the same
+        // copy on the old ETag is refused (a late copy of it changes nothing).
+        let etag = blob.properties().await.unwrap().etag;
+        assert!(!blob.last_copy_was_from(&blob.properties().await.unwrap(), &at));
+        blob.copy_from(&at, None, etag.as_deref()).await.unwrap();
         assert_eq!(blob.read(0, 4096).await.unwrap(), v1);
+        let after = blob.properties().await.unwrap();
+        assert!(blob.last_copy_was_from(&after, &at), "{after:?}");
+        assert!(!blob.last_copy_was_from(&after, &blob));
+        let err = blob
+            .copy_from(&at, None, etag.as_deref())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some("ConditionNotMet"), "{err}");
         // Deleting a blob with snapshots needs an explicit choice.
         let err = blob.delete(DeleteSnapshots::None, None).await.unwrap_err();
         assert_eq!(err.code(), Some("SnapshotsPresent"));

@@ -576,6 +576,61 @@ fn a_delete_whose_answer_was_lost_succeeds() {
         .is_not_found());
 }
 
+/// A drive with one snapshot, data written after it, and the snapshot's id.
+fn drive_with_a_snapshot(tag: &str) -> (String, String) {
+    let spec = new_drive(tag, "16MiB");
+    let blob = blob_of(&spec);
+    rt().block_on(blob.put_pages(0, bytes::Bytes::from(vec![b'S'; 4096]), None))
+        .unwrap();
+    let id = ok(&az(), &[], &["snapshot", "create", &spec]);
+    rt().block_on(blob.put_pages(0, bytes::Bytes::from(vec![b'N'; 4096]), None))
+        .unwrap();
+    (spec, id.trim().to_string())
+}
+
+#[test]
+fn a_restore_whose_answer_was_lost_succeeds() {
+    require_root();
+    let (spec, id) = drive_with_a_snapshot("restlost");
+    let proxy = lost_answer(&["x-ms-copy-source"]);
+    let cs = proxy.connection_string();
+    ok(&cs, &[], &["restore", &spec, "--from", &id, "--yes"]);
+    assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");
+    assert_eq!(read_blob(&spec, 0, 4096), vec![b'S'; 4096]);
+}
+
+/// A restore's Copy Blob is held in the network past the client's timeout; the
+/// retry restores the drive, which is then mounted, written and unmounted, and
+/// only then does the first attempt reach the service. It must be refused: it
+/// would copy the snapshot back over acknowledged writes.
+#[test]
+fn a_restore_copy_that_lands_late_is_refused() {
+    require_root();
+    let (spec, id) = drive_with_a_snapshot("restlate");
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        "x-ms-copy-source",
+        1,
+        Duration::from_secs(15),
+    ));
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    ok(&cs, &env, &["restore", &spec, "--from", &id, "--yes"]);
+    assert_eq!(read_blob(&spec, 0, 4096), vec![b'S'; 4096]);
+    let mp = Mp::new(&run_dir(), &az());
+    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    pwrite_fsync(&mp.disk(), 8192, &[b'W'; 4096]);
+    ok(&az(), &[], &["unmount", mp.s()]);
+    assert!(
+        proxy.late_commits().is_empty(),
+        "the held copy landed before the drive was written: this run tests nothing"
+    );
+    proxy.wait_for_held();
+    let late = proxy.late_commits();
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+    assert_eq!(read_blob(&spec, 8192, 4096), vec![b'W'; 4096]);
+}
+
 #[test]
 fn a_read_only_mount_of_a_live_blob_sees_data_written_after_it_mounted() {
     require_root();

@@ -44,6 +44,8 @@ pub struct BlobProperties {
     pub sequence_number: Option<u64>,
     pub copy_status: Option<String>,
     pub copy_status_description: Option<String>,
+    /// The source of the last copy onto this blob (`x-ms-copy-source`).
+    pub copy_source: Option<String>,
     /// `x-ms-meta-*` headers, names without the prefix, lower-cased.
     pub metadata: Vec<(String, String)>,
 }
@@ -198,6 +200,7 @@ impl BlobClient {
             last_modified: h("last-modified"),
             sequence_number: h("x-ms-blob-sequence-number").and_then(|v| v.parse().ok()),
             copy_status: h("x-ms-copy-status"),
+            copy_source: h("x-ms-copy-source"),
             copy_status_description: h("x-ms-copy-status-description"),
             metadata,
         })
@@ -293,12 +296,37 @@ impl BlobClient {
         self.svc.execute(req).await.map(|_| ())
     }
 
+    /// Whether `props` (this blob's) say its last copy was from `source`, and
+    /// finished: the same container, name and snapshot.
+    pub fn last_copy_was_from(&self, props: &BlobProperties, source: &BlobClient) -> bool {
+        let Some(url) = props
+            .copy_source
+            .as_deref()
+            .and_then(|u| reqwest::Url::parse(u).ok())
+        else {
+            return false;
+        };
+        let snapshot = url
+            .query_pairs()
+            .find(|(k, _)| k == "snapshot")
+            .map(|(_, v)| v.into_owned());
+        let path = format!("/{}/{}", source.container, source.name);
+        props.copy_status.as_deref() == Some("success")
+            && url.path().ends_with(&path)
+            && snapshot.as_deref() == source.snapshot.as_deref()
+    }
+
     /// Copies `source` (a blob or snapshot of the same account) over this blob and
-    /// waits until the service reports the copy finished.
+    /// waits until the service reports the copy finished. With `if_match` (an ETag)
+    /// only while the blob is as it was then (else 412 `ConditionNotMet`): the copy
+    /// itself changes the ETag, so an attempt given up on that lands later, after
+    /// the blob was written again, is refused instead of copying the old content
+    /// back over the new.
     pub async fn copy_from(
         &self,
         source: &BlobClient,
         lease: Option<&str>,
+        if_match: Option<&str>,
     ) -> Result<(), AzureError> {
         let mut src = source.svc.url(&[&source.container, &source.name], &[]);
         if let Some(s) = source.snapshot.as_deref() {
@@ -309,6 +337,9 @@ impl BlobClient {
         req.header("x-ms-copy-source", src.to_string());
         if let Some(id) = lease {
             req.header("x-ms-lease-id", id.to_string());
+        }
+        if let Some(etag) = if_match {
+            req.header("If-Match", etag.to_string());
         }
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         let resp = self.svc.execute(req).await?;
