@@ -576,6 +576,36 @@ fn a_delete_whose_answer_was_lost_succeeds() {
         .is_not_found());
 }
 
+/// A delete is held in the network past the client's timeout; the retry deletes
+/// the drive, a new drive is created under the same name, and only then does the
+/// first attempt reach the service. It must not delete the new drive.
+#[test]
+fn a_delete_that_lands_after_the_name_was_used_again_deletes_nothing() {
+    require_root();
+    let spec = new_drive("dellate", "16MiB");
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        "delete /",
+        1,
+        Duration::from_secs(15),
+    ));
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    ok(&cs, &env, &["delete", &spec, "--yes"]);
+    ok(&az(), &[], &["create", &spec, "--size", "16MiB"]);
+    let blob = blob_of(&spec);
+    rt().block_on(blob.put_pages(0, bytes::Bytes::from(vec![b'R'; 4096]), None))
+        .unwrap();
+    assert!(
+        proxy.late_commits().is_empty(),
+        "the held delete landed before the drive was created again: this run tests nothing"
+    );
+    proxy.wait_for_held();
+    let late = proxy.late_commits();
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+    assert_eq!(read_blob(&spec, 0, 4096), vec![b'R'; 4096]);
+}
+
 /// A drive with one snapshot, data written after it, and the snapshot's id.
 fn drive_with_a_snapshot(tag: &str) -> (String, String) {
     let spec = new_drive(tag, "16MiB");

@@ -34,7 +34,22 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         } else {
             DeleteSnapshots::None
         };
-        blob.delete(mode, None).await?;
+        // A drive on the condition of its ETag as checked: a copy of this delete
+        // that lands after a drive of the same name was created anew must not
+        // delete that one. (A snapshot never changes and its name is never used
+        // again.)
+        let etag = props.etag.as_deref().filter(|_| r.snapshot.is_none());
+        match blob.delete_if_match(mode, None, etag).await {
+            // Gone since: an earlier attempt of ours that got no answer did it.
+            // Still there: it changed while it was being deleted.
+            Err(e) if e.code() == Some("ConditionNotMet") => match blob.properties().await {
+                Err(gone) if gone.is_not_found() => {}
+                _ => bail!(
+                    "{r} changed while it was being deleted (another party wrote it): nothing was deleted; run it again"
+                ),
+            },
+            done => done?,
+        }
         anyhow::Ok(())
     })??;
     if args.snapshots {

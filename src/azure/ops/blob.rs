@@ -211,7 +211,24 @@ impl BlobClient {
         snapshots: DeleteSnapshots,
         lease: Option<&str>,
     ) -> Result<(), AzureError> {
+        self.delete_if_match(snapshots, lease, None).await
+    }
+
+    /// [`Self::delete`] only while the blob's ETag is `etag` (else 412
+    /// `ConditionNotMet`): an attempt given up on that lands after the blob was
+    /// created anew under the same name is refused instead of deleting the new
+    /// drive. A retry after an attempt that did delete it may then be answered
+    /// 412 rather than 404 (Azurite does): the caller tells which by looking.
+    pub async fn delete_if_match(
+        &self,
+        snapshots: DeleteSnapshots,
+        lease: Option<&str>,
+        etag: Option<&str>,
+    ) -> Result<(), AzureError> {
         let mut req = self.request(Op::Delete, Method::DELETE, &[], &[202]);
+        if let Some(etag) = etag {
+            req.header("If-Match", etag.to_string());
+        }
         // A retried delete whose first attempt was carried out finds nothing.
         req.gone_after_unknown_is_done = true;
         match snapshots {
