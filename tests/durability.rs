@@ -606,6 +606,52 @@ fn a_delete_that_lands_after_the_name_was_used_again_deletes_nothing() {
     assert_eq!(read_blob(&spec, 0, 4096), vec![b'R'; 4096]);
 }
 
+/// An upload's first Put Page is held in the network past the client's timeout;
+/// the retry lands, the upload finishes, the drive is mounted and written where
+/// that Put Page went, and only then does the held one reach the service. It must
+/// be refused, not put the image's bytes back over the acknowledged write.
+#[test]
+fn an_upload_put_page_that_lands_late_is_refused() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img.raw");
+    std::fs::write(&img, vec![b'I'; 4 << 20]).unwrap();
+    let spec = format!("{}/disk.vhd", unique_container("uplate"));
+    ok(
+        &az(),
+        &[],
+        &["create", &spec, "--size", "4MiB", "--create-container"],
+    );
+    ok(&az(), &[], &["delete", &spec, "--yes"]);
+    let proxy = Proxy::start(Config {
+        hold: Some(Hold {
+            needles: vec![
+                "x-ms-page-write: update".into(),
+                "x-ms-range: bytes=0-".into(),
+            ],
+            count: 1,
+            delay: Duration::from_secs(15),
+        }),
+        ..Config::clean(Azurite::shared().port)
+    });
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+    ok(&cs, &env, &["upload", img.to_str().unwrap(), &spec]);
+    assert_eq!(read_blob(&spec, 0, 4096), vec![b'I'; 4096]);
+    let mp = Mp::new(&run_dir(), &az());
+    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    pwrite_fsync(&mp.disk(), 0, &[b'W'; 4096]);
+    ok(&az(), &[], &["unmount", mp.s()]);
+    assert!(
+        proxy.late_commits().is_empty(),
+        "the held Put Page landed before the drive was written: this run tests nothing"
+    );
+    proxy.wait_for_held();
+    let late = proxy.late_commits();
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+    assert_eq!(read_blob(&spec, 0, 4096), vec![b'W'; 4096]);
+}
+
 /// A drive with one snapshot, data written after it, and the snapshot's id.
 fn drive_with_a_snapshot(tag: &str) -> (String, String) {
     let spec = new_drive(tag, "16MiB");

@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 
 use super::progress::Progress;
 use super::{file_err, Report, TransferError, CHUNK, PARALLEL};
-use crate::azure::{BlobClient, DeleteSnapshots, PageRange, SegmentPlan, PAGE};
+use crate::azure::{BlobClient, DeleteSnapshots, PageRange, SegmentPlan, WriteFence, PAGE};
 use crate::vhd::{DiskType, Footer, FOOTER_SIZE, MAX_DISK_BYTES, MIB};
 
 /// Metadata name holding the source fingerprint while an upload is unfinished.
@@ -282,6 +282,11 @@ pub async fn upload(
     // Progress counts a byte once its fate is settled: data when its Put Page was
     // acknowledged, zeros and data already there when scanned.
     let progress = Arc::new(Progress::new("upload", planned, opts.quiet));
+    // Every Put Page carries the page blob's sequence number (see `WriteFence`): an
+    // attempt given up on that lands late, after the drive was mounted and
+    // written, is refused instead of putting the image's bytes back over newer
+    // ones.
+    let fence = WriteFence::new(blob.clone(), None);
     let sem = Arc::new(Semaphore::new(PARALLEL));
     let mut tasks = tokio::task::JoinSet::new();
     let mut skipped = 0u64;
@@ -305,8 +310,9 @@ pub async fn upload(
                 let permit = sem.clone().acquire_owned().await.expect("open semaphore");
                 let blob = blob.clone();
                 let progress = progress.clone();
+                let fence = fence.clone();
                 tasks.spawn(async move {
-                    let r = blob.put_pages(rs, data, None).await;
+                    let r = blob.put_pages_fenced(rs, data, None, &fence).await;
                     drop(permit);
                     if r.is_ok() {
                         progress.add(counted);
@@ -326,8 +332,13 @@ pub async fn upload(
     }
     progress.finish();
     // The footer last: only now is the blob a drive.
-    blob.put_pages(src.disk_size, Bytes::copy_from_slice(&src.footer), None)
-        .await?;
+    blob.put_pages_fenced(
+        src.disk_size,
+        Bytes::copy_from_slice(&src.footer),
+        None,
+        &fence,
+    )
+    .await?;
     blob.set_metadata(&[(FINISHED_META, &fp)], None).await?;
     // Verify what is cheap: length and footer as a drive would read them.
     let drive = crate::drive::Drive::open(blob).await?;
