@@ -617,6 +617,7 @@ fn an_upload_put_page_that_lands_late_is_refused() {
     let img = dir.path().join("img.raw");
     std::fs::write(&img, vec![b'I'; 4 << 20]).unwrap();
     let spec = format!("{}/disk.vhd", unique_container("uplate"));
+    // The container, made by creating a drive in it and deleting the drive.
     ok(
         &az(),
         &[],
