@@ -1096,6 +1096,42 @@ fn an_abandoned_lease_break_that_lands_after_a_new_mount_breaks_nothing() {
     assert_eq!(read_blob(&spec, 0, 4096), data);
 }
 
+/// `lease break` while the dead host's last write is still landing: the write
+/// lands between `lease break` reading the drive and its break reaching the
+/// service (held meanwhile), so the break is refused for the changed ETag; the
+/// command reads the drive again and breaks the lease.
+#[test]
+fn a_lease_break_that_meets_a_late_write_of_the_dead_host_reads_again_and_breaks() {
+    require_root();
+    let spec = new_drive("brkrace", "16MiB");
+    let dead = "0badf00d-0000-4000-8000-000000000001";
+    let blob = blob_of(&spec);
+    rt().block_on(blob.acquire_lease(dead, None)).unwrap();
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        "x-ms-lease-action: break",
+        1,
+        Duration::from_secs(1),
+    ));
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3")];
+    let breaker = bd_cmd(&cs, &env, &["lease", "break", &spec])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the break to be held", Duration::from_secs(30), || {
+        proxy.holding.load(SeqCst) > 0
+    });
+    rt().block_on(blob.put_pages(0, bytes::Bytes::from(vec![b'D'; 4096]), Some(dead)))
+        .unwrap();
+    let out = breaker.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(proxy.late_commits()[0].status, Some(412));
+    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    assert_eq!(info["lease_state"], "broken", "{info}");
+}
+
 /// Another party writes the blob between the mount reading it and its acquire
 /// landing (the acquire is held in the network meanwhile): the acquire is refused
 /// for the changed ETag, the mount reads the drive again, takes the lease, and

@@ -4,6 +4,7 @@
 //! drive must stay possible.
 
 use anyhow::{bail, Result};
+use blobdrive::azure::BlobClient;
 use blobdrive::drive;
 use serde::Serialize;
 
@@ -69,47 +70,59 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
             if r.snapshot.is_some() {
                 bail!("snapshots have no lease; name the base blob ({})", r.base());
             }
-            ctx.block_on(async {
-                let p = drive::properties(&client).await?;
-                drive::check_page_blob(&client, &p)?;
-                let state = p.lease_state.as_deref().unwrap_or("available");
-                if matches!(state, "available" | "broken" | "expired") {
-                    println!("{r}: no active lease (state: {state}); nothing changed");
-                    return Ok(());
-                }
-                // On the condition of the blob as read: a copy of this break
-                // that lands late must not break a lease a mount takes after it.
-                let broken = match client
-                    .break_lease_if_match(period, p.etag.as_deref())
-                    .await
-                {
-                    Err(e) if e.code() == Some("ConditionNotMet") => bail!(
-                        "{r} changed while its lease was being broken (its holder is writing it: is it really dead?); nothing was broken"
-                    ),
-                    got => got?,
-                };
-                let left = broken.seconds_left;
-                if broken.earlier_attempt_unanswered {
-                    // That attempt may still land, after a mount took the lease
-                    // anew: move the ETag on so that it is refused whenever it
-                    // comes. Once the lease is broken a write needs no lease id.
-                    if left > 0 {
-                        println!(
-                            "{r}: lease breaking; waiting {left} s for it to break (a request that got no answer must be fenced off)"
-                        );
-                        tokio::time::sleep(std::time::Duration::from_secs(left.into())).await;
-                    }
-                    client.increment_sequence_number(None).await?;
-                    println!("{r}: lease broken; the drive can be mounted again");
-                    return Ok(());
-                }
-                if left == 0 {
-                    println!("{r}: lease broken; the drive can be mounted again");
-                } else {
-                    println!("{r}: lease breaking; it will be broken in {left} s");
-                }
-                anyhow::Ok(())
-            })?
+            ctx.block_on(break_lease(&client, &r.to_string(), period))?
         }
     }
+}
+
+/// How often the drive is read again and the break sent again when the drive
+/// keeps changing between the two (the last writes of its holder landing).
+const BREAK_ROUNDS: usize = 3;
+
+/// Breaks the lease of `client`'s drive (named `r` in messages), each break sent on
+/// the condition of the drive as just read: a copy of it that the service carries
+/// out late, after a mount took the drive anew, is refused instead of breaking
+/// that mount's lease. When an attempt went unanswered, the sequence number is
+/// raised once the lease is broken, so that the ETag has moved on before anyone
+/// can take the lease again.
+async fn break_lease(client: &BlobClient, r: &str, period: Option<u32>) -> Result<()> {
+    let mut round = 0;
+    let broken = loop {
+        round += 1;
+        let p = drive::properties(client).await?;
+        drive::check_page_blob(client, &p)?;
+        let state = p.lease_state.as_deref().unwrap_or("available");
+        if matches!(state, "available" | "broken" | "expired") {
+            println!("{r}: no active lease (state: {state}); nothing changed");
+            return Ok(());
+        }
+        match client.break_lease_if_match(period, p.etag.as_deref()).await {
+            // Written since it was read: a dead host's last requests can still
+            // land for a while; a live holder keeps writing.
+            Err(e) if e.code() == Some("ConditionNotMet") && round < BREAK_ROUNDS => {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(e) if e.code() == Some("ConditionNotMet") => bail!(
+                "{r} kept changing while its lease was being broken ({BREAK_ROUNDS} tries): its holder is writing it; is it really dead? Nothing was broken"
+            ),
+            got => break got?,
+        }
+    };
+    let left = broken.seconds_left;
+    if broken.earlier_attempt_unanswered {
+        // Once the lease is broken a write needs no lease id.
+        if left > 0 {
+            println!(
+                "{r}: lease breaking; waiting {left} s for it to break (a request that got no answer must be fenced off)"
+            );
+            tokio::time::sleep(std::time::Duration::from_secs(left.into())).await;
+        }
+        client.increment_sequence_number(None).await?;
+        println!("{r}: lease broken; the drive can be mounted again");
+    } else if left == 0 {
+        println!("{r}: lease broken; the drive can be mounted again");
+    } else {
+        println!("{r}: lease breaking; it will be broken in {left} s");
+    }
+    Ok(())
 }
