@@ -203,8 +203,10 @@ impl Growth {
             // Conditional on the blob as it is now: an attempt given up on and
             // carried out after the footer was written (which changes the ETag)
             // is refused, instead of cutting a blob grown further since back to
-            // this length. Every other step lands harmlessly late: the same footer,
-            // or a mark that makes the drive refused until the resize runs again.
+            // this length. The footer is fenced like the clear below (a copy
+            // landing after a further grow would put it where the disk has data
+            // by then); a late mark makes the drive refused until the resize
+            // runs again.
             Step::Grow => {
                 let props = blob.properties().await?;
                 if props.content_length != to + FOOTER_SIZE {
@@ -214,7 +216,7 @@ impl Growth {
             }
             Step::Footer => {
                 let footer = new_footer(blob, from, to).await?;
-                blob.put_pages(to, footer.to_bytes().to_vec().into(), Some(lease))
+                blob.put_pages_fenced(to, footer.to_bytes().to_vec().into(), Some(lease), fence)
                     .await?;
             }
             // A clear given up on and carried out once the drive is in use again

@@ -39,8 +39,12 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         }
         // The blob exists now but is no drive until its footer is written: if that
         // fails, remove it again rather than leave a footerless blob behind.
+        // Fenced like a mount's writes (see `WriteFence`): a copy given up on that
+        // lands after the drive was grown would put a footer where the disk
+        // has data by then.
         let data = bytes::Bytes::copy_from_slice(&footer.to_bytes());
-        if let Err(e) = blob.put_pages(size, data, None).await {
+        let fence = blobdrive::azure::WriteFence::new(blob.clone(), None);
+        if let Err(e) = blob.put_pages_fenced(size, data, None, &fence).await {
             let cleanup = blob
                 .delete(blobdrive::azure::DeleteSnapshots::None, None)
                 .await;
