@@ -237,54 +237,71 @@ fn an_acquire_that_lands_after_the_resize_ended_takes_nothing() {
     check_grown(&spec, &data, 8 * MIB);
 }
 
-/// `create`'s footer write is held in the network past the client's timeout; the
-/// retry lands, the drive is grown (its old footer's place becomes disk), mounted
-/// and written there, and only then does the held write reach the service. It
-/// must be refused, not put a footer over the data.
+/// A footer write is held in the network past the client's timeout, `create`'s
+/// and then a grow's; the retry lands, the drive is grown further (the footer's
+/// place becomes disk), mounted and written there, and only then does the held
+/// write reach the service. It must be refused, not put a footer over the data.
+/// `create` takes no lease, so only the write fence refuses its footer; an
+/// offline grow's footer carries the grow's lease, gone by then, and is refused
+/// for that too. (A mounted drive's lease lives on: `resize_online.rs`.)
 #[test]
-fn a_create_footer_that_lands_after_a_grow_is_refused() {
+fn a_footer_write_that_lands_after_a_grow_is_refused() {
     require_root();
-    let spec = format!("{}/disk.vhd", unique_container("latefoot"));
-    // The container, made by creating a drive in it and deleting the drive.
-    ok(
-        &run(),
-        &az(),
-        &["create", &spec, "--size", "4MiB", "--create-container"],
-    );
-    ok(&run(), &az(), &["delete", &spec, "--yes"]);
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-page-write: update",
-        1,
-        std::time::Duration::from_secs(15),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    ok_env(&run(), &cs, &env, &["create", &spec, "--size", "4MiB"]);
-    ok(&run(), &az(), &["resize", &spec, "--size", "8MiB"]);
-    let mp = Mp::new(&run(), &az());
-    ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "raw"]);
-    let ours = vec![0x6b; 512];
-    {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(mp.disk())
+    // (the drive's size when the footer is held, the command that writes it)
+    for (held_at, tag) in [(4, "latefoot"), (8, "lategrow")] {
+        let spec = format!("{}/disk.vhd", unique_container(tag));
+        let proxy = Proxy::start(Config::holding(
+            Azurite::shared().port,
+            "x-ms-page-write: update",
+            1,
+            std::time::Duration::from_secs(15),
+        ));
+        let cs = proxy.connection_string();
+        let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+        if held_at == 4 {
+            // The container, made by creating a drive in it and deleting the drive.
+            ok(
+                &run(),
+                &az(),
+                &["create", &spec, "--size", "4MiB", "--create-container"],
+            );
+            ok(&run(), &az(), &["delete", &spec, "--yes"]);
+            ok_env(&run(), &cs, &env, &["create", &spec, "--size", "4MiB"]);
+        } else {
+            ok(
+                &run(),
+                &az(),
+                &["create", &spec, "--size", "4MiB", "--create-container"],
+            );
+            ok_env(&run(), &cs, &env, &["resize", &spec, "--size", "8MiB"]);
+        }
+        ok(&run(), &az(), &["resize", &spec, "--size", "16MiB"]);
+        let mp = Mp::new(&run(), &az());
+        ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "raw"]);
+        let ours = vec![0x6b; 512];
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(mp.disk())
+                .unwrap();
+            f.write_all_at(&ours, held_at * MIB).unwrap();
+            f.sync_all().unwrap();
+        }
+        ok(&run(), &az(), &["unmount", mp.s()]);
+        assert!(
+            proxy.late_commits().is_empty(),
+            "{tag}: the held footer landed before the drive was written: this run tests nothing"
+        );
+        proxy.wait_for_held();
+        let late = proxy.late_commits();
+        assert_eq!(late[0].status, Some(412), "{tag}: {late:?}");
+        let got = rt()
+            .block_on(blob_of(&spec).read(held_at * MIB, 512))
             .unwrap();
-        f.write_all_at(&ours, 4 * MIB).unwrap();
-        f.sync_all().unwrap();
+        assert_eq!(
+            got, ours,
+            "{tag}: a late footer write landed on the grown disk's data"
+        );
     }
-    ok(&run(), &az(), &["unmount", mp.s()]);
-    assert!(
-        proxy.late_commits().is_empty(),
-        "the held footer landed before the drive was written: this run tests nothing"
-    );
-    proxy.wait_for_held();
-    let late = proxy.late_commits();
-    assert_eq!(late[0].status, Some(412), "{late:?}");
-    let got = rt().block_on(blob_of(&spec).read(4 * MIB, 512)).unwrap();
-    assert_eq!(
-        got, ours,
-        "a late footer write landed on the grown disk's data"
-    );
 }

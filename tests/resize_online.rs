@@ -425,3 +425,26 @@ fn a_clear_of_the_old_footer_that_lands_late_on_a_mounted_drive_is_refused() {
         "a late clear zeroed data written after the resize"
     );
 }
+
+/// The new footer's page becomes disk when the drive grows again. A footer
+/// write held by a proxy until long after the daemon gave up on it, and until
+/// the drive grew further and that page was written through the mount, would put
+/// a footer over the data; the mount's lease lives on, so only the write fence
+/// stops it: the service refuses it (412).
+#[test]
+fn a_footer_write_that_lands_after_a_further_grow_on_a_mounted_drive_is_refused() {
+    require_root();
+    let spec = new_drive("late-footer-online", "8MiB");
+    let (proxy, cs, mp) =
+        raw_mount_behind_a_hold(&spec, "x-ms-page-write: update", Duration::from_secs(12));
+    ok(&run(), &cs, &["resize", mp.s(), "--size", "16MiB"]);
+    ok(&run(), &cs, &["resize", mp.s(), "--size", "32MiB"]);
+    let data = pattern(6);
+    write_at(&mp.disk(), 16 * MIB, &data);
+    assert_eq!(late_status(&proxy), Some(412));
+    ok(&run(), &cs, &["unmount", mp.s()]);
+    assert!(
+        on_blob(&spec, 16 * MIB, data.len()) == data,
+        "a late footer write landed on data written after the drive grew"
+    );
+}
