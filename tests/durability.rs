@@ -596,13 +596,7 @@ fn a_delete_that_lands_after_the_name_was_used_again_deletes_nothing() {
     let blob = blob_of(&spec);
     rt().block_on(blob.put_pages(0, bytes::Bytes::from(vec![b'R'; 4096]), None))
         .unwrap();
-    assert!(
-        proxy.late_commits().is_empty(),
-        "the held delete landed before the drive was created again: this run tests nothing"
-    );
-    proxy.wait_for_held();
-    let late = proxy.late_commits();
-    assert_eq!(late[0].status, Some(412), "{late:?}");
+    proxy.held_lands_late_and_is_refused("delete");
     assert_eq!(read_blob(&spec, 0, 4096), vec![b'R'; 4096]);
 }
 
@@ -643,13 +637,7 @@ fn an_upload_put_page_that_lands_late_is_refused() {
     ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
     pwrite_fsync(&mp.disk(), 0, &[b'W'; 4096]);
     ok(&az(), &[], &["unmount", mp.s()]);
-    assert!(
-        proxy.late_commits().is_empty(),
-        "the held Put Page landed before the drive was written: this run tests nothing"
-    );
-    proxy.wait_for_held();
-    let late = proxy.late_commits();
-    assert_eq!(late[0].status, Some(412), "{late:?}");
+    proxy.held_lands_late_and_is_refused("Put Page");
     assert_eq!(read_blob(&spec, 0, 4096), vec![b'W'; 4096]);
 }
 
@@ -698,13 +686,7 @@ fn a_restore_copy_that_lands_late_is_refused() {
     ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
     pwrite_fsync(&mp.disk(), 8192, &[b'W'; 4096]);
     ok(&az(), &[], &["unmount", mp.s()]);
-    assert!(
-        proxy.late_commits().is_empty(),
-        "the held copy landed before the drive was written: this run tests nothing"
-    );
-    proxy.wait_for_held();
-    let late = proxy.late_commits();
-    assert_eq!(late[0].status, Some(412), "{late:?}");
+    proxy.held_lands_late_and_is_refused("copy");
     assert_eq!(read_blob(&spec, 8192, 4096), vec![b'W'; 4096]);
 }
 
@@ -1043,15 +1025,7 @@ fn an_abandoned_lease_acquire_that_lands_after_unmount_takes_nothing() {
     let mp = Mp::new(&run_dir(), &cs);
     ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
     ok(&cs, &env, &["unmount", mp.s()]);
-    assert!(
-        proxy.late_commits().is_empty(),
-        "the held acquire landed before the unmount ended: this run tests nothing"
-    );
-    proxy.wait_for_held();
-    let late = proxy.late_commits();
-    assert_eq!(late.len(), 1, "{late:?}");
-    // It reached the service and was refused there.
-    assert_eq!(late[0].status, Some(412), "{late:?}");
+    proxy.held_lands_late_and_is_refused("acquire");
     let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
     assert_ne!(info["lease_state"], "leased", "{info}");
     let mp = Mp::new(&run_dir(), &az());
@@ -1081,13 +1055,7 @@ fn an_abandoned_lease_break_that_lands_after_a_new_mount_breaks_nothing() {
     ok(&cs, &env, &["lease", "break", &spec]);
     let mp = Mp::new(&run_dir(), &az());
     ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
-    assert!(
-        proxy.late_commits().is_empty(),
-        "the held break landed before the mount: this run tests nothing"
-    );
-    proxy.wait_for_held();
-    let late = proxy.late_commits();
-    assert_eq!(late[0].status, Some(412), "{late:?}");
+    proxy.held_lands_late_and_is_refused("break");
     let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
     assert_eq!(info["lease_state"], "leased", "{info}");
     let data = [0x5au8; 4096];

@@ -227,13 +227,7 @@ fn an_acquire_that_lands_after_the_resize_ended_takes_nothing() {
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
     ok_env(&run(), &cs, &env, &["resize", &spec, "--size", "8MiB"]);
-    assert!(
-        proxy.late_commits().is_empty(),
-        "the held acquire landed before the resize ended: this run tests nothing"
-    );
-    proxy.wait_for_held();
-    let late = proxy.late_commits();
-    assert_eq!(late[0].status, Some(412), "{late:?}");
+    proxy.held_lands_late_and_is_refused("acquire");
     check_grown(&spec, &data, 8 * MIB);
 }
 
@@ -289,13 +283,7 @@ fn a_footer_write_that_lands_after_a_grow_is_refused() {
             f.sync_all().unwrap();
         }
         ok(&run(), &az(), &["unmount", mp.s()]);
-        assert!(
-            proxy.late_commits().is_empty(),
-            "{tag}: the held footer landed before the drive was written: this run tests nothing"
-        );
-        proxy.wait_for_held();
-        let late = proxy.late_commits();
-        assert_eq!(late[0].status, Some(412), "{tag}: {late:?}");
+        proxy.held_lands_late_and_is_refused(&format!("{tag}: footer"));
         let got = rt()
             .block_on(blob_of(&spec).read(held_at * MIB, 512))
             .unwrap();

@@ -229,6 +229,20 @@ impl Proxy {
         }
     }
 
+    /// For a scenario that holds one request (`what`) until it is over: checks
+    /// that the request is still held (else the run proved nothing), waits for
+    /// it to land, and checks that the service refused it (412).
+    pub fn held_lands_late_and_is_refused(&self, what: &str) {
+        assert!(
+            self.late_commits().is_empty(),
+            "the held {what} landed before the scenario ended: this run tests nothing"
+        );
+        self.wait_for_held();
+        let late = self.late_commits();
+        assert_eq!(late.len(), 1, "{what}: {late:?}");
+        assert_eq!(late[0].status, Some(412), "{what}: {late:?}");
+    }
+
     /// The late commits so far.
     pub fn late_commits(&self) -> Vec<LateCommit> {
         self.late.lock().unwrap().clone()
