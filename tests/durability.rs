@@ -92,23 +92,28 @@ fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn an_abandoned_put_page_that_lands_late_changes_nothing() {
-    require_root();
-    let spec = new_drive("late", "16MiB");
-    // The first Put Page for the disk's first bytes is held 8 s, long after the
-    // client (2 s request timeout) gave up on it, and then applied anyway.
-    let proxy = Proxy::start(Config {
+/// A proxy that holds the first Put Page for the disk's first bytes for `delay`
+/// (long after a client with a 2 s request timeout gave up on it) and then
+/// forwards it anyway.
+fn holding_the_first_write_at_zero(delay: Duration) -> Proxy {
+    Proxy::start(Config {
         hold: Some(Hold {
             needles: vec![
                 "x-ms-page-write: update".into(),
                 "x-ms-range: bytes=0-".into(),
             ],
             count: 1,
-            delay: Duration::from_secs(8),
+            delay,
         }),
         ..Config::clean(Azurite::shared().port)
-    });
+    })
+}
+
+#[test]
+fn an_abandoned_put_page_that_lands_late_changes_nothing() {
+    require_root();
+    let spec = new_drive("late", "16MiB");
+    let proxy = holding_the_first_write_at_zero(Duration::from_secs(8));
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
     let mp = Mp::new(&run_dir(), &cs);
@@ -618,17 +623,7 @@ fn an_upload_put_page_that_lands_late_is_refused() {
         &["create", &spec, "--size", "4MiB", "--create-container"],
     );
     ok(&az(), &[], &["delete", &spec, "--yes"]);
-    let proxy = Proxy::start(Config {
-        hold: Some(Hold {
-            needles: vec![
-                "x-ms-page-write: update".into(),
-                "x-ms-range: bytes=0-".into(),
-            ],
-            count: 1,
-            delay: Duration::from_secs(15),
-        }),
-        ..Config::clean(Azurite::shared().port)
-    });
+    let proxy = holding_the_first_write_at_zero(Duration::from_secs(15));
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
     ok(&cs, &env, &["upload", img.to_str().unwrap(), &spec]);
