@@ -1032,31 +1032,40 @@ fn an_abandoned_lease_acquire_that_lands_after_unmount_takes_nothing() {
 /// past the client's timeout, the retry breaks the lease, a new mount takes the
 /// drive, and only then does the first attempt reach the service. It must not
 /// break the new mount's lease (which would fence the mount and fail its writes).
+/// Once at once, and once with a break period, which the command waits out
+/// before it raises the sequence number.
 #[test]
 fn an_abandoned_lease_break_that_lands_after_a_new_mount_breaks_nothing() {
     require_root();
-    let spec = new_drive("latebrk", "16MiB");
-    let dead = "0badf00d-0000-4000-8000-000000000000";
-    rt().block_on(blob_of(&spec).acquire_lease(dead, None))
-        .unwrap();
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-lease-action: break",
-        1,
-        Duration::from_secs(15),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    ok(&cs, &env, &["lease", "break", &spec]);
-    let mp = Mp::new(&run_dir(), &az());
-    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
-    proxy.held_lands_late_and_is_refused("break");
-    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
-    assert_eq!(info["lease_state"], "leased", "{info}");
-    let data = [0x5au8; 4096];
-    pwrite_fsync(&mp.disk(), 0, &data);
-    ok(&az(), &[], &["unmount", mp.s()]);
-    assert_eq!(read_blob(&spec, 0, 4096), data);
+    for period in [None, Some("2")] {
+        let spec = new_drive("latebrk", "16MiB");
+        let dead = "0badf00d-0000-4000-8000-000000000000";
+        rt().block_on(blob_of(&spec).acquire_lease(dead, None))
+            .unwrap();
+        let proxy = Proxy::start(Config::holding(
+            Azurite::shared().port,
+            "x-ms-lease-action: break",
+            1,
+            Duration::from_secs(15),
+        ));
+        let cs = proxy.connection_string();
+        let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+        let mut args = vec!["lease", "break", &spec];
+        if let Some(p) = period {
+            args.extend(["--period", p]);
+        }
+        let said = ok(&cs, &env, &args);
+        assert!(said.contains("lease broken;"), "{period:?}: {said}");
+        let mp = Mp::new(&run_dir(), &az());
+        ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+        proxy.held_lands_late_and_is_refused("break");
+        let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+        assert_eq!(info["lease_state"], "leased", "{period:?}: {info}");
+        let data = [0x5au8; 4096];
+        pwrite_fsync(&mp.disk(), 0, &data);
+        ok(&az(), &[], &["unmount", mp.s()]);
+        assert_eq!(read_blob(&spec, 0, 4096), data);
+    }
 }
 
 /// `lease break` while the dead host's last write is still landing: the write
