@@ -74,11 +74,11 @@ pub async fn restore(base: &BlobClient, snapshot: &str) -> Result<(), DriveError
     // snapshot back over those writes.
     match base.copy_from(&snap, None, props.etag.as_deref()).await {
         // Changed since: by an earlier attempt of this copy that got no answer
-        // (the blob then says it was copied from this snapshot), or by another
+        // (the blob then names a new copy, from this snapshot), or by another
         // party, and then nothing was restored.
         Err(e) if e.code() == Some("ConditionNotMet") => {
             let now = base.properties().await?;
-            if !base.last_copy_was_from(&now, &snap) {
+            if now.copy_id == props.copy_id || !base.last_copy_was_from(&now, &snap) {
                 return Err(DriveError::ChangedUnderfoot {
                     target: base.target(),
                     during: "restored",

@@ -367,6 +367,7 @@ fn snapshots_list_read_copy_and_delete() {
         assert_eq!(blob.read(0, 4096).await.unwrap(), v1);
         let after = blob.properties().await.unwrap();
         assert!(blob.last_copy_was_from(&after, &at), "{after:?}");
+        assert!(after.copy_id.is_some(), "{after:?}");
         assert!(!blob.last_copy_was_from(&after, &blob));
         let err = blob
             .copy_from(&at, None, etag.as_deref())

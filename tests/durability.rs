@@ -659,6 +659,42 @@ fn a_restore_whose_answer_was_lost_succeeds() {
     assert_eq!(read_blob(&spec, 0, 4096), vec![b'S'; 4096]);
 }
 
+/// Another party writes the drive between `restore` checking it and its copy
+/// reaching the service (held meanwhile), after an earlier restore from the same
+/// snapshot: the copy is refused for the changed ETag, and `restore` must say
+/// nothing was restored, not take the old copy's source for its own.
+#[test]
+fn a_restore_that_meets_another_writer_says_nothing_was_restored() {
+    require_root();
+    let (spec, id) = drive_with_a_snapshot("restrace");
+    ok(&az(), &[], &["restore", &spec, "--from", &id, "--yes"]);
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        "x-ms-copy-source",
+        1,
+        Duration::from_secs(1),
+    ));
+    let cs = proxy.connection_string();
+    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3")];
+    let restore = bd_cmd(&cs, &env, &["restore", &spec, "--from", &id, "--yes"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the copy to be held", Duration::from_secs(30), || {
+        proxy.holding.load(SeqCst) > 0
+    });
+    let theirs = vec![b'X'; 4096];
+    rt().block_on(blob_of(&spec).put_pages(0, theirs.clone().into(), None))
+        .unwrap();
+    let out = restore.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "restore claimed success: {out:?}");
+    assert!(err.contains("changed while it was being restored"), "{err}");
+    assert_eq!(proxy.late_commits()[0].status, Some(412));
+    assert_eq!(read_blob(&spec, 0, 4096), theirs);
+}
+
 /// A restore's Copy Blob is held in the network past the client's timeout; the
 /// retry restores the drive, which is then mounted, written and unmounted, and
 /// only then does the first attempt reach the service. It must be refused: it

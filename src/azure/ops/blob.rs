@@ -46,6 +46,8 @@ pub struct BlobProperties {
     pub copy_status_description: Option<String>,
     /// The source of the last copy onto this blob (`x-ms-copy-source`).
     pub copy_source: Option<String>,
+    /// The id of the last copy onto this blob (`x-ms-copy-id`): new for each copy.
+    pub copy_id: Option<String>,
     /// `x-ms-meta-*` headers, names without the prefix, lower-cased.
     pub metadata: Vec<(String, String)>,
 }
@@ -201,6 +203,7 @@ impl BlobClient {
             sequence_number: h("x-ms-blob-sequence-number").and_then(|v| v.parse().ok()),
             copy_status: h("x-ms-copy-status"),
             copy_source: h("x-ms-copy-source"),
+            copy_id: h("x-ms-copy-id"),
             copy_status_description: h("x-ms-copy-status-description"),
             metadata,
         })
@@ -314,7 +317,9 @@ impl BlobClient {
     }
 
     /// Whether `props` (this blob's) say its last copy was from `source`, and
-    /// finished: the same container, name and snapshot.
+    /// finished: the same container, name and snapshot. (A copy from it long ago
+    /// says so too, however much was written since: compare `copy_id` with the
+    /// one before to know the copy is a new one.)
     pub fn last_copy_was_from(&self, props: &BlobProperties, source: &BlobClient) -> bool {
         let Some(url) = props
             .copy_source
