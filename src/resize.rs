@@ -151,7 +151,7 @@ pub async fn grow_steps(blob: &BlobClient, size: u64, steps: usize) -> Result<Re
         .acquire_lease_if_match(&lease_id, Some(LEASE_SECS), growth.etag.as_deref())
         .await
     {
-        Err(e) if e.code() == Some("ConditionNotMet") => {
+        Err(e) if e.is_changed_since_read() => {
             return Err(DriveError::ChangedUnderfoot {
                 target: blob.target(),
                 during: "resized",

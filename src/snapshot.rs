@@ -76,7 +76,7 @@ pub async fn restore(base: &BlobClient, snapshot: &str) -> Result<(), DriveError
         // Changed since: by an earlier attempt of this copy that got no answer
         // (the blob then names a new copy, from this snapshot), or by another
         // party, and then nothing was restored.
-        Err(e) if e.code() == Some("ConditionNotMet") => {
+        Err(e) if e.is_changed_since_read() => {
             let now = base.properties().await?;
             if now.copy_id == props.copy_id || !base.last_copy_was_from(&now, &snap) {
                 return Err(DriveError::ChangedUnderfoot {

@@ -256,6 +256,13 @@ impl AzureError {
     pub fn is_not_found(&self) -> bool {
         self.status() == Some(404)
     }
+
+    /// True when a request sent on the condition of the blob's ETag (`If-Match`)
+    /// was refused because the blob has changed since (412 `ConditionNotMet`):
+    /// nothing was done.
+    pub fn is_changed_since_read(&self) -> bool {
+        self.code() == Some("ConditionNotMet")
+    }
 }
 
 fn service_message(

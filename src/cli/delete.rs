@@ -42,7 +42,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         match blob.delete_if_match(mode, None, etag).await {
             // Gone since: an earlier attempt of ours that got no answer did it.
             // Still there: it changed while it was being deleted.
-            Err(e) if e.code() == Some("ConditionNotMet") => match blob.properties().await {
+            Err(e) if e.is_changed_since_read() => match blob.properties().await {
                 Err(gone) if gone.is_not_found() => {}
                 _ => bail!(
                     "{r} changed while it was being deleted (another party wrote it): nothing was deleted; run it again"

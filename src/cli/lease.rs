@@ -99,10 +99,10 @@ async fn break_lease(client: &BlobClient, r: &str, period: Option<u32>) -> Resul
         match client.break_lease_if_match(period, p.etag.as_deref()).await {
             // Written since it was read: a dead host's last requests can still
             // land for a while; a live holder keeps writing.
-            Err(e) if e.code() == Some("ConditionNotMet") && round < BREAK_ROUNDS => {
+            Err(e) if e.is_changed_since_read() && round < BREAK_ROUNDS => {
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
-            Err(e) if e.code() == Some("ConditionNotMet") => bail!(
+            Err(e) if e.is_changed_since_read() => bail!(
                 "{r} kept changing while its lease was being broken ({BREAK_ROUNDS} tries): its holder is writing it; is it really dead? Nothing was broken"
             ),
             got => break got?,

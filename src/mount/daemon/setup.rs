@@ -86,13 +86,13 @@ fn open_and_lease(m: &mut Mounted) -> Result<Drive, MountError> {
                     m.target, m.target
                 )))
             }
-            Err(e) if e.code() == Some("ConditionNotMet") && round < LEASE_ROUNDS => {
+            Err(e) if e.is_changed_since_read() && round < LEASE_ROUNDS => {
                 warn!(
                     "{} changed between reading it and taking its lease; reading it again",
                     m.target
                 );
             }
-            Err(e) if e.code() == Some("ConditionNotMet") => {
+            Err(e) if e.is_changed_since_read() => {
                 // An earlier round may have taken it with its answer lost.
                 let _ = m.rt.block_on(m.blob.release_lease(&id));
                 return Err(MountError::System(format!(
