@@ -168,6 +168,21 @@ impl Request {
     pub(super) fn header(&mut self, name: &str, value: impl Into<String>) {
         self.headers.push((name.to_string(), value.into()));
     }
+
+    /// Sent under the lease `id`, if any (`x-ms-lease-id`).
+    pub(super) fn lease(&mut self, id: Option<&str>) {
+        if let Some(id) = id {
+            self.header("x-ms-lease-id", id);
+        }
+    }
+
+    /// Carried out only while the blob's ETag is `etag`, if any (`If-Match`; else
+    /// 412 `ConditionNotMet`).
+    pub(super) fn if_match(&mut self, etag: Option<&str>) {
+        if let Some(etag) = etag {
+            self.header("If-Match", etag);
+        }
+    }
 }
 
 impl Response {

@@ -229,9 +229,7 @@ impl BlobClient {
         etag: Option<&str>,
     ) -> Result<(), AzureError> {
         let mut req = self.request(Op::Delete, Method::DELETE, &[], &[202]);
-        if let Some(etag) = etag {
-            req.header("If-Match", etag.to_string());
-        }
+        req.if_match(etag);
         // A retried delete whose first attempt was carried out finds nothing.
         req.gone_after_unknown_is_done = true;
         match snapshots {
@@ -239,9 +237,7 @@ impl BlobClient {
             DeleteSnapshots::Include => req.header("x-ms-delete-snapshots", "include"),
             DeleteSnapshots::Only => req.header("x-ms-delete-snapshots", "only"),
         }
-        if let Some(id) = lease {
-            req.header("x-ms-lease-id", id.to_string());
-        }
+        req.lease(lease);
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         self.svc.execute(req).await.map(|_| ())
     }
@@ -273,12 +269,8 @@ impl BlobClient {
             &[200],
         );
         req.header("x-ms-blob-content-length", size.to_string());
-        if let Some(id) = lease {
-            req.header("x-ms-lease-id", id.to_string());
-        }
-        if let Some(etag) = if_match {
-            req.header("If-Match", etag.to_string());
-        }
+        req.lease(lease);
+        req.if_match(if_match);
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         self.svc.execute(req).await.map(|_| ())
     }
@@ -309,9 +301,7 @@ impl BlobClient {
             names.push((format!("x-ms-meta-{k}"), v.to_string()));
         }
         req.headers.extend(names);
-        if let Some(id) = lease {
-            req.header("x-ms-lease-id", id.to_string());
-        }
+        req.lease(lease);
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         self.svc.execute(req).await.map(|_| ())
     }
@@ -357,12 +347,8 @@ impl BlobClient {
         source.svc.inner.auth.authorize_copy_source(&mut src);
         let mut req = self.request(Op::Copy, Method::PUT, &[], &[202]);
         req.header("x-ms-copy-source", src.to_string());
-        if let Some(id) = lease {
-            req.header("x-ms-lease-id", id.to_string());
-        }
-        if let Some(etag) = if_match {
-            req.header("If-Match", etag.to_string());
-        }
+        req.lease(lease);
+        req.if_match(if_match);
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         let resp = self.svc.execute(req).await?;
         let mut status = resp

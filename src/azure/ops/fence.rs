@@ -152,9 +152,7 @@ impl BlobClient {
             &[200],
         );
         req.header("x-ms-sequence-number-action", "increment");
-        if let Some(id) = lease {
-            req.header("x-ms-lease-id", id.to_string());
-        }
+        req.lease(lease);
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         let resp = self.svc.execute(req).await?;
         resp.header("x-ms-blob-sequence-number")

@@ -64,9 +64,7 @@ impl BlobClient {
             duration.map_or("-1".to_string(), |d| d.to_string()),
         );
         req.header("x-ms-proposed-lease-id", proposed_id.to_string());
-        if let Some(etag) = etag {
-            req.header("If-Match", etag.to_string());
-        }
+        req.if_match(etag);
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         let resp = self.svc.execute(req).await?;
         Ok(Acquired {

@@ -186,9 +186,7 @@ impl BlobClient {
             "x-ms-range",
             format!("bytes={}-{}", offset, offset + len - 1),
         );
-        if let Some(id) = lease {
-            req.header("x-ms-lease-id", id.to_string());
-        }
+        req.lease(lease);
         req.body = data;
         req.fence = fence;
         self.count(|s| ClientStats::add(&s.put_page_requests, 1));
@@ -234,9 +232,7 @@ impl BlobClient {
             "x-ms-range",
             format!("bytes={}-{}", offset, offset + len - 1),
         );
-        if let Some(id) = lease {
-            req.header("x-ms-lease-id", id.to_string());
-        }
+        req.lease(lease);
         req.fence = fence;
         self.count(|s| ClientStats::add(&s.clear_requests, 1));
         self.svc.execute(req).await.map(|_| ())
