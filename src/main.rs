@@ -21,8 +21,10 @@ fn main() -> ExitCode {
     match cli.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line: the whole cause chain joined with ": ".
-            eprintln!("blobdrive: error: {e:#}");
+            // One line: the whole cause chain joined with ": ", any control
+            // character a service slipped into it shown, not acted on.
+            let line = blobdrive::azure::text::escape_controls(&format!("{e:#}"));
+            eprintln!("blobdrive: error: {line}");
             ExitCode::FAILURE
         }
     }

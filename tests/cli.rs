@@ -780,12 +780,20 @@ fn a_redirect_is_an_error_naming_where_it_pointed_and_is_never_followed() {
 fn hostile_drive(
     listing: impl Fn(&stub::Recorded, usize) -> stub::Reply + Send + Sync + 'static,
 ) -> stub::Stub {
-    let footer = blobdrive::vhd::Footer::new_fixed(MIB).unwrap().to_bytes();
+    hostile_drive_of(MIB, listing)
+}
+
+/// [`hostile_drive`] of `size` bytes.
+fn hostile_drive_of(
+    size: u64,
+    listing: impl Fn(&stub::Recorded, usize) -> stub::Reply + Send + Sync + 'static,
+) -> stub::Stub {
+    let footer = blobdrive::vhd::Footer::new_fixed(size).unwrap().to_bytes();
     stub::Stub::start(move |req, i| {
         if req.method == "HEAD" {
             return stub::Reply::status(200)
                 .with("x-ms-blob-type", "PageBlob")
-                .with("Content-Length-Override", &(MIB + 512).to_string());
+                .with("Content-Length-Override", &(size + 512).to_string());
         }
         if req.query("comp").is_none() && req.header("x-ms-range").is_some() {
             return stub::Reply::Respond {
@@ -801,9 +809,14 @@ fn hostile_drive(
 /// Runs `blobdrive ARGS` against `endpoint` (an account key, a short retry budget),
 /// killed if it runs for two minutes; returns whether it succeeded, its stderr,
 /// and its peak resident memory in KiB.
+fn run_against(endpoint: &str, args: &[&str]) -> (bool, String, i64) {
+    run_against_with(endpoint, args, &[])
+}
+
+/// [`run_against`] with `env` added to the command's environment.
 // The child is reaped by wait4(2), which also gives its peak memory.
 #[allow(clippy::zombie_processes)]
-fn run_against(endpoint: &str, args: &[&str]) -> (bool, String, i64) {
+fn run_against_with(endpoint: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String, i64) {
     use std::io::Read;
     let cs = format!(
         "AccountName=devstoreaccount1;AccountKey={};BlobEndpoint={endpoint}",
@@ -814,6 +827,7 @@ fn run_against(endpoint: &str, args: &[&str]) -> (bool, String, i64) {
         .env("AZURE_STORAGE_CONNECTION_STRING", cs)
         .env("BLOBDRIVE_RETRY_BUDGET_SECS", "5")
         .env_remove("BLOBDRIVE_LOG")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -911,11 +925,119 @@ fn a_hostile_endpoint_cannot_make_commands_hold_memory_or_run_for_ever() {
             }
         });
         let needle = if fresh {
-            "pages"
+            "page 2 of the list goes back"
         } else {
             "repeats an earlier one"
         };
         refuses_within_bounds(&s, &["info", "disks/a.vhd"], needle);
+        // A broken answer is final: the listing is not made again (it was, once
+        // per segment size, six times over).
+        let asked = page_list_requests(&s);
+        assert!(asked <= 2, "{asked} Get Page Ranges requests");
+        let needle = if fresh {
+            "pages"
+        } else {
+            "repeats an earlier one"
+        };
         refuses_within_bounds(&s, &["snapshot", "list", "disks/a.vhd"], needle);
     }
+    // NextMarker for ever, each page further on: stopped at 1000 pages, once.
+    let s = hostile_drive(move |_, i| {
+        let at = (i as u64 + 1) * 1024;
+        stub::Reply::xml(
+            200,
+            &format!("<?xml version=\"1.0\"?><PageList><PageRange><Start>{at}</Start><End>{}</End></PageRange><NextMarker>m{i}</NextMarker></PageList>", at + 511),
+        )
+    });
+    refuses_within_bounds(&s, &["info", "disks/a.vhd"], "past 1000 pages");
+    assert_eq!(page_list_requests(&s), 1000);
+}
+
+fn page_list_requests(s: &stub::Stub) -> usize {
+    s.requests()
+        .iter()
+        .filter(|r| r.query("comp").as_deref() == Some("pagelist"))
+        .count()
+}
+
+#[test]
+fn a_hostile_page_list_per_segment_cannot_grow_memory_with_the_drive() {
+    // Every Get Page Ranges segment is answered with 75,000 copies of one range
+    // (4 MB); such dense answers shrink the segments to 4 MiB, so a 384 MiB
+    // drive is asked in 39 segments and a 64 MiB one in one. Clipped and merged
+    // as they arrive, the copies are one range: what `info` holds does not grow
+    // with the number of segments (kept whole, the copies of 39 answers are 47
+    // MB more; of an 8 GiB drive's 2,000, gigabytes).
+    let unit = b"<PageRange><Start>0</Start><End>511</End></PageRange>";
+    let mut body = b"<?xml version=\"1.0\"?><PageList>".to_vec();
+    for _ in 0..75_000 {
+        body.extend_from_slice(unit);
+    }
+    body.extend_from_slice(b"</PageList>");
+    let body = std::sync::Arc::new(body);
+    let peak = |size: u64| {
+        let body = body.clone();
+        let s = hostile_drive_of(size, move |_, _| stub::Reply::Respond {
+            status: 200,
+            headers: vec![("Content-Type".into(), "application/xml".into())],
+            body: body.to_vec(),
+        });
+        let (ok, err, peak_kib) = run_against(&s.endpoint(), &["info", "disks/a.vhd", "--json"]);
+        assert!(ok, "{err}");
+        (page_list_requests(&s), peak_kib)
+    };
+    let (one, one_kib) = peak(64 * MIB);
+    let (many, many_kib) = peak(384 * MIB);
+    assert_eq!(one, 1);
+    assert!(many >= 39, "only {many} segments were asked");
+    assert!(
+        many_kib < one_kib + 24 * 1024 && many_kib < 200 * 1024,
+        "info peaked at {} MiB resident over {many} answers, {} MiB over one",
+        many_kib / 1024,
+        one_kib / 1024
+    );
+}
+
+#[test]
+fn a_service_cannot_write_escape_sequences_to_the_terminal() {
+    // An error whose code and message would clear root's screen and set the
+    // terminal's title, the message followed by 10,000 characters.
+    let message = format!("\x1b[2J\x1b]0;owned\x07\u{9b}1m{}", "z".repeat(10_000));
+    let body = format!(
+        "<?xml version=\"1.0\"?><Error><Code>Busy</Code><Message>{message}</Message></Error>"
+    );
+    let s = hostile_drive(move |_, _| stub::Reply::error(400, "Busy", &body));
+    let (ok, err, _) = run_against(&s.endpoint(), &["info", "disks/a.vhd"]);
+    assert!(!ok);
+    let line = the_error_line(&err, &["400"]);
+    assert!(!line.chars().any(char::is_control), "{line:?}");
+    assert!(line.contains("\\u{1b}]0;owned\\u{7}"), "{line}");
+    assert!(line.len() < 2000, "{} characters: {line}", line.len());
+}
+
+#[test]
+fn a_proxy_from_the_environment_never_carries_plain_http() {
+    // A root shell's environment names a proxy: with a loopback endpoint over
+    // plain http, following it would send the Shared Key signature in the clear
+    // to that host. The proxy here is a stub that records what reaches it.
+    let proxy = stub::Stub::start(|_, _| stub::Reply::status(502));
+    let endpoint =
+        hostile_drive(|_, _| stub::Reply::xml(200, "<?xml version=\"1.0\"?><PageList></PageList>"));
+    let via = format!("http://127.0.0.1:{}", proxy.port);
+    let env: Vec<(&str, &str)> = ["http_proxy", "HTTP_PROXY", "all_proxy", "https_proxy"]
+        .into_iter()
+        .map(|k| (k, via.as_str()))
+        .collect();
+    let (ok, err, _) = run_against_with(&endpoint.endpoint(), &["info", "disks/a.vhd"], &env);
+    assert!(ok, "{err}");
+    assert!(
+        proxy.requests().is_empty(),
+        "the proxy was sent {:?}",
+        proxy.requests()
+    );
+    assert!(!endpoint.requests().is_empty());
+    assert!(
+        err.contains("http_proxy, HTTP_PROXY, all_proxy not used: plain http goes only to this machine's loopback"),
+        "{err}"
+    );
 }

@@ -7,6 +7,7 @@
 //! change is refused.
 
 mod common;
+mod faultproxy;
 
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -500,4 +501,34 @@ fn a_cache_directory_others_could_change_is_refused() {
     );
     let listed = json(&ok(&run(), &az(), &["list", "--json"]));
     assert!(!listed.to_string().contains(mp.s()), "nothing mounted");
+}
+
+/// A cache filled through one endpoint is never served through another: a
+/// proxy that rewrote bytes, or another emulator, may answer with the same
+/// name, ETag, length and sequence number. The second endpoint here is a clean
+/// proxy in front of the same emulator, so everything but the endpoint agrees.
+#[test]
+fn a_cache_filled_through_one_endpoint_is_not_served_through_another() {
+    require_root();
+    let spec = new_drive("dc-endpoint", "16MiB");
+    let caches = cache_parent("endpoint");
+    let dc = caches.to_str().unwrap();
+    let mp = Mp::new(&run(), &az());
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    write_disk(&mp, 0, &pattern(5, 4 * MIB));
+    unmount(&mp);
+    let proxy = faultproxy::Proxy::start(faultproxy::Config::clean(Azurite::shared().port));
+    let elsewhere = proxy.connection_string();
+    ok(
+        &run(),
+        &elsewhere,
+        &["mount", &spec, mp.s(), "--mode", "raw", "--disk-cache", dc],
+    );
+    let d = disk_stats(&mp);
+    assert_eq!(d["on"], true, "{d}");
+    assert_eq!(d["warm_start"], false, "{d}");
+    assert_eq!(read_disk(&mp, 0, 4 * MIB), pattern(5, 4 * MIB));
+    ok(&run(), &elsewhere, &["unmount", mp.s()]);
+    let dirs = std::fs::read_dir(&caches).unwrap().count();
+    assert_eq!(dirs, 2, "one cache per endpoint");
 }

@@ -567,3 +567,34 @@ fn a_refused_token_is_renewed_once_and_the_request_retried() {
     assert_eq!(stub.requests().len(), 2);
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+#[test]
+fn a_token_endpoint_cannot_write_escape_sequences_to_the_terminal() {
+    // A hostile identity endpoint on this machine answers with a description that
+    // would clear the screen and set the terminal's title, followed by 10,000
+    // characters.
+    let hostile = format!("\x1b[2J\x1b]0;owned\x07\u{9b}1m{}", "z".repeat(10_000));
+    let body =
+        serde_json::json!({ "error": "invalid_request\x1b[5m", "error_description": hostile })
+            .to_string();
+    let imds = Stub::start(move |_, _| Reply::Respond {
+        status: 400,
+        headers: vec![("Content-Type".into(), "application/json".into())],
+        body: body.clone().into_bytes(),
+    });
+    let service = denying_stub();
+    let env = kv(&[
+        ("AZURE_POD_IDENTITY_AUTHORITY_HOST", &imds.endpoint()),
+        (
+            "AZURE_STORAGE_CONNECTION_STRING",
+            &format!("BlobEndpoint={}", service.endpoint()),
+        ),
+        ("BLOBDRIVE_AUTH", "managed-identity"),
+    ]);
+    let args = ["info", "disks/a.vhd"];
+    let m = error_line(&args, blobdrive(&env, &args));
+    assert!(!imds.requests().is_empty(), "the endpoint was not asked");
+    assert!(!m.chars().any(char::is_control), "{m:?}");
+    assert!(m.contains("\\u{1b}]0;owned\\u{7}"), "{m}");
+    assert!(m.len() < 2000, "{} characters: {m}", m.len());
+}

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::azure::text::{escape_controls, service_text};
+
 /// The REST operation that failed; used in messages and statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -140,7 +142,7 @@ pub enum AzureError {
     },
     /// No answer within the retry budget (connection refused, reset, timed out).
     /// `endpoint` is the blob service URL tried, without query or credentials.
-    #[error("cannot {op} {target}: no answer from the storage service at {endpoint} after {attempts} attempt(s) in {:.1}s ({detail})", elapsed.as_secs_f64())]
+    #[error("cannot {op} {target}: no answer from the storage service at {endpoint} after {attempts} attempt(s) in {:.1}s ({})", elapsed.as_secs_f64(), escape_controls(detail))]
     Unreachable {
         op: Op,
         target: String,
@@ -160,7 +162,7 @@ pub enum AzureError {
     /// The request could not be authorised, so it was not sent: the credential
     /// has no valid token (an Entra ID token that expired while its renewal keeps
     /// failing). An outage of the identity service, waited out like one.
-    #[error("cannot {op} {target}: {detail}")]
+    #[error("cannot {op} {target}: {}", escape_controls(detail))]
     NotAuthorized {
         op: Op,
         target: String,
@@ -173,8 +175,12 @@ pub enum AzureError {
         target: String,
         reason: String,
     },
-    /// The service answered something the client cannot make sense of.
-    #[error("cannot {op} {target}: unexpected response: {detail}")]
+    /// The service answered something the client cannot make sense of. The
+    /// detail may quote the answer, so it is printed with controls escaped.
+    #[error(
+        "cannot {op} {target}: unexpected response: {}",
+        escape_controls(detail)
+    )]
     Protocol {
         op: Op,
         target: String,
@@ -320,21 +326,19 @@ fn service_message(
         ),
         _ => None,
     };
+    // The code and the message are the service's words: escaped and cut.
+    let code = code.map(service_text);
+    let message = message.map(service_text);
     let detail = match (code, message) {
-        (Some(c), Some(m)) => format!("HTTP {status} {c}: {}", first_line(m)),
+        (Some(c), Some(m)) => format!("HTTP {status} {c}: {m}"),
         (Some(c), None) => format!("HTTP {status} {c}"),
-        (None, Some(m)) => format!("HTTP {status}: {}", first_line(m)),
+        (None, Some(m)) => format!("HTTP {status}: {m}"),
         (None, None) => format!("HTTP {status}"),
     };
     match hint {
         Some(h) => format!("cannot {op} {target}: {h} ({detail})"),
         None => format!("cannot {op} {target}: {detail}"),
     }
-}
-
-/// Service messages carry a RequestId and Time on further lines; one line is enough.
-fn first_line(m: &str) -> &str {
-    m.lines().next().unwrap_or("").trim()
 }
 
 #[cfg(test)]
@@ -375,6 +379,22 @@ mod tests {
                 && m.contains("HTTP 400 InvalidResourceName"),
             "{m}"
         );
+    }
+
+    #[test]
+    fn a_hostile_code_and_message_are_escaped_and_cut() {
+        let e = AzureError::Service {
+            op: Op::Read,
+            target: "disks/a.vhd".into(),
+            status: 500,
+            code: Some("\x1b]0;title\x07".into()),
+            message: Some(format!("\x1b[2J{}", "y".repeat(10_000))),
+            denied: None,
+        };
+        let m = e.to_string();
+        assert!(!m.chars().any(|c| c.is_control()), "{m:?}");
+        assert!(m.contains("\\u{1b}]0;title"), "{m}");
+        assert!(m.len() < 1000, "{} characters", m.len());
     }
 
     #[test]

@@ -23,9 +23,17 @@ fn system_store_empty() -> bool {
     *EMPTY.get_or_init(|| rustls_native_certs::load_native_certs().certs.is_empty())
 }
 
-/// A client builder with this crate's TLS roots and user agent.
+/// A client builder with this crate's TLS roots, user agent and proxy rule.
 pub fn client_builder(connect_timeout: Duration) -> reqwest::ClientBuilder {
-    reqwest::Client::builder()
+    let builder = reqwest::Client::builder()
+        // Not the HTTP library's own reading of the environment, which would send
+        // plain http through `http_proxy` too: see `https_proxy_from_env`.
+        .no_proxy();
+    let builder = match https_proxy_from_env() {
+        Some(proxy) => builder.proxy(proxy),
+        None => builder,
+    };
+    builder
         .use_rustls_tls()
         .tls_built_in_native_certs(true)
         .tls_built_in_webpki_certs(system_store_empty())
@@ -39,6 +47,30 @@ pub fn client_builder(connect_timeout: Duration) -> reqwest::ClientBuilder {
         // (which would carry the SAS) is ever sent.
         .redirect(reqwest::redirect::Policy::none())
         .referer(false)
+}
+
+/// The variables that name a proxy for plain http: never used (see
+/// [`https_proxy_from_env`]), and a command that meets one says so.
+pub const PLAIN_PROXY_VARS: [&str; 4] = ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"];
+
+/// The proxy for https requests: `https_proxy` (or `HTTPS_PROXY`, then
+/// `all_proxy`/`ALL_PROXY`), except for hosts in `no_proxy`/`NO_PROXY`.
+///
+/// Plain http never goes through a proxy. It is allowed only to this machine's
+/// loopback (an emulator), and a request there carries a Shared Key signature or
+/// a SAS in the clear: through `http_proxy` it would cross the network to
+/// whatever host that names. Over https a proxy sees only a tunnel.
+fn https_proxy_from_env() -> Option<reqwest::Proxy> {
+    let url = ["https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))?;
+    match reqwest::Proxy::https(url.trim()) {
+        Ok(proxy) => Some(proxy.no_proxy(reqwest::NoProxy::from_env())),
+        Err(_) => {
+            tracing::warn!("https_proxy is not a URL; connecting directly");
+            None
+        }
+    }
 }
 
 /// The first `max` bytes of `resp`'s body; the rest, if any, is never read (the

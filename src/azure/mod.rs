@@ -18,6 +18,7 @@ pub mod ranges;
 pub mod retry;
 pub mod scatter;
 pub mod stats;
+pub mod text;
 pub mod xml;
 
 pub use account::{Account, Credential};

@@ -109,10 +109,12 @@ pub fn parse_page_list(body: &[u8]) -> Result<PageListPage, String> {
                     }
                     _ => return Ok(()),
                 };
-                *field = Some(
-                    t.parse::<u64>()
-                        .map_err(|_| format!("{p} is not a number: '{t}'"))?,
-                );
+                *field = Some(t.parse::<u64>().map_err(|_| {
+                    format!(
+                        "{p} is not a number: '{}'",
+                        crate::azure::text::service_text(&t)
+                    )
+                })?);
             }
             Item::End(p) if p == "PageList/PageRange" || p == "PageList/ClearRange" => {
                 let range = match (start.take(), end.take()) {
@@ -152,6 +154,22 @@ pub struct BlobListPage {
     pub next_marker: Option<String>,
 }
 
+/// A snapshot id as the service names one (`2026-11-22T11:05:54.5810000Z`): it is
+/// printed, and sent back in URLs, so anything else is refused, never shown.
+fn snapshot_id(t: String) -> Result<String, String> {
+    let timestamp_like = t.len() <= 64
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'-'));
+    if timestamp_like {
+        Ok(t)
+    } else {
+        Err(format!(
+            "a snapshot id that is not a timestamp: '{}'",
+            crate::azure::text::service_text(&t)
+        ))
+    }
+}
+
 /// Parses `<EnumerationResults>` of List Blobs (flat listing).
 pub fn parse_blob_list(body: &[u8]) -> Result<BlobListPage, String> {
     let mut out = BlobListPage::default();
@@ -168,7 +186,7 @@ pub fn parse_blob_list(body: &[u8]) -> Result<BlobListPage, String> {
                 };
                 match field {
                     "/Name" => cur.name = t,
-                    "/Snapshot" if !t.is_empty() => cur.snapshot = Some(t),
+                    "/Snapshot" if !t.is_empty() => cur.snapshot = Some(snapshot_id(t)?),
                     "/Properties/Content-Length" => cur.content_length = t.parse().ok(),
                     "/Properties/BlobType" => cur.blob_type = Some(t),
                     "/Properties/LeaseState" => cur.lease_state = Some(t),

@@ -98,11 +98,29 @@ fn no_account() -> Account {
     }
 }
 
+/// Says that a proxy named for plain http is not used (the endpoint is reached
+/// directly), so that an operator who meant it learns why it was passed by.
+fn say_plain_http_bypasses_proxies() {
+    let named: Vec<&str> = blobdrive::azure::http::PLAIN_PROXY_VARS
+        .into_iter()
+        .filter(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()))
+        .collect();
+    if !named.is_empty() {
+        eprintln!(
+            "warning: {} not used: plain http goes only to this machine's loopback, never through a proxy (a key's signature or SAS would cross the network in the clear)",
+            named.join(", ")
+        );
+    }
+}
+
 /// Refuses, before anything is sent, to send a credential (a key's signature, a
 /// SAS, a token) in the clear: over plain http it can be read and replayed by
 /// anyone on the path, whose unauthenticated answers would then be trusted too.
 /// Plain http is fine to this machine's loopback (an emulator, a local proxy).
 fn check_transport(account: &Account) -> Result<()> {
+    if account.blob_endpoint.scheme() == "http" {
+        say_plain_http_bypasses_proxies();
+    }
     if matches!(account.credential, Credential::Anonymous)
         || may_carry_token(&account.blob_endpoint)
     {

@@ -15,9 +15,9 @@
 use std::borrow::Cow;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
@@ -348,15 +348,34 @@ pub fn bind(addr: &str) -> Result<TcpListener, String> {
     TcpListener::bind(sock).map_err(|e| format!("cannot serve metrics on {sock}: {e}"))
 }
 
-/// Serves `GET /metrics` on `listener` for as long as the process lives, one
-/// connection at a time (a scrape takes milliseconds; a client that sends
-/// nothing is dropped after 5 s).
+/// Serves `GET /metrics` on `listener` for as long as the process lives, each
+/// connection on a thread of its own (at most [`MAX_CLIENTS`] at once), so that
+/// a client that trickles its request cannot hold back a scrape; every request
+/// must arrive whole within [`CLIENT_TIMEOUT`].
 pub fn serve(listener: TcpListener, registry: Registry) {
+    let registry = Arc::new(registry);
+    let clients = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
-                if let Err(e) = answer(stream, &registry) {
-                    debug!("a metrics client: {e}");
+                let Some(slot) = ClientSlot::take(&clients) else {
+                    debug!("a metrics client turned away: {MAX_CLIENTS} already connected");
+                    continue;
+                };
+                let registry = registry.clone();
+                // The slot goes with the closure: dropped with it if no thread
+                // could be started, at the thread's end otherwise.
+                let spawned = std::thread::Builder::new()
+                    .name("blobdrive-metrics".into())
+                    .stack_size(256 * 1024)
+                    .spawn(move || {
+                        let _slot = slot;
+                        if let Err(e) = answer(stream, &registry) {
+                            debug!("a metrics client: {e}");
+                        }
+                    });
+                if let Err(e) = spawned {
+                    warn!("cannot start a thread for a metrics client: {e}");
                 }
             }
             Err(e) => {
@@ -367,9 +386,35 @@ pub fn serve(listener: TcpListener, registry: Registry) {
     }
 }
 
-/// Reads one request head (bounded in size and time) and answers it.
+/// Most metrics clients served at once: a scraper or two, with room for a few
+/// that hang; past it a connection is closed unanswered.
+const MAX_CLIENTS: usize = 16;
+
+/// One of the [`MAX_CLIENTS`] places, given back when dropped.
+struct ClientSlot(Arc<AtomicUsize>);
+
+impl ClientSlot {
+    fn take(clients: &Arc<AtomicUsize>) -> Option<ClientSlot> {
+        clients
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < MAX_CLIENTS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ClientSlot(clients.clone()))
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Reads one request head (bounded in size, and in time as a whole: a client
+/// sending a byte every few seconds is cut off at [`CLIENT_TIMEOUT`]) and
+/// answers it.
 fn answer(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
@@ -382,6 +427,14 @@ fn answer(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
                 "request head too long\n",
             );
         }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the request did not arrive whole in time",
+            ));
+        }
+        stream.set_read_timeout(Some(left))?;
         let n = stream.read(&mut buf)?;
         if n == 0 {
             return Ok(());
@@ -498,5 +551,47 @@ mod tests {
             "{err}"
         );
         assert!(bind("localhost").unwrap_err().contains("ADDRESS:PORT"));
+    }
+
+    #[test]
+    fn a_client_that_trickles_its_request_neither_holds_the_port_nor_stays() {
+        let listener = bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reg = registry("c/d.vhd", sources());
+        std::thread::spawn(move || serve(listener, reg));
+        // One byte a second, never a whole request.
+        let slow = TcpStream::connect(addr).unwrap();
+        let trickle = {
+            let mut w = slow.try_clone().unwrap();
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                while started.elapsed() < Duration::from_secs(20) {
+                    if w.write_all(b"G").is_err() {
+                        return started.elapsed();
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                started.elapsed()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..2 {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out)
+                .expect("a scrape answered while another client trickles");
+            assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+        }
+        // The server hangs up on the trickling client (its writes then fail)
+        // once the whole request's time is up, though bytes keep coming.
+        let took = trickle.join().unwrap();
+        drop(slow);
+        assert!(
+            took < Duration::from_secs(20),
+            "the trickling client was kept for {took:?}"
+        );
     }
 }

@@ -11,7 +11,7 @@ use super::blob::BlobClient;
 use super::fence::WriteFence;
 use crate::azure::error::{AzureError, Op};
 use crate::azure::pipeline::Request;
-use crate::azure::ranges::{self, PageRange};
+use crate::azure::ranges::{Advance, Gathered, PageRange};
 use crate::azure::scatter::Scatter;
 use crate::azure::stats::ClientStats;
 use crate::azure::xml;
@@ -20,6 +20,14 @@ use crate::azure::xml;
 pub const MAX_PUT_PAGE: u64 = 4 * 1024 * 1024;
 /// Page size: every page-blob offset and length is a multiple of it.
 pub const PAGE: u64 = 512;
+
+/// One Get Page Ranges query's answer, merged as it arrived.
+struct PageList {
+    written: Gathered,
+    cleared: Gathered,
+    /// How many ranges the service sent: what sizes the next segment.
+    sent: usize,
+}
 
 /// Result of a `prevsnapshot` diff query.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,8 +56,10 @@ pub struct SegmentPlan {
 /// The most `NextMarker` pages one Get Page Ranges query follows. The service
 /// pages a long answer; a drive's map comes from segmented queries, each short.
 pub const PAGE_LIST_MAX_PAGES: usize = 1000;
-/// The most ranges one Get Page Ranges query gathers (32 MiB of them): a bound on
-/// what a hostile endpoint's answers can make this client hold.
+/// The most ranges one Get Page Ranges query counts, and the most merged ranges
+/// a drive's map holds (32 MiB of them): a bound on what a hostile endpoint's
+/// answers can make this client hold. A real drive reaches it only with two
+/// million separate written runs (each at least a page, with a hole between).
 pub const PAGE_LIST_MAX_RANGES: usize = 2 << 20;
 
 impl Default for SegmentPlan {
@@ -239,14 +249,24 @@ impl BlobClient {
     }
 
     /// One Get Page Ranges query (all its `NextMarker` pages, within
-    /// [`PAGE_LIST_MAX_PAGES`] and [`PAGE_LIST_MAX_RANGES`]), unmerged.
+    /// [`PAGE_LIST_MAX_PAGES`] and [`PAGE_LIST_MAX_RANGES`]): the written and the
+    /// cleared ranges inside `range`, each merged page by page as it arrives.
     async fn page_list(
         &self,
         range: Option<PageRange>,
         prev_snapshot: Option<&str>,
         max_attempts: Option<u32>,
-    ) -> Result<xml::PageListPage, AzureError> {
-        let mut all = xml::PageListPage::default();
+    ) -> Result<PageList, AzureError> {
+        let mut written = Gathered::new(PAGE_LIST_MAX_RANGES);
+        let mut cleared = Gathered::new(PAGE_LIST_MAX_RANGES);
+        let mut sent = 0;
+        if range.is_some_and(|r| r.is_empty()) {
+            return Ok(PageList {
+                written,
+                cleared,
+                sent,
+            });
+        }
         let mut marker: Option<String> = None;
         let mut guard = super::PageGuard::new(
             Op::GetPageRanges,
@@ -254,6 +274,7 @@ impl BlobClient {
             PAGE_LIST_MAX_PAGES,
             PAGE_LIST_MAX_RANGES,
         );
+        let mut advance = Advance::default();
         loop {
             let mut q: Vec<(&str, &str)> = vec![("comp", "pagelist")];
             if let Some(p) = prev_snapshot {
@@ -265,28 +286,45 @@ impl BlobClient {
             let mut req = self.request(Op::GetPageRanges, Method::GET, &q, &[200]);
             req.max_attempts = max_attempts;
             if let Some(r) = range {
-                if r.is_empty() {
-                    return Ok(all);
-                }
                 req.header("x-ms-range", format!("bytes={}-{}", r.start, r.end - 1));
             }
             self.count(|s| ClientStats::add(&s.page_range_requests, 1));
             let resp = self.svc.execute(req).await?;
-            let page = xml::parse_page_list(&resp.body).map_err(|detail| AzureError::Protocol {
-                op: Op::GetPageRanges,
-                target: self.target(),
-                detail,
-            })?;
+            let page = xml::parse_page_list(&resp.body).map_err(|d| self.broken_list(d))?;
+            sent += page.ranges.len() + page.cleared.len();
             guard.page(
                 page.ranges.len() + page.cleared.len(),
                 page.next_marker.as_deref(),
             )?;
-            all.ranges.extend(page.ranges);
-            all.cleared.extend(page.cleared);
+            advance
+                .page(page.ranges.iter().chain(&page.cleared))
+                .map_err(|d| self.broken_list(d))?;
+            written
+                .add(page.ranges, range)
+                .map_err(|d| self.broken_list(d))?;
+            cleared
+                .add(page.cleared, range)
+                .map_err(|d| self.broken_list(d))?;
             match page.next_marker {
                 Some(m) => marker = Some(m),
-                None => return Ok(all),
+                None => {
+                    return Ok(PageList {
+                        written,
+                        cleared,
+                        sent,
+                    })
+                }
             }
+        }
+    }
+
+    /// A Get Page Ranges answer that cannot be right: final, never retried (an
+    /// endpoint that answers so once will answer so again).
+    fn broken_list(&self, detail: String) -> AzureError {
+        AzureError::Protocol {
+            op: Op::GetPageRanges,
+            target: self.target(),
+            detail,
         }
     }
 
@@ -295,8 +333,7 @@ impl BlobClient {
         &self,
         range: Option<PageRange>,
     ) -> Result<Vec<PageRange>, AzureError> {
-        let page = self.page_list(range, None, None).await?;
-        Ok(clip(ranges::merge(page.ranges), range))
+        Ok(self.page_list(range, None, None).await?.written.into_vec())
     }
 
     /// Ranges changed (`changed`) and cleared (`cleared`) since `prev_snapshot`, as the
@@ -307,15 +344,17 @@ impl BlobClient {
         prev_snapshot: &str,
         range: Option<PageRange>,
     ) -> Result<PageDiff, AzureError> {
-        let page = self.page_list(range, Some(prev_snapshot), None).await?;
+        let list = self.page_list(range, Some(prev_snapshot), None).await?;
         Ok(PageDiff {
-            changed: clip(ranges::merge(page.ranges), range),
-            cleared: clip(ranges::merge(page.cleared), range),
+            changed: list.written.into_vec(),
+            cleared: list.cleared.into_vec(),
         })
     }
 
     /// All written ranges of the first `len` bytes, queried in adaptive segments and
-    /// merged across segment edges.
+    /// merged across segment edges as each segment's answer arrives, so that what
+    /// is held stays within [`PAGE_LIST_MAX_RANGES`] ranges whatever the drive's
+    /// size and whatever the answers hold.
     pub async fn page_ranges_segmented(
         &self,
         len: u64,
@@ -324,7 +363,7 @@ impl BlobClient {
         let align = |v: u64| (v / PAGE).max(1) * PAGE;
         let mut seg = align(plan.initial.clamp(plan.min, plan.max));
         let mut pos = 0u64;
-        let mut found = Vec::new();
+        let mut found = Gathered::new(PAGE_LIST_MAX_RANGES);
         while pos < len {
             let end = (pos + seg).min(len);
             // Where a smaller segment is still possible, fail fast and split instead of
@@ -334,9 +373,12 @@ impl BlobClient {
                 .page_list(Some(PageRange::new(pos, end)), None, attempts)
                 .await
             {
-                Ok(page) => {
-                    let n = page.ranges.len();
-                    found.extend(page.ranges);
+                Ok(list) => {
+                    // How hard the service worked: what it sent, before merging.
+                    let n = list.sent;
+                    found
+                        .append(list.written)
+                        .map_err(|d| self.broken_list(d))?;
                     pos = end;
                     if n < plan.grow_below {
                         seg = align((seg.saturating_mul(2)).min(plan.max));
@@ -344,26 +386,21 @@ impl BlobClient {
                         seg = align((seg / 2).max(plan.min));
                     }
                 }
-                Err(e)
-                    if seg > plan.min
-                        && matches!(e.status(), Some(500 | 503) | None)
-                        && !matches!(e, AzureError::Invalid { .. }) =>
-                {
+                // Only a query the service did not finish is worth splitting: no
+                // answer, or a server error. An answer that was wrong (unparseable,
+                // endless, not advancing) is final.
+                Err(e) if seg > plan.min && Self::unfinished(&e) => {
                     warn!(target = %self.target(), segment = seg, "page ranges query failed, splitting: {e}");
                     seg = align((seg / 2).max(plan.min));
                 }
                 Err(e) => return Err(e),
             }
         }
-        Ok(clip(ranges::merge(found), Some(PageRange::new(0, len))))
+        Ok(found.into_vec())
     }
-}
 
-/// Restricts merged ranges to `within` (the service may answer with whole pages
-/// beyond the asked range).
-fn clip(ranges: Vec<PageRange>, within: Option<PageRange>) -> Vec<PageRange> {
-    match within {
-        None => ranges,
-        Some(w) => ranges.iter().filter_map(|r| r.intersect(&w)).collect(),
+    /// Whether a failed query is one the service could not finish in time.
+    fn unfinished(e: &AzureError) -> bool {
+        matches!(e.status(), Some(500 | 503)) || matches!(e, AzureError::Unreachable { .. })
     }
 }

@@ -148,24 +148,41 @@ fn fsync_dir(dir: &File) -> std::io::Result<()> {
 
 /// The directory name of one drive's cache: account, container and blob (and
 /// snapshot), with every byte but letters, digits, `-` and `_` written `%XX`,
-/// shortened with a hash of the whole if long.
-pub fn dir_name(account: &str, container: &str, blob: &str, snapshot: Option<&str>) -> String {
+/// then a hash of the endpoint; shortened with a hash of the whole if long.
+///
+/// The endpoint is part of the key: a cache filled through one endpoint (a
+/// proxy that rewrote bytes, another emulator) must not be served warm through
+/// another that answers with the same name, ETag, length and sequence number.
+pub fn dir_name(
+    endpoint: &str,
+    account: &str,
+    container: &str,
+    blob: &str,
+    snapshot: Option<&str>,
+) -> String {
     let mut whole = format!("{account}.{container}.{}", escape(blob));
     if let Some(s) = snapshot {
         whole.push('@');
         whole.push_str(&escape(s));
     }
+    whole.push_str(".e");
+    whole.push_str(&short_hash(endpoint));
     if whole.len() <= 200 {
         return whole;
     }
-    use sha2::Digest;
-    let h = sha2::Sha256::digest(whole.as_bytes());
-    let hex: String = h[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = short_hash(&whole);
     let mut cut = 180;
     while !whole.is_char_boundary(cut) {
         cut -= 1;
     }
     format!("{}~{hex}", &whole[..cut])
+}
+
+/// The first 8 bytes of `s`'s SHA-256, in hex.
+fn short_hash(s: &str) -> String {
+    use sha2::Digest;
+    let h = sha2::Sha256::digest(s.as_bytes());
+    h[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn escape(s: &str) -> String {
@@ -506,13 +523,24 @@ mod tests {
 
     #[test]
     fn directory_names_keep_drives_apart_and_stay_short() {
-        let a = dir_name("acct", "disks", "a/b.vhd", None);
-        assert_eq!(a, "acct.disks.a%2Fb%2Evhd");
-        assert_ne!(a, dir_name("acct", "disks", "a/b.vhd", Some("2026-01-01")));
-        assert_ne!(a, dir_name("acct", "disks.a", "b.vhd", None));
-        let long = dir_name("acct", "disks", &"x".repeat(1000), None);
+        let ep = "http://127.0.0.1:10000/acct";
+        let a = dir_name(ep, "acct", "disks", "a/b.vhd", None);
+        assert!(a.starts_with("acct.disks.a%2Fb%2Evhd.e"), "{a}");
+        assert_ne!(
+            a,
+            dir_name(ep, "acct", "disks", "a/b.vhd", Some("2026-01-01"))
+        );
+        assert_ne!(a, dir_name(ep, "acct", "disks.a", "b.vhd", None));
+        let long = dir_name(ep, "acct", "disks", &"x".repeat(1000), None);
         assert!(long.len() < 220);
-        assert_ne!(long, dir_name("acct", "disks", &"x".repeat(999), None));
-        assert!(!dir_name("a", "b", "..", None).contains('/'));
+        assert_ne!(long, dir_name(ep, "acct", "disks", &"x".repeat(999), None));
+        assert!(!dir_name(ep, "a", "b", "..", None).contains('/'));
+    }
+
+    #[test]
+    fn the_same_drive_through_another_endpoint_has_another_cache() {
+        let a = dir_name("http://127.0.0.1:10000/acct", "acct", "d", "a.vhd", None);
+        let b = dir_name("http://127.0.0.1:10001/acct", "acct", "d", "a.vhd", None);
+        assert_ne!(a, b);
     }
 }

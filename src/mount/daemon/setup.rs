@@ -398,8 +398,15 @@ fn open_disk_cache(
                 .max(crate::device::diskcache::MIN_SIZE)
         }
     };
+    let account = m.blob.service().account();
+    let endpoint = &account.blob_endpoint;
     let name = files::dir_name(
-        &m.blob.service().account().name,
+        &format!(
+            "{}{}",
+            endpoint.origin().ascii_serialization(),
+            endpoint.path()
+        ),
+        &account.name,
         m.blob.container_name(),
         m.blob.name(),
         m.blob.snapshot(),

@@ -9,6 +9,7 @@ use url::Url;
 
 use super::{jwt, AccessToken};
 use crate::azure::http::{body_prefix, certificate_message, client_builder, describe, Transport};
+use crate::azure::text::service_text;
 
 /// Attempts per call: token endpoints are either there or not, and a sign-in that
 /// finds nothing must say so within seconds.
@@ -193,12 +194,15 @@ pub fn error_text(reply: &Reply) -> String {
             .map(str::to_string)
             .or_else(|| e.get("code").and_then(Value::as_str).map(str::to_string))
     });
+    // The endpoint's words: escaped and cut before they reach a terminal.
+    let code = code.as_deref().map(service_text);
+    let described = described.map(service_text);
     let text = match (code, described) {
-        (Some(c), Some(d)) => format!("{c}: {}", first_line(d)),
+        (Some(c), Some(d)) => format!("{c}: {d}"),
         (Some(c), None) => c,
-        (None, Some(d)) => first_line(d).to_string(),
+        (None, Some(d)) => d,
         (None, None) => match b {
-            Value::String(s) if !s.is_empty() => s.clone(),
+            Value::String(s) if !s.is_empty() => service_text(s),
             _ => String::new(),
         },
     };
@@ -207,10 +211,6 @@ pub fn error_text(reply: &Reply) -> String {
     } else {
         format!("HTTP {} {text}", reply.status)
     }
-}
-
-fn first_line(s: &str) -> &str {
-    s.lines().next().unwrap_or("").trim()
 }
 
 #[cfg(test)]
