@@ -128,7 +128,11 @@ pub fn forget_disk_attrs(session: &fuser::BackgroundSession) -> std::io::Result<
     session.notifier().inval_inode(INodeNo(DISK), -1, 0)
 }
 
-fn errno(e: &DeviceError) -> Errno {
+/// Logs a failed operation (`what`, e.g. "read 4096 bytes at 0") and gives the
+/// errno the application is answered with: one place for every FUSE reply of a
+/// device error, so that none goes unlogged or gets another errno.
+pub(crate) fn failed(what: std::fmt::Arguments<'_>, e: &DeviceError) -> Errno {
+    warn!("{what} failed: {e}");
     Errno::from_i32(e.errno())
 }
 
@@ -258,8 +262,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
                     match self.cache.read(offset, out) {
                         Ok(()) => reply.data(out),
                         Err(e) => {
-                            warn!("read {len} bytes at {offset} failed: {e}");
-                            reply.error(errno(&e))
+                            reply.error(failed(format_args!("read {len} bytes at {offset}"), &e))
                         }
                     }
                 })
@@ -304,10 +307,10 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         }
         match self.cache.write(offset, data) {
             Ok(()) => reply.written(data.len() as u32),
-            Err(e) => {
-                warn!("write of {} bytes at {offset} failed: {e}", data.len());
-                reply.error(errno(&e))
-            }
+            Err(e) => reply.error(failed(
+                format_args!("write of {} bytes at {offset}", data.len()),
+                &e,
+            )),
         }
     }
 
@@ -383,10 +386,10 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         };
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => {
-                warn!("discard {length} bytes at {offset} failed: {e}");
-                reply.error(errno(&e))
-            }
+            Err(e) => reply.error(failed(
+                format_args!("discard {length} bytes at {offset}"),
+                &e,
+            )),
         }
     }
 
@@ -475,10 +478,7 @@ impl<B: Backend> DiskFs<B> {
         }
         match self.cache.flush() {
             Ok(()) => reply.ok(),
-            Err(e) => {
-                warn!("flush failed: {e}");
-                reply.error(errno(&e))
-            }
+            Err(e) => reply.error(failed(format_args!("flush"), &e)),
         }
     }
 }
