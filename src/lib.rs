@@ -7,6 +7,7 @@
 
 pub mod azure;
 pub mod blobref;
+pub mod csi;
 pub mod device;
 pub mod drive;
 pub mod fuse;
