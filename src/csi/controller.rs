@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 use super::proto::controller_server::Controller;
 use super::proto::controller_service_capability::{self, rpc};
 use super::proto::*;
+use super::publish;
 use super::volume::{self, VolumeId};
 use super::Driver;
 use crate::azure::{AzureError, BlobClient, DeleteSnapshots};
@@ -190,22 +191,61 @@ impl Controller for ControllerService {
         Ok(Response::new(DeleteVolumeResponse {}))
     }
 
+    /// Publishing for writing records the node on the blob: one node at a
+    /// time. A read-only publication records nothing (a read-only mount takes
+    /// no lease, and many nodes may hold one).
     async fn controller_publish_volume(
         &self,
-        _: Request<ControllerPublishVolumeRequest>,
+        request: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "PUBLISH_UNPUBLISH_VOLUME is not offered",
-        ))
+        let req = request.into_inner();
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("a volume id is required"));
+        }
+        if req.node_id.is_empty() {
+            return Err(Status::invalid_argument("a node id is required"));
+        }
+        let Some(cap) = req.volume_capability else {
+            return Err(Status::invalid_argument("a volume capability is required"));
+        };
+        if let Some(why) = volume::unsupported(std::slice::from_ref(&cap)) {
+            return Err(Status::invalid_argument(why));
+        }
+        let id = VolumeId::parse(&req.volume_id)
+            .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
+        let readonly = req.readonly || volume::read_only(&cap);
+        if readonly {
+            if self.existing(&id).await?.is_none() {
+                return Err(Status::not_found(format!("no volume {}", id.spec())));
+            }
+        } else {
+            publish::publish(&self.blob(&id), &req.node_id).await?;
+            tracing::info!("published volume {} to node {}", id.spec(), req.node_id);
+        }
+        Ok(Response::new(ControllerPublishVolumeResponse {
+            publish_context: HashMap::from([(
+                volume::READONLY_CONTEXT.to_string(),
+                readonly.to_string(),
+            )]),
+        }))
     }
 
+    /// Unpublishing a node that still holds the volume's lease (it never
+    /// unstaged: dead or cut off) fences it before answering: see `publish.rs`.
     async fn controller_unpublish_volume(
         &self,
-        _: Request<ControllerUnpublishVolumeRequest>,
+        request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "PUBLISH_UNPUBLISH_VOLUME is not offered",
-        ))
+        let req = request.into_inner();
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("a volume id is required"));
+        }
+        let Some(id) = VolumeId::parse(&req.volume_id) else {
+            return Ok(Response::new(ControllerUnpublishVolumeResponse {}));
+        };
+        let node = (!req.node_id.is_empty()).then_some(req.node_id.as_str());
+        publish::unpublish(&self.blob(&id), node).await?;
+        Ok(Response::new(ControllerUnpublishVolumeResponse {}))
     }
 
     async fn validate_volume_capabilities(
@@ -319,14 +359,19 @@ impl Controller for ControllerService {
         &self,
         _: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
-        let capabilities = [rpc::Type::CreateDeleteVolume, rpc::Type::ListVolumes]
-            .into_iter()
-            .map(|t| ControllerServiceCapability {
-                r#type: Some(controller_service_capability::Type::Rpc(
-                    controller_service_capability::Rpc { r#type: t as i32 },
-                )),
-            })
-            .collect();
+        let capabilities = [
+            rpc::Type::CreateDeleteVolume,
+            rpc::Type::PublishUnpublishVolume,
+            rpc::Type::PublishReadonly,
+            rpc::Type::ListVolumes,
+        ]
+        .into_iter()
+        .map(|t| ControllerServiceCapability {
+            r#type: Some(controller_service_capability::Type::Rpc(
+                controller_service_capability::Rpc { r#type: t as i32 },
+            )),
+        })
+        .collect();
         Ok(Response::new(ControllerGetCapabilitiesResponse {
             capabilities,
         }))

@@ -2,7 +2,10 @@
 //! unix socket, so a cluster gets blobdrive drives as PersistentVolumes.
 //!
 //! - `identity.rs`: who the plugin is and what it serves;
-//! - `controller.rs`: volumes as drives (create, delete, list, validate);
+//! - `controller.rs`: volumes as drives (create, delete, list, validate,
+//!   publish);
+//! - `publish.rs`: which node a volume is published to, and fencing a node
+//!   that lost it;
 //! - `volume.rs`: volume ids, sizes and capabilities, checked before anything is
 //!   looked up, as csi-sanity expects.
 //!
@@ -12,6 +15,7 @@
 
 mod controller;
 mod identity;
+mod publish;
 mod volume;
 
 use std::path::PathBuf;

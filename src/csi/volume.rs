@@ -105,6 +105,19 @@ pub fn size_fits(size: u64, range: Option<&CapacityRange>) -> bool {
     size >= required.max(0) as u64 && (limit <= 0 || size <= limit as u64)
 }
 
+/// The publish context's key that tells the node to mount read-only.
+pub const READONLY_CONTEXT: &str = "readonly";
+
+/// Whether `cap` asks only to read.
+pub fn read_only(cap: &VolumeCapability) -> bool {
+    matches!(
+        cap.access_mode
+            .as_ref()
+            .and_then(|m| Mode::try_from(m.mode).ok()),
+        Some(Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
+    )
+}
+
 /// Why `caps` cannot be served, if they cannot: one writer on one node at a
 /// time (the lease), readers on many; a filesystem of ext4 or xfs, or a block
 /// device.

@@ -281,6 +281,18 @@ impl BlobClient {
         metadata: &[(&str, &str)],
         lease: Option<&str>,
     ) -> Result<(), AzureError> {
+        self.set_metadata_if_match(metadata, lease, None).await
+    }
+
+    /// [`Self::set_metadata`] only while the blob's ETag is `etag` (else 412
+    /// `ConditionNotMet`): a record kept in the metadata (a CSI publication)
+    /// changes only from the state it was read in.
+    pub async fn set_metadata_if_match(
+        &self,
+        metadata: &[(&str, &str)],
+        lease: Option<&str>,
+        etag: Option<&str>,
+    ) -> Result<(), AzureError> {
         let mut req = self.request(
             Op::SetMetadata,
             Method::PUT,
@@ -302,6 +314,7 @@ impl BlobClient {
         }
         req.headers.extend(names);
         req.lease(lease);
+        req.if_match(etag);
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         self.svc.execute(req).await.map(|_| ())
     }
