@@ -145,6 +145,8 @@ pub struct BlobItem {
     pub lease_state: Option<String>,
     pub last_modified: Option<String>,
     pub etag: Option<String>,
+    /// Name and value of each metadata entry (listed with `include=metadata`).
+    pub metadata: Vec<(String, String)>,
 }
 
 /// One page of a List Blobs answer.
@@ -192,7 +194,11 @@ pub fn parse_blob_list(body: &[u8]) -> Result<BlobListPage, String> {
                     "/Properties/LeaseState" => cur.lease_state = Some(t),
                     "/Properties/Last-Modified" => cur.last_modified = Some(t),
                     "/Properties/Etag" => cur.etag = Some(t),
-                    _ => {}
+                    f => {
+                        if let Some(name) = f.strip_prefix("/Metadata/") {
+                            cur.metadata.push((name.to_string(), t));
+                        }
+                    }
                 }
             }
             Item::End(p) if p == BLOB => out.items.push(std::mem::take(&mut cur)),

@@ -10,6 +10,7 @@ use super::proto::controller_server::Controller;
 use super::proto::controller_service_capability::{self, rpc};
 use super::proto::*;
 use super::publish;
+use super::snapshots;
 use super::volume::{self, VolumeId};
 use super::Driver;
 use crate::azure::{AzureError, BlobClient, DeleteSnapshots};
@@ -45,6 +46,59 @@ impl ControllerService {
                     "no container: give the StorageClass a `container` parameter, or the driver --container",
                 )
             })
+    }
+
+    /// Makes `blob` a new drive with `snapshot`'s bytes, grown to the size asked
+    /// for if that is more; returns its disk size.
+    async fn copy_snapshot(
+        &self,
+        blob: &BlobClient,
+        snapshot: &snapshots::SnapshotId,
+        req: &CreateVolumeRequest,
+    ) -> Result<u64, Status> {
+        let source = snapshot.blob(&self.driver.service);
+        let has = match Drive::open(&source).await {
+            Ok(d) => d.disk_size(),
+            Err(DriveError::Azure(e)) if e.is_not_found() => {
+                return Err(Status::not_found(format!(
+                    "no snapshot {}",
+                    snapshot.spec()
+                )))
+            }
+            Err(DriveError::BlobMissing(_) | DriveError::ContainerMissing(_)) => {
+                return Err(Status::not_found(format!(
+                    "no snapshot {}",
+                    snapshot.spec()
+                )))
+            }
+            Err(e) => return Err(status_of_drive(e)),
+        };
+        let range = req.capacity_range.as_ref();
+        let asked = match range {
+            Some(r) if r.required_bytes > 0 => volume::size_for(range)?,
+            _ => has,
+        };
+        if range.is_some_and(|r| r.limit_bytes > 0 && (r.limit_bytes as u64) < has) {
+            return Err(Status::out_of_range(format!(
+                "snapshot {} holds {has} bytes, more than the limit asked",
+                snapshot.spec()
+            )));
+        }
+        blob.copy_from(&source, None, None)
+            .await
+            .map_err(status_of)?;
+        let size = asked.max(has);
+        if size > has {
+            crate::resize::grow(blob, size)
+                .await
+                .map_err(status_of_drive)?;
+        }
+        tracing::info!(
+            "made volume {} of {size} bytes from snapshot {}",
+            blob.target(),
+            snapshot.spec()
+        );
+        Ok(size)
     }
 
     /// The drive of volume `id`; `None` when there is no such blob.
@@ -98,12 +152,22 @@ impl Controller for ControllerService {
         if let Some(why) = volume::unsupported(&req.volume_capabilities) {
             return Err(Status::invalid_argument(why));
         }
-        if req.volume_content_source.is_some() {
-            return Err(Status::invalid_argument(
-                "volumes from a snapshot or another volume are not served yet",
-            ));
-        }
-        let size = volume::size_for(req.capacity_range.as_ref())?;
+        let from = match req
+            .volume_content_source
+            .as_ref()
+            .and_then(|s| s.r#type.as_ref())
+        {
+            None => None,
+            Some(volume_content_source::Type::Snapshot(s)) => Some(
+                snapshots::SnapshotId::parse(&s.snapshot_id)
+                    .ok_or_else(|| Status::not_found(format!("no snapshot {}", s.snapshot_id)))?,
+            ),
+            Some(volume_content_source::Type::Volume(_)) => {
+                return Err(Status::invalid_argument(
+                    "volumes are made from snapshots, not cloned from volumes",
+                ))
+            }
+        };
         let id = VolumeId::for_name(&self.container_for(&req.parameters)?, &req.name)?;
         if let Some(d) = self.existing(&id).await? {
             // The same name again: the same volume if its size still fits.
@@ -123,6 +187,14 @@ impl Controller for ControllerService {
             Ok(_) => {}
             Err(e) => return Err(status_of(e)),
         }
+        if let Some(snapshot) = from {
+            let size = self.copy_snapshot(&blob, &snapshot, &req).await?;
+            let source = req.volume_content_source.clone();
+            return Ok(Response::new(CreateVolumeResponse {
+                volume: Some(volume(&id, size, source)),
+            }));
+        }
+        let size = volume::size_for(req.capacity_range.as_ref())?;
         match drive::create(&blob, size).await {
             Ok(()) => {}
             // Made meanwhile by another call of the same name: answered as above.
@@ -364,6 +436,9 @@ impl Controller for ControllerService {
             rpc::Type::PublishUnpublishVolume,
             rpc::Type::PublishReadonly,
             rpc::Type::ListVolumes,
+            rpc::Type::CreateDeleteSnapshot,
+            rpc::Type::ListSnapshots,
+            rpc::Type::ExpandVolume,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {
@@ -379,27 +454,124 @@ impl Controller for ControllerService {
 
     async fn create_snapshot(
         &self,
-        _: Request<CreateSnapshotRequest>,
+        request: Request<CreateSnapshotRequest>,
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
-        Err(Status::unimplemented(
-            "CREATE_DELETE_SNAPSHOT is not offered",
-        ))
+        let req = request.into_inner();
+        if req.source_volume_id.is_empty() {
+            return Err(Status::invalid_argument("a source volume id is required"));
+        }
+        if req.name.is_empty() {
+            return Err(Status::invalid_argument("a snapshot name is required"));
+        }
+        snapshots::check_name(&req.name)?;
+        let source = VolumeId::parse(&req.source_volume_id)
+            .ok_or_else(|| Status::not_found(format!("no volume {}", req.source_volume_id)))?;
+        // Taken already by this name: the same answer, or ALREADY_EXISTS if it
+        // was of another volume.
+        let mut containers = vec![source.container.clone()];
+        containers.extend(self.driver.container.clone());
+        containers.dedup();
+        for container in &containers {
+            let all = snapshots::in_container(&self.driver.service, container)
+                .await
+                .map_err(status_of)?;
+            let taken = all
+                .into_iter()
+                .find(|(_, item)| snapshots::name_of(item) == Some(req.name.as_str()));
+            if let Some((id, item)) = taken {
+                if id.volume != source {
+                    return Err(Status::already_exists(format!(
+                        "snapshot {} was taken of volume {}, not {}",
+                        req.name,
+                        id.volume.spec(),
+                        source.spec()
+                    )));
+                }
+                let len = item.content_length.unwrap_or_default();
+                return Ok(Response::new(CreateSnapshotResponse {
+                    snapshot: Some(snapshots::message(&id, len)),
+                }));
+            }
+        }
+        let blob = self.blob(&source);
+        let props = match blob.properties().await {
+            Ok(p) => p,
+            Err(e) if e.is_not_found() => {
+                return Err(Status::not_found(format!("no volume {}", source.spec())))
+            }
+            Err(e) => return Err(status_of(e)),
+        };
+        let at = blob
+            .create_snapshot_with(&[(snapshots::SNAPSHOT_META, &req.name)])
+            .await
+            .map_err(status_of)?;
+        let id = snapshots::SnapshotId { volume: source, at };
+        tracing::info!("took snapshot {} as {}", id.spec(), req.name);
+        Ok(Response::new(CreateSnapshotResponse {
+            snapshot: Some(snapshots::message(&id, props.content_length)),
+        }))
     }
 
     async fn delete_snapshot(
         &self,
-        _: Request<DeleteSnapshotRequest>,
+        request: Request<DeleteSnapshotRequest>,
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
-        Err(Status::unimplemented(
-            "CREATE_DELETE_SNAPSHOT is not offered",
-        ))
+        let req = request.into_inner();
+        if req.snapshot_id.is_empty() {
+            return Err(Status::invalid_argument("a snapshot id is required"));
+        }
+        let Some(id) = snapshots::SnapshotId::parse(&req.snapshot_id) else {
+            return Ok(Response::new(DeleteSnapshotResponse {}));
+        };
+        match id
+            .blob(&self.driver.service)
+            .delete(DeleteSnapshots::None, None)
+            .await
+        {
+            Ok(()) => tracing::info!("deleted snapshot {}", id.spec()),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(status_of(e)),
+        }
+        Ok(Response::new(DeleteSnapshotResponse {}))
     }
 
     async fn list_snapshots(
         &self,
-        _: Request<ListSnapshotsRequest>,
+        request: Request<ListSnapshotsRequest>,
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
-        Err(Status::unimplemented("LIST_SNAPSHOTS is not offered"))
+        let req = request.into_inner();
+        let by_id =
+            (!req.snapshot_id.is_empty()).then(|| snapshots::SnapshotId::parse(&req.snapshot_id));
+        let by_source =
+            (!req.source_volume_id.is_empty()).then(|| VolumeId::parse(&req.source_volume_id));
+        // A snapshot or a volume this driver never made: none to list.
+        if matches!(by_id, Some(None)) || matches!(by_source, Some(None)) {
+            return Ok(Response::new(ListSnapshotsResponse::default()));
+        }
+        let (by_id, by_source) = (by_id.flatten(), by_source.flatten());
+        let container = by_id
+            .as_ref()
+            .map(|i| i.volume.container.clone())
+            .or_else(|| by_source.as_ref().map(|v| v.container.clone()))
+            .or_else(|| self.driver.container.clone());
+        let Some(container) = container else {
+            return Err(Status::failed_precondition(
+                "ListSnapshots lists the driver's --container, and none was given",
+            ));
+        };
+        let all = snapshots::in_container(&self.driver.service, &container)
+            .await
+            .map_err(status_of)?
+            .into_iter()
+            .filter(|(id, _)| by_id.as_ref().is_none_or(|want| want == id))
+            .filter(|(id, _)| by_source.as_ref().is_none_or(|v| *v == id.volume))
+            .map(|(id, item)| snapshots::message(&id, item.content_length.unwrap_or_default()))
+            .collect();
+        Ok(Response::new(snapshots::page(
+            all,
+            &req.starting_token,
+            req.max_entries,
+        )?))
     }
 
     async fn get_snapshot(
@@ -409,11 +581,52 @@ impl Controller for ControllerService {
         Err(Status::unimplemented("GET_SNAPSHOT is not offered"))
     }
 
+    /// Grows the drive when no node holds it; a drive a node has mounted is
+    /// grown by that node, online (`node_expansion_required`).
     async fn controller_expand_volume(
         &self,
-        _: Request<ControllerExpandVolumeRequest>,
+        request: Request<ControllerExpandVolumeRequest>,
     ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented("EXPAND_VOLUME is not offered"))
+        let req = request.into_inner();
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("a volume id is required"));
+        }
+        if req.capacity_range.is_none() {
+            return Err(Status::invalid_argument("a capacity range is required"));
+        }
+        let size = volume::size_for(req.capacity_range.as_ref())?;
+        let id = VolumeId::parse(&req.volume_id)
+            .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
+        let blob = self.blob(&id);
+        let props = match blob.properties().await {
+            Ok(p) => p,
+            Err(e) if e.is_not_found() => {
+                return Err(Status::not_found(format!("no volume {}", id.spec())))
+            }
+            Err(e) => return Err(status_of(e)),
+        };
+        let now = props.content_length.saturating_sub(crate::vhd::FOOTER_SIZE);
+        if size <= now {
+            return Ok(Response::new(ControllerExpandVolumeResponse {
+                capacity_bytes: now as i64,
+                node_expansion_required: false,
+            }));
+        }
+        if props.lease_state.as_deref() == Some("leased") {
+            return Ok(Response::new(ControllerExpandVolumeResponse {
+                capacity_bytes: size as i64,
+                node_expansion_required: true,
+            }));
+        }
+        crate::resize::grow(&blob, size)
+            .await
+            .map_err(status_of_drive)?;
+        tracing::info!("grew volume {} to {size} bytes", id.spec());
+        // A filesystem on it is grown when a node mounts it next.
+        Ok(Response::new(ControllerExpandVolumeResponse {
+            capacity_bytes: size as i64,
+            node_expansion_required: true,
+        }))
     }
 
     async fn controller_get_volume(

@@ -6,6 +6,7 @@
 //!   publish);
 //! - `publish.rs`: which node a volume is published to, and fencing a node
 //!   that lost it;
+//! - `snapshots.rs`: volume snapshots as blob snapshots;
 //! - `volume.rs`: volume ids, sizes and capabilities, checked before anything is
 //!   looked up, as csi-sanity expects.
 //!
@@ -16,6 +17,7 @@
 mod controller;
 mod identity;
 mod publish;
+mod snapshots;
 mod volume;
 
 use std::path::PathBuf;

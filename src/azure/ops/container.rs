@@ -68,7 +68,8 @@ impl ContainerClient {
         }
     }
 
-    /// Blobs whose names start with `prefix`, with snapshots if asked; all pages.
+    /// Blobs whose names start with `prefix`, with snapshots (and everyone's
+    /// metadata) if asked; all pages.
     pub async fn list_blobs(
         &self,
         prefix: &str,
@@ -88,7 +89,9 @@ impl ContainerClient {
                 q.push(("prefix", prefix));
             }
             if include_snapshots {
-                q.push(("include", "snapshots"));
+                // With each one's metadata: what a snapshot was taken as (a
+                // CSI snapshot's name) is in it.
+                q.push(("include", "snapshots,metadata"));
             }
             if let Some(m) = marker.as_deref() {
                 q.push(("marker", m));

@@ -23,6 +23,12 @@ impl BlobClient {
     /// Takes a snapshot; returns its id (a timestamp). The snapshot keeps the
     /// blob's metadata, plus a token of its own.
     pub async fn create_snapshot(&self) -> Result<String, AzureError> {
+        self.create_snapshot_with(&[]).await
+    }
+
+    /// [`Self::create_snapshot`] with `extra` metadata on the snapshot (beside
+    /// the blob's own): what it is taken as, such as a CSI snapshot's name.
+    pub async fn create_snapshot_with(&self, extra: &[(&str, &str)]) -> Result<String, AzureError> {
         if self.snapshot.is_some() {
             return Err(self.invalid(Op::Snapshot, "cannot snapshot a snapshot"));
         }
@@ -42,6 +48,9 @@ impl BlobClient {
                 .filter(|(k, _)| k != SNAPSHOT_TOKEN_META)
             {
                 req.header(&format!("x-ms-meta-{k}"), v.clone());
+            }
+            for (k, v) in extra {
+                req.header(&format!("x-ms-meta-{k}"), v.to_string());
             }
             req.header(&format!("x-ms-meta-{SNAPSHOT_TOKEN_META}"), token.clone());
             req.max_attempts = Some(1);
