@@ -2,6 +2,7 @@
 //! file and is a thin layer over the library.
 
 mod auth;
+mod completions;
 mod context;
 mod create;
 mod delete;
@@ -9,6 +10,7 @@ pub mod helper;
 mod info;
 mod lease;
 mod list;
+mod manpages;
 mod mount;
 mod resize;
 mod snapshot;
@@ -63,10 +65,10 @@ Examples:
   sudo blobdrive mount disks/data.vhd /mnt/data --mkfs ext4
   sudo blobdrive unmount /mnt/data
 
-At boot (after `sudo scripts/install.sh`): an fstab line of type blobdrive, e.g.
+At boot (with the Debian package, or after `sudo scripts/install.sh`): an fstab line of type blobdrive, e.g.
   disks/data.vhd  /data  blobdrive  _netdev,nofail,credentials=/etc/blobdrive/acct.env  0 0
-(`mount.blobdrive --help` lists its options), or the unit blobdrive@.service (see the
-README). A plain `umount` of such a filesystem writes everything and releases the lease.";
+(`mount.blobdrive --help` and mount.blobdrive(8) list its options), or the unit
+blobdrive@.service (see the README). A plain `umount` of such a filesystem writes everything and releases the lease.";
 
 /// Azure page blobs (fixed VHDs) as Linux drives.
 #[derive(Debug, Parser)]
@@ -138,6 +140,10 @@ pub enum Command {
     Download(transfer::DownloadArgs),
     /// Put a snapshot's content back onto its drive (not while mounted).
     Restore(transfer::RestoreArgs),
+    /// Print the completion script for bash, zsh or fish.
+    Completions(completions::Args),
+    /// Write the manual pages (blobdrive(8), one per command, and the helpers') into DIR.
+    Manpages(manpages::Args),
     /// Internal: the mount daemon, started by `mount`.
     #[command(name = "__daemon", hide = true)]
     Daemon,
@@ -162,8 +168,14 @@ impl Cli {
                 mount::Say::Mounted,
             );
         }
+        // Neither needs an account.
+        let command = match self.command {
+            Command::Completions(a) => return completions::run(a),
+            Command::Manpages(a) => return manpages::run(a),
+            other => other,
+        };
         let ctx = Context::new(self.connection_string.as_deref(), auth)?;
-        match self.command {
+        match command {
             Command::Create(a) => create::run(&ctx, a),
             Command::Info(a) => info::run(&ctx, a),
             Command::Resize(a) => resize::run(&ctx, a),
@@ -178,6 +190,7 @@ impl Cli {
             Command::Download(a) => transfer::download(&ctx, a),
             Command::Restore(a) => transfer::restore(&ctx, a),
             Command::Daemon => mount::run_daemon(&ctx),
+            Command::Completions(_) | Command::Manpages(_) => unreachable!("handled above"),
         }
     }
 }

@@ -50,3 +50,19 @@ pub fn private_dir(d: &std::path::Path) {
     std::fs::create_dir_all(d).unwrap();
     std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
 }
+
+/// The words bash's completion offers for the command line `words` (the last
+/// one being completed), after sourcing the completion script `script` and
+/// calling its function `_blobdrive` as bash does for `complete -F`: with the
+/// command, the word being completed and the one before it.
+pub fn bash_completions(script: &std::path::Path, words: &[&str]) -> Vec<String> {
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let out = sh_ok(&format!(
+        "source '{}'; COMP_WORDS=({}); COMP_CWORD={}; COMP_LINE='{}'; COMP_POINT=${{#COMP_LINE}}; _blobdrive blobdrive \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script.display(),
+        quoted.join(" "),
+        words.len() - 1,
+        words.join(" "),
+    ));
+    out.lines().map(str::to_string).collect()
+}
