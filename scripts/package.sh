@@ -104,8 +104,10 @@ year="$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y)"
 cat >"$doc/copyright" <<EOF
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: blobdrive
-Comment: The binary also holds the Rust crates listed in Cargo.lock, each under
- its own license (MIT, Apache-2.0 or compatible).
+Comment: The binary also holds the Rust crates of Cargo.lock, each under its
+ own license (most MIT or Apache-2.0; some ISC, BSD-3-Clause, Zlib, Unicode-3.0
+ or CDLA-Permissive-2.0; \`cargo metadata\` names each). Their stanzas and
+ texts are not in this file yet.
 
 Files: *
 Copyright: $year The blobdrive authors

@@ -154,7 +154,7 @@ echo "etc=$(stat -c '%a %U' /etc/blobdrive)"
 [ -s /usr/share/zsh/vendor-completions/_blobdrive ] && [ -s /usr/share/fish/vendor_completions.d/blobdrive.fish ] && echo ZSH-FISH-OK
 dpkg -L blobdrive > '{files}'
 mount -T '{fstab}' '{mnt}'
-pid="$(blobdrive list --json | sed -n 's/.*"pid": \([0-9]*\).*/\1/p')"
+pid="$(/usr/bin/blobdrive list --json | sed -n 's/.*"pid": \([0-9]*\).*/\1/p')"
 echo "exe=$(readlink /proc/$pid/exe)"
 echo "fs=$(findmnt -n -o FSTYPE '{mnt}')"
 grep -q 'helper=blobdrive' /run/mount/utab && echo UTAB-NAMES-HELPER

@@ -65,10 +65,12 @@ Examples:
   sudo blobdrive mount disks/data.vhd /mnt/data --mkfs ext4
   sudo blobdrive unmount /mnt/data
 
-At boot (with the Debian package, or after `sudo scripts/install.sh`): an fstab line of type blobdrive, e.g.
+At boot (with the Debian package, or after `sudo scripts/install.sh`): an fstab line
+of type blobdrive, e.g.
   disks/data.vhd  /data  blobdrive  _netdev,nofail,credentials=/etc/blobdrive/acct.env  0 0
-(`mount.blobdrive --help` and mount.blobdrive(8) list its options), or the unit
-blobdrive@.service (see the README). A plain `umount` of such a filesystem writes everything and releases the lease.";
+(mount.blobdrive(8) and `mount.blobdrive --help` list its options), or the unit
+blobdrive@.service (see the README). A plain `umount` of such a filesystem writes
+everything and releases the lease.";
 
 /// Azure page blobs (fixed VHDs) as Linux drives.
 #[derive(Debug, Parser)]
