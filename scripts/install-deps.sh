@@ -46,6 +46,11 @@ case "$mode" in
         # certificate assertions (tests/fixtures/entra/token_server.py).
         pkg_of[openssl]=openssl
         pkg_of[py:cryptography]=python3-cryptography
+        # tests/package.rs and tests/cli.rs: scripts/package.sh (dpkg-shlibdeps,
+        # strip), lintian on its package, and man for the pages it installs.
+        pkg_of[dpkg-shlibdeps]=dpkg-dev
+        pkg_of[lintian]=lintian
+        pkg_of[man]=man-db
         # The test tools' virtual environment (below).
         pkg_of[py:ensurepip]=python3-venv
         ;;

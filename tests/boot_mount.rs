@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use common::azurite::{unique_container, Azurite, DEV_KEY};
 use common::mount::require_root;
-use common::util::{json, sh_ok, stdout_of_success};
+use common::util::{json, output_text as text, sh_ok, stdout_of_success};
 use faultproxy::{Config, Proxy};
 
 /// A private run directory for this test binary.
@@ -218,15 +218,6 @@ fn files_in_image(image: &Path, scratch: &Scratch, files: &[&str]) -> String {
         )));
     }
     out
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// The fstab way at shutdown: systemd runs `umount DIR` for the mount unit and

@@ -1041,3 +1041,57 @@ fn a_proxy_from_the_environment_never_carries_plain_http() {
         "{err}"
     );
 }
+
+/// `blobdrive manpages DIR` writes a page for every command and helper, and each
+/// renders at 80 columns without a warning from man (groff's warnings included).
+#[test]
+fn manual_pages_render_without_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let listed = ok(&["manpages", dir.path().to_str().unwrap()]);
+    let pages: Vec<&str> = listed.lines().collect();
+    for want in ["blobdrive.8", "blobdrive-mount.8", "mount.blobdrive.8"] {
+        assert!(
+            pages.iter().any(|p| p.ends_with(&format!("/{want}"))),
+            "{want} not written: {listed}"
+        );
+    }
+    for page in pages {
+        let out = Command::new("man")
+            .args(["--warnings", "-l", page])
+            .env("MANWIDTH", "80")
+            .env("LC_ALL", "C.UTF-8")
+            .output()
+            .expect("run man (install man-db: scripts/install-deps.sh)");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && err.trim().is_empty(),
+            "{page}: {err}"
+        );
+        assert!(!out.stdout.is_empty(), "{page} rendered nothing");
+    }
+}
+
+/// `blobdrive completions bash` completes commands and their options in bash;
+/// zsh and fish get theirs too (their shells are not needed to make them).
+#[test]
+fn completions_complete_commands_and_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("blobdrive.bash");
+    std::fs::write(&script, ok(&["completions", "bash"])).unwrap();
+    let words = common::util::bash_completions(&script, &["blobdrive", "m"]);
+    assert!(
+        words.iter().any(|w| w == "mount") && words.iter().any(|w| w == "manpages"),
+        "{words:?}"
+    );
+    assert!(!words.iter().any(|w| w.contains("daemon")), "{words:?}");
+    let words = common::util::bash_completions(&script, &["blobdrive", "mount", "--disk"]);
+    assert!(words.iter().any(|w| w == "--disk-cache-size"), "{words:?}");
+    assert!(ok(&["completions", "zsh"]).starts_with("#compdef blobdrive"));
+    assert!(ok(&["completions", "fish"]).contains("complete -c blobdrive"));
+    let out = run(&["completions", "tcsh"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unknown shell is a usage error"
+    );
+}

@@ -35,8 +35,9 @@ fn benchmark_only_packages_are_installed_by_the_benchmark_only() {
     assert!(bench.contains(&only_bench), "{bench:?}");
     assert!(!tests.contains(&only_bench), "{tests:?}");
     assert!(!demo.contains(&only_bench), "{demo:?}");
-    // The tests need qemu-img, xfs, fio, openssl, Python's cryptography and a
-    // virtual environment (for the Azure SDK); the demo none of them.
+    // The tests need qemu-img, xfs, fio, openssl, Python's cryptography, a
+    // virtual environment (for the Azure SDK) and the packaging tools; the demo
+    // none of them.
     for p in [
         "qemu-utils",
         "xfsprogs",
@@ -44,6 +45,10 @@ fn benchmark_only_packages_are_installed_by_the_benchmark_only() {
         "openssl",
         "python3-cryptography",
         "python3-venv",
+        // tests/package.rs: building, checking and reading the Debian package.
+        "dpkg-dev",
+        "lintian",
+        "man-db",
     ] {
         assert!(tests.contains(&p.to_string()), "{tests:?}");
         assert!(!demo.contains(&p.to_string()), "{demo:?}");

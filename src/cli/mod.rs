@@ -2,6 +2,7 @@
 //! file and is a thin layer over the library.
 
 mod auth;
+mod completions;
 mod context;
 mod create;
 mod csi;
@@ -10,6 +11,7 @@ pub mod helper;
 mod info;
 mod lease;
 mod list;
+mod manpages;
 mod mount;
 mod resize;
 mod snapshot;
@@ -64,10 +66,12 @@ Examples:
   sudo blobdrive mount disks/data.vhd /mnt/data --mkfs ext4
   sudo blobdrive unmount /mnt/data
 
-At boot (after `sudo scripts/install.sh`): an fstab line of type blobdrive, e.g.
+At boot (with the Debian package, or after `sudo scripts/install.sh`): an fstab line
+of type blobdrive, e.g.
   disks/data.vhd  /data  blobdrive  _netdev,nofail,credentials=/etc/blobdrive/acct.env  0 0
-(`mount.blobdrive --help` lists its options), or the unit blobdrive@.service (see the
-README). A plain `umount` of such a filesystem writes everything and releases the lease.";
+(mount.blobdrive(8) and `mount.blobdrive --help` list its options), or the unit
+blobdrive@.service (see the README). A plain `umount` of such a filesystem writes
+everything and releases the lease.";
 
 /// Azure page blobs (fixed VHDs) as Linux drives.
 #[derive(Debug, Parser)]
@@ -139,8 +143,12 @@ pub enum Command {
     Download(transfer::DownloadArgs),
     /// Put a snapshot's content back onto its drive (not while mounted).
     Restore(transfer::RestoreArgs),
+    /// Print the completion script for bash, zsh or fish.
+    Completions(completions::Args),
+    /// Write the manual pages (blobdrive(8), one per command, and the helpers') into DIR.
+    Manpages(manpages::Args),
     /// Serve the Kubernetes CSI driver on a unix socket (being built: Identity
-    /// and volume creation so far; not listed until it is whole).
+    /// and the controller so far; not listed until it is whole).
     #[command(hide = true)]
     Csi(csi::Args),
     /// Internal: the mount daemon, started by `mount`.
@@ -167,8 +175,14 @@ impl Cli {
                 mount::Say::Mounted,
             );
         }
+        // Neither needs an account.
+        let command = match self.command {
+            Command::Completions(a) => return completions::run(a),
+            Command::Manpages(a) => return manpages::run(a),
+            other => other,
+        };
         let ctx = Context::new(self.connection_string.as_deref(), auth)?;
-        match self.command {
+        match command {
             Command::Create(a) => create::run(&ctx, a),
             Command::Info(a) => info::run(&ctx, a),
             Command::Resize(a) => resize::run(&ctx, a),
@@ -184,6 +198,7 @@ impl Cli {
             Command::Restore(a) => transfer::restore(&ctx, a),
             Command::Csi(a) => csi::run(&ctx, a),
             Command::Daemon => mount::run_daemon(&ctx),
+            Command::Completions(_) | Command::Manpages(_) => unreachable!("handled above"),
         }
     }
 }

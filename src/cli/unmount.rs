@@ -15,7 +15,8 @@ lease. It is refused, leaving everything mounted, while the filesystem is busy o
 process holds the raw disk file open. It exits non-zero, naming what happened, if the
 lease was lost with data not yet written, or could not be released, and after
 cleaning up behind a daemon that died while holding the lease. A plain `umount DIR`
-does the same through /sbin/umount.blobdrive (installed by scripts/install.sh).")]
+does the same through /sbin/umount.blobdrive (installed by the package, or by
+scripts/install.sh).")]
 pub struct Args {
     /// Where the drive is mounted (as given to `blobdrive mount`).
     pub mountpoint: PathBuf,

@@ -42,6 +42,33 @@ const FS_FLAGS: &[&str] = &[
     "nodiratime",
 ];
 
+/// The options with a value (`NAME=VALUE`), the ones taken alone, and the ones
+/// refused with a reason. With [`IGNORED`] and [`FS_FLAGS`] (and `x-*`) they are
+/// every option the helper knows: [`parse_options`] refuses any other name before
+/// it looks further, so this list is the whole of what it takes, and
+/// mount.blobdrive(8) is checked against it.
+const VALUED: &[&str] = &[
+    "mode",
+    "mkfs",
+    "cache-size",
+    "credentials",
+    "disk-cache",
+    "disk-cache-size",
+    "metrics",
+    "comment",
+];
+const ALONE: &[&str] = &["ro", "rw"];
+const REFUSED: &[&str] = &["user", "users", "owner", "group"];
+
+/// Every option name the helper knows (besides the `x-*` family), valued or not,
+/// refused with a reason or taken.
+pub fn option_names() -> impl Iterator<Item = &'static str> {
+    [VALUED, ALONE, REFUSED, IGNORED, FS_FLAGS]
+        .into_iter()
+        .flatten()
+        .copied()
+}
+
 /// A bad helper command line: one line, naming what is wrong.
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error("{0}")]
@@ -162,6 +189,12 @@ where
     })
 }
 
+fn unknown_option(opt: &str) -> UsageError {
+    UsageError(format!(
+        "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, disk-cache=DIR, disk-cache-size=SIZE, credentials=FILE, metrics=ADDR:PORT, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
+    ))
+}
+
 fn value_of(
     attached: &str,
     flag: &str,
@@ -188,7 +221,10 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
                 .filter(|v| !v.is_empty())
                 .ok_or_else(|| UsageError(format!("option {name} needs a value: {name}={what}")))
         };
+        let known = name.starts_with("x-") || option_names().any(|n| n == name);
         match name {
+            _ if !known && sloppy => {}
+            _ if !known => return Err(unknown_option(opt)),
             "ro" if value.is_none() => o.read_only = true,
             "rw" if value.is_none() => o.read_only = false,
             "mode" => {
@@ -242,11 +278,7 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
             n if n.starts_with("x-") || n == "comment" => {}
             n if value.is_none() && FS_FLAGS.contains(&n) => o.fs_flags.push(n.to_string()),
             _ if sloppy => {}
-            _ => {
-                return Err(UsageError(format!(
-                    "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, disk-cache=DIR, disk-cache-size=SIZE, credentials=FILE, metrics=ADDR:PORT, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
-                )))
-            }
+            _ => return Err(unknown_option(opt)),
         }
     }
     if o.disk_cache_size.is_some() && o.disk_cache.is_none() {
@@ -357,6 +389,31 @@ mod tests {
         assert!(e.contains("mode=block"), "{e}");
         // `ro=1` is not `ro`.
         assert!(parse_options("ro=1", false).is_err());
+    }
+
+    /// Every name in the list is one the parser handles (none falls through to
+    /// "unknown"), so the list, which the manual page is checked against, is what
+    /// the parser takes.
+    #[test]
+    fn every_listed_option_is_handled() {
+        for name in option_names() {
+            let sample = match name {
+                "mode" => "mode=raw".to_string(),
+                "mkfs" => "mkfs=xfs".to_string(),
+                "cache-size" | "disk-cache-size" => format!("disk-cache=/c,{name}=1GiB"),
+                "metrics" => "metrics=127.0.0.1:9101".to_string(),
+                n if VALUED.contains(&n) => format!("{n}=x"),
+                n => n.to_string(),
+            };
+            match parse_options(&sample, false) {
+                Ok(_) => {}
+                Err(e) => assert!(
+                    REFUSED.contains(&name) && !e.0.starts_with("unknown"),
+                    "{sample}: {e}"
+                ),
+            }
+        }
+        assert!(parse_options("x-systemd.requires=network.target", false).is_ok());
     }
 
     #[test]

@@ -27,6 +27,16 @@ pub fn stdout_of_success(what: &impl std::fmt::Debug, out: Output) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// A command's exit status, stdout and stderr, for a failed assertion's message.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// Runs a bash script.
 pub fn sh(script: &str) -> Output {
     Command::new("bash").arg("-c").arg(script).output().unwrap()
@@ -49,4 +59,26 @@ pub fn private_dir(d: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(d).unwrap();
     std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+}
+
+/// A bash command printing, one a line, the words bash's completion offers for
+/// the command line `words` (the last one being completed): it sources the
+/// completion script `script` and calls its function `_blobdrive` as bash does
+/// for `complete -F`, with the command, the word being completed and the one
+/// before it.
+pub fn bash_completion_command(script: &std::path::Path, words: &[&str]) -> String {
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    format!(
+        "(source '{}'; COMP_WORDS=({}); COMP_CWORD={}; COMP_LINE='{}'; COMP_POINT=${{#COMP_LINE}}; _blobdrive blobdrive \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; printf '%s\\n' \"${{COMPREPLY[@]}}\")",
+        script.display(),
+        quoted.join(" "),
+        words.len() - 1,
+        words.join(" "),
+    )
+}
+
+/// The words bash's completion offers (see [`bash_completion_command`]).
+pub fn bash_completions(script: &std::path::Path, words: &[&str]) -> Vec<String> {
+    let out = sh_ok(&bash_completion_command(script, words));
+    out.lines().map(str::to_string).collect()
 }

@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# Builds the Debian package blobdrive_VERSION-1_ARCH.deb into target/debian/:
+#   /usr/bin/blobdrive                          the program (stripped)
+#   /sbin/mount.blobdrive, /sbin/umount.blobdrive
+#                                               links to it: the helpers mount(8)
+#                                               and umount(8) run (they look in
+#                                               /sbin; scripts/install.sh puts
+#                                               them there too)
+#   /usr/lib/systemd/system/blobdrive@.service  the unit template
+#   /usr/share/man/man8/*.8.gz                  `blobdrive manpages`
+#   bash, zsh and fish completions              `blobdrive completions SHELL`
+#   /usr/share/doc/blobdrive/                   copyright (machine-readable),
+#                                               changelog.Debian.gz
+# and maintainer scripts that make the blobdrive system user and /etc/blobdrive,
+# refuse removal while drives are mounted, and on purge remove /etc/blobdrive
+# (if the admin left nothing in it) and /run/blobdrive.
+#
+# Made with dpkg-deb from a staged tree: everything it needs comes with dpkg
+# (cargo-deb would first have to be built from crates.io, minutes on 2 cores),
+# and the pages and completions come from the binary being packaged anyway.
+#
+#   scripts/package.sh [--binary FILE | --profile NAME] [--out DIR] [--lintian]
+#
+#   --binary FILE  package this already built blobdrive (no build)
+#   --profile NAME build with `cargo build --profile NAME` (e.g. dev); default:
+#                  `cargo build --release`
+#   --out DIR      where the .deb goes (default target/debian)
+#   --lintian      check the package with lintian (installed with apt-get when
+#                  missing) and fail if it reports an error
+# Prints the path of the package last.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+binary=
+profile=release
+out=target/debian
+lint=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --binary) binary="${2:?--binary needs a file}"; shift 2 ;;
+        --binary=*) binary="${1#*=}"; shift ;;
+        --profile) profile="${2:?--profile needs a name}"; shift 2 ;;
+        --profile=*) profile="${1#*=}"; shift ;;
+        --out) out="${2:?--out needs a directory}"; shift 2 ;;
+        --out=*) out="${1#*=}"; shift ;;
+        --lintian) lint=1; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "package.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+if [ -z "$binary" ]; then
+    echo "== cargo build --profile $profile --locked" >&2
+    cargo build --profile "$profile" --locked
+    case "$profile" in dev|test) dir=debug ;; bench) dir=release ;; *) dir="$profile" ;; esac
+    binary="target/$dir/blobdrive"
+fi
+[ -x "$binary" ] || { echo "package.sh: $binary is not an executable" >&2; exit 1; }
+
+name=blobdrive
+upstream="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
+version="$upstream-1"
+arch="$(dpkg --print-architecture)"
+maintainer="blobdrive maintainers <maintainers@users.noreply.a-seed-c65d9461.example>"
+# Reproducible: every date and file time is the last commit's.
+SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}"
+export SOURCE_DATE_EPOCH
+
+mkdir -p "$out"
+stage="$(mktemp -d "$out/stage.XXXXXX")"
+trap 'rm -rf "$stage"' EXIT
+root="$stage/root"
+
+# The program and its helpers.
+install -D -m 755 "$binary" "$root/usr/bin/blobdrive"
+strip --strip-unneeded --remove-section=.comment --remove-section=.note "$root/usr/bin/blobdrive"
+install -d -m 755 "$root/sbin"
+for h in mount.blobdrive umount.blobdrive; do
+    ln -s /usr/bin/blobdrive "$root/sbin/$h"
+done
+install -d -m 755 "$root/usr/lib/systemd/system"
+sed "s|@BINDIR@|/usr/bin|g" systemd/blobdrive@.service >"$root/usr/lib/systemd/system/blobdrive@.service"
+chmod 644 "$root/usr/lib/systemd/system/blobdrive@.service"
+
+# Manual pages and completions, from the binary being packaged.
+man8="$root/usr/share/man/man8"
+"$root/usr/bin/blobdrive" manpages "$man8" >/dev/null
+gzip -9n "$man8"/*.8
+comp="$root/usr/share/bash-completion/completions/blobdrive"
+zcomp="$root/usr/share/zsh/vendor-completions/_blobdrive"
+fcomp="$root/usr/share/fish/vendor_completions.d/blobdrive.fish"
+install -d -m 755 "$(dirname "$comp")" "$(dirname "$zcomp")" "$(dirname "$fcomp")"
+"$root/usr/bin/blobdrive" completions bash >"$comp"
+"$root/usr/bin/blobdrive" completions zsh >"$zcomp"
+"$root/usr/bin/blobdrive" completions fish >"$fcomp"
+
+# Documentation: the copyright file in the machine-readable format (DEP-5), the
+# license being the one Cargo.toml declares, and the Debian changelog.
+doc="$root/usr/share/doc/$name"
+install -d -m 755 "$doc"
+license="$(sed -n 's/^license = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
+[ "$license" = MIT ] || { echo "package.sh: copyright text written for MIT, Cargo.toml says $license" >&2; exit 1; }
+year="$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y)"
+cat >"$doc/copyright" <<EOF
+Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
+Upstream-Name: blobdrive
+Comment: The binary also holds the Rust crates of Cargo.lock, each under its
+ own license (most MIT or Apache-2.0; some ISC, BSD-3-Clause, Zlib, Unicode-3.0
+ or CDLA-Permissive-2.0; \`cargo metadata\` names each). Their stanzas and
+ texts are not in this file yet.
+
+Files: *
+Copyright: $year The blobdrive authors
+License: MIT
+
+License: MIT
+ Permission is hereby granted, free of charge, to any person obtaining a copy
+ of this software and associated documentation files (the "Software"), to deal
+ in the Software without restriction, including without limitation the rights
+ to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+ copies of the Software, and to permit persons to whom the Software is
+ furnished to do so, subject to the following conditions:
+ .
+ The above copyright notice and this permission notice shall be included in all
+ copies or substantial portions of the Software.
+ .
+ THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+ IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+ FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+ AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+ LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+ OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+ SOFTWARE.
+EOF
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+{
+    echo "$name ($version) unstable; urgency=medium"
+    echo
+    echo "  * Built by scripts/package.sh from commit $commit."
+    echo
+    echo " -- $maintainer  $(date -u -R -d "@$SOURCE_DATE_EPOCH")"
+} | gzip -9n >"$doc/changelog.Debian.gz"
+chmod 644 "$doc"/*
+
+# Control data. Depends: what the binary links (dpkg-shlibdeps), the programs it
+# runs: mkfs.ext4 and resize2fs (e2fsprogs), mount, umount and losetup (mount),
+# and FUSE (fuse3); adduser for postinst. xfsprogs only for xfs drives. blkid's
+# util-linux is Essential, so not named (lintian counts naming it an error).
+shlibs="$(
+    cd "$stage" && mkdir -p debian &&
+        printf 'Source: %s\n\nPackage: %s\nArchitecture: any\n' "$name" "$name" >debian/control &&
+        dpkg-shlibdeps -O "$root/usr/bin/blobdrive" 2>/dev/null | sed -n 's/^shlibs:Depends=//p'
+)"
+[ -n "$shlibs" ] || { echo "package.sh: dpkg-shlibdeps found no libraries (dpkg-dev installed?)" >&2; exit 1; }
+install -d -m 755 "$root/DEBIAN"
+cat >"$root/DEBIAN/control" <<EOF
+Package: $name
+Version: $version
+Architecture: $arch
+Maintainer: $maintainer
+Installed-Size: $(du -sk --exclude=DEBIAN "$root" | cut -f1)
+Depends: $shlibs, fuse3, e2fsprogs, mount, adduser
+Recommends: xfsprogs
+Suggests: bash-completion
+Section: admin
+Priority: optional
+Description: Azure page blobs as Linux drives
+ blobdrive mounts a fixed-format VHD stored as an Azure page blob as a
+ filesystem (ext4 or xfs), a block device or a raw file, through a FUSE daemon
+ and a loop device. It creates, inspects, resizes, snapshots, uploads and
+ downloads drives, holds an infinite blob lease while a drive is mounted
+ writable, and mounts drives at boot from /etc/fstab (mount.blobdrive) or with
+ the unit template blobdrive@.service.
+EOF
+for script in postinst prerm postrm; do
+    install -m 755 "scripts/debian/$script" "$root/DEBIAN/$script"
+done
+(cd "$root" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) >"$root/DEBIAN/md5sums"
+chmod 644 "$root/DEBIAN/md5sums" "$root/DEBIAN/control"
+
+deb="$out/${name}_${version}_${arch}.deb"
+find "$root" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >/dev/null
+if [ "$lint" = 1 ]; then
+    if ! command -v lintian >/dev/null; then
+        echo "== installing lintian" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends lintian </dev/null >&2 \
+            || { apt-get update -qq </dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends lintian </dev/null >&2; }
+    fi
+    echo "== lintian $deb" >&2
+    lintian --fail-on error --tag-display-limit 0 "$deb" >&2
+fi
+echo "$deb"
