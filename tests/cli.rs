@@ -149,7 +149,15 @@ fn create_info_lease_delete_lifecycle() {
     assert_eq!(info["lease_duration"], "infinite");
     // A leased drive cannot be deleted.
     fails(&["delete", &spec, "--yes"], "in use");
-    let out = ok(&["lease", "break", &spec]);
+    // A held lease is broken only with --yes, after saying what its holder loses.
+    let err = fails(&["lease", "break", &spec], "--yes");
+    assert!(
+        err.contains("not yet put on the blob is lost") && err.contains("Nothing was broken"),
+        "{err}"
+    );
+    let st = json(&ok(&["lease", "status", &spec, "--json"]));
+    assert_eq!(st["state"], "leased");
+    let out = ok(&["lease", "break", &spec, "--yes"]);
     assert!(out.contains("lease broken"), "{out}");
     let st = json(&ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(st["state"], "broken");

@@ -422,7 +422,21 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
     sh_ok(&format!(
         "printf 'before' | dd of='{disk}' conv=notrunc,fsync status=none"
     ));
-    ok(&["lease", "break", &spec]);
+    // Not from this machine, where it is mounted: unmount is the way, --yes or not.
+    for yes in [None, Some("--yes")] {
+        let mut args = vec!["lease", "break", &spec];
+        args.extend(yes);
+        let out = bd(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains(&format!("mounted writable on this machine at {}", mp.s()))
+                && err.contains(&format!("blobdrive unmount {}", mp.s())),
+            "{err}"
+        );
+    }
+    assert_eq!(mp.stats()["lease_state"], "held");
+    common::mount::break_lease_from_elsewhere(&Azurite::shared().connection_string(), &spec);
     let blob = blob_of(&spec);
     let etag = rt().block_on(blob.properties()).unwrap().etag;
     // The first write after the break fails at flush time; every later one at once.
@@ -544,6 +558,12 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
     sh_ok(&format!("kill -KILL {pid}"));
     std::thread::sleep(Duration::from_millis(300));
     fails(&["mount", &spec, new_mp().s()], "lease break");
+    // Its lease is not broken from here while its mount is not cleaned up.
+    let err = fails(&["lease", "break", &spec, "--yes"], "is dead");
+    assert!(
+        err.contains(&format!("blobdrive unmount {}", mp.s())),
+        "{err}"
+    );
     // It cleans up, then fails so scripts notice: the lease is still held.
     let id = blobdrive::mount::record::id_for(mp.path());
     let log = run_dir().join("mounts").join(format!("{id}.log"));
@@ -561,7 +581,7 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
         .unwrap()
         .contains(mp.s()));
     assert!(!sh_ok("losetup -a").contains(&format!("{id}.fuse")));
-    ok(&["lease", "break", &spec]);
+    ok(&["lease", "break", &spec, "--yes"]);
     ok(&["mount", &spec, mp.s()]);
     assert_eq!(sh_ok(&format!("cat '{}/f'", mp.s())), "durable\n");
     ok(&["unmount", mp.s()]);

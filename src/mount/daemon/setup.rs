@@ -82,7 +82,7 @@ fn open_and_lease(m: &mut Mounted) -> Result<Drive, MountError> {
             }
             Err(e) if e.code() == Some("LeaseAlreadyPresent") => {
                 return Err(MountError::System(format!(
-                    "{} is in use: another mount holds its lease (on this or another host). Mount it --read-only, or if its host is dead run `blobdrive lease break {}`",
+                    "{} is in use: another mount holds its lease (on this or another host). Mount it --read-only, or if its host is dead run `blobdrive lease break {} --yes`",
                     m.target, m.target
                 )))
             }
