@@ -25,17 +25,20 @@ fn run_dir() -> PathBuf {
     .clone()
 }
 
-fn bd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_blobdrive"))
-        .args(args)
+fn bd_cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
+    c.args(args)
         .env(
             "AZURE_STORAGE_CONNECTION_STRING",
             Azurite::shared().connection_string(),
         )
         .env("BLOBDRIVE_RUN_DIR", run_dir())
-        .env("BLOBDRIVE_RETRY_BUDGET_SECS", "10")
-        .output()
-        .expect("run blobdrive")
+        .env("BLOBDRIVE_RETRY_BUDGET_SECS", "10");
+    c
+}
+
+fn bd(args: &[&str]) -> Output {
+    bd_cmd(args).output().expect("run blobdrive")
 }
 
 fn ok(args: &[&str]) -> String {
@@ -542,6 +545,66 @@ fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
     ok(&["mount", &spec, mp.s()]);
     assert_eq!(sh_ok(&format!("cat '{}/f'", mp.s())), "keep\n");
     ok(&["unmount", mp.s()]);
+}
+
+/// Output into a pipe whose reader is gone (`| head` once it has read its fill)
+/// is a quiet exit, not a panic: each command ends with its own status, and what
+/// it does is done whole (a mount and an unmount too).
+#[test]
+fn output_into_a_closed_pipe_is_a_quiet_exit_and_the_command_finishes() {
+    require_root();
+    let spec = new_drive("epipe", "64MiB");
+    let mp = new_mp();
+    let quiet = |args: &[&str]| {
+        let out = common::util::output_into_closed_pipe(&mut bd_cmd(args));
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            out.status.success() && !err.contains("panicked"),
+            "{args:?}: {:?}: {err}",
+            out.status
+        );
+    };
+    quiet(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    assert_eq!(mp.stats()["lease_state"], "held");
+    for args in [
+        vec!["stats", mp.s()],
+        vec!["stats", mp.s(), "--json"],
+        vec!["list"],
+        vec!["list", "--json"],
+        vec!["info", &spec],
+        vec!["info", &spec, "--json"],
+        vec!["lease", "status", &spec],
+        vec!["snapshot", "list", &spec],
+        vec!["--help"],
+        vec!["stats", "--help"],
+    ] {
+        quiet(&args);
+    }
+    // Output lost for another reason (a full disk) fails the command, saying so.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = bd_cmd(&["info", &spec]).stdout(full).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot write the output: No space left on device"),
+        "{err}"
+    );
+    // A failure still says why, on standard error.
+    let out = common::util::output_into_closed_pipe(&mut bd_cmd(&["stats", "/nonexistent"]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing is mounted"));
+    // Written, not synced: the unmount puts it on the blob.
+    sh_ok(&format!(
+        "printf 'kept' | dd of='{}' conv=notrunc status=none",
+        mp.disk()
+    ));
+    quiet(&["unmount", mp.s()]);
+    assert_nothing_left(&mp, &spec);
+    let head = rt().block_on(blob_of(&spec).read(0, 4)).unwrap();
+    assert_eq!(&head[..], b"kept");
 }
 
 #[test]
