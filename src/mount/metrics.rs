@@ -35,8 +35,24 @@ use crate::device::remote::RemoteBackend;
 const MAX_REQUEST_HEAD: usize = 8 * 1024;
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What a mount is, for `blobdrive_mount_info`: the labels that tell a mount
+/// that holds no lease by design (read-only, a snapshot) from one that lost it,
+/// for alerts and dashboards to join on.
+#[derive(Debug, Clone, Default)]
+pub struct MountInfo {
+    /// `fs`, `block` or `raw`.
+    pub mode: String,
+    /// The filesystem mounted (`ext4`, `xfs`); empty unless `mode` is `fs`.
+    pub fstype: String,
+    /// No writes (`--read-only`, and every snapshot).
+    pub read_only: bool,
+    /// The snapshot's id; empty for the drive itself.
+    pub snapshot: String,
+}
+
 /// What the figures are read from.
 pub struct Sources {
+    pub info: MountInfo,
     pub service: BlobService,
     pub cache: Option<Arc<Cache<RemoteBackend>>>,
     /// Whether the mount holds its lease now (false once lost, and for read-only
@@ -52,6 +68,7 @@ impl std::fmt::Debug for Sources {
 
 impl Collector for Sources {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        mount_info(&mut enc, &self.info)?;
         let svc = &self.service;
         let s = svc.stats();
         let counters = svc.counters();
@@ -229,6 +246,27 @@ impl Collector for Sources {
         }
         Ok(())
     }
+}
+
+/// `blobdrive_mount_info{mode,fstype,read_only,snapshot,version} 1`, the
+/// convention for facts that are not figures (as `node_uname_info`): a gauge of
+/// 1 whose labels say what the mount is.
+fn mount_info(enc: &mut DescriptorEncoder, info: &MountInfo) -> Result<(), std::fmt::Error> {
+    let labels = [
+        ("mode", info.mode.as_str()),
+        ("fstype", info.fstype.as_str()),
+        ("read_only", if info.read_only { "true" } else { "false" }),
+        ("snapshot", info.snapshot.as_str()),
+        ("version", env!("CARGO_PKG_VERSION")),
+    ];
+    enc.encode_descriptor(
+        "mount_info",
+        "1 for every mount; its labels say what it is: mode, the filesystem mounted (fs mode), read_only (--read-only and snapshots, which hold no lease), the snapshot, blobdrive's version.",
+        None,
+        MetricType::Gauge,
+    )?
+    .encode_family(&labels)?
+    .encode_gauge(&1u64)
 }
 
 /// The disk cache's figures (`--disk-cache`).
@@ -495,6 +533,12 @@ mod tests {
             credential: Credential::Anonymous,
         };
         Sources {
+            info: MountInfo {
+                mode: "fs".into(),
+                fstype: "ext4".into(),
+                read_only: false,
+                snapshot: String::new(),
+            },
             service: BlobService::new(account),
             cache: None,
             lease_held: Arc::new(|| true),
@@ -511,6 +555,12 @@ mod tests {
             "# TYPE blobdrive_lease_held gauge\n",
             "blobdrive_lease_held{drive=\"disks/data.vhd\"} 1\n",
             "# TYPE blobdrive_token_renewals_total counter\n",
+            "# TYPE blobdrive_mount_info gauge\n",
+            concat!(
+                "blobdrive_mount_info{drive=\"disks/data.vhd\",mode=\"fs\",fstype=\"ext4\",read_only=\"false\",snapshot=\"\",version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1\n"
+            ),
         ] {
             assert!(text.contains(want), "{want} missing from:\n{text}");
         }
