@@ -255,6 +255,32 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
         (3 * MIB) as f64
     );
     assert_eq!(at(&after, "blobdrive_disk_cache_on"), 1.0);
+    // What stats --json says, as figures: the disk, the fsync's flush, the
+    // dirty limit (half the memory cache), no error, a recent success.
+    assert_eq!(at(&after, "blobdrive_disk_size_bytes"), (64 * MIB) as f64);
+    assert!(at(&after, "blobdrive_allocated_bytes") >= (3 * MIB) as f64);
+    assert!(moved("blobdrive_flushes_total") >= 1.0);
+    assert_eq!(
+        at(&after, "blobdrive_dirty_limit_bytes"),
+        at(&after, "blobdrive_cache_size_bytes") / 2.0
+    );
+    assert_eq!(at(&after, "blobdrive_write_waits_total"), 0.0);
+    assert_eq!(at(&after, "blobdrive_io_errors_total"), 0.0);
+    assert_eq!(at(&after, "blobdrive_lease_renewal_failures_total"), 0.0);
+    assert_eq!(at(&after, "blobdrive_requests_given_up_total"), 0.0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let last = at(&after, "blobdrive_last_success_timestamp_seconds");
+    assert!(now - last < 30.0 && last <= now + 1.0, "{last} {now}");
+    // The daemon's own figures, under the standard names.
+    let rss = at(&after, "process_resident_memory_bytes");
+    assert!(rss > MIB as f64 && rss < (1u64 << 30) as f64, "{rss}");
+    assert!(at(&after, "process_open_fds") >= 3.0);
+    assert!(at(&after, "process_cpu_seconds_total") > 0.0);
+    let started = at(&after, "process_start_time_seconds");
+    assert!(started <= now && started > now - 600.0, "{started} {now}");
     let version = env!("CARGO_PKG_VERSION");
     assert_eq!(
         value(
@@ -461,6 +487,8 @@ fn the_lease_alert_names_only_a_writable_mount_that_lost_its_lease() {
         "{alert}"
     );
     common::mount::break_lease_from_elsewhere(&az, &spec);
+    // The lease keeper's next renewal (within 10 s) finds it gone: the alert
+    // fires for the writable mount alone, and that renewal is counted.
     let fired = prom.query(alert);
     let fired = fired.as_array().unwrap();
     assert_eq!(fired.len(), 1, "{fired:?}");
@@ -471,7 +499,53 @@ fn the_lease_alert_names_only_a_writable_mount_that_lost_its_lease() {
         "{fired:?}"
     );
     drop(prom);
+    let drive = [("drive", spec.as_str())];
+    let renewal_failures = value(
+        &scrape(wport),
+        "blobdrive_lease_renewal_failures_total",
+        &drive,
+    );
+    assert!(renewal_failures >= 1.0, "{renewal_failures}");
+    // A write now fails, and is counted as an EIO returned.
+    let disk = std::fs::OpenOptions::new()
+        .write(true)
+        .open(writer.disk())
+        .unwrap();
+    let failed = disk
+        .write_all_at(&[7u8; 4096], 0)
+        .and_then(|()| disk.sync_all());
+    assert!(failed.is_err(), "a write without the lease succeeded");
+    drop(disk);
+    let eio = value(&scrape(wport), "blobdrive_io_errors_total", &drive);
+    assert!(eio >= 1.0, "{eio}");
     ok(&run, &az, &["unmount", reader.s()]);
-    // Nothing was written, so nothing was lost with the lease.
-    ok(&run, &az, &["unmount", writer.s()]);
+    // Its lease is gone; whether its unmount says so depends on whether the
+    // failed write left anything dirty.
+    let _ = bd(&run, &az, &["unmount", writer.s()]);
+}
+
+/// The alert rules shipped in contrib/ pass `promtool check rules`, and
+/// `promtool test rules` plays them cases (tests/fixtures/prometheus/): the lease
+/// alert for a writable mount that lost its lease and never for a read-only
+/// one, EIO to applications, a stall.
+#[test]
+fn the_shipped_alert_rules_pass_promtool() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    for args in [
+        ["check", "rules", "contrib/blobdrive-alerts.yml"],
+        ["test", "rules", "tests/fixtures/prometheus/alerts-test.yml"],
+    ] {
+        let out = Command::new(tool("promtool"))
+            .args(args)
+            .current_dir(root)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {:?}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -111,7 +111,7 @@ fn work<B: Backend>(
             Ok(()) => job.reply.data(&buf),
             Err(e) => {
                 warn!("read {} bytes at {} failed: {e}", job.len, job.offset);
-                job.reply.error(Errno::from_i32(e.errno()));
+                job.reply.error(Errno::from_i32(cache.answered_error(&e)));
             }
         }
         pool.give(buf);

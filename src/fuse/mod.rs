@@ -128,8 +128,10 @@ pub fn forget_disk_attrs(session: &fuser::BackgroundSession) -> std::io::Result<
     session.notifier().inval_inode(INodeNo(DISK), -1, 0)
 }
 
-fn errno(e: &DeviceError) -> Errno {
-    Errno::from_i32(e.errno())
+/// The answer to a user's request that failed with `e`, counted by the cache
+/// (see [`Cache::answered_error`]).
+fn errno<B: Backend>(cache: &Cache<B>, e: &DeviceError) -> Errno {
+    Errno::from_i32(cache.answered_error(e))
 }
 
 impl<B: Backend> Filesystem for DiskFs<B> {
@@ -259,7 +261,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
                         Ok(()) => reply.data(out),
                         Err(e) => {
                             warn!("read {len} bytes at {offset} failed: {e}");
-                            reply.error(errno(&e))
+                            reply.error(errno(&self.cache, &e))
                         }
                     }
                 })
@@ -306,7 +308,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => {
                 warn!("write of {} bytes at {offset} failed: {e}", data.len());
-                reply.error(errno(&e))
+                reply.error(errno(&self.cache, &e))
             }
         }
     }
@@ -385,7 +387,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
             Ok(()) => reply.ok(),
             Err(e) => {
                 warn!("discard {length} bytes at {offset} failed: {e}");
-                reply.error(errno(&e))
+                reply.error(errno(&self.cache, &e))
             }
         }
     }
@@ -477,7 +479,7 @@ impl<B: Backend> DiskFs<B> {
             Ok(()) => reply.ok(),
             Err(e) => {
                 warn!("flush failed: {e}");
-                reply.error(errno(&e))
+                reply.error(errno(&self.cache, &e))
             }
         }
     }

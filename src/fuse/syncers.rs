@@ -29,7 +29,7 @@ impl Syncers {
             Ok(()) => reply.ok(),
             Err(e) => {
                 warn!("flush failed: {e}");
-                reply.error(Errno::from_i32(e.errno()));
+                reply.error(Errno::from_i32(cache.answered_error(&e)));
             }
         };
         Pool::start("sync", SYNCERS, work, |reply| reply.error(Errno::EIO)).map(Syncers)

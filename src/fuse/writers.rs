@@ -40,7 +40,7 @@ impl Writers {
                     job.data.len(),
                     job.offset
                 );
-                job.reply.error(Errno::from_i32(e.errno()));
+                job.reply.error(Errno::from_i32(cache.answered_error(&e)));
             }
         };
         // A write still queued when the session ended was never acknowledged.

@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod helper;
 pub mod metrics;
 pub mod notify;
+pub mod process_metrics;
 pub mod record;
 pub mod system;
 pub mod utab;

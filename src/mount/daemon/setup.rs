@@ -437,7 +437,12 @@ fn spawn_lease_keeper(m: &Mounted, id: String) {
             if fenced.load(Ordering::SeqCst) {
                 return;
             }
-            match blob.renew_lease(&id).await {
+            let renewed = blob.renew_lease(&id).await;
+            if renewed.is_err() {
+                let failures = &blob.service().counters().lease_renewal_failures;
+                failures.fetch_add(1, Ordering::Relaxed);
+            }
+            match renewed {
                 Ok(()) => {}
                 Err(e) if matches!(e.status(), Some(409 | 412)) => {
                     if !fenced.swap(true, Ordering::SeqCst) {
