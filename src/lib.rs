@@ -21,3 +21,4 @@ pub mod size;
 pub mod snapshot;
 pub mod transfer;
 pub mod vhd;
+pub mod words;

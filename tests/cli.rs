@@ -533,6 +533,29 @@ fn help_teaches_and_lists_only_built_commands() {
     assert!(out.contains("qemu-img info -f vpc"), "{out}");
     let out = ok(&["lease", "break", "--help"]);
     assert!(out.contains("dead host"), "{out}");
+    // The text after the options is wrapped by hand, evenly: no prose line runs
+    // past 88 columns (indented lines, such as an fstab example, may).
+    for cmd in [
+        vec![],
+        vec!["create"],
+        vec!["resize"],
+        vec!["mount"],
+        vec!["unmount"],
+        vec!["delete"],
+        vec!["upload"],
+        vec!["download"],
+        vec!["restore"],
+        vec!["lease", "break"],
+        vec!["snapshot", "prune"],
+    ] {
+        let mut args = cmd.clone();
+        args.push("--help");
+        let out = ok(&args);
+        let after = out.rsplit_once("Print help").map_or("", |(_, a)| a);
+        for line in after.lines().filter(|l| !l.starts_with(' ')) {
+            assert!(line.chars().count() <= 88, "{cmd:?} --help: {line}");
+        }
+    }
     // Every snapshot subcommand says what its BLOB is.
     for (sub, words) in [
         ("list", "whose snapshots to list"),

@@ -795,7 +795,7 @@ fn mkfs_over_another_filesystem_is_ignored_and_said_by_mount() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
-        err.contains("warning: --mkfs ext4 ignored: the disk already holds a xfs filesystem"),
+        err.contains("warning: --mkfs ext4 ignored: the disk already holds an xfs filesystem"),
         "{err}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("(xfs"));
@@ -910,7 +910,10 @@ fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
 #[test]
 fn only_ext4_and_xfs_are_mounted_and_other_filesystems_are_left_untouched() {
     require_root();
-    for (fs, mkfs) in [("minix", "mkfs.minix"), ("ext2", "mkfs.ext2 -q -F")] {
+    for (fs, a, mkfs) in [
+        ("minix", "a", "mkfs.minix"),
+        ("ext2", "an", "mkfs.ext2 -q -F"),
+    ] {
         let spec = new_drive(&format!("fstype-{fs}"), "16MiB");
         let mp = new_mp();
         let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
@@ -921,7 +924,7 @@ fn only_ext4_and_xfs_are_mounted_and_other_filesystems_are_left_untouched() {
         let before = fingerprint(&spec);
         let err = fails(
             &["mount", &spec, mp.s()],
-            &format!("holds a {fs} filesystem; blobdrive mounts only ext4 and xfs"),
+            &format!("holds {a} {fs} filesystem; blobdrive mounts only ext4 and xfs"),
         );
         assert_eq!(
             err.lines().filter(|l| l.contains("error")).count(),

@@ -310,9 +310,31 @@ fn a_mounted_raw_file_grows_and_a_read_only_mount_of_it_keeps_its_size() {
     );
     let err = fails(&["resize", ro.s(), "--size", "32MiB"]);
     assert!(err.contains("read-only"), "{err}");
+    // `stats` says the disk's size as served now.
+    let text = ok(&run(), &az(), &["stats", mp.s()]);
+    assert!(
+        text.contains("disk:           16 MiB (16777216 bytes)"),
+        "{text}"
+    );
+    // A shrink is refused in sizes a reader takes in, and the bytes.
     let err = fails(&["resize", mp.s(), "--size", "12MiB"]);
-    assert!(err.contains("shrinking"), "{err}");
+    assert!(
+        err.contains("is 16 MiB (16777216 bytes); shrinking it to 12 MiB (12582912 bytes)"),
+        "{err}"
+    );
     assert_eq!(std::fs::metadata(mp.disk()).unwrap().len(), 16 * MIB);
+    // A snapshot's mount is named as the snapshot it is.
+    let snap = json(&ok(&run(), &az(), &["snapshot", "create", &spec, "--json"]));
+    let at = format!("{spec}@{}", snap["snapshot"].as_str().unwrap());
+    let smp = Mp::new(&run(), &az());
+    ok(&run(), &az(), &["mount", &at, smp.s(), "--mode", "raw"]);
+    let err = fails(&["resize", smp.s(), "--size", "32MiB"]);
+    assert!(
+        err.contains(&format!("{at} (mounted at {})", smp.s()))
+            && err.contains("snapshots keep their size"),
+        "{err}"
+    );
+    ok(&run(), &az(), &["unmount", smp.s()]);
     ok(&run(), &az(), &["unmount", ro.s()]);
     ok(&run(), &az(), &["unmount", mp.s()]);
     // On the blob: the footer for 16 MiB, and the data.

@@ -26,8 +26,9 @@ does it under its own lease while I/O goes on, then the disk file and the loop
 device take the new size, and a mounted filesystem grows in place (resize2fs for
 ext4, xfs_growfs for xfs). With --mode block, grow what is on the device yourself.
 Growing a mounted ext4 needs CAP_SYS_RESOURCE; without it (some containers) the
-resize is refused before anything changes, naming the way round. A read-only mount of the drive (here or elsewhere) keeps the size it was mounted
-with until it is mounted again.
+resize is refused before anything changes, naming the way round. A read-only mount
+of the drive (here or elsewhere) keeps the size it was mounted with until it is
+mounted again.
 
 If it is interrupted (a crash, the network), the drive says so: `info` and `mount`
 refuse it with \"resize incomplete\", naming the resize that completes it, and running
@@ -89,6 +90,13 @@ fn is_path(arg: &str) -> bool {
 /// Has the daemon of mount `m` grow it.
 fn online(m: &record::MountRecord, size: u64) -> Result<()> {
     let mp = m.mountpoint.display();
+    if let Some(snap) = &m.snapshot {
+        bail!(
+            "{}@{snap} (mounted at {mp}) is a snapshot: snapshots keep their size; resize the drive itself ({})",
+            m.blob,
+            m.blob
+        );
+    }
     if m.read_only {
         bail!("{} is mounted read-only at {mp}: resize it where it is mounted writable, or while it is not mounted", m.blob);
     }

@@ -1,4 +1,4 @@
-//! A mount's figures for Prometheus: `--metrics ADDR:PORT` serves `GET /metrics`
+//! A mount's figures for Prometheus: `--metrics HOST:PORT` serves `GET /metrics`
 //! in the Prometheus text format (0.0.4), and nothing else on that port.
 //!
 //! The figures are read when a scrape comes, from the counters the I/O path
@@ -388,13 +388,38 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
+/// What `--metrics` takes, for messages.
+const ADDR_FORMS: &str = "expected HOST:PORT, e.g. 127.0.0.1:9101, [::1]:9101 or localhost:9101";
+
+/// Checks that `addr` reads as HOST:PORT (an IPv4 address, an IPv6 one in
+/// brackets, or a host name, then a port number) without resolving the name:
+/// fstab options are checked at boot, maybe before any name can be looked up.
+pub fn check_addr(addr: &str) -> Result<(), String> {
+    let bad = || ADDR_FORMS.to_string();
+    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+    port.parse::<u16>().map_err(|_| bad())?;
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
+        }
+    };
+    host_ok.then_some(()).ok_or_else(bad)
+}
+
 /// Binds the metrics port: done before the mount is set up, so an address in use
-/// fails the mount with one line and nothing done.
+/// fails the mount with one line and nothing done. A host name is looked up
+/// (`localhost` in /etc/hosts) and the first of its addresses that can be bound
+/// is.
 pub fn bind(addr: &str) -> Result<TcpListener, String> {
-    let sock: SocketAddr = addr.parse().map_err(|_| {
-        format!("--metrics {addr}: expected ADDRESS:PORT, e.g. 127.0.0.1:9101 or [::1]:9101")
-    })?;
-    TcpListener::bind(sock).map_err(|e| format!("cannot serve metrics on {sock}: {e}"))
+    check_addr(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(addr)
+        .map_err(|e| format!("--metrics {addr}: cannot look up its host: {e}"))?
+        .collect();
+    TcpListener::bind(&addrs[..]).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))
 }
 
 /// Serves `GET /metrics` on `listener` for as long as the process lives, each
@@ -616,7 +641,19 @@ mod tests {
             err.contains("cannot serve metrics on") && !err.contains('\n'),
             "{err}"
         );
-        assert!(bind("localhost").unwrap_err().contains("ADDRESS:PORT"));
+        for bad in [
+            "localhost",
+            "127.0.0.1",
+            ":9101",
+            "a b:1",
+            "[::1:9101",
+            "h:99999",
+        ] {
+            assert!(bind(bad).unwrap_err().contains("HOST:PORT"), "{bad}");
+        }
+        // A host name is looked up.
+        let named = bind("localhost:0").unwrap();
+        assert!(named.local_addr().unwrap().ip().is_loopback());
     }
 
     #[test]

@@ -60,7 +60,7 @@ pub struct MountRequest {
     /// from an fstab line's options.
     #[serde(default)]
     pub fs_flags: Vec<String>,
-    /// Where to serve the mount's metrics (`--metrics ADDR:PORT`).
+    /// Where to serve the mount's metrics (`--metrics HOST:PORT`).
     #[serde(default)]
     pub metrics: Option<String>,
     /// The directory holding disk caches (`--disk-cache DIR`), if any.

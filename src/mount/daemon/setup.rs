@@ -281,7 +281,7 @@ pub(super) fn setup(
         let found = system::fs_type(&dev)?;
         let t = match (found, m.req.mkfs.as_deref()) {
             (Some(t), Some(wanted)) => {
-                let w = format!("--mkfs {wanted} ignored: the disk already holds a {t} filesystem, which is mounted as it is");
+                let w = format!("--mkfs {wanted} ignored: the disk already holds {} {t} filesystem, which is mounted as it is", crate::words::article(&t));
                 warn!("{w}");
                 warnings.push(w);
                 t
@@ -305,8 +305,9 @@ pub(super) fn setup(
         if !crate::mount::MOUNTABLE_FS.contains(&t.as_str()) {
             // Checked before anything mounts it (no journal replay, nothing written).
             return Err(MountError::System(format!(
-                "{} holds a {t} filesystem; blobdrive mounts only ext4 and xfs (use --mode block for the device)",
-                m.target
+                "{} holds {} {t} filesystem; blobdrive mounts only ext4 and xfs (use --mode block for the device)",
+                m.target,
+                crate::words::article(&t)
             )));
         }
         let at = system::open_dir(&m.req.mountpoint, m.req.mountpoint_id)?;
