@@ -387,10 +387,13 @@ fn spawn_daemon(
         let ready: Ready = serde_json::from_str(json.trim())?;
         match say {
             Say::Mounted => print_ready(&ready, blob),
-            Say::Quiet => ready
-                .warnings
-                .iter()
-                .for_each(|w| eprintln!("warning: {w}")),
+            Say::Quiet => {
+                ready
+                    .warnings
+                    .iter()
+                    .for_each(|w| eprintln!("warning: {w}"));
+                ready.notes.iter().for_each(|n| eprintln!("{n}"));
+            }
         }
         return Ok(());
     }
@@ -408,6 +411,9 @@ fn spawn_daemon(
 fn print_ready(ready: &Ready, blob: &str) {
     for w in &ready.warnings {
         eprintln!("warning: {w}");
+    }
+    for n in &ready.notes {
+        eprintln!("{n}");
     }
     let ro = if ready.read_only { " read-only" } else { "" };
     match ready.mode {

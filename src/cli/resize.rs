@@ -4,7 +4,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use blobdrive::mount::{daemon, record};
+use blobdrive::azure::BlobClient;
+use blobdrive::mount::{daemon, record, superblock};
 use blobdrive::resize::{self, Resized};
 use blobdrive::size::human;
 use blobdrive::vhd::FOOTER_SIZE;
@@ -19,7 +20,9 @@ The VHD footer is written at the new end for the new size (same disk id) and the
 old footer's page cleared. Snapshots keep their own size.
 
 Not mounted: it runs under a 60-second lease, so nothing else writes the drive
-meanwhile. A drive mounted on another machine holds its lease and is refused.
+meanwhile. A drive mounted on another machine holds its lease and is refused. The
+filesystem on it keeps its size until the next writable mount grows it to fill
+the disk (ext4 before it is mounted, xfs after).
 
 Mounted writable here (named by its mountpoint, or by the blob): the mount's daemon
 does it under its own lease while I/O goes on, then the disk file and the loop
@@ -70,15 +73,40 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         return online(&m, size);
     }
     match ctx.block_on(resize::grow(&blob, size))?? {
-        Resized::Grown { from, to } => println!(
-            "grew {r} from {} to {} ({to} bytes of disk, blob {} bytes)",
-            human(from),
-            human(to),
-            to + FOOTER_SIZE
-        ),
+        Resized::Grown { from, to } => {
+            println!(
+                "grew {r} from {} to {} ({to} bytes of disk, blob {} bytes)",
+                human(from),
+                human(to),
+                to + FOOTER_SIZE
+            );
+            if let Some(next) = ctx.block_on(filesystem_left_small(&blob, to))? {
+                println!("{next}");
+            }
+        }
         Resized::Unchanged(s) => println!("{r} is already {} ({s} bytes): nothing to do", human(s)),
     }
     Ok(())
+}
+
+/// What to do next when the drive holds a filesystem that is now smaller than
+/// the disk: growing the blob leaves the filesystem on it as it was, and `df`
+/// after the next mount would show the old size without a word.
+async fn filesystem_left_small(blob: &BlobClient, disk: u64) -> Option<String> {
+    let head = blob
+        .read(0, superblock::HEAD_BYTES as u64)
+        .await
+        .map_err(|e| tracing::warn!("cannot read the filesystem's superblock: {e}"))
+        .ok()?;
+    let fs = superblock::detect(&head)?;
+    superblock::worth_growing(fs.fstype, fs.bytes, disk).then(|| {
+        format!(
+            "the {} filesystem on it is still {}: the next writable `blobdrive mount` of it (--mode fs) grows it to fill the disk (in --mode block, grow it on the device yourself: {})",
+            fs.fstype,
+            human(fs.bytes),
+            if fs.fstype == "xfs" { "xfs_growfs once it is mounted" } else { "e2fsck -f, then resize2fs" }
+        )
+    })
 }
 
 /// Whether the argument names a directory rather than a blob (`container/name`

@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod notify;
 pub mod process_metrics;
 pub mod record;
+pub mod superblock;
 pub mod system;
 pub mod utab;
 
@@ -115,6 +116,10 @@ pub struct Ready {
     /// ignored); `blobdrive mount` prints them.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// What was done on the way that the user should know of (a filesystem
+    /// grown to fill its disk); printed as they are.
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 /// Why a mount or unmount failed.

@@ -23,9 +23,11 @@ use crate::device::sparse::SparseMap;
 use crate::drive::Drive;
 use crate::fuse::{DiskFs, StatsFn};
 use crate::mount::record::{self, MountRecord};
+use crate::mount::superblock;
 use crate::mount::system;
 use crate::mount::utab;
 use crate::mount::{Mode, MountError, Ready};
+use crate::size::human;
 
 /// How often the lease is renewed: a cheap probe that notices a broken or stolen
 /// lease even while nothing is written.
@@ -264,6 +266,7 @@ pub(super) fn setup(
     let mut fstype = None;
     let mut formatted = false;
     let mut warnings = Vec::new();
+    let mut notes = Vec::new();
     if m.req.mode != Mode::Raw {
         let dev = system::loop_attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
         system::loop_readahead(&dev, 4096);
@@ -310,6 +313,14 @@ pub(super) fn setup(
                 crate::words::article(&t)
             )));
         }
+        // A filesystem smaller than its disk: ext4 is grown before it is
+        // mounted, xfs (which grows only mounted) after.
+        let small = fs_on_disk(m).filter(|f| f.fstype == t);
+        tell(
+            fit_fs_to_disk(m, &dev, small.as_ref(), false),
+            &mut notes,
+            &mut warnings,
+        );
         let at = system::open_dir(&m.req.mountpoint, m.req.mountpoint_id)?;
         system::mount_fs(
             &dev,
@@ -330,6 +341,11 @@ pub(super) fn setup(
                 warnings.push(w);
             }
         }
+        tell(
+            fit_fs_to_disk(m, &dev, small.as_ref(), true),
+            &mut notes,
+            &mut warnings,
+        );
         m.fstype = Some(t.clone());
         fstype = Some(t);
     }
@@ -366,8 +382,75 @@ pub(super) fn setup(
         pid: std::process::id(),
         formatted,
         warnings,
+        notes,
     };
     Ok((ready, listener))
+}
+
+/// Hands what [`fit_fs_to_disk`] did to the notes, or why not to the warnings.
+fn tell(said: Option<Result<String, String>>, notes: &mut Vec<String>, warnings: &mut Vec<String>) {
+    match said {
+        Some(Ok(note)) => notes.push(note),
+        Some(Err(w)) => warnings.push(w),
+        None => {}
+    }
+}
+
+/// The filesystem the disk's superblock describes, read through the cache before
+/// the filesystem is mounted (see [`fit_fs_to_disk`]).
+fn fs_on_disk(m: &Mounted) -> Option<superblock::Found> {
+    let cache = m.cache.as_ref()?;
+    let mut head = vec![0u8; superblock::HEAD_BYTES.min(cache.size() as usize)];
+    cache.read(0, &mut head).ok()?;
+    superblock::detect(&head)
+}
+
+/// A filesystem smaller than its disk (the drive was grown while not mounted,
+/// which leaves the filesystem as it was) is grown to fill the disk where it can
+/// be (ext4 before it is mounted, xfs once it is: `mounted` says which call this
+/// is, and the other one does nothing): `Ok` says what was done, `Err`
+/// why not and the one step that does it. `None`: it fills its disk already.
+fn fit_fs_to_disk(
+    m: &Mounted,
+    dev: &str,
+    fs: Option<&superblock::Found>,
+    mounted: bool,
+) -> Option<Result<String, String>> {
+    let fs = fs.filter(|f| mounted == (f.fstype == "xfs"))?;
+    let disk = m.cache.as_ref()?.size();
+    if !superblock::worth_growing(fs.fstype, fs.bytes, disk) {
+        return None;
+    }
+    let said = |verb: &str| {
+        format!(
+            "the {} filesystem {verb} {} on a {} disk (the drive grew while it was not mounted)",
+            fs.fstype,
+            human(fs.bytes),
+            human(disk)
+        )
+    };
+    let what = said("was");
+    let by_hand = match fs.fstype {
+        "xfs" => format!("xfs_growfs -d {}", m.req.mountpoint.display()),
+        _ => "e2fsck -f, then resize2fs, on the device of a --mode block mount".to_string(),
+    };
+    if m.req.read_only {
+        return Some(Err(format!(
+            "{}: a writable mount grows it to fill the disk",
+            said("is")
+        )));
+    }
+    let grown = match fs.fstype {
+        "ext4" => system::grow_ext4_unmounted(dev),
+        other => system::grow_fs(dev, other, &m.req.mountpoint),
+    };
+    Some(match grown {
+        Ok(()) => {
+            info!("{what}: grew it to fill the disk");
+            Ok(format!("{what}: grew it to fill the disk"))
+        }
+        Err(e) => Err(format!("{what}; growing it failed ({e}): {by_hand}")),
+    })
 }
 
 /// Opens the drive's disk cache in `dir`. The blob's state it is checked against
