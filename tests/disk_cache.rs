@@ -227,8 +227,11 @@ fn a_killed_mount_a_lease_break_and_another_writer_leave_nothing_stale() {
 }
 
 /// Read-only mounts: a snapshot's cache is warm on its next mount; a live blob
-/// mounted read-only keeps its cache only if the blob did not change while it was
-/// mounted (here a writer on this host changes it meanwhile).
+/// mounted read-only starts its cache empty (another writer may change the blob
+/// once mounted, and bytes from before the mount would then be served where a
+/// mount without the disk cache reads the new ones); it keeps it for a later
+/// writable mount only if the blob did not change while it was mounted (here a
+/// writer on this host changes it meanwhile).
 #[test]
 fn read_only_mounts_keep_their_cache_only_for_a_blob_that_did_not_change() {
     require_root();
@@ -257,13 +260,17 @@ fn read_only_mounts_keep_their_cache_only_for_a_blob_that_did_not_change() {
         }
         unmount(&mp);
     }
-    // The live blob, read-only: unchanged while mounted, then warm.
-    for warm in [false, true] {
+    // The live blob, read-only: never warm; unchanged while mounted, it is
+    // kept for a writable mount, which starts warm.
+    for _ in 0..2 {
         mount_raw(&spec, &mp, &["--read-only", "--disk-cache", dc]);
         assert!(read_disk(&mp, 0, 4 * MIB) == a);
-        assert_eq!(disk_stats(&mp)["warm_start"], warm);
+        assert_eq!(disk_stats(&mp)["warm_start"], false);
         unmount(&mp);
     }
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    assert_eq!(disk_stats(&mp)["warm_start"], true);
+    unmount(&mp);
     // Changed while mounted read-only: not kept, and the next mount reads the
     // new bytes.
     mount_raw(&spec, &mp, &["--read-only", "--disk-cache", dc]);
@@ -403,18 +410,7 @@ fn the_size_limit_holds() {
 fn a_full_cache_disk_or_a_removed_directory_turns_the_tier_off() {
     require_root();
     let spec = new_drive("dc-full", "64MiB");
-    let small = cache_parent("full");
-    sh_ok(&format!(
-        "mount -t tmpfs -o size=4m,mode=0700 blobdrive-test-cache '{}'",
-        small.display()
-    ));
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _tmpfs = Unmount(small.clone());
+    let (small, _tmpfs) = small_cache_fs("full", "4m");
     let mp = Mp::new(&run(), &az());
     let dc = small.to_str().unwrap();
     mount_raw(
@@ -452,6 +448,70 @@ fn a_full_cache_disk_or_a_removed_directory_turns_the_tier_off() {
     assert_eq!(d["on"], false, "{d}");
     assert!(d["off_reason"].as_str().unwrap().contains("removed"), "{d}");
     assert!(read_disk(&mp, 4 * MIB, 4 * MIB) == b);
+    unmount(&mp);
+}
+
+/// A tmpfs of `size` (mount(8)'s words, `4m`) mounted as a cache directory,
+/// unmounted when the guard goes.
+fn small_cache_fs(tag: &str, size: &str) -> (PathBuf, UnmountOnDrop) {
+    let dir = cache_parent(tag);
+    sh_ok(&format!(
+        "mount -t tmpfs -o size={size},mode=0700 blobdrive-test-cache '{}'",
+        dir.display()
+    ));
+    (dir.clone(), UnmountOnDrop(dir))
+}
+
+struct UnmountOnDrop(PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// On a small cache filesystem, the default size (half its free space) stays
+/// what it was at every mount, the cache's own file counted as free, so a
+/// remount starts warm; and a remount with a smaller `--disk-cache-size` keeps what
+/// fits instead of starting empty.
+#[test]
+fn a_remount_starts_warm_whether_its_own_file_or_a_smaller_limit_shrank_the_room() {
+    require_root();
+    let spec = new_drive("dc-shrink", "64MiB");
+    let (small, _tmpfs) = small_cache_fs("shrink", "48m");
+    let dc = small.to_str().unwrap();
+    let mp = Mp::new(&run(), &az());
+    let a = pattern(9, 16 * MIB);
+    mount_raw(&spec, &mp, &["--disk-cache", dc]);
+    let limit = n(&disk_stats(&mp), "size_limit");
+    assert!(
+        (20 * MIB..=24 * MIB).contains(&limit),
+        "{limit}: half of the 48 MiB tmpfs's free space"
+    );
+    for (i, piece) in a.chunks(MIB as usize).enumerate() {
+        write_disk(&mp, i as u64 * MIB, piece);
+    }
+    unmount(&mp);
+    for _ in 0..2 {
+        mount_raw(&spec, &mp, &["--disk-cache", dc]);
+        let d = disk_stats(&mp);
+        // Within a chunk or two of the first (the index and the directory take
+        // a little of the room); without its own file counted, half as much.
+        assert!(n(&d, "size_limit") + 2 * MIB >= limit, "{limit}: {d}");
+        assert_eq!(d["warm_start"], true, "{d}");
+        unmount(&mp);
+    }
+    // Half of what it holds: the newest 8 MiB written are kept and served.
+    mount_raw(
+        &spec,
+        &mp,
+        &["--disk-cache", dc, "--disk-cache-size", "8MiB"],
+    );
+    let d = disk_stats(&mp);
+    assert_eq!(d["warm_start"], true, "{d}");
+    assert!(read_disk(&mp, 8 * MIB, 8 * MIB) == a[8 * MIB as usize..]);
+    assert_eq!(n(&disk_stats(&mp), "hit_bytes"), 8 * MIB);
+    assert!(read_disk(&mp, 0, 16 * MIB) == a);
     unmount(&mp);
 }
 

@@ -50,153 +50,163 @@ pub enum Command {
 
 pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
     match cmd {
-        Command::Create { blob, json } => {
-            let (r, client) = ctx.blob(&blob)?;
-            if r.snapshot.is_some() {
-                bail!("cannot snapshot a snapshot ({r})");
-            }
-            let base = r.to_string();
-            let endpoint = client.service().account().endpoint_for_messages();
-            let local = record::writable_mount(&endpoint, &base).filter(record::alive);
-            let (id, how) = match local {
-                Some(m) => {
-                    let answer =
-                        daemon::control(&m.socket, "snapshot", Some(Duration::from_secs(600)))?;
-                    match answer.strip_prefix("ok ") {
-                        Some(id) if m.mode == Mode::Fs => (
-                            id.to_string(),
-                            format!(
-                                "consistent: {} was frozen and flushed",
-                                m.mountpoint.display()
-                            ),
-                        ),
-                        // Nothing above a raw file or a loop device can be frozen.
-                        Some(id) => (
-                            id.to_string(),
-                            format!(
-                                "the cache of the {} mount at {} was flushed first; it was not frozen, so writes a program had not synced are not in it",
-                                m.mode,
-                                m.mountpoint.display()
-                            ),
-                        ),
-                        None => bail!("{}", answer.strip_prefix("error ").unwrap_or(&answer)),
-                    }
-                }
-                None => {
-                    let id = ctx.block_on(async {
-                        let p = drive::properties(&client).await?;
-                        drive::check_page_blob(&client, &p)?;
-                        anyhow::Ok(client.create_snapshot().await?)
-                    })??;
-                    (id, "not mounted on this machine".to_string())
-                }
-            };
-            if json {
-                println!("{}", serde_json::json!({ "snapshot": id }));
-            } else {
-                println!("{id}");
-                eprintln!("snapshot of {r} taken ({how}); name it as {r}@{id}");
-            }
-            Ok(())
-        }
-        Command::List { blob, json } => {
-            let (r, client) = ctx.blob(&blob)?;
-            let client = client.at_snapshot(None);
-            let list = ctx.block_on(async {
-                let p = drive::properties(&client).await?;
-                drive::check_page_blob(&client, &p)?;
-                anyhow::Ok(snapshot::list(&client, true).await?)
-            })??;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else if list.is_empty() {
-                println!("{} has no snapshots", r.base());
-            } else {
-                for s in &list {
-                    println!(
-                        "{}@{}  {}",
-                        r.base(),
-                        s.snapshot,
-                        s.allocated_bytes.map(human).unwrap_or_default()
-                    );
-                }
-            }
-            Ok(())
-        }
-        Command::Delete { blob } => {
-            let (r, client) = ctx.blob(&blob)?;
-            let Some(id) = r.snapshot.clone() else {
-                bail!("name the snapshot to delete as BLOB@SNAPSHOT (see `blobdrive snapshot list {r}`)");
-            };
-            let endpoint = client.service().account().endpoint_for_messages();
-            if let Some(m) = mounted_here(&endpoint, &r.base().to_string(), &id) {
-                bail!(
-                    "{r} is mounted at {}; unmount it before deleting it",
-                    m.mountpoint.display()
-                );
-            }
-            ctx.block_on(async {
-                drive::properties(&client).await?;
-                client.delete(DeleteSnapshots::None, None).await?;
-                anyhow::Ok(())
-            })??;
-            println!("deleted snapshot {r}");
-            Ok(())
-        }
+        Command::Create { blob, json } => create(ctx, &blob, json),
+        Command::List { blob, json } => list(ctx, &blob, json),
+        Command::Delete { blob } => delete(ctx, &blob),
         Command::Prune {
             blob,
             keep,
             dry_run,
-        } => {
-            let (r, client) = ctx.blob(&blob)?;
-            if r.snapshot.is_some() {
-                bail!("prune takes the drive, not a snapshot ({r})");
-            }
-            let list = ctx.block_on(snapshot::list(&client, false))??;
-            let ids: Vec<String> = list.into_iter().map(|s| s.snapshot).collect();
-            let doomed = snapshot::to_prune(&ids, keep);
-            if doomed.is_empty() {
-                println!("{r} has {} snapshot(s); nothing to prune", ids.len());
-                return Ok(());
-            }
-            let endpoint = client.service().account().endpoint_for_messages();
-            let mut deleted = 0;
-            let mut skipped = 0;
-            for id in &doomed {
-                // A snapshot mounted here is never deleted from under its mount.
-                if let Some(m) = mounted_here(&endpoint, &r.to_string(), id) {
-                    println!(
-                        "skipping {r}@{id}: mounted at {} (unmount it to prune it)",
+        } => prune(ctx, &blob, keep, dry_run),
+    }
+}
+
+/// `snapshot create`: through the drive's daemon when it is mounted writable
+/// here (so the snapshot is consistent), otherwise straight on the blob.
+fn create(ctx: &Context, blob: &str, json: bool) -> Result<()> {
+    let (r, client) = ctx.blob(blob)?;
+    if r.snapshot.is_some() {
+        bail!("cannot snapshot a snapshot ({r})");
+    }
+    let base = r.to_string();
+    let endpoint = client.service().account().endpoint_for_messages();
+    let local = record::writable_mount(&endpoint, &base).filter(record::alive);
+    let (id, how) = match local {
+        Some(m) => {
+            let answer = daemon::control(&m.socket, "snapshot", Some(Duration::from_secs(600)))?;
+            match answer.strip_prefix("ok ") {
+                Some(id) if m.mode == Mode::Fs => (
+                    id.to_string(),
+                    format!(
+                        "consistent: {} was frozen and flushed",
                         m.mountpoint.display()
-                    );
-                    skipped += 1;
-                    continue;
-                }
-                if dry_run {
-                    println!("would delete {r}@{id}");
-                } else {
-                    ctx.block_on(
-                        client
-                            .at_snapshot(Some(id))
-                            .delete(DeleteSnapshots::None, None),
-                    )??;
-                    println!("deleted {r}@{id}");
-                }
-                deleted += 1;
+                    ),
+                ),
+                // Nothing above a raw file or a loop device can be frozen.
+                Some(id) => (
+                    id.to_string(),
+                    format!(
+                        "the cache of the {} mount at {} was flushed first; it was not frozen, so writes a program had not synced are not in it",
+                        m.mode,
+                        m.mountpoint.display()
+                    ),
+                ),
+                None => bail!("{}", answer.strip_prefix("error ").unwrap_or(&answer)),
             }
+        }
+        None => {
+            let id = ctx.block_on(async {
+                let p = drive::properties(&client).await?;
+                drive::check_page_blob(&client, &p)?;
+                anyhow::Ok(client.create_snapshot().await?)
+            })??;
+            (id, "not mounted on this machine".to_string())
+        }
+    };
+    if json {
+        println!("{}", serde_json::json!({ "snapshot": id }));
+    } else {
+        println!("{id}");
+        eprintln!("snapshot of {r} taken ({how}); name it as {r}@{id}");
+    }
+    Ok(())
+}
+
+fn list(ctx: &Context, blob: &str, json: bool) -> Result<()> {
+    let (r, client) = ctx.blob(blob)?;
+    let client = client.at_snapshot(None);
+    let list = ctx.block_on(async {
+        let p = drive::properties(&client).await?;
+        drive::check_page_blob(&client, &p)?;
+        anyhow::Ok(snapshot::list(&client, true).await?)
+    })??;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else if list.is_empty() {
+        println!("{} has no snapshots", r.base());
+    } else {
+        for s in &list {
             println!(
-                "{} {deleted} snapshot(s), kept the newest {}{}",
-                if dry_run { "would delete" } else { "deleted" },
-                ids.len() - doomed.len(),
-                if skipped > 0 {
-                    format!(" and {skipped} mounted one(s)")
-                } else {
-                    String::new()
-                }
+                "{}@{}  {}",
+                r.base(),
+                s.snapshot,
+                s.allocated_bytes.map(human).unwrap_or_default()
             );
-            Ok(())
         }
     }
+    Ok(())
+}
+
+fn delete(ctx: &Context, blob: &str) -> Result<()> {
+    let (r, client) = ctx.blob(blob)?;
+    let Some(id) = r.snapshot.clone() else {
+        bail!("name the snapshot to delete as BLOB@SNAPSHOT (see `blobdrive snapshot list {r}`)");
+    };
+    let endpoint = client.service().account().endpoint_for_messages();
+    if let Some(m) = mounted_here(&endpoint, &r.base().to_string(), &id) {
+        bail!(
+            "{r} is mounted at {}; unmount it before deleting it",
+            m.mountpoint.display()
+        );
+    }
+    ctx.block_on(async {
+        drive::properties(&client).await?;
+        client.delete(DeleteSnapshots::None, None).await?;
+        anyhow::Ok(())
+    })??;
+    println!("deleted snapshot {r}");
+    Ok(())
+}
+
+/// `snapshot prune`: deletes all but the newest `keep`, never one mounted here.
+fn prune(ctx: &Context, blob: &str, keep: usize, dry_run: bool) -> Result<()> {
+    let (r, client) = ctx.blob(blob)?;
+    if r.snapshot.is_some() {
+        bail!("prune takes the drive, not a snapshot ({r})");
+    }
+    let list = ctx.block_on(snapshot::list(&client, false))??;
+    let ids: Vec<String> = list.into_iter().map(|s| s.snapshot).collect();
+    let doomed = snapshot::to_prune(&ids, keep);
+    if doomed.is_empty() {
+        println!("{r} has {} snapshot(s); nothing to prune", ids.len());
+        return Ok(());
+    }
+    let endpoint = client.service().account().endpoint_for_messages();
+    let mut deleted = 0;
+    let mut skipped = 0;
+    for id in &doomed {
+        // A snapshot mounted here is never deleted from under its mount.
+        if let Some(m) = mounted_here(&endpoint, &r.to_string(), id) {
+            println!(
+                "skipping {r}@{id}: mounted at {} (unmount it to prune it)",
+                m.mountpoint.display()
+            );
+            skipped += 1;
+            continue;
+        }
+        if dry_run {
+            println!("would delete {r}@{id}");
+        } else {
+            ctx.block_on(
+                client
+                    .at_snapshot(Some(id))
+                    .delete(DeleteSnapshots::None, None),
+            )??;
+            println!("deleted {r}@{id}");
+        }
+        deleted += 1;
+    }
+    println!(
+        "{} {deleted} snapshot(s), kept the newest {}{}",
+        if dry_run { "would delete" } else { "deleted" },
+        ids.len() - doomed.len(),
+        if skipped > 0 {
+            format!(" and {skipped} mounted one(s)")
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
 }
 
 /// The live mount on this machine of snapshot `id` of `base` in the account at

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
+use blobdrive::mount::system::LoopDevice;
 use blobdrive::mount::{daemon, record, system, utab, Mode};
 
 #[derive(Debug, clap::Args)]
@@ -163,10 +164,12 @@ fn clean_dead(mountpoint: &Path, mode: Mode, device: Option<&str>, fuse_dir: &Pa
         _ => fuse_dir.to_path_buf(),
     };
     let disk = real_dir.join("disk");
-    if let Some(dev) = device.filter(|d| system::loop_backing_file(d).is_some_and(|f| f == disk)) {
-        system::loop_detach(dev)?;
-    } else if let Some(dev) = device {
-        system::loop_released(dev);
+    if let Some(dev) = device.map(LoopDevice::at) {
+        if dev.backing_file().is_some_and(|f| f == disk) {
+            dev.detach()?;
+        } else {
+            dev.released();
+        }
     }
     if system::is_mountpoint(fuse_dir) {
         system::umount(fuse_dir, true)?;

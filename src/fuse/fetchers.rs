@@ -15,12 +15,11 @@
 //! overhead stays bounded: past the cap a read is served on its FUSE thread.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use fuser::{Errno, ReplyData};
-use tracing::warn;
 
+use super::pool::Pool;
 use crate::device::bufpool::BufPool;
 use crate::device::cache::Cache;
 use crate::device::Backend;
@@ -40,10 +39,6 @@ const POOLED: usize = 1 << 20;
 /// Idle read buffers kept between jobs.
 const POOL_KEEP: usize = 8;
 
-/// Stack of a worker: the read path needs little, and 64 default 8 MiB stacks
-/// would only inflate the address space.
-const STACK: usize = 256 * 1024;
-
 struct Job {
     offset: u64,
     len: usize,
@@ -52,27 +47,29 @@ struct Job {
 
 /// A pool of threads answering reads that miss the cache.
 pub struct Fetchers {
-    jobs: SyncSender<Job>,
+    pool: Pool<Job>,
     /// Bytes of the jobs queued or being served.
     bytes: Arc<AtomicUsize>,
 }
 
 impl Fetchers {
     pub fn start<B: Backend>(cache: Arc<Cache<B>>) -> std::io::Result<Self> {
+        let bytes = Arc::new(AtomicUsize::new(0));
+        let buffers = BufPool::new(POOLED, POOL_KEEP);
+        let done = bytes.clone();
+        let work = move |job: Job| {
+            let len = job.len;
+            fetch(&cache, &buffers, job);
+            done.fetch_sub(len, Ordering::SeqCst);
+        };
         // Bounded: FUSE threads block (and the kernel queues) once every worker
         // is busy and as many jobs again wait, so memory stays bounded too.
-        let (jobs, rx) = sync_channel::<Job>(WORKERS);
-        let rx = Arc::new(Mutex::new(rx));
-        let bytes = Arc::new(AtomicUsize::new(0));
-        let pool = BufPool::new(POOLED, POOL_KEEP);
-        for i in 0..WORKERS {
-            let (cache, rx, bytes, pool) = (cache.clone(), rx.clone(), bytes.clone(), pool.clone());
-            std::thread::Builder::new()
-                .name(format!("fetch-{i}"))
-                .stack_size(STACK)
-                .spawn(move || work(&cache, &rx, &bytes, &pool))?;
-        }
-        Ok(Fetchers { jobs, bytes })
+        let pool = Pool::start("fetch", WORKERS, work, |job: Job| {
+            job.reply.error(Errno::EIO)
+        })?
+        .bounded(WORKERS)
+        .all_started()?;
+        Ok(Fetchers { pool, bytes })
     }
 
     /// Queues a read, whose reply is sent when the fetch is done; or, when the
@@ -83,38 +80,23 @@ impl Fetchers {
             self.bytes.fetch_sub(len, Ordering::SeqCst);
             return Some(reply);
         }
-        if let Err(e) = self.jobs.send(Job { offset, len, reply }) {
-            // Only when every worker is gone (the daemon is ending).
-            self.bytes.fetch_sub(len, Ordering::SeqCst);
-            e.0.reply.error(Errno::EIO);
-        }
+        self.pool.send(Job { offset, len, reply });
         None
     }
 }
 
-fn work<B: Backend>(
-    cache: &Cache<B>,
-    rx: &Mutex<Receiver<Job>>,
-    bytes: &AtomicUsize,
-    pool: &BufPool,
-) {
-    loop {
-        // The lock is held only while waiting for a job, never while working.
-        let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
-            Ok(job) => job,
-            Err(_) => return,
-        };
-        // Large reads (a sequential stream's) take a pooled buffer; small ones (a
-        // random read's) a plain allocation, which the heap serves cheaply.
-        let mut buf = pool.take_filled(job.len);
-        match cache.read(job.offset, &mut buf) {
-            Ok(()) => job.reply.data(&buf),
-            Err(e) => {
-                warn!("read {} bytes at {} failed: {e}", job.len, job.offset);
-                job.reply.error(Errno::from_i32(cache.answered_error(&e)));
-            }
-        }
-        pool.give(buf);
-        bytes.fetch_sub(job.len, Ordering::SeqCst);
+/// Serves one read. Large reads (a sequential stream's) take a pooled buffer;
+/// small ones (a random read's) a plain allocation, which the heap serves
+/// cheaply.
+fn fetch<B: Backend>(cache: &Cache<B>, buffers: &BufPool, job: Job) {
+    let mut buf = buffers.take_filled(job.len);
+    match cache.read(job.offset, &mut buf) {
+        Ok(()) => job.reply.data(&buf),
+        Err(e) => job.reply.error(super::failed(
+            cache,
+            format_args!("read {} bytes at {}", job.len, job.offset),
+            &e,
+        )),
     }
+    buffers.give(buf);
 }

@@ -128,9 +128,16 @@ pub fn forget_disk_attrs(session: &fuser::BackgroundSession) -> std::io::Result<
     session.notifier().inval_inode(INodeNo(DISK), -1, 0)
 }
 
-/// The answer to a user's request that failed with `e`, counted by the cache
-/// (see [`Cache::answered_error`]).
-fn errno<B: Backend>(cache: &Cache<B>, e: &DeviceError) -> Errno {
+/// Logs a failed operation (`what`, e.g. "read 4096 bytes at 0") and gives the
+/// errno the application is answered with, counted by the cache (see
+/// [`Cache::answered_error`]): one place for every FUSE reply of a device error,
+/// so that none goes unlogged, uncounted or gets another errno.
+pub(crate) fn failed<B: Backend>(
+    cache: &Cache<B>,
+    what: std::fmt::Arguments<'_>,
+    e: &DeviceError,
+) -> Errno {
+    warn!("{what} failed: {e}");
     Errno::from_i32(cache.answered_error(e))
 }
 
@@ -259,10 +266,11 @@ impl<B: Backend> Filesystem for DiskFs<B> {
                     let out = &mut buf[..len];
                     match self.cache.read(offset, out) {
                         Ok(()) => reply.data(out),
-                        Err(e) => {
-                            warn!("read {len} bytes at {offset} failed: {e}");
-                            reply.error(errno(&self.cache, &e))
-                        }
+                        Err(e) => reply.error(failed(
+                            &self.cache,
+                            format_args!("read {len} bytes at {offset}"),
+                            &e,
+                        )),
                     }
                 })
             }
@@ -306,10 +314,11 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         }
         match self.cache.write(offset, data) {
             Ok(()) => reply.written(data.len() as u32),
-            Err(e) => {
-                warn!("write of {} bytes at {offset} failed: {e}", data.len());
-                reply.error(errno(&self.cache, &e))
-            }
+            Err(e) => reply.error(failed(
+                &self.cache,
+                format_args!("write of {} bytes at {offset}", data.len()),
+                &e,
+            )),
         }
     }
 
@@ -385,10 +394,11 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         };
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => {
-                warn!("discard {length} bytes at {offset} failed: {e}");
-                reply.error(errno(&self.cache, &e))
-            }
+            Err(e) => reply.error(failed(
+                &self.cache,
+                format_args!("discard {length} bytes at {offset}"),
+                &e,
+            )),
         }
     }
 
@@ -477,10 +487,7 @@ impl<B: Backend> DiskFs<B> {
         }
         match self.cache.flush() {
             Ok(()) => reply.ok(),
-            Err(e) => {
-                warn!("flush failed: {e}");
-                reply.error(errno(&self.cache, &e))
-            }
+            Err(e) => reply.error(failed(&self.cache, format_args!("flush"), &e)),
         }
     }
 }

@@ -10,7 +10,6 @@
 use std::sync::Arc;
 
 use fuser::{Errno, ReplyEmpty};
-use tracing::warn;
 
 use super::pool::Pool;
 use crate::device::cache::Cache;
@@ -27,10 +26,7 @@ impl Syncers {
     pub fn start<B: Backend>(cache: Arc<Cache<B>>) -> std::io::Result<Self> {
         let work = move |reply: ReplyEmpty| match cache.flush() {
             Ok(()) => reply.ok(),
-            Err(e) => {
-                warn!("flush failed: {e}");
-                reply.error(Errno::from_i32(cache.answered_error(&e)));
-            }
+            Err(e) => reply.error(super::failed(&cache, format_args!("flush"), &e)),
         };
         Pool::start("sync", SYNCERS, work, |reply| reply.error(Errno::EIO)).map(Syncers)
     }

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 
 use fuser::{Errno, ReplyWrite};
-use tracing::warn;
 
 use super::pool::Pool;
 use crate::device::cache::Cache;
@@ -34,14 +33,11 @@ impl Writers {
     pub fn start<B: Backend>(cache: Arc<Cache<B>>) -> std::io::Result<Self> {
         let work = move |job: Job| match cache.write(job.offset, &job.data) {
             Ok(()) => job.reply.written(job.data.len() as u32),
-            Err(e) => {
-                warn!(
-                    "write of {} bytes at {} failed: {e}",
-                    job.data.len(),
-                    job.offset
-                );
-                job.reply.error(Errno::from_i32(cache.answered_error(&e)));
-            }
+            Err(e) => job.reply.error(super::failed(
+                &cache,
+                format_args!("write of {} bytes at {}", job.data.len(), job.offset),
+                &e,
+            )),
         };
         // A write still queued when the session ended was never acknowledged.
         Pool::start("write", WRITERS, work, |job| job.reply.error(Errno::EIO)).map(Writers)

@@ -205,88 +205,154 @@ pub async fn upload(
     let src = inspect(path)?;
     let f = Arc::new(File::open(path).map_err(file_err(path))?);
     let fp = fingerprint(path, &f)?;
-    let blob_len = src.disk_size + FOOTER_SIZE;
     let stats_before = blob.service().stats();
-    let mut present: Vec<PageRange> = Vec::new();
-    match blob.properties().await {
-        Ok(p) => {
-            if p.lease_state.as_deref() == Some("leased") {
-                return Err(TransferError::Refused(format!(
-                    "{} is in use (leased, mounted?); nothing was changed",
-                    blob.target()
-                )));
-            }
-            let meta = |name: &str| {
-                p.metadata
-                    .iter()
-                    .find(|(k, _)| k == name)
-                    .map(|(_, v)| v.clone())
-            };
-            let ours = meta(FINGERPRINT_META);
-            let finished = meta(FINISHED_META);
-            if opts.resume && ours.is_none() && finished.is_some() {
-                if finished.as_deref() != Some(fp.as_str()) || p.content_length != blob_len {
-                    return Err(TransferError::Refused(format!(
-                        "cannot resume: the finished upload to {} was of another file, or {} changed since; use --overwrite to replace it",
-                        blob.target(),
-                        path.display()
-                    )));
-                }
-                return already_complete(path, blob, &src, &f, started).await;
-            } else if opts.resume && ours.is_some() {
-                if ours.as_deref() != Some(fp.as_str()) || p.content_length != blob_len {
-                    return Err(TransferError::Refused(format!(
-                        "cannot resume: {} changed since the interrupted upload to {} (or that upload was of another file); start over with --overwrite",
-                        path.display(),
-                        blob.target()
-                    )));
-                }
-                present = blob
-                    .page_ranges_segmented(src.disk_size, SegmentPlan::default())
-                    .await?;
-            } else if opts.resume {
-                return Err(TransferError::Refused(format!(
-                    "cannot resume: {} is not an unfinished upload by blobdrive (a finished drive, or another blob); use --overwrite to replace it",
-                    blob.target()
-                )));
-            } else if opts.overwrite {
-                blob.delete(DeleteSnapshots::None, None).await.map_err(|e| {
-                    if e.code() == Some("SnapshotsPresent") {
-                        TransferError::Refused(format!(
-                            "{} has snapshots; --overwrite does not delete them: run `blobdrive delete {} --snapshots --yes` first",
-                            blob.target(),
-                            blob.target()
-                        ))
-                    } else {
-                        e.into()
-                    }
-                })?;
-                create(blob, blob_len, &fp).await?;
-            } else {
-                return Err(TransferError::Refused(format!(
-                    "{} already exists; add --overwrite to replace it (or --resume to continue an interrupted upload)",
-                    blob.target()
-                )));
-            }
-        }
-        Err(e) if e.is_not_found() => {
-            create(blob, blob_len, &fp).await?;
-        }
-        Err(e) => return Err(e.into()),
-    }
-
-    // Plan: data extents of the file, zero pages dropped, runs already present
-    // (resume) skipped.
-    let extents = data_extents(&f, src.data_len);
-    let planned: u64 = extents.iter().map(|(s, e)| e - s).sum();
-    // Progress counts a byte once its fate is settled: data when its Put Page was
-    // acknowledged, zeros and data already there when scanned.
-    let progress = Arc::new(Progress::new("upload", planned, opts.quiet));
+    let present = match prepare_blob(path, blob, opts, &src, &fp).await? {
+        Prepared::Send { present } => present,
+        Prepared::Finished => return already_complete(path, blob, &src, &f, started).await,
+    };
     // Every Put Page carries the page blob's sequence number (see `WriteFence`): an
     // attempt given up on that lands late, after the drive was mounted and
     // written, is refused instead of putting the image's bytes back over newer
     // ones.
     let fence = WriteFence::new(blob.clone(), None);
+    let skipped = send_data(path, blob, &f, &src, &present, &fence, opts.quiet).await?;
+    // The footer last: only now is the blob a drive.
+    blob.put_pages_fenced(
+        src.disk_size,
+        Bytes::copy_from_slice(&src.footer),
+        None,
+        &fence,
+    )
+    .await?;
+    blob.set_metadata(&[(FINISHED_META, &fp)], None).await?;
+    // Verify what is cheap: length and footer as a drive would read them.
+    let drive = crate::drive::Drive::open(blob).await?;
+    if drive.disk_size() != src.disk_size {
+        return Err(TransferError::Refused(format!(
+            "verification failed: {} reads as {} bytes, expected {}",
+            blob.target(),
+            drive.disk_size(),
+            src.disk_size
+        )));
+    }
+    let after = blob.service().stats();
+    Ok(Report {
+        image_bytes: src.disk_size,
+        bytes_transferred: after.bytes_uploaded - stats_before.bytes_uploaded,
+        requests: after.put_page_requests - stats_before.put_page_requests,
+        skipped_bytes: skipped,
+        seconds: started.elapsed().as_secs_f64(),
+        method: None,
+        already_complete: false,
+    })
+}
+
+/// What is to be done after the blob was looked at.
+enum Prepared {
+    /// Send the file's data, skipping what `present` already holds (resume).
+    Send { present: Vec<PageRange> },
+    /// `--resume` of an upload that already finished from this same file.
+    Finished,
+}
+
+/// Gets the blob ready for the upload as the options say: created, replaced
+/// (`--overwrite`), or checked to be this file's unfinished or finished upload
+/// (`--resume`); refused when it is in use or would be replaced unasked.
+async fn prepare_blob(
+    path: &Path,
+    blob: &BlobClient,
+    opts: &UploadOptions,
+    src: &Source,
+    fp: &str,
+) -> Result<Prepared, TransferError> {
+    let blob_len = src.disk_size + FOOTER_SIZE;
+    let p = match blob.properties().await {
+        Ok(p) => p,
+        Err(e) if e.is_not_found() => {
+            create(blob, blob_len, fp).await?;
+            return Ok(Prepared::Send { present: vec![] });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if p.lease_state.as_deref() == Some("leased") {
+        return Err(TransferError::Refused(format!(
+            "{} is in use (leased, mounted?); nothing was changed",
+            blob.target()
+        )));
+    }
+    let meta = |name: &str| {
+        p.metadata
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    let ours = meta(FINGERPRINT_META);
+    let finished = meta(FINISHED_META);
+    if opts.resume && ours.is_none() && finished.is_some() {
+        if finished.as_deref() != Some(fp) || p.content_length != blob_len {
+            return Err(TransferError::Refused(format!(
+                "cannot resume: the finished upload to {} was of another file, or {} changed since; use --overwrite to replace it",
+                blob.target(),
+                path.display()
+            )));
+        }
+        Ok(Prepared::Finished)
+    } else if opts.resume && ours.is_some() {
+        if ours.as_deref() != Some(fp) || p.content_length != blob_len {
+            return Err(TransferError::Refused(format!(
+                "cannot resume: {} changed since the interrupted upload to {} (or that upload was of another file); start over with --overwrite",
+                path.display(),
+                blob.target()
+            )));
+        }
+        let present = blob
+            .page_ranges_segmented(src.disk_size, SegmentPlan::default())
+            .await?;
+        Ok(Prepared::Send { present })
+    } else if opts.resume {
+        Err(TransferError::Refused(format!(
+            "cannot resume: {} is not an unfinished upload by blobdrive (a finished drive, or another blob); use --overwrite to replace it",
+            blob.target()
+        )))
+    } else if opts.overwrite {
+        blob.delete(DeleteSnapshots::None, None).await.map_err(|e| {
+            if e.code() == Some("SnapshotsPresent") {
+                TransferError::Refused(format!(
+                    "{} has snapshots; --overwrite does not delete them: run `blobdrive delete {} --snapshots --yes` first",
+                    blob.target(),
+                    blob.target()
+                ))
+            } else {
+                e.into()
+            }
+        })?;
+        create(blob, blob_len, fp).await?;
+        Ok(Prepared::Send { present: vec![] })
+    } else {
+        Err(TransferError::Refused(format!(
+            "{} already exists; add --overwrite to replace it (or --resume to continue an interrupted upload)",
+            blob.target()
+        )))
+    }
+}
+
+/// Sends the file's data: its data extents, zero pages dropped, runs already
+/// `present` (resume) skipped, [`PARALLEL`] Put Page calls at a time. Returns
+/// the bytes skipped.
+async fn send_data(
+    path: &Path,
+    blob: &BlobClient,
+    f: &Arc<File>,
+    src: &Source,
+    present: &[PageRange],
+    fence: &Arc<WriteFence>,
+    quiet: bool,
+) -> Result<u64, TransferError> {
+    let extents = data_extents(f, src.data_len);
+    let planned: u64 = extents.iter().map(|(s, e)| e - s).sum();
+    // Progress counts a byte once its fate is settled: data when its Put Page was
+    // acknowledged, zeros and data already there when scanned.
+    let progress = Arc::new(Progress::new("upload", planned, quiet));
     let sem = Arc::new(Semaphore::new(PARALLEL));
     let mut tasks = tokio::task::JoinSet::new();
     let mut skipped = 0u64;
@@ -296,7 +362,7 @@ pub async fn upload(
             let end = (pos + CHUNK).min(ee);
             let mut buf = vec![0u8; (end.div_ceil(PAGE) * PAGE - pos) as usize];
             let n = (end - pos) as usize;
-            read_full_at(&f, &mut buf[..n], pos).map_err(file_err(path))?;
+            read_full_at(f, &mut buf[..n], pos).map_err(file_err(path))?;
             let mut settled = end - pos;
             for (rs, re) in nonzero_runs(pos, &buf) {
                 if present.iter().any(|p| p.start <= rs && re <= p.end) {
@@ -331,35 +397,7 @@ pub async fn upload(
         done.expect("upload task")?;
     }
     progress.finish();
-    // The footer last: only now is the blob a drive.
-    blob.put_pages_fenced(
-        src.disk_size,
-        Bytes::copy_from_slice(&src.footer),
-        None,
-        &fence,
-    )
-    .await?;
-    blob.set_metadata(&[(FINISHED_META, &fp)], None).await?;
-    // Verify what is cheap: length and footer as a drive would read them.
-    let drive = crate::drive::Drive::open(blob).await?;
-    if drive.disk_size() != src.disk_size {
-        return Err(TransferError::Refused(format!(
-            "verification failed: {} reads as {} bytes, expected {}",
-            blob.target(),
-            drive.disk_size(),
-            src.disk_size
-        )));
-    }
-    let after = blob.service().stats();
-    Ok(Report {
-        image_bytes: src.disk_size,
-        bytes_transferred: after.bytes_uploaded - stats_before.bytes_uploaded,
-        requests: after.put_page_requests - stats_before.put_page_requests,
-        skipped_bytes: skipped,
-        seconds: started.elapsed().as_secs_f64(),
-        method: None,
-        already_complete: false,
-    })
+    Ok(skipped)
 }
 
 /// `--resume` of an upload that finished from this same file: nothing is sent once

@@ -26,6 +26,20 @@
 //!   evicted meanwhile); when the record of recent changes no longer reaches back
 //!   to the fetch's start, any change counts.
 //!
+//! Where a block can be, and what its bits say there (checked after every step
+//! of the byte-model test by `State::check_invariants`):
+//!
+//! | where | `valid` | `dirty` | may also be |
+//! |---|---|---|---|
+//! | `clean` (the LRU) | sectors that match the blob | none | being fetched (the fetch fills only sectors not valid) |
+//! | `dirty` (never evicted) | written or fetched sectors | written and not yet on the blob: always within `valid` | being fetched, in a flush in flight (its `gen` tells whether it was written again meanwhile) |
+//! | `fetching` (a claim) | not cached yet, or partly | | in `clean` or `dirty` |
+//! | `queued` (read-ahead) | | | never in `fetching`: a reader that needs it takes the job over |
+//! | `free` | buffers of evicted blocks only, no block number | | at most [`FREE_KEEP`] |
+//!
+//! A block number is in `clean` or in `dirty`, never both; `dirty_sectors` counts
+//! the dirty bits of all of `dirty`.
+//!
 //! Where each part lives:
 //! - `read.rs`: the read path, and why a read fetched, waited or planned again;
 //! - `readahead.rs`: stream tracking, queued read-ahead and the prefetch workers;
@@ -219,6 +233,45 @@ const CHANGES_KEPT: usize = 1024;
 const FREE_KEEP: usize = 2 * (MAX_RUN / BLOCK) as usize;
 
 impl State {
+    /// Checks the table of where a block can be (see the module's doc); the
+    /// byte-model test calls it after every step.
+    #[cfg(test)]
+    fn check_invariants(&self) -> Result<(), String> {
+        let mut dirty_bits = 0u64;
+        for (&b, blk) in &self.dirty {
+            if self.clean.contains(&b) {
+                return Err(format!("block {b} is both clean and dirty"));
+            }
+            if blk.dirty & !blk.valid != 0 {
+                return Err(format!("block {b} has dirty sectors that are not valid"));
+            }
+            dirty_bits += u64::from(blk.dirty.count_ones());
+        }
+        if dirty_bits != self.dirty_sectors {
+            return Err(format!(
+                "dirty_sectors is {} but the dirty blocks hold {dirty_bits}",
+                self.dirty_sectors
+            ));
+        }
+        if let Some((b, _)) = self.clean.iter().find(|(_, blk)| blk.dirty != 0) {
+            return Err(format!("clean block {b} has dirty sectors"));
+        }
+        let mut last_end = 0;
+        for (&s, &e) in &self.queued {
+            if s >= e || s < last_end {
+                return Err(format!("queued read-ahead {s}..{e} is empty or overlaps"));
+            }
+            if self.fetching.range(s..e).next().is_some() {
+                return Err(format!("queued read-ahead {s}..{e} is also being fetched"));
+            }
+            last_end = e;
+        }
+        if self.free.len() > FREE_KEEP {
+            return Err(format!("{} free buffers kept", self.free.len()));
+        }
+        Ok(())
+    }
+
     /// Records that the backend's bytes in `[start, end)` changed (a flush unit
     /// landed, pages were cleared).
     fn changed(&mut self, start: u64, end: u64) {
@@ -415,6 +468,12 @@ impl<B: Backend> Cache<B> {
             return Err(DeviceError::OutOfRange { offset, len });
         }
         Ok(())
+    }
+
+    /// [`State::check_invariants`] under the lock, for tests.
+    #[cfg(test)]
+    fn check_invariants(&self) -> Result<(), String> {
+        self.lock().check_invariants()
     }
 
     pub fn snapshot(&self) -> CacheSnapshot {

@@ -15,6 +15,7 @@
 //! are serialised under the flush lock, which the desperate round holds
 //! (`order_lock`, in `flush.rs`) so that nothing lands while it fetches.
 
+use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::device::blockmem::BlockMem;
@@ -28,11 +29,20 @@ use super::{Block, Cache, State, BLOCK, DESPERATE, SECTORS};
 #[derive(Default)]
 struct FetchPlan {
     /// Byte ranges to fetch, block-aligned.
-    runs: Vec<(u64, u64)>,
+    runs: Vec<Range<u64>>,
     /// Blocks this round marked as coming (released when its fetch ends).
     claimed: Vec<u64>,
     /// Blocks another fetch is bringing in.
     waits: Vec<u64>,
+}
+
+/// What [`Cache::fetch_runs`] brought: runs read into pooled buffers (by
+/// offset), runs read straight into block memory, and the failure that stopped
+/// it, if one did.
+struct Fetched {
+    fetched: Vec<(u64, Vec<u8>)>,
+    in_blocks: Vec<(u64, Vec<BlockMem>)>,
+    failed: Option<DeviceError>,
 }
 
 /// Blocks marked in `fetching` by one fetch. Released explicitly under the lock
@@ -125,35 +135,11 @@ impl<B: Backend> Cache<B> {
                 (plan, st.mutations, claim)
             };
             missed = true;
-            // Runs are read straight into block memory where the backend can
-            // (a local copy that holds them whole, or a backend that reads into
-            // scattered memory), as read-ahead does. Others go into pooled
-            // buffers (`take_filled`): a fresh one costs page faults and zeroing
-            // per fetch, a large share of the daemon's CPU in a cold sequential
-            // read.
-            let mut fetched = Vec::with_capacity(plan.runs.len());
-            let mut in_blocks = Vec::new();
-            let mut failed = None;
-            for &(s, e) in &plan.runs {
-                match self.fetch_blocks(s, e) {
-                    Some(Ok(mems)) => {
-                        in_blocks.push((s, mems));
-                        continue;
-                    }
-                    Some(Err(e)) => {
-                        failed = Some(e);
-                        break;
-                    }
-                    None => {}
-                }
-                let mut data = self.pool.take_filled((e - s) as usize);
-                let result = self.backend.read(s, &mut data);
-                fetched.push((s, data));
-                if let Err(e) = result {
-                    failed = Some(e);
-                    break;
-                }
-            }
+            let Fetched {
+                fetched,
+                in_blocks,
+                failed,
+            } = self.fetch_runs(&plan.runs);
             let give_back = |fetched: Vec<(u64, Vec<u8>)>| {
                 for (_, data) in fetched {
                     self.pool.give(data);
@@ -173,7 +159,7 @@ impl<B: Backend> Cache<B> {
             if plan
                 .runs
                 .iter()
-                .any(|&(s, e)| st.changed_since(epoch, s, e))
+                .any(|run| st.changed_since(epoch, run.start, run.end))
             {
                 give_back(fetched);
                 st.free_mem(in_blocks.into_iter().flat_map(|(_, m)| m));
@@ -205,6 +191,41 @@ impl<B: Backend> Cache<B> {
         unreachable!("the loop returns")
     }
 
+    /// Fetches `runs`, one after another, stopping at the first failure. Runs are
+    /// read straight into block memory where the backend can (a local copy that
+    /// holds them whole, or a backend that reads into scattered memory), as
+    /// read-ahead does. Others go into pooled buffers (`take_filled`): a fresh
+    /// one costs page faults and zeroing per fetch, a large share of the
+    /// daemon's CPU in a cold sequential read.
+    fn fetch_runs(&self, runs: &[Range<u64>]) -> Fetched {
+        let mut out = Fetched {
+            fetched: Vec::with_capacity(runs.len()),
+            in_blocks: Vec::new(),
+            failed: None,
+        };
+        for run in runs {
+            match self.fetch_blocks(run.start, run.end) {
+                Some(Ok(mems)) => {
+                    out.in_blocks.push((run.start, mems));
+                    continue;
+                }
+                Some(Err(error)) => {
+                    out.failed = Some(error);
+                    break;
+                }
+                None => {}
+            }
+            let mut data = self.pool.take_filled((run.end - run.start) as usize);
+            let result = self.backend.read(run.start, &mut data);
+            out.fetched.push((run.start, data));
+            if let Err(error) = result {
+                out.failed = Some(error);
+                break;
+            }
+        }
+        out
+    }
+
     /// What a read of `[offset, end)` must fetch or wait for: blocks of the request
     /// that miss data sectors. Holes are never fetched. Blocks it fetches are claimed
     /// (other readers wait for them), and queued read-ahead covering them is taken
@@ -230,10 +251,12 @@ impl<B: Backend> Cache<B> {
         mine.sort_unstable();
         mine.dedup();
         for &b in &mine {
-            let (bs, be) = (b * BLOCK, (b * BLOCK + BLOCK).min(self.size()));
+            let block = b * BLOCK..(b * BLOCK + BLOCK).min(self.size());
             match plan.runs.last_mut() {
-                Some(last) if last.1 == bs && last.1 - last.0 < MAX_GET => last.1 = be,
-                _ => plan.runs.push((bs, be)),
+                Some(last) if last.end == block.start && last.end - last.start < MAX_GET => {
+                    last.end = block.end
+                }
+                _ => plan.runs.push(block),
             }
             if !desperate && st.fetching.insert(b) {
                 plan.claimed.push(b);

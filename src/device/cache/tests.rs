@@ -284,8 +284,12 @@ fn matches_a_byte_model(scattered: bool) {
             }
         }
         assert!(c.snapshot().cached_bytes <= 4 * MIB + 512 * 1024, "bounded");
+        if let Err(broken) = c.check_invariants() {
+            panic!("round {round}: {broken}");
+        }
     }
     c.flush().unwrap();
+    c.check_invariants().unwrap();
     assert!(c.backend.contents() == model, "final contents differ");
     assert!(
         c.backend.reads.load(Relaxed) > 0,

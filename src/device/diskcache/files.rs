@@ -318,6 +318,11 @@ impl Files {
     /// from now on (until the next clean unmount writes one) a crash leaves no
     /// index to trust. `None` when there was none or it does not hold together.
     pub fn take_index(&self, slots: u32) -> std::io::Result<Option<Left>> {
+        // An index may name as many chunks as the data file has slots: a cache
+        // mounted again with a smaller limit reads all of it and keeps what
+        // fits (a bound of the new slots alone threw it all away).
+        let had = u32::try_from(self.data.metadata()?.len() / CHUNK).unwrap_or(u32::MAX);
+        let slots = slots.max(had);
         let f = match open_at(&self.dir, "index", libc::O_RDONLY | libc::O_NONBLOCK) {
             Ok(f) => Some(f),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
@@ -342,6 +347,17 @@ impl Files {
             }
         };
         Ok(parsed)
+    }
+
+    /// Copies the chunk in slot `from` of the data file to slot `to`, synced: a
+    /// cache mounted again with a smaller limit moves what it keeps into the
+    /// slots that remain. (Each block's crc32c goes with it in the index, so a
+    /// copy cut short is found out on reading, never served.)
+    pub fn move_slot(&self, from: u32, to: u32) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; CHUNK as usize];
+        self.data.read_exact_at(&mut buf, u64::from(from) * CHUNK)?;
+        self.data.write_all_at(&buf, u64::from(to) * CHUNK)
     }
 
     /// Makes the data file `slots` slots long and, unless `keep`, empty first.

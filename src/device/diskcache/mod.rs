@@ -30,7 +30,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use self::files::{BlobState, Files};
-use self::index::{Index, CHUNK, PIECE, PIECES};
+use self::index::{Chunk, Index, CHUNK, PIECE, PIECES};
 use super::DeviceError;
 
 /// How often the tier checks that its directory is still there.
@@ -79,15 +79,58 @@ pub struct DiskCacheStats {
     pub checksum_failures: u64,
 }
 
+/// The most recently used of `entries` (least recently used first) that fit in
+/// `slots` slots, each moved into one of them if it sat beyond: a cache mounted
+/// again with a smaller limit keeps what fits instead of starting empty. An
+/// entry whose move fails is left out.
+fn keep_what_fits(files: &Files, slots: u32, mut entries: Vec<(u64, Chunk)>) -> Vec<(u64, Chunk)> {
+    let keep_from = entries.len().saturating_sub(slots as usize);
+    let mut kept = entries.split_off(keep_from);
+    let mut taken = vec![false; slots as usize];
+    for (_, c) in &kept {
+        if let Some(t) = taken.get_mut(c.slot as usize) {
+            *t = true;
+        }
+    }
+    let mut free = (0..slots).filter(|s| !taken[*s as usize]);
+    kept.retain_mut(|(chunk, c)| {
+        if c.slot < slots {
+            return true;
+        }
+        let Some(to) = free.next() else {
+            return false;
+        };
+        match files.move_slot(c.slot, to) {
+            Ok(()) => {
+                c.slot = to;
+                true
+            }
+            Err(e) => {
+                warn!("disk cache: cannot keep chunk {chunk} in the smaller cache: {e}");
+                false
+            }
+        }
+    });
+    kept
+}
+
 impl DiskCache {
     /// Opens the cache of one drive: directory `name` under `parent`, at most
     /// `limit` bytes. What a clean unmount left is used if `now` (the blob as it
     /// is) is what that unmount recorded; otherwise the cache starts empty.
+    ///
+    /// `may_start_warm` is false for a read-only mount of a live blob: another
+    /// writer may change the blob after this mount read its state, and bytes
+    /// kept from before the mount would then be served for ranges it first
+    /// reads afterwards, where a mount without the disk cache reads the new
+    /// ones. So such a mount starts it empty: each block is as this mount first
+    /// read it, with or without the disk cache.
     pub fn open(
         parent: &Path,
         name: &str,
         limit: u64,
         now: &BlobState,
+        may_start_warm: bool,
     ) -> Result<DiskCache, String> {
         let shown = parent.join(name);
         let files = Files::open(parent, name)?;
@@ -96,13 +139,21 @@ impl DiskCache {
             .take_index(slots)
             .map_err(|e| format!("cannot read {}/index: {e}", shown.display()))?;
         let (index, warm) = match left {
-            Some((state, entries)) if &state == now => {
+            Some((state, entries)) if &state == now && may_start_warm => {
                 info!(
                     "disk cache {}: the blob is as the last clean unmount left it; using {} chunks",
                     shown.display(),
                     entries.len()
                 );
+                let entries = keep_what_fits(&files, slots, entries);
                 (Index::with_entries(slots, entries), true)
+            }
+            Some(_) if !may_start_warm => {
+                info!(
+                    "disk cache {}: a read-only mount of a live blob starts it empty",
+                    shown.display()
+                );
+                (Index::new(slots), false)
             }
             Some(_) => {
                 info!(
@@ -632,7 +683,7 @@ mod tests {
     fn fetched_data_is_served_again_and_after_a_sealed_reopen_only_if_the_blob_is_unchanged() {
         let dir = parent("reopen");
         let asked = Cell::new(0);
-        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true).unwrap();
         read(&t, 3 * PIECE, 5 * PIECE as usize, &asked);
         assert_eq!(asked.get(), 5 * PIECE);
         // The same range, and a part of it not on piece bounds: no fetch.
@@ -641,20 +692,20 @@ mod tests {
         assert_eq!(asked.get(), 5 * PIECE);
         t.seal(&state("a")).unwrap();
         drop(t);
-        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true).unwrap();
         assert!(t.stats().warm_start);
         read(&t, 3 * PIECE, 5 * PIECE as usize, &asked);
         assert_eq!(asked.get(), 5 * PIECE, "warm after a clean reopen");
         // Not sealed this time (as after a crash): the next open starts empty.
         drop(t);
-        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true).unwrap();
         assert!(!t.stats().warm_start);
         read(&t, 3 * PIECE, 5 * PIECE as usize, &asked);
         assert_eq!(asked.get(), 10 * PIECE);
         t.seal(&state("a")).unwrap();
         drop(t);
         // Sealed, but the blob changed since.
-        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("b")).unwrap();
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("b"), true).unwrap();
         assert!(!t.stats().warm_start);
         read(&t, 3 * PIECE, 5 * PIECE as usize, &asked);
         assert_eq!(asked.get(), 15 * PIECE);
@@ -662,10 +713,53 @@ mod tests {
     }
 
     #[test]
+    fn a_smaller_limit_keeps_the_most_recent_chunks_that_fit() {
+        let dir = parent("shrink");
+        let asked = Cell::new(0);
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true).unwrap();
+        for c in 0..12 {
+            read(&t, c * CHUNK, CHUNK as usize, &asked);
+        }
+        t.seal(&state("a")).unwrap();
+        drop(t);
+        let t = DiskCache::open(&dir, "d", 8 * CHUNK, &state("a"), true).unwrap();
+        assert!(t.stats().warm_start, "a smaller limit keeps what fits");
+        // The eight read last are there (moved into the eight slots left), and
+        // read back right; the first four are not.
+        let before = asked.get();
+        for c in 4..12 {
+            read(&t, c * CHUNK, CHUNK as usize, &asked);
+        }
+        assert_eq!(
+            asked.get(),
+            before,
+            "the newest eight are served from the disk"
+        );
+        read(&t, 0, CHUNK as usize, &asked);
+        assert_eq!(asked.get(), before + CHUNK, "the oldest did not fit");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_read_only_mount_of_a_live_blob_starts_empty() {
+        let dir = parent("live-ro");
+        let asked = Cell::new(0);
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true).unwrap();
+        read(&t, 0, CHUNK as usize, &asked);
+        t.seal(&state("a")).unwrap();
+        drop(t);
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), false).unwrap();
+        assert!(!t.stats().warm_start);
+        read(&t, 0, CHUNK as usize, &asked);
+        assert_eq!(asked.get(), 2 * CHUNK, "fetched again, as it is now");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_second_open_of_the_same_drive_is_refused() {
         let dir = parent("lock");
-        let _t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
-        let e = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"))
+        let _t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true).unwrap();
+        let e = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true)
             .err()
             .unwrap();
         assert!(e.contains("in use by another mount"), "{e}");
@@ -699,7 +793,7 @@ mod tests {
         use crate::device::blockmem::BlockMem;
         let dir = parent("held");
         let asked = Cell::new(0);
-        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true).unwrap();
         // Two chunks (in slots next to each other: one read across both) and
         // the first piece of a third.
         read(&t, 0, 2 * CHUNK as usize, &asked);
@@ -743,7 +837,7 @@ mod tests {
     fn a_corrupted_block_is_a_miss_and_read_from_the_blob() {
         let dir = parent("crc");
         let asked = Cell::new(0);
-        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true).unwrap();
         read(&t, 0, CHUNK as usize, &asked);
         // Chunk 0 is in slot 0: flip one byte of its third piece.
         corrupt(&dir, 2 * PIECE + 77);
@@ -764,7 +858,7 @@ mod tests {
     fn a_data_file_that_cannot_be_read_turns_the_tier_off_and_reads_go_on() {
         let dir = parent("eio");
         let asked = Cell::new(0);
-        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true).unwrap();
         read(&t, 0, CHUNK as usize, &asked);
         // The data file cut short behind the tier's back: its reads fail.
         std::fs::OpenOptions::new()
@@ -789,7 +883,7 @@ mod tests {
     #[test]
     fn a_change_during_a_fetch_keeps_the_fetched_bytes_out() {
         let dir = parent("race");
-        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true).unwrap();
         let mut buf = vec![0u8; 2 * PIECE as usize];
         // While the fetch is under way, a write of the first piece begins and
         // ends: the fetch's (older) bytes of that piece must not be stored.
@@ -818,7 +912,7 @@ mod tests {
     #[test]
     fn written_data_is_stored_once_answered_and_a_failed_write_forgets() {
         let dir = parent("write");
-        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a")).unwrap();
+        let t = DiskCache::open(&dir, "d", 16 * CHUNK, &state("a"), true).unwrap();
         let data = vec![9u8; 3 * PIECE as usize];
         // One whole piece and parts of two: only the whole one is stored.
         t.change_begins(PIECE / 2, PIECE / 2 + 3 * PIECE);
@@ -841,7 +935,7 @@ mod tests {
     fn the_size_limit_holds_least_recently_used_first() {
         let dir = parent("limit");
         let asked = Cell::new(0);
-        let t = DiskCache::open(&dir, "d", MIN_SIZE, &state("a")).unwrap();
+        let t = DiskCache::open(&dir, "d", MIN_SIZE, &state("a"), true).unwrap();
         for chunk in 0..8 {
             read(&t, chunk * CHUNK, CHUNK as usize, &asked);
             // Chunk 0 stays in use.
@@ -865,7 +959,7 @@ mod tests {
     fn a_directory_others_can_write_or_a_link_is_refused() {
         let dir = parent("perm");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = DiskCache::open(&dir, "d", MIN_SIZE, &state("a"))
+        let e = DiskCache::open(&dir, "d", MIN_SIZE, &state("a"), true)
             .err()
             .unwrap();
         assert!(e.contains("writable by no one else"), "{e}");
@@ -873,13 +967,13 @@ mod tests {
         let link = dir.with_extension("link");
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&dir, &link).unwrap();
-        let e = DiskCache::open(&link, "d", MIN_SIZE, &state("a"))
+        let e = DiskCache::open(&link, "d", MIN_SIZE, &state("a"), true)
             .err()
             .unwrap();
         assert!(e.contains("not a directory"), "{e}");
         // A link planted where the drive's directory goes.
         std::os::unix::fs::symlink("/etc", dir.join("d")).unwrap();
-        let e = DiskCache::open(&dir, "d", MIN_SIZE, &state("a"))
+        let e = DiskCache::open(&dir, "d", MIN_SIZE, &state("a"), true)
             .err()
             .unwrap();
         assert!(e.contains("not a directory"), "{e}");

@@ -64,42 +64,13 @@ impl Mounted {
     }
 }
 
+/// Serves the mounted drive until it comes down: commands from the control
+/// socket, SIGTERM and SIGINT, and once a second a look at whether the
+/// filesystem was unmounted under the daemon or the FUSE mount went away.
 pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), MountError> {
     let (tx, rx) = mpsc::channel::<Event>();
-    let sig_tx = tx.clone();
-    m.rt.spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
-        loop {
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = int.recv() => {},
-            }
-            if sig_tx.send(Event::Signal).is_err() {
-                return;
-            }
-        }
-    });
-    let stats = m.stats.clone();
-    let discard = Discard {
-        requested: m.discard.clone(),
-        fuse_gone: m.fuse_gone.clone(),
-        unmounting_fs: m.unmounting_fs.clone(),
-        cache: m.cache.clone(),
-    };
-    std::thread::Builder::new()
-        .name("blobdrive-control".into())
-        .spawn(move || {
-            for conn in listener.incoming().flatten() {
-                handle_conn(conn, &tx, stats.as_ref(), &discard);
-            }
-        })
-        .map_err(|e| MountError::System(format!("cannot start the control thread: {e}")))?;
+    forward_signals(m, tx.clone());
+    start_control_thread(m, listener, tx)?;
     info!("serving {} at {}", m.target, m.req.mountpoint.display());
     let (.., log, _) = record::paths(&m.record_id);
     let mut since_rotation_check = 0u32;
@@ -122,64 +93,11 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
             }
         }
         match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(Event::Control(cmd, reply)) => match cmd.as_str() {
-                "snapshot" => {
-                    let answer = match m.consistent_snapshot() {
-                        Ok(id) => format!("ok {id}"),
-                        Err(e) => format!("error {e}"),
-                    };
-                    reply.send(&answer);
+            Ok(Event::Control(cmd, reply)) => {
+                if let Some(ended) = m.carry_out(&cmd, reply, &rx) {
+                    return ended;
                 }
-                "unmount" | DISCARD_CMD => {
-                    info!("{cmd} requested");
-                    m.notify_stopping("unmounting (blobdrive unmount)");
-                    let mut sinks = vec![reply_sink(&reply)];
-                    sinks.extend(m.notify_sink());
-                    let ticker = Ticker::start(sinks, m.progress_fn());
-                    let result = m.teardown();
-                    ticker.stop();
-                    match result {
-                        Ok(losses) if losses.is_empty() => {
-                            reply.send("ok");
-                            answer_waiting_unmounts(&rx, "ok");
-                            info!("unmounted cleanly");
-                            record::remove_log(&m.record_id);
-                            return Ok(());
-                        }
-                        Ok(losses) => {
-                            let all = losses.join("; ");
-                            let answer = format!("failed {all}");
-                            reply.send(&answer);
-                            answer_waiting_unmounts(&rx, &answer);
-                            return Err(MountError::Data(all));
-                        }
-                        Err(e) => {
-                            warn!("unmount refused: {e}");
-                            // A refused `--discard-dirty` leaves no trace for later.
-                            m.discard.store(false, Ordering::SeqCst);
-                            if !m.fuse_gone.load(Ordering::SeqCst) {
-                                if let Some(c) = &m.cache {
-                                    c.backend().resume_waiting();
-                                }
-                            }
-                            reply.send(&format!("error {e}"));
-                        }
-                    }
-                }
-                other if other.starts_with("resize ") => {
-                    let answer = match other["resize ".len()..].trim().parse::<u64>() {
-                        Ok(size) => match m.resize(size) {
-                            Ok(what) => format!("ok {what}"),
-                            Err(e) => format!("error {e}"),
-                        },
-                        Err(_) => "error resize takes a size in bytes".to_string(),
-                    };
-                    reply.send(&answer);
-                }
-                other => {
-                    reply.send(&format!("error unknown command '{other}'"));
-                }
-            },
+            }
             Ok(Event::Signal) => {
                 if stop.is_none() {
                     info!("signal received: unmounting");
@@ -210,6 +128,134 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => return finished(m.teardown()?),
+        }
+    }
+}
+
+/// Turns SIGTERM and SIGINT into events of the serving loop.
+fn forward_signals(m: &Mounted, tx: mpsc::Sender<Event>) {
+    m.rt.spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
+            }
+            if tx.send(Event::Signal).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// Accepts control connections on a thread of its own; commands become events
+/// of the serving loop (`stats` and a discard request are answered there and
+/// then).
+fn start_control_thread(
+    m: &Mounted,
+    listener: UnixListener,
+    tx: mpsc::Sender<Event>,
+) -> Result<(), MountError> {
+    let stats = m.stats.clone();
+    let discard = Discard {
+        requested: m.discard.clone(),
+        fuse_gone: m.fuse_gone.clone(),
+        unmounting_fs: m.unmounting_fs.clone(),
+        cache: m.cache.clone(),
+    };
+    std::thread::Builder::new()
+        .name("blobdrive-control".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                handle_conn(conn, &tx, stats.as_ref(), &discard);
+            }
+        })
+        .map(drop)
+        .map_err(|e| MountError::System(format!("cannot start the control thread: {e}")))
+}
+
+impl Mounted {
+    /// Carries out one command from the control socket and answers it; `Some`
+    /// with the daemon's result when the command took the drive down.
+    fn carry_out(
+        &mut self,
+        cmd: &str,
+        reply: Reply,
+        rx: &mpsc::Receiver<Event>,
+    ) -> Option<Result<(), MountError>> {
+        match cmd {
+            "snapshot" => {
+                let answer = match self.consistent_snapshot() {
+                    Ok(id) => format!("ok {id}"),
+                    Err(e) => format!("error {e}"),
+                };
+                reply.send(&answer);
+            }
+            "unmount" | DISCARD_CMD => return self.unmount_on_request(cmd, reply, rx),
+            other if other.starts_with("resize ") => {
+                let answer = match other["resize ".len()..].trim().parse::<u64>() {
+                    Ok(size) => match self.resize(size) {
+                        Ok(what) => format!("ok {what}"),
+                        Err(e) => format!("error {e}"),
+                    },
+                    Err(_) => "error resize takes a size in bytes".to_string(),
+                };
+                reply.send(&answer);
+            }
+            other => reply.send(&format!("error unknown command '{other}'")),
+        }
+        None
+    }
+
+    /// `unmount` (or `unmount --discard-dirty`): takes the drive down, telling
+    /// the client how it goes; `None` when it was refused (busy) and the drive
+    /// stays up.
+    fn unmount_on_request(
+        &mut self,
+        cmd: &str,
+        reply: Reply,
+        rx: &mpsc::Receiver<Event>,
+    ) -> Option<Result<(), MountError>> {
+        info!("{cmd} requested");
+        self.notify_stopping("unmounting (blobdrive unmount)");
+        let mut sinks = vec![reply_sink(&reply)];
+        sinks.extend(self.notify_sink());
+        let ticker = Ticker::start(sinks, self.progress_fn());
+        let result = self.teardown();
+        ticker.stop();
+        match result {
+            Ok(losses) if losses.is_empty() => {
+                reply.send("ok");
+                answer_waiting_unmounts(rx, "ok");
+                info!("unmounted cleanly");
+                record::remove_log(&self.record_id);
+                Some(Ok(()))
+            }
+            Ok(losses) => {
+                let all = losses.join("; ");
+                let answer = format!("failed {all}");
+                reply.send(&answer);
+                answer_waiting_unmounts(rx, &answer);
+                Some(Err(MountError::Data(all)))
+            }
+            Err(e) => {
+                warn!("unmount refused: {e}");
+                // A refused `--discard-dirty` leaves no trace for later.
+                self.discard.store(false, Ordering::SeqCst);
+                if !self.fuse_gone.load(Ordering::SeqCst) {
+                    if let Some(c) = &self.cache {
+                        c.backend().resume_waiting();
+                    }
+                }
+                reply.send(&format!("error {e}"));
+                None
+            }
         }
     }
 }

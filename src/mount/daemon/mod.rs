@@ -9,7 +9,9 @@
 //! a busy filesystem, or dirty data that cannot be written yet.
 //!
 //! Where each part lives:
-//! - `setup.rs`: bringing the drive up, in the order above;
+//! - `setup.rs`: bringing the drive up, in the order above, one phase each;
+//! - `handles.rs`: what each phase leaves for teardown to undo (the record,
+//!   the FUSE directory, the loop device, the filesystem, libmount's entry);
 //! - `teardown.rs`: what happens at unmount, in the reverse order;
 //! - `control.rs`: the control socket, how the CLI (`unmount`, `stats`,
 //!   `snapshot`) talks to the daemon, both sides of it;
@@ -18,6 +20,7 @@
 //! - `stats.rs`: the counters `stats` shows.
 
 mod control;
+mod handles;
 mod resize;
 mod setup;
 mod snapshot;
@@ -43,6 +46,7 @@ use crate::device::cache::Cache;
 use crate::device::diskcache::files::BlobState;
 use crate::device::remote::RemoteBackend;
 use control::serve;
+use handles::{AttachedLoop, FsMount, MadeDir, RecordClaim, UtabEntry};
 use setup::{limit_malloc_arenas, setup};
 use stats::StatsValues;
 
@@ -59,17 +63,12 @@ struct Mounted {
     prefetchers: Vec<JoinHandle<()>>,
     session: Option<BackgroundSession>,
     fuse_dir: PathBuf,
-    made_fuse_dir: bool,
-    device: Option<String>,
-    fs_mounted: bool,
-    /// The filesystem mounted (fs mode): grown in place with the drive.
-    fstype: Option<String>,
-    /// The loop device under the filesystem detaches itself when the filesystem's
-    /// last mount goes (a plain `umount`): then the daemon stops by itself.
-    autoclear: bool,
-    /// The loop device's backing file as the kernel named it right after attaching:
-    /// when sysfs stops saying so, the device was detached.
-    loop_backing: Option<PathBuf>,
+    /// The FUSE directory, when this daemon made it (fs mode).
+    made_dir: Option<MadeDir>,
+    /// The loop device over `disk` (fs and block modes).
+    loop_dev: Option<AttachedLoop>,
+    /// The filesystem mounted at the user's directory (fs mode).
+    fs: Option<FsMount>,
     /// A plain `umount` of the filesystem has begun (see
     /// `Mounted::noticed_umount_begun`): I/O waits through outages without limit.
     umount_begun: bool,
@@ -82,8 +81,10 @@ struct Mounted {
     stats: Option<StatsValues>,
     /// Handles open on the FUSE file `disk`, counted by the FUSE layer.
     open_disk: Option<Arc<AtomicUsize>>,
+    /// The mount's id: its record's, socket's and log's name.
     record_id: String,
-    record_written: bool,
+    /// The mount record this daemon created.
+    record: Option<RecordClaim>,
     /// `unmount --discard-dirty` asked to drop what cannot be written (set by the
     /// control thread, also while a teardown already waits).
     discard: Arc<AtomicBool>,
@@ -92,9 +93,8 @@ struct Mounted {
     /// The filesystem's unmount is under way in the kernel, whose last sync
     /// writes through the daemon: a `--discard-dirty` then stops its waits.
     unmounting_fs: Arc<AtomicBool>,
-    /// libmount's table names `umount.blobdrive` for the mount at the user's
-    /// directory (see `mount::utab`).
-    in_utab: bool,
+    /// libmount's entry naming `umount.blobdrive` for the user's directory.
+    utab: Option<UtabEntry>,
     /// With a disk cache (`--disk-cache`, held by the cache's backend): the blob
     /// as the mount found it once it alone could write it. A clean unmount
     /// leaves the disk cache for the next mount only if the blob is then as the
@@ -110,7 +110,11 @@ impl Mounted {
         let had_lease = self.lease.is_some();
         let info = super::metrics::MountInfo {
             mode: self.req.mode.to_string(),
-            fstype: self.fstype.clone().unwrap_or_default(),
+            fstype: self
+                .fs
+                .as_ref()
+                .map(|f| f.fstype.clone())
+                .unwrap_or_default(),
             read_only: self.req.read_only,
             snapshot: self.blob.snapshot().unwrap_or_default().to_string(),
         };
@@ -174,23 +178,20 @@ pub fn run(
         prefetchers: Vec::new(),
         session: None,
         fuse_dir,
-        made_fuse_dir: false,
-        device: None,
-        fs_mounted: false,
-        fstype: None,
-        autoclear: false,
-        loop_backing: None,
+        made_dir: None,
+        loop_dev: None,
+        fs: None,
         umount_begun: false,
         notifier: Notifier::from_env(),
         stop_refused_logged: false,
         open_disk: None,
         stats: None,
         record_id: id.clone(),
-        record_written: false,
+        record: None,
         discard: Arc::new(AtomicBool::new(false)),
         fuse_gone: Arc::new(AtomicBool::new(false)),
         unmounting_fs: Arc::new(AtomicBool::new(false)),
-        in_utab: false,
+        utab: None,
         disk_state: None,
     };
     let rec = MountRecord {

@@ -37,8 +37,7 @@ impl Mounted {
                 self.target
             )));
         }
-        if self.fs_mounted
-            && self.fstype.as_deref() == Some("ext4")
+        if self.fs.as_ref().is_some_and(|f| f.fstype == "ext4")
             && !system::has_capability(system::CAP_SYS_RESOURCE)
         {
             // Refused before anything changes: the blob and the device would
@@ -126,16 +125,16 @@ impl Mounted {
                 disk.display()
             )));
         }
-        let Some(dev) = &self.device else {
+        let Some(dev) = self.loop_dev.as_ref().map(|l| &l.dev) else {
             return Ok(format!("{} is {} bytes", disk.display(), size));
         };
-        let dev_len = system::loop_set_capacity(dev)?;
+        let dev_len = dev.take_new_capacity()?;
         if dev_len != size {
             return Err(MountError::System(format!(
                 "{dev} still has {dev_len} bytes after taking the new capacity"
             )));
         }
-        let (true, Some(fstype)) = (self.fs_mounted, self.fstype.as_deref()) else {
+        let Some(fstype) = self.fs.as_ref().map(|f| f.fstype.as_str()) else {
             return Ok(format!(
                 "{dev} is {size} bytes: grow what is on it yourself (resize2fs, xfs_growfs, growpart)"
             ));

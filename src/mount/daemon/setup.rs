@@ -7,9 +7,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fuser::{Config, MountOption, SessionACL};
+use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use tracing::{error, info, warn};
 
+use super::handles::{AttachedLoop, FsMount, MadeDir, RecordClaim, UtabEntry};
 use super::stats::{lease_state, stats_value, StatsValues};
 use super::Mounted;
 use std::path::Path;
@@ -24,8 +25,7 @@ use crate::drive::Drive;
 use crate::fuse::{DiskFs, StatsFn};
 use crate::mount::record::{self, MountRecord};
 use crate::mount::superblock;
-use crate::mount::system;
-use crate::mount::utab;
+use crate::mount::system::{self, LoopDevice};
 use crate::mount::{Mode, MountError, Ready};
 use crate::size::human;
 
@@ -119,12 +119,58 @@ pub(super) fn limit_malloc_arenas() {
     }
 }
 
+/// Brings the drive up, one phase after another; each leaves its handle on `m`
+/// as soon as its effect is in place, so that a failure at any point leaves
+/// `m.teardown()` exactly what to undo.
 pub(super) fn setup(
     m: &mut Mounted,
     mut rec: MountRecord,
 ) -> Result<(Ready, UnixListener), MountError> {
-    match record::create_exclusive(&rec) {
-        Ok(()) => m.record_written = true,
+    m.record = Some(claim_record(&rec)?);
+    let drive = open_drive(m)?;
+    let cache = start_cache(m, &drive)?;
+    if m.req.mode == Mode::Fs {
+        m.made_dir = Some(make_fuse_dir(&m.fuse_dir)?);
+    }
+    m.session = Some(start_fuse(m, &cache)?);
+    if m.req.mode != Mode::Raw {
+        let attached = attach_loop(m)?;
+        rec.device = Some(attached.dev.path().to_string());
+        m.loop_dev = Some(attached);
+    }
+    let mut made = FsOutcome::default();
+    if m.req.mode == Mode::Fs {
+        made = mount_filesystem(m)?;
+    }
+    let listener = open_control_socket(&rec)?;
+    // So that `umount DIR` (systemd's at shutdown too) waits until everything is
+    // on the blob and the lease released, through `umount.blobdrive`.
+    match UtabEntry::add(&m.req.mountpoint) {
+        Ok(entry) => m.utab = Some(entry),
+        Err(e) => warn!(
+            "a plain umount of {} will not wait for the lease to be released: {e}",
+            m.req.mountpoint.display()
+        ),
+    }
+    let ready = Ready {
+        mountpoint: m.req.mountpoint.clone(),
+        mode: m.req.mode,
+        device: rec.device.clone(),
+        fstype: m.fs.as_ref().map(|f| f.fstype.clone()),
+        fuse_dir: m.fuse_dir.clone(),
+        read_only: m.req.read_only,
+        pid: std::process::id(),
+        formatted: made.formatted,
+        warnings: made.warnings,
+        notes: made.notes,
+    };
+    Ok((ready, listener))
+}
+
+/// Creates the mount record exclusively: no other daemon serves this mountpoint.
+fn claim_record(rec: &MountRecord) -> Result<RecordClaim, MountError> {
+    match record::create_exclusive(rec) {
+        Ok(()) => Ok(RecordClaim { id: rec.id.clone() }),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             let msg = match record::load(&rec.id) {
                 Some(old) if record::alive(&old) => format!(
@@ -139,22 +185,26 @@ pub(super) fn setup(
                     rec.mountpoint.display()
                 ),
             };
-            return Err(MountError::System(msg));
+            Err(MountError::System(msg))
         }
-        Err(e) => {
-            return Err(MountError::System(format!(
-                "cannot write the mount record: {e}"
-            )))
-        }
+        Err(e) => Err(MountError::System(format!(
+            "cannot write the mount record: {e}"
+        ))),
     }
-    let drive = if m.req.read_only {
-        m.rt.block_on(Drive::open(&m.blob))?
-    } else {
-        let drive = open_and_lease(m)?;
-        info!("acquired the lease on {}", m.target);
-        drive
-    };
-    let size = drive.disk_size();
+}
+
+/// Reads the drive, taking its lease unless the mount is read-only.
+fn open_drive(m: &mut Mounted) -> Result<Drive, MountError> {
+    if m.req.read_only {
+        return Ok(m.rt.block_on(Drive::open(&m.blob))?);
+    }
+    let drive = open_and_lease(m)?;
+    info!("acquired the lease on {}", m.target);
+    Ok(drive)
+}
+
+/// The drive's written ranges: what reads of holes need not ask for.
+fn written_ranges(m: &Mounted, size: u64) -> Result<Vec<PageRange>, MountError> {
     // A live blob mounted read-only may be written by its writer (on this or
     // another host) after the page map was learnt: a hole then would answer zeros
     // for data that exists. So no range of it counts as a hole. A snapshot never
@@ -175,6 +225,14 @@ pub(super) fn setup(
         size,
         ranges.len()
     );
+    Ok(ranges)
+}
+
+/// The cache over the blob (with the disk tier when asked), its read-ahead and
+/// flush threads, and the lease keeper.
+fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<RemoteBackend>>, MountError> {
+    let size = drive.disk_size();
+    let ranges = written_ranges(m, size)?;
     let mut backend = RemoteBackend::new(
         m.blob.clone(),
         m.lease.clone(),
@@ -182,7 +240,7 @@ pub(super) fn setup(
         remote::io_timeout_from_env(),
     );
     if let Some(dir) = m.req.disk_cache.clone() {
-        backend = backend.with_disk_cache(open_disk_cache(m, &dir, &drive)?);
+        backend = backend.with_disk_cache(open_disk_cache(m, &dir, drive)?);
     }
     m.fenced = backend.fence();
     let cache = Arc::new(Cache::new(
@@ -214,18 +272,24 @@ pub(super) fn setup(
             spawn_lease_keeper(m, id);
         }
     }
+    Ok(cache)
+}
 
-    // FUSE.
-    if m.req.mode == Mode::Fs {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&m.fuse_dir)
-            .map_err(|e| {
-                MountError::System(format!("cannot create {}: {e}", m.fuse_dir.display()))
-            })?;
-        m.made_fuse_dir = true;
-    }
+/// The private directory FUSE is mounted on in fs mode.
+fn make_fuse_dir(dir: &Path) -> Result<MadeDir, MountError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| MountError::System(format!("cannot create {}: {e}", dir.display())))?;
+    Ok(MadeDir(dir.to_path_buf()))
+}
+
+/// Serves the cache as the file `disk` in a FUSE mount at `m.fuse_dir`.
+fn start_fuse(
+    m: &mut Mounted,
+    cache: &Arc<Cache<RemoteBackend>>,
+) -> Result<BackgroundSession, MountError> {
     let svc = m.blob.service().clone();
     let stats_cache = cache.clone();
     let fenced = m.fenced.clone();
@@ -256,143 +320,83 @@ pub(super) fn setup(
         // FUSE goes on the user's directory itself.
         system::check_same_dir(&m.fuse_dir, m.req.mountpoint_id)?;
     }
-    m.session = Some(fuser::spawn_mount(fs, &m.fuse_dir, &config).map_err(|e| {
+    fuser::spawn_mount(fs, &m.fuse_dir, &config).map_err(|e| {
         MountError::System(format!(
             "cannot mount FUSE at {}: {e}",
             m.fuse_dir.display()
         ))
-    })?);
-    // Loop device and filesystem.
-    let mut fstype = None;
-    let mut formatted = false;
-    let mut warnings = Vec::new();
-    let mut notes = Vec::new();
-    if m.req.mode != Mode::Raw {
-        let dev = system::loop_attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
-        system::loop_readahead(&dev, 4096);
-        system::loop_direct_io(&dev);
-        if !m.req.read_only {
-            system::loop_writeback_limit(&dev, system::LOOP_DIRTY_MAX);
-        }
-        m.device = Some(dev.clone());
-        m.loop_backing = system::loop_backing_file(&dev);
-        rec.device = Some(dev.clone());
-        info!("attached {dev}");
-    }
-    if m.req.mode == Mode::Fs {
-        let dev = m.device.clone().expect("attached");
-        let found = system::fs_type(&dev)?;
-        let t = match (found, m.req.mkfs.as_deref()) {
-            (Some(t), Some(wanted)) => {
-                let w = format!("--mkfs {wanted} ignored: the disk already holds {} {t} filesystem, which is mounted as it is", crate::words::article(&t));
-                warn!("{w}");
-                warnings.push(w);
-                t
-            }
-            (Some(t), None) => t,
-            (None, Some(wanted)) => {
-                if m.req.read_only {
-                    return Err(MountError::System("--mkfs needs a writable mount".into()));
-                }
-                system::mkfs(&dev, wanted)?;
-                formatted = true;
-                wanted.to_string()
-            }
-            (None, None) => {
-                return Err(MountError::System(format!(
-                    "{} holds no filesystem: add --mkfs ext4 (or xfs) to create one, or use --mode block or --mode raw",
-                    m.target
-                )))
-            }
-        };
-        if !crate::mount::MOUNTABLE_FS.contains(&t.as_str()) {
-            // Checked before anything mounts it (no journal replay, nothing written).
-            return Err(MountError::System(format!(
-                "{} holds {} {t} filesystem; blobdrive mounts only ext4 and xfs (use --mode block for the device)",
-                m.target,
-                crate::words::article(&t)
-            )));
-        }
-        // A filesystem smaller than its disk: ext4 is grown before it is
-        // mounted, xfs (which grows only mounted) after.
-        let small = fs_on_disk(m).filter(|f| f.fstype == t);
-        tell(
-            fit_fs_to_disk(m, &dev, small.as_ref(), false),
-            &mut notes,
-            &mut warnings,
-        );
-        let at = system::open_dir(&m.req.mountpoint, m.req.mountpoint_id)?;
-        system::mount_fs(
-            &dev,
-            &at,
-            &t,
-            m.req.read_only,
-            &crate::mount::hardened_fs_flags(&m.req.fs_flags),
-        )?;
-        m.fs_mounted = true;
-        // From now on a plain `umount` of the filesystem detaches the loop device,
-        // which the daemon takes as its cue to write back and stop (see
-        // `Mounted::noticed_plain_umount`).
-        match system::loop_set_autoclear(&dev) {
-            Ok(()) => m.autoclear = m.loop_backing.is_some(),
-            Err(e) => {
-                let w = format!("{e}: a plain umount of {} will leave the daemon running; take the drive down with `blobdrive unmount`", m.req.mountpoint.display());
-                warn!("{w}");
-                warnings.push(w);
-            }
-        }
-        tell(
-            fit_fs_to_disk(m, &dev, small.as_ref(), true),
-            &mut notes,
-            &mut warnings,
-        );
-        m.fstype = Some(t.clone());
-        fstype = Some(t);
-    }
-    // Control socket, then the record with everything in it.
-    let _ = std::fs::remove_file(&rec.socket);
-    let listener = UnixListener::bind(&rec.socket).map_err(|e| {
-        MountError::System(format!("cannot listen on {}: {e}", rec.socket.display()))
-    })?;
-    // Root's alone (its directory already is): see `control::peer_uid` too.
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&rec.socket, std::fs::Permissions::from_mode(0o600)).map_err(
-            |e| MountError::System(format!("cannot restrict {}: {e}", rec.socket.display())),
-        )?;
-    }
-    record::save(&rec)
-        .map_err(|e| MountError::System(format!("cannot write the mount record: {e}")))?;
-    // So that `umount DIR` (systemd's at shutdown too) waits until everything is
-    // on the blob and the lease released, through `umount.blobdrive`.
-    match utab::add(&m.req.mountpoint) {
-        Ok(()) => m.in_utab = true,
-        Err(e) => warn!(
-            "a plain umount of {} will not wait for the lease to be released: {e}",
-            m.req.mountpoint.display()
-        ),
-    }
-    let ready = Ready {
-        mountpoint: m.req.mountpoint.clone(),
-        mode: m.req.mode,
-        device: m.device.clone(),
-        fstype,
-        fuse_dir: m.fuse_dir.clone(),
-        read_only: m.req.read_only,
-        pid: std::process::id(),
-        formatted,
-        warnings,
-        notes,
-    };
-    Ok((ready, listener))
+    })
 }
 
-/// Hands what [`fit_fs_to_disk`] did to the notes, or why not to the warnings.
-fn tell(said: Option<Result<String, String>>, notes: &mut Vec<String>, warnings: &mut Vec<String>) {
-    match said {
-        Some(Ok(note)) => notes.push(note),
-        Some(Err(w)) => warnings.push(w),
-        None => {}
+/// Attaches a loop device over `disk`, set up for a disk across a network.
+fn attach_loop(m: &Mounted) -> Result<AttachedLoop, MountError> {
+    let dev = LoopDevice::attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
+    dev.set_readahead(4096);
+    dev.use_direct_io();
+    if !m.req.read_only {
+        dev.limit_writeback(system::LOOP_DIRTY_MAX);
+    }
+    info!("attached {dev}");
+    Ok(AttachedLoop {
+        backing: dev.backing_file(),
+        dev,
+        autoclear: false,
+    })
+}
+
+/// What mounting the filesystem did besides mounting it.
+#[derive(Default)]
+struct FsOutcome {
+    formatted: bool,
+    warnings: Vec<String>,
+    /// What was done that the user should hear of (a filesystem grown).
+    notes: Vec<String>,
+}
+
+/// Mounts the filesystem on the loop device at the user's directory (making it
+/// first when asked and the device is blank), then sets the device to detach
+/// itself when that filesystem is unmounted.
+fn mount_filesystem(m: &mut Mounted) -> Result<FsOutcome, MountError> {
+    let mut out = FsOutcome::default();
+    let dev = m.loop_dev.as_ref().expect("attached").dev.clone();
+    let fstype = filesystem_to_mount(m, &dev, &mut out)?;
+    // A filesystem smaller than its disk: ext4 is grown before it is mounted,
+    // xfs (which grows only mounted) after.
+    let small = fs_on_disk(m).filter(|f| f.fstype == fstype);
+    out.tell(fit_fs_to_disk(m, &dev, small.as_ref(), false));
+    let at = system::open_dir(&m.req.mountpoint, m.req.mountpoint_id)?;
+    system::mount_fs(
+        &dev,
+        &at,
+        &fstype,
+        m.req.read_only,
+        &crate::mount::hardened_fs_flags(&m.req.fs_flags),
+    )?;
+    m.fs = Some(FsMount { fstype });
+    // From now on a plain `umount` of the filesystem detaches the loop device,
+    // which the daemon takes as its cue to write back and stop (see
+    // `Mounted::noticed_plain_umount`).
+    let attached = m.loop_dev.as_mut().expect("attached");
+    match dev.set_autoclear() {
+        Ok(()) => attached.autoclear = attached.backing.is_some(),
+        Err(e) => {
+            let w = format!("{e}: a plain umount of {} will leave the daemon running; take the drive down with `blobdrive unmount`", m.req.mountpoint.display());
+            warn!("{w}");
+            out.warnings.push(w);
+        }
+    }
+    out.tell(fit_fs_to_disk(m, &dev, small.as_ref(), true));
+    Ok(out)
+}
+
+impl FsOutcome {
+    /// Takes what [`fit_fs_to_disk`] did as a note, or why not as a warning.
+    fn tell(&mut self, said: Option<Result<String, String>>) {
+        match said {
+            Some(Ok(note)) => self.notes.push(note),
+            Some(Err(w)) => self.warnings.push(w),
+            None => {}
+        }
     }
 }
 
@@ -408,11 +412,11 @@ fn fs_on_disk(m: &Mounted) -> Option<superblock::Found> {
 /// A filesystem smaller than its disk (the drive was grown while not mounted,
 /// which leaves the filesystem as it was) is grown to fill the disk where it can
 /// be (ext4 before it is mounted, xfs once it is: `mounted` says which call this
-/// is, and the other one does nothing): `Ok` says what was done, `Err`
-/// why not and the one step that does it. `None`: it fills its disk already.
+/// is, and the other one does nothing): `Ok` says what was done, `Err` why not
+/// and the one step that does it. `None`: it fills its disk already.
 fn fit_fs_to_disk(
     m: &Mounted,
-    dev: &str,
+    dev: &LoopDevice,
     fs: Option<&superblock::Found>,
     mounted: bool,
 ) -> Option<Result<String, String>> {
@@ -453,6 +457,65 @@ fn fit_fs_to_disk(
     })
 }
 
+/// The filesystem on `dev`, made first if it is blank and `--mkfs` asked for
+/// one; refused unless it is one blobdrive mounts.
+fn filesystem_to_mount(
+    m: &Mounted,
+    dev: &LoopDevice,
+    out: &mut FsOutcome,
+) -> Result<String, MountError> {
+    let t = match (system::fs_type(dev)?, m.req.mkfs.as_deref()) {
+        (Some(t), Some(wanted)) => {
+            let w = format!("--mkfs {wanted} ignored: the disk already holds {} {t} filesystem, which is mounted as it is", crate::words::article(&t));
+            warn!("{w}");
+            out.warnings.push(w);
+            t
+        }
+        (Some(t), None) => t,
+        (None, Some(wanted)) => {
+            if m.req.read_only {
+                return Err(MountError::System("--mkfs needs a writable mount".into()));
+            }
+            system::mkfs(dev, wanted)?;
+            out.formatted = true;
+            wanted.to_string()
+        }
+        (None, None) => {
+            return Err(MountError::System(format!(
+                "{} holds no filesystem: add --mkfs ext4 (or xfs) to create one, or use --mode block or --mode raw",
+                m.target
+            )))
+        }
+    };
+    if !crate::mount::MOUNTABLE_FS.contains(&t.as_str()) {
+        // Checked before anything mounts it (no journal replay, nothing written).
+        return Err(MountError::System(format!(
+            "{} holds {} {t} filesystem; blobdrive mounts only ext4 and xfs (use --mode block for the device)",
+            m.target,
+            crate::words::article(&t)
+        )));
+    }
+    Ok(t)
+}
+
+/// The control socket (root's alone), then the record with everything in it.
+fn open_control_socket(rec: &MountRecord) -> Result<UnixListener, MountError> {
+    let _ = std::fs::remove_file(&rec.socket);
+    let listener = UnixListener::bind(&rec.socket).map_err(|e| {
+        MountError::System(format!("cannot listen on {}: {e}", rec.socket.display()))
+    })?;
+    // Root's alone (its directory already is): see `control::peer_uid` too.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&rec.socket, std::fs::Permissions::from_mode(0o600)).map_err(
+            |e| MountError::System(format!("cannot restrict {}: {e}", rec.socket.display())),
+        )?;
+    }
+    record::save(rec)
+        .map_err(|e| MountError::System(format!("cannot write the mount record: {e}")))?;
+    Ok(listener)
+}
+
 /// Opens the drive's disk cache in `dir`. The blob's state it is checked against
 /// is read now, once this mount alone can write the blob (the properties read
 /// before the lease was taken could be older than another writer's last write).
@@ -472,16 +535,6 @@ fn open_disk_cache(
             m.target
         ))
     })?;
-    let limit = match m.req.disk_cache_size {
-        Some(l) => l,
-        None => {
-            let half_free = system::free_space(dir).map_or(u64::MAX, |f| f / 2);
-            drive
-                .disk_size()
-                .min(half_free)
-                .max(crate::device::diskcache::MIN_SIZE)
-        }
-    };
     let account = m.blob.service().account();
     let endpoint = &account.blob_endpoint;
     let name = files::dir_name(
@@ -495,9 +548,34 @@ fn open_disk_cache(
         m.blob.name(),
         m.blob.snapshot(),
     );
-    let tier = DiskCache::open(dir, &name, limit, &state).map_err(MountError::System)?;
+    let limit = match m.req.disk_cache_size {
+        Some(l) => l,
+        None => {
+            // The cache's own data file counts as free: it is this drive's
+            // to reuse. (Without it the default went 34, 17, 26, 21 MiB over
+            // four mounts on a small filesystem, starting cold twice.)
+            let own = std::fs::symlink_metadata(dir.join(&name).join("data"))
+                .map_or(0, |d| std::os::unix::fs::MetadataExt::blocks(&d) * 512);
+            let free = system::free_space(dir).map_or(u64::MAX, |f| f.saturating_add(own));
+            default_disk_cache_limit(drive.disk_size(), free)
+        }
+    };
+    // A live blob mounted read-only may be changed by its writer after this
+    // mount read its state: see `DiskCache::open`.
+    let may_start_warm = !m.req.read_only || m.blob.snapshot().is_some();
+    let tier =
+        DiskCache::open(dir, &name, limit, &state, may_start_warm).map_err(MountError::System)?;
     m.disk_state = Some(state);
     Ok(Arc::new(tier))
+}
+
+/// The disk cache's size when none is asked for: half the free space of its
+/// filesystem (counting its own file as free), at most the drive's size, at
+/// least the smallest there is.
+fn default_disk_cache_limit(disk_size: u64, free: u64) -> u64 {
+    disk_size
+        .min(free / 2)
+        .max(crate::device::diskcache::MIN_SIZE)
 }
 
 /// What a disk cache is checked against: `None` without an ETag.

@@ -17,8 +17,8 @@ impl Mounted {
             ));
         }
         let mp = self.req.mountpoint.to_string_lossy().to_string();
-        let frozen = match (&self.device, self.fs_mounted) {
-            (Some(dev), true) => Some(system::freeze(&self.req.mountpoint, dev)?),
+        let frozen = match (&self.loop_dev, &self.fs) {
+            (Some(l), Some(_)) => Some(system::freeze(&self.req.mountpoint, &l.dev)?),
             _ => None,
         };
         let result = (|| {

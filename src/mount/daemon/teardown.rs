@@ -11,9 +11,7 @@ use super::Mounted;
 use crate::device::cache::Cache;
 use crate::device::remote::RemoteBackend;
 use crate::device::DeviceError;
-use crate::mount::record;
 use crate::mount::system;
-use crate::mount::utab;
 use crate::mount::MountError;
 use crate::size::human as human_bytes;
 
@@ -57,7 +55,7 @@ impl Mounted {
             }
         }
         self.noticed_plain_umount();
-        if self.fs_mounted {
+        if self.fs.take().is_some() {
             if let Err(e) = system::umount(&self.req.mountpoint, false) {
                 warn!(
                     "{} is busy ({e}): detaching it lazily; its files are gone with the drive",
@@ -67,11 +65,13 @@ impl Mounted {
                     error!("cannot detach {}: {e}", self.req.mountpoint.display());
                 }
             }
-            self.fs_mounted = false;
         }
-        if let Some(dev) = self.device.take() {
-            if let Err(e) = system::loop_detach(&dev) {
-                warn!("cannot detach {dev} yet ({e}): it goes once its last user lets go");
+        if let Some(l) = self.loop_dev.take() {
+            if let Err(e) = l.dev.detach() {
+                warn!(
+                    "cannot detach {} yet ({e}): it goes once its last user lets go",
+                    l.dev
+                );
             }
         }
         if system::is_mountpoint(&self.fuse_dir) {
@@ -103,23 +103,20 @@ impl Mounted {
     /// filesystem or the device is left to take down (a directory mounted over the
     /// mountpoint since is someone else's) and says so once.
     pub(super) fn noticed_plain_umount(&mut self) -> bool {
-        if !self.autoclear || !self.fs_mounted {
-            return false;
-        }
-        let (Some(dev), Some(was)) = (&self.device, &self.loop_backing) else {
+        let Some(l) = self.loop_dev.as_ref().filter(|l| l.autoclear) else {
             return false;
         };
-        if system::loop_backing_file(dev).as_ref() == Some(was) {
+        if self.fs.is_none() || l.dev.backing_file() == l.backing {
             return false;
         }
         info!(
-            "{} was unmounted and {dev} detached itself: writing what is cached, releasing the lease and stopping",
-            self.req.mountpoint.display()
+            "{} was unmounted and {} detached itself: writing what is cached, releasing the lease and stopping",
+            self.req.mountpoint.display(),
+            l.dev
         );
-        system::loop_released(dev);
-        self.fs_mounted = false;
-        self.device = None;
-        self.autoclear = false;
+        l.dev.released();
+        self.fs = None;
+        self.loop_dev = None;
         // An unmount that bypassed `umount.blobdrive` (`umount -i`, umount(2))
         // leaves the entry behind.
         self.forget_utab();
@@ -129,10 +126,8 @@ impl Mounted {
     /// Takes this mount's entry out of libmount's table once the mount at the
     /// user's directory is gone.
     fn forget_utab(&mut self) {
-        if std::mem::take(&mut self.in_utab) {
-            if let Err(e) = utab::remove(&self.req.mountpoint) {
-                warn!("{e}");
-            }
+        if let Some(entry) = self.utab.take() {
+            entry.remove();
         }
     }
 
@@ -146,13 +141,13 @@ impl Mounted {
     /// filesystem is seen the same way: its last users' fsyncs then wait without
     /// limit too.) Turns the unlimited waits on, once.
     pub(super) fn noticed_umount_begun(&mut self) -> bool {
-        if !self.autoclear || !self.fs_mounted || self.umount_begun {
+        if self.fs.is_none() || self.umount_begun {
             return false;
         }
-        let Some(dev) = &self.device else {
+        let Some(l) = self.loop_dev.as_ref().filter(|l| l.autoclear) else {
             return false;
         };
-        if system::device_is_mounted(dev) != Some(false) {
+        if l.dev.is_mounted() != Some(false) {
             return false;
         }
         info!(
@@ -169,15 +164,15 @@ impl Mounted {
         // A plain umount that came first leaves nothing of the filesystem here.
         self.noticed_plain_umount();
         self.refuse_if_disk_open()?;
-        if self.fs_mounted {
+        if self.fs.is_some() {
             self.umount_fs()?;
-            self.fs_mounted = false;
+            self.fs = None;
             info!("unmounted {}", self.req.mountpoint.display());
         }
-        if let Some(dev) = self.device.clone() {
-            system::loop_detach(&dev)?;
-            self.device = None;
-            info!("detached {dev}");
+        if let Some(l) = &self.loop_dev {
+            l.dev.detach()?;
+            info!("detached {}", l.dev);
+            self.loop_dev = None;
         }
         // The kernel refuses to unmount FUSE while any handle on `disk` is open,
         // also one opened since the check above; after it, no write can come in.
@@ -232,18 +227,11 @@ impl Mounted {
             }
         }
         self.forget_utab();
-        if self.made_fuse_dir {
-            let _ = std::fs::remove_dir(&self.fuse_dir);
-            self.made_fuse_dir = false;
+        if let Some(dir) = self.made_dir.take() {
+            dir.remove();
         }
-        if self.record_written {
-            if !losses.is_empty() {
-                if let Err(e) = record::write_outcome(&self.record_id, &losses.join("; ")) {
-                    warn!("could not leave a note of what was lost for `blobdrive unmount`: {e}");
-                }
-            }
-            record::remove(&self.record_id);
-            self.record_written = false;
+        if let Some(record) = self.record.take() {
+            record.release(&losses);
         }
         Ok(losses)
     }
@@ -297,7 +285,7 @@ impl Mounted {
         let Some(open) = &self.open_disk else {
             return Ok(());
         };
-        let mine = usize::from(self.device.is_some());
+        let mine = usize::from(self.loop_dev.is_some());
         let until = std::time::Instant::now() + RELEASE_GRACE;
         while open.load(Ordering::SeqCst) > mine {
             if std::time::Instant::now() >= until {

@@ -1,0 +1,275 @@
+//! Filesystems on a drive's device: what is there, creating one, mounting it
+//! through a checked directory, growing it in place, and freezing it for a
+//! consistent snapshot.
+
+use std::path::Path;
+
+use super::{run, tool_command, LoopDevice};
+use crate::mount::MountError;
+
+/// Grows the filesystem of `dev`, mounted at `mountpoint`, to fill the device, in
+/// place and while in use: `resize2fs` for ext4, `xfs_growfs` for xfs. Only if
+/// `mountpoint` (not followed if a symlink) is still the root of `dev`'s
+/// filesystem.
+pub fn grow_fs(dev: &LoopDevice, fstype: &str, mountpoint: &Path) -> Result<(), MountError> {
+    drop(open_root_of(mountpoint, dev, "growing")?);
+    let mp = mountpoint
+        .to_str()
+        .ok_or_else(|| MountError::System("mountpoint is not UTF-8".into()))?;
+    match fstype {
+        "ext4" => run("resize2fs", &[dev.path()]).map(|_| ()),
+        "xfs" => run("xfs_growfs", &["-d", mp]).map(|_| ()),
+        other => Err(MountError::System(format!(
+            "a {other} filesystem is not grown by blobdrive"
+        ))),
+    }
+}
+
+/// Grows the ext4 filesystem on `dev`, not mounted, to fill the device:
+/// `e2fsck -f -p` first (resize2fs refuses a filesystem not checked since it was
+/// last mounted; `-p` repairs only what is safe without asking, the journal's
+/// replay included), then `resize2fs`. Unlike growing it mounted, this needs no
+/// `CAP_SYS_RESOURCE`.
+pub fn grow_ext4_unmounted(dev: &LoopDevice) -> Result<(), MountError> {
+    let out = tool_command("e2fsck")
+        .args(["-f", "-p", dev.path()])
+        .output()
+        .map_err(|e| MountError::System(format!("cannot run e2fsck: {e}")))?;
+    // 0: clean; 1: errors corrected.
+    if !matches!(out.status.code(), Some(0 | 1)) {
+        let said = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        let line = said
+            .lines()
+            .map(str::trim)
+            .rfind(|l| !l.is_empty())
+            .unwrap_or("no message");
+        return Err(MountError::System(format!(
+            "e2fsck -f -p {dev} found what it repairs only when asked ({line}), so the filesystem was not grown"
+        )));
+    }
+    run("resize2fs", &[dev.path()]).map(|_| ())
+}
+
+/// `CAP_SYS_RESOURCE` of <linux/capability.h>: growing a mounted ext4 needs it
+/// (the kernel checks it in `ext4_resize_begin`); containers often drop it.
+pub const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Whether this process has capability `cap` in effect (/proc/self/status).
+pub fn has_capability(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|eff| eff >> cap & 1 == 1)
+}
+
+/// The total size in bytes of the filesystem mounted at `path` (statvfs).
+pub fn fs_size(path: &Path) -> Option<u64> {
+    statvfs(path).map(|st| st.f_blocks * st.f_frsize)
+}
+
+/// Bytes free for root on the filesystem holding `path` (statvfs).
+pub fn free_space(path: &Path) -> Option<u64> {
+    statvfs(path).map(|st| st.f_bfree * st.f_frsize)
+}
+
+fn statvfs(path: &Path) -> Option<libc::statvfs> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a zeroed statvfs is a valid out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid path and `st` a statvfs the call fills.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st)
+}
+
+/// The filesystem type on a device, if any.
+pub fn fs_type(dev: &LoopDevice) -> Result<Option<String>, MountError> {
+    let out = tool_command("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE", dev.path()])
+        .output()
+        .map_err(|e| MountError::System(format!("cannot run blkid: {e}")))?;
+    match out.status.code() {
+        Some(0) => {
+            let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            Ok((!t.is_empty()).then_some(t))
+        }
+        // 2: nothing found.
+        Some(2) => Ok(None),
+        _ => Err(MountError::System(format!(
+            "blkid {dev} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
+/// Creates a filesystem without discarding the whole disk first (that would be a
+/// Clear Pages over every byte of a drive that is already empty).
+pub fn mkfs(dev: &LoopDevice, fstype: &str) -> Result<(), MountError> {
+    match fstype {
+        "ext4" => run("mkfs.ext4", &["-q", "-F", "-E", "nodiscard", dev.path()]).map(|_| ()),
+        "xfs" => run("mkfs.xfs", &["-q", "-f", "-K", dev.path()]).map(|_| ()),
+        other => Err(MountError::System(format!(
+            "--mkfs {other}: only ext4 and xfs are supported"
+        ))),
+    }
+}
+
+/// Mounts `dev` at the directory `at` (opened by [`open_dir`], so the mount lands
+/// on the directory that was checked, whatever its path leads to by now). A
+/// read-only ext4 whose journal needs recovery (a crash-consistent snapshot) is
+/// mounted without replaying it. `flags` (e.g. `nosuid`, `noatime`) are mount(8)'s
+/// words for the kernel's flags.
+pub fn mount_fs(
+    dev: &LoopDevice,
+    at: &std::os::fd::OwnedFd,
+    fstype: &str,
+    read_only: bool,
+    flags: &[String],
+) -> Result<(), MountError> {
+    if !read_only {
+        return mount_at(dev, at, fstype, flags, "");
+    }
+    let mut ro: Vec<String> = flags.to_vec();
+    ro.push("ro".into());
+    match mount_at(dev, at, fstype, &ro, "") {
+        Ok(()) => Ok(()),
+        Err(e) if fstype == "ext4" => mount_at(dev, at, fstype, &ro, "noload").map_err(|_| e),
+        Err(e) if fstype == "xfs" => mount_at(dev, at, fstype, &ro, "norecovery").map_err(|_| e),
+        Err(e) => Err(e),
+    }
+}
+
+/// The kernel's mount flags for mount(8)'s words; `None` for a word that is not a
+/// flag.
+fn mount_flag(word: &str) -> Option<(libc::c_ulong, bool)> {
+    Some(match word {
+        "ro" => (libc::MS_RDONLY, true),
+        "rw" => (libc::MS_RDONLY, false),
+        "nosuid" => (libc::MS_NOSUID, true),
+        "suid" => (libc::MS_NOSUID, false),
+        "nodev" => (libc::MS_NODEV, true),
+        "dev" => (libc::MS_NODEV, false),
+        "noexec" => (libc::MS_NOEXEC, true),
+        "exec" => (libc::MS_NOEXEC, false),
+        "noatime" => (libc::MS_NOATIME, true),
+        "relatime" => (libc::MS_RELATIME, true),
+        "strictatime" => (libc::MS_STRICTATIME, true),
+        "nodiratime" => (libc::MS_NODIRATIME, true),
+        _ => return None,
+    })
+}
+
+/// mount(2) of `dev` onto the directory `at` through `/proc/self/fd/N`.
+fn mount_at(
+    dev: &LoopDevice,
+    at: &std::os::fd::OwnedFd,
+    fstype: &str,
+    words: &[String],
+    data: &str,
+) -> Result<(), MountError> {
+    use std::os::fd::AsRawFd;
+    let mut flags: libc::c_ulong = 0;
+    for w in words {
+        let (bit, on) =
+            mount_flag(w).ok_or_else(|| MountError::System(format!("unknown mount option {w}")))?;
+        if on {
+            flags |= bit;
+        } else {
+            flags &= !bit;
+        }
+    }
+    let c = |v: &str| {
+        std::ffi::CString::new(v).map_err(|_| MountError::System("NUL in a mount argument".into()))
+    };
+    let (src, target) = (
+        c(dev.path())?,
+        c(&format!("/proc/self/fd/{}", at.as_raw_fd()))?,
+    );
+    let (ty, data) = (c(fstype)?, c(data)?);
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            ty.as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    Err(MountError::System(format!(
+        "cannot mount the {fstype} filesystem of {dev}: {}",
+        std::io::Error::last_os_error()
+    )))
+}
+
+/// Freezes the filesystem mounted at `mountpoint` (FIFREEZE through a descriptor
+/// opened without following a symlink, and only if it is the root of `dev`'s
+/// filesystem); thawed by [`thaw`] on the same descriptor.
+pub fn freeze(mountpoint: &Path, dev: &LoopDevice) -> Result<std::fs::File, MountError> {
+    use std::os::fd::AsRawFd;
+    let f = open_root_of(mountpoint, dev, "freezing")?;
+    // SAFETY: FIFREEZE on an open directory of the filesystem; the argument is ignored.
+    if unsafe { libc::ioctl(f.as_raw_fd(), FIFREEZE, 0) } != 0 {
+        return Err(MountError::System(format!(
+            "cannot freeze {}: {}",
+            mountpoint.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(f)
+}
+
+/// `mountpoint` opened as a directory without following a symlink, if it is the
+/// root of `dev`'s filesystem; otherwise an error saying it is not `doing` it.
+fn open_root_of(
+    mountpoint: &Path,
+    dev: &LoopDevice,
+    doing: &str,
+) -> Result<std::fs::File, MountError> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(mountpoint)
+        .map_err(|e| MountError::System(format!("cannot open {}: {e}", mountpoint.display())))?;
+    let here = f
+        .metadata()
+        .map_err(|e| MountError::System(e.to_string()))?
+        .dev();
+    let device = std::fs::metadata(dev.path())
+        .map_err(|e| MountError::System(format!("cannot check {dev}: {e}")))?
+        .rdev();
+    if here != device {
+        return Err(MountError::System(format!(
+            "{} is not the filesystem of {dev} any more: not {doing} it",
+            mountpoint.display()
+        )));
+    }
+    Ok(f)
+}
+
+/// Thaws what [`freeze`] froze.
+pub fn thaw(frozen: &std::fs::File) -> Result<(), MountError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: FITHAW on the descriptor FIFREEZE was given.
+    if unsafe { libc::ioctl(frozen.as_raw_fd(), FITHAW, 0) } != 0 {
+        return Err(MountError::System(format!(
+            "cannot thaw: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+/// `_IOWR('X', 119, int)` and `_IOWR('X', 120, int)` of linux/fs.h.
+const FIFREEZE: libc::c_ulong = 0xC004_5877;
+const FITHAW: libc::c_ulong = 0xC004_5878;

@@ -1,0 +1,272 @@
+//! Loop devices: the block device a drive's FUSE file `disk` is attached to, and
+//! the settings that make it suit a disk whose every request crosses a network.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::run;
+use crate::mount::MountError;
+
+/// Most dirty data of the drive's filesystem the page cache holds before its
+/// writers wait for writeback: see [`LoopDevice::limit_writeback`].
+pub const LOOP_DIRTY_MAX: u64 = 256 * 1024 * 1024;
+
+/// A loop device, `/dev/loopN`: one attached by this process, or one a mount
+/// record names. Every operation on it goes through this type, so a device path
+/// cannot be mixed up with any other string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoopDevice {
+    path: String,
+}
+
+impl std::fmt::Display for LoopDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.path)
+    }
+}
+
+impl LoopDevice {
+    /// The device at `path` (as a mount record names it).
+    pub fn at(path: impl Into<String>) -> LoopDevice {
+        LoopDevice { path: path.into() }
+    }
+
+    /// Attaches `file` to a free loop device.
+    pub fn attach(file: &Path, read_only: bool) -> Result<LoopDevice, MountError> {
+        let f = file
+            .to_str()
+            .ok_or_else(|| MountError::System("path is not UTF-8".into()))?;
+        let mut args = vec!["--find", "--show"];
+        if read_only {
+            args.push("--read-only");
+        }
+        args.push(f);
+        // Another process may take the device `--find` chose; losetup then fails: retry.
+        let mut last = None;
+        for _ in 0..5 {
+            match run("losetup", &args) {
+                Ok(dev) => return Ok(LoopDevice::at(dev)),
+                Err(e) => {
+                    last = Some(e);
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+        Err(last.expect("tried"))
+    }
+
+    /// `/dev/loopN`.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// `loopN`, its name under /sys/block.
+    fn name(&self) -> &str {
+        self.path.trim_start_matches("/dev/")
+    }
+
+    /// The sysfs directory of the device's writeback settings.
+    fn bdi_dir(&self) -> String {
+        format!("/sys/block/{}/bdi", self.name())
+    }
+
+    /// Raises the device's read-ahead so the kernel asks for large, overlapping
+    /// reads of a sequential stream: each request costs a round trip to the blob, so
+    /// reading ahead is what keeps the link busy. Best effort.
+    pub fn set_readahead(&self, kib: u32) {
+        let _ = std::fs::write(
+            format!("/sys/block/{}/queue/read_ahead_kb", self.name()),
+            kib.to_string(),
+        );
+    }
+
+    /// Gives a writable loop device over the drive the writeback rule the kernel
+    /// gives FUSE's own files: a limit of its own on dirty data (`max_bytes`) that
+    /// binds even while the machine's global limits are far off (`strict_limit`).
+    ///
+    /// Without it, writeback to the drive starts only at fsync or after 30 s, or once
+    /// a tenth of the machine's memory is dirty (2.3 GiB here): a 1 GiB write first
+    /// filled the page cache and only then started uploading. With it, uploads start
+    /// after some tens of MiB and go on while the writer writes, a sync or unmount has
+    /// at most this much to send beyond the daemon's own cache, and a writer faster
+    /// than the storage account is slowed to its pace instead of filling memory.
+    /// [`LoopDevice::detach`] puts the kernel's defaults back before the device can
+    /// serve anything else (or after it let go by itself: autoclear, when its
+    /// filesystem is unmounted), and [`LoopDevice::released`] where the daemon
+    /// learns of that without detaching. A device whose daemon was killed and that
+    /// is then detached by hand keeps the limit until blobdrive uses it again:
+    /// writeback to it then starts sooner, nothing else changes. Best effort: a
+    /// kernel without these files keeps its defaults.
+    pub fn limit_writeback(&self, max_bytes: u64) {
+        let bdi = self.bdi_dir();
+        let set = |file: &str, value: &str| {
+            if let Err(e) = std::fs::write(format!("{bdi}/{file}"), value) {
+                tracing::warn!("{self}: cannot set {file} to {value}: {e}");
+            }
+        };
+        set("strict_limit", "1");
+        set("max_bytes", &max_bytes.to_string());
+    }
+
+    /// After the device let go of the drive by itself (autoclear: its filesystem
+    /// was unmounted): puts its default writeback rule back, unless something
+    /// attached it again meanwhile (whose settings are its own).
+    pub fn released(&self) {
+        if self.backing_file().is_none() {
+            self.writeback_defaults();
+        }
+    }
+
+    /// Puts back the kernel's default writeback rule (no limit of its own, no
+    /// strict limit): undoes [`LoopDevice::limit_writeback`], so the device serves
+    /// whatever uses it next as any other loop device. Best effort.
+    fn writeback_defaults(&self) {
+        let bdi = self.bdi_dir();
+        for (file, value) in [("strict_limit", "0"), ("max_ratio", "100")] {
+            let path = format!("{bdi}/{file}");
+            if Path::new(&path).exists() {
+                if let Err(e) = std::fs::write(&path, value) {
+                    tracing::warn!("{self}: cannot put {file} back to {value}: {e}");
+                }
+            }
+        }
+    }
+
+    /// Puts the device in direct-I/O mode: it then sends each request to the disk
+    /// file as asynchronous direct I/O, so a filesystem's queued requests reach the
+    /// daemon (and the storage service) together. In buffered mode the loop worker
+    /// reads and writes the file one request at a time: under 10 ms of network
+    /// latency random reads at queue depth 32 went from 80 to about 950 per second
+    /// with it (see docs/benchmarks.md). Best effort: a kernel that refuses leaves
+    /// buffered mode.
+    pub fn use_direct_io(&self) {
+        if let Err(e) = run("losetup", &["--direct-io=on", &self.path]) {
+            tracing::warn!("{self} stays in buffered mode: {e}");
+        }
+    }
+
+    /// Detaches the device and waits until the kernel let go of its backing file
+    /// (until then the FUSE mount below it cannot be unmounted), its default
+    /// writeback rule put back first.
+    pub fn detach(&self) -> Result<(), MountError> {
+        if !Path::new(&self.path).exists() {
+            return Ok(());
+        }
+        let backing = format!("/sys/block/{}/loop/backing_file", self.name());
+        // Also when it let go by itself (autoclear) and there is nothing to detach.
+        self.writeback_defaults();
+        if !Path::new(&backing).exists() {
+            return Ok(());
+        }
+        if let Err(e) = run("losetup", &["-d", &self.path]) {
+            // A device with autoclear set may have let go by itself just now.
+            if Path::new(&backing).exists() {
+                return Err(e);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Path::new(&backing).exists() {
+            if Instant::now() > deadline {
+                return Err(MountError::System(format!(
+                    "{self} is still attached 20 s after detaching it"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// The file the device is attached to, if it is attached (sysfs says).
+    pub fn backing_file(&self) -> Option<PathBuf> {
+        let text = std::fs::read_to_string(format!("/sys/block/{}/loop/backing_file", self.name()))
+            .ok()?;
+        Some(PathBuf::from(text.trim_end_matches('\n')))
+    }
+
+    /// Whether any mount (in this mount namespace) has the device as its source,
+    /// per the `MAJOR:MINOR` of /proc/self/mountinfo. `None` when that cannot be
+    /// told (the device node is gone, mountinfo unreadable).
+    pub fn is_mounted(&self) -> Option<bool> {
+        use std::os::unix::fs::FileTypeExt;
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(&self.path).ok()?;
+        if !meta.file_type().is_block_device() {
+            return None;
+        }
+        let rdev = meta.rdev();
+        let want = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        Some(
+            info.lines()
+                .any(|l| l.split(' ').nth(2) == Some(want.as_str())),
+        )
+    }
+
+    /// Sets the autoclear flag: the kernel detaches the device by itself when its
+    /// last opener closes it. Set once the filesystem on it is mounted (which holds
+    /// it open), so a plain `umount` of that filesystem detaches the device and so
+    /// closes the daemon's `disk` file: the daemon's cue to write back and stop.
+    /// Set earlier, the first close (blkid's, mkfs's) would detach it.
+    pub fn set_autoclear(&self) -> Result<(), MountError> {
+        use std::os::fd::AsRawFd;
+        let fail =
+            |e: std::io::Error| MountError::System(format!("cannot set autoclear on {self}: {e}"));
+        let f = std::fs::File::open(&self.path).map_err(fail)?;
+        // SAFETY: an all-zero loop_info64 is a valid value of this plain C struct.
+        let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+        // SAFETY: the ioctl writes a loop_info64 into `info`, which is one.
+        if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_GET_STATUS64, &mut info) } != 0 {
+            return Err(fail(std::io::Error::last_os_error()));
+        }
+        info.lo_flags |= LO_FLAGS_AUTOCLEAR;
+        // SAFETY: the ioctl reads the loop_info64 it was given; offset, size limit
+        // and name are the device's own, so only the flag changes.
+        if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_SET_STATUS64, &info) } != 0 {
+            return Err(fail(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Makes the device take its backing file's size again (LOOP_SET_CAPACITY),
+    /// after that file grew; returns the device's size in bytes now.
+    pub fn take_new_capacity(&self) -> Result<u64, MountError> {
+        use std::os::fd::AsRawFd;
+        let fail = |e: std::io::Error| MountError::System(format!("cannot grow {self}: {e}"));
+        let f = std::fs::File::open(&self.path).map_err(fail)?;
+        // SAFETY: LOOP_SET_CAPACITY takes no argument.
+        if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_SET_CAPACITY, 0) } != 0 {
+            return Err(fail(std::io::Error::last_os_error()));
+        }
+        let mut size: u64 = 0;
+        // SAFETY: BLKGETSIZE64 writes one u64 into `size`.
+        if unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size) } != 0 {
+            return Err(fail(std::io::Error::last_os_error()));
+        }
+        Ok(size)
+    }
+}
+
+/// `struct loop_info64` of <linux/loop.h>.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+const LOOP_SET_CAPACITY: libc::c_ulong = 0x4C07;
+/// `_IOR(0x12, 114, size_t)` of linux/fs.h.
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;

@@ -1,0 +1,62 @@
+//! Processes: whether a daemon is alive, and who holds a file open.
+
+use std::path::Path;
+
+pub fn pid_alive(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists.
+    let rc = unsafe { libc::kill(pid as i32, 0) };
+    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // A zombie (dead, not yet reaped) is not a running daemon.
+    exists && is_zombie(Path::new(&format!("/proc/{pid}/stat"))) != Some(true)
+}
+
+/// Whether the process or thread whose `stat` file is at `stat` is a zombie;
+/// `None` if that cannot be read.
+fn is_zombie(stat: &Path) -> Option<bool> {
+    let text = std::fs::read_to_string(stat).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    Some(rest.trim_start().starts_with('Z'))
+}
+
+/// Whether any thread of process `pid` is still running. A process's main
+/// thread can be a zombie while its other threads are still being killed, and
+/// its sockets and files close only when the last of them is gone.
+pub fn threads_running(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks
+        .flatten()
+        .any(|t| is_zombie(&t.path().join("stat")) == Some(false))
+}
+
+/// The processes holding `path` open, as "pid N (name)", found in /proc.
+pub fn holders(path: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let name = p.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == path))
+        {
+            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            found.push(format!("pid {pid} ({})", comm.trim()));
+        }
+    }
+    found
+}
