@@ -470,3 +470,37 @@ fn a_footer_write_that_lands_after_a_further_grow_on_a_mounted_drive_is_refused(
         "a late footer write landed on data written after the drive grew"
     );
 }
+
+/// A resize that takes a while says what it is doing every few seconds: here
+/// the service stops answering for six seconds as it starts.
+#[test]
+fn a_long_resize_of_a_mounted_drive_says_what_it_is_doing() {
+    require_root();
+    let spec = new_drive("slow-grow", "8MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&run(), &cs);
+    ok(&run(), &cs, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    proxy.paused.store(true, Ordering::SeqCst);
+    let resize = std::process::Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .args(["resize", mp.s(), "--size", "16MiB"])
+        .env("AZURE_STORAGE_CONNECTION_STRING", &cs)
+        .env("BLOBDRIVE_RUN_DIR", run())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    proxy.paused.store(false, Ordering::SeqCst);
+    let out = resize.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("resizing to 16 MiB: ") && l.ends_with(" s so far")),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("grew"));
+    ok(&run(), &cs, &["unmount", mp.s()]);
+    assert_eq!(info_size(&spec), 16 * MIB);
+}

@@ -134,7 +134,14 @@ fn online(m: &record::MountRecord, size: u64) -> Result<()> {
             m.pid
         );
     }
-    let answer = daemon::control(&m.socket, &format!("resize {size}"), Some(ONLINE_TIMEOUT))?;
+    // A large filesystem takes a while to grow: the daemon says what it is at
+    // every few seconds.
+    let answer = daemon::control_with_progress(
+        &m.socket,
+        &format!("resize {size}"),
+        Some(ONLINE_TIMEOUT),
+        &mut |p| eprintln!("{p}"),
+    )?;
     match answer.strip_prefix("ok ") {
         Some(what) => println!("{what}"),
         None => bail!("{}", answer.strip_prefix("error ").unwrap_or(&answer)),
