@@ -26,11 +26,15 @@ for a in "$@"; do
     esac
 done
 
-# A check (a command name, or "py:MODULE" for a Python module) -> the Debian
+# A check (a command name, "py:MODULE" for a Python module, or "file:PATH") -> the Debian
 # package providing it, per set.
 declare -A pkg_of=()
 # Mounting a drive as ext4, and the emulator script (azurite.sh uses python3, curl).
 declare -A demo=([fusermount3]=fuse3 [mkfs.ext4]=e2fsprogs [losetup]=util-linux [python3]=python3 [curl]=curl)
+# Building blobdrive: build.rs generates the CSI driver's gRPC code from
+# proto/csi/csi.proto with protoc and the protobuf well-known types.
+demo[protoc]=protobuf-compiler
+demo[file:/usr/include/google/protobuf/wrappers.proto]=libprotobuf-dev
 for k in "${!demo[@]}"; do pkg_of[$k]=${demo[$k]}; done
 case "$mode" in
     test)
@@ -61,6 +65,7 @@ fi
 present() {
     case "$1" in
         py:*) command -v python3 >/dev/null && python3 -c "import ${1#py:}" 2>/dev/null ;;
+        file:*) [ -e "${1#file:}" ] ;;
         *) command -v "$1" >/dev/null ;;
     esac
 }

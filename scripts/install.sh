@@ -96,6 +96,8 @@ if [ "$uninstall" = 1 ]; then
 fi
 
 if [ -z "$binary" ]; then
+    # What building and mounting need (protoc for the CSI code, fuse3, ...).
+    scripts/install-deps.sh --demo
     echo "== cargo build --release --locked"
     cargo build --release --locked
     binary=target/release/blobdrive

@@ -39,6 +39,53 @@ pub enum DriveError {
         #[source]
         source: VhdError,
     },
+    /// The footer of a new drive could not be written; the half-created blob was
+    /// deleted again (or `cleanup` says why not).
+    #[error("{source}{}", match cleanup {
+        None => " (the half-created blob was deleted again)".to_string(),
+        Some(c) => format!("; deleting the half-created blob also failed: {c}"),
+    })]
+    FooterFailed {
+        source: Box<AzureError>,
+        cleanup: Option<Box<AzureError>>,
+    },
+}
+
+/// Creates a new drive of `size` bytes (whole MiB): a page blob of `size` + 512
+/// bytes with only the VHD footer written into its last 512 bytes. Never
+/// replaces an existing blob (409 `BlobAlreadyExists`).
+pub async fn create(blob: &BlobClient, size: u64) -> Result<(), DriveError> {
+    let footer = Footer::new_fixed(size).map_err(|source| DriveError::Vhd {
+        target: blob.target(),
+        source,
+    })?;
+    blob.create_page_blob(size + FOOTER_SIZE).await?;
+    // The blob exists now but is no drive until its footer is written: if that
+    // fails, remove it again rather than leave a footerless blob behind.
+    // Fenced like a mount's writes (see `WriteFence`): a copy given up on that
+    // lands after the drive was grown would put a footer where the disk
+    // has data by then.
+    let data = bytes::Bytes::copy_from_slice(&footer.to_bytes());
+    let fence = crate::azure::WriteFence::new(blob.clone(), None);
+    if let Err(source) = blob.put_pages_fenced(size, data, None, &fence).await {
+        let cleanup = blob
+            .delete(crate::azure::DeleteSnapshots::None, None)
+            .await
+            .err()
+            .map(Box::new);
+        return Err(DriveError::FooterFailed {
+            source: Box::new(source),
+            cleanup,
+        });
+    }
+    // The create token has done its job; a finished drive carries no metadata.
+    if let Err(e) = blob.set_metadata(&[], None).await {
+        tracing::warn!(
+            "could not remove the create token from {}: {e}",
+            blob.target()
+        );
+    }
+    Ok(())
 }
 
 /// A blob checked to be a fixed-VHD drive.

@@ -65,6 +65,17 @@ impl Context {
         Ok(account)
     }
 
+    /// The configured account's blob service, for a command that works on many
+    /// drives (the CSI driver).
+    pub fn service(&self) -> Result<BlobService> {
+        let Some(account) = self.account.clone() else {
+            bail!("{NOT_CONFIGURED}");
+        };
+        let account = auth::apply(self.auth, account, &self.entra)?;
+        check_transport(&account)?;
+        Ok(BlobService::new(account))
+    }
+
     /// Parses a BLOB argument and makes a client for it.
     pub fn blob(&self, spec: &str) -> Result<(BlobRef, BlobClient)> {
         let r = BlobRef::parse(spec)?;

@@ -4,6 +4,7 @@
 mod auth;
 mod context;
 mod create;
+mod csi;
 mod delete;
 pub mod helper;
 mod info;
@@ -138,6 +139,10 @@ pub enum Command {
     Download(transfer::DownloadArgs),
     /// Put a snapshot's content back onto its drive (not while mounted).
     Restore(transfer::RestoreArgs),
+    /// Serve the Kubernetes CSI driver on a unix socket (being built: Identity
+    /// and volume creation so far; not listed until it is whole).
+    #[command(hide = true)]
+    Csi(csi::Args),
     /// Internal: the mount daemon, started by `mount`.
     #[command(name = "__daemon", hide = true)]
     Daemon,
@@ -177,6 +182,7 @@ impl Cli {
             Command::Upload(a) => transfer::upload(&ctx, a),
             Command::Download(a) => transfer::download(&ctx, a),
             Command::Restore(a) => transfer::restore(&ctx, a),
+            Command::Csi(a) => csi::run(&ctx, a),
             Command::Daemon => mount::run_daemon(&ctx),
         }
     }

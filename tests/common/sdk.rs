@@ -8,7 +8,7 @@ use std::process::Command;
 use super::util::{json, stdout_of_success};
 
 /// The virtual environment's Python, or `BLOBDRIVE_TEST_PYTHON`.
-fn python() -> PathBuf {
+pub fn python() -> PathBuf {
     if let Ok(p) = std::env::var("BLOBDRIVE_TEST_PYTHON") {
         return PathBuf::from(p);
     }

@@ -1,0 +1,137 @@
+//! The CSI driver: Kubernetes' Container Storage Interface (v1.12) served on a
+//! unix socket, so a cluster gets blobdrive drives as PersistentVolumes.
+//!
+//! - `identity.rs`: who the plugin is and what it serves;
+//! - `controller.rs`: volumes as drives (create, delete, list, validate);
+//! - `volume.rs`: volume ids, sizes and capabilities, checked before anything is
+//!   looked up, as csi-sanity expects.
+//!
+//! Errors are gRPC statuses as the spec names them: a missing required field is
+//! `INVALID_ARGUMENT` before any lookup, an unknown volume `NOT_FOUND` (OK for
+//! deletes), a repeated call answers OK with the same answer.
+
+mod controller;
+mod identity;
+mod volume;
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::azure::BlobService;
+
+pub use identity::PLUGIN_NAME;
+
+/// The messages and service traits generated from the CSI spec.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("csi.v1");
+}
+
+/// What the driver serves, and where its drives live.
+#[derive(Clone)]
+pub struct Driver {
+    /// The account's blob service (from the same places as every command).
+    pub service: BlobService,
+    /// Where volumes go unless a StorageClass names a `container`.
+    pub container: Option<String>,
+    /// This node's id (NodeGetInfo, and whom ControllerPublish names).
+    pub node_id: String,
+}
+
+/// Why the driver could not start.
+#[derive(Debug, Error)]
+pub enum CsiError {
+    #[error("--endpoint {0}: expected unix:///PATH (an absolute path)")]
+    Endpoint(String),
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} exists and is not a socket: not replacing it")]
+    NotASocket(String),
+    #[error("serving gRPC: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// The socket path of a `unix:///PATH` endpoint (also `unix:/PATH`).
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, CsiError> {
+    let path = endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))
+        .filter(|p| p.starts_with('/'))
+        .ok_or_else(|| CsiError::Endpoint(endpoint.to_string()))?;
+    Ok(PathBuf::from(path))
+}
+
+/// Binds the socket at `path`: a socket left by an earlier run (a restarted
+/// node plugin) is replaced, anything else is refused. Only root can connect
+/// (0600): the sidecars run as root beside the driver.
+fn bind(path: &std::path::Path) -> Result<UnixListener, CsiError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let shown = path.display().to_string();
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(_) => return Err(CsiError::NotASocket(shown)),
+        Err(_) => {}
+    }
+    let listener = UnixListener::bind(path).map_err(|source| CsiError::Listen {
+        path: shown.clone(),
+        source,
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        CsiError::Listen {
+            path: shown,
+            source,
+        }
+    })?;
+    Ok(listener)
+}
+
+/// Serves Identity and Controller on `endpoint` until `stop` resolves.
+pub async fn serve(
+    driver: Driver,
+    endpoint: &str,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), CsiError> {
+    let path = socket_path(endpoint)?;
+    let listener = bind(&path)?;
+    tracing::info!("CSI driver {PLUGIN_NAME} serving on {}", path.display());
+    let result = tonic::transport::Server::builder()
+        .add_service(proto::identity_server::IdentityServer::new(
+            identity::IdentityService,
+        ))
+        .add_service(proto::controller_server::ControllerServer::new(
+            controller::ControllerService::new(driver),
+        ))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
+        .await;
+    let _ = std::fs::remove_file(&path);
+    Ok(result?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_absolute_unix_endpoint_is_taken() {
+        assert_eq!(
+            socket_path("unix:///csi/csi.sock").unwrap(),
+            PathBuf::from("/csi/csi.sock")
+        );
+        assert_eq!(
+            socket_path("unix:/csi/csi.sock").unwrap(),
+            PathBuf::from("/csi/csi.sock")
+        );
+        for bad in ["/csi/csi.sock", "tcp://127.0.0.1:1", "unix://csi.sock"] {
+            assert!(socket_path(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Volume ids, sizes and capabilities: what a request asks for, checked before
+//! anything is looked up.
+//!
+//! A volume's id is its drive, `container/NAME.vhd`: the blob is the only
+//! record, so a controller that restarts (or a second replica) knows every
+//! volume without a database of its own.
+
+use tonic::Status;
+
+use super::proto::volume_capability::access_mode::Mode;
+use super::proto::volume_capability::AccessType;
+use super::proto::{CapacityRange, VolumeCapability};
+use crate::vhd::{MAX_DISK_BYTES, MIB};
+
+/// A volume asked for with no size: 1 GiB.
+pub const DEFAULT_SIZE: u64 = 1 << 30;
+
+/// The filesystems a volume may carry.
+pub const FS_TYPES: [&str; 2] = ["ext4", "xfs"];
+
+/// A volume's drive: its container and blob name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeId {
+    pub container: String,
+    pub blob: String,
+}
+
+impl VolumeId {
+    /// The drive a new volume `name` gets in `container`. Kubernetes names
+    /// them `pvc-UID`; anything outside letters, digits, `.`, `-` and `_`, or
+    /// longer than a blob name allows, is refused.
+    pub fn for_name(container: &str, name: &str) -> Result<VolumeId, Status> {
+        let fits = !name.is_empty()
+            && name.len() <= 200
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+        if !fits {
+            return Err(Status::invalid_argument(format!(
+                "volume name '{}' must be 1 to 200 letters, digits, '.', '-' or '_'",
+                name.escape_debug()
+            )));
+        }
+        Ok(VolumeId {
+            container: container.to_string(),
+            blob: format!("{name}.vhd"),
+        })
+    }
+
+    /// Parses `container/NAME.vhd`; `None` for anything this driver never made
+    /// (an unknown volume, NOT_FOUND where the spec asks it).
+    pub fn parse(id: &str) -> Option<VolumeId> {
+        let (container, blob) = id.split_once('/')?;
+        let ok_container = (3..=63).contains(&container.len())
+            && container
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        let name = blob.strip_suffix(".vhd")?;
+        let ok_name = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+        (ok_container && ok_name).then(|| VolumeId {
+            container: container.to_string(),
+            blob: blob.to_string(),
+        })
+    }
+
+    /// `container/NAME.vhd`, as a BLOB argument of every command takes it.
+    pub fn spec(&self) -> String {
+        format!("{}/{}", self.container, self.blob)
+    }
+}
+
+/// The disk size for `range`: the required bytes rounded up to a whole MiB (a
+/// VHD's unit), 1 GiB when nothing is required; OUT_OF_RANGE past the limit or
+/// the largest drive.
+pub fn size_for(range: Option<&CapacityRange>) -> Result<u64, Status> {
+    let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
+    if required < 0 || limit < 0 {
+        return Err(Status::invalid_argument("capacity may not be negative"));
+    }
+    let (required, limit) = (required as u64, limit as u64);
+    let size = match required {
+        0 if limit > 0 => DEFAULT_SIZE.min(limit / MIB * MIB),
+        0 => DEFAULT_SIZE,
+        r => r.div_ceil(MIB) * MIB,
+    };
+    if size == 0 || (limit > 0 && size > limit) {
+        return Err(Status::out_of_range(format!(
+            "no whole number of MiB lies between {required} and {limit} bytes"
+        )));
+    }
+    if size > MAX_DISK_BYTES {
+        return Err(Status::out_of_range(format!(
+            "{size} bytes is more than a drive can hold ({MAX_DISK_BYTES})"
+        )));
+    }
+    Ok(size)
+}
+
+/// Whether an existing drive of `size` bytes satisfies `range`.
+pub fn size_fits(size: u64, range: Option<&CapacityRange>) -> bool {
+    let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
+    size >= required.max(0) as u64 && (limit <= 0 || size <= limit as u64)
+}
+
+/// Why `caps` cannot be served, if they cannot: one writer on one node at a
+/// time (the lease), readers on many; a filesystem of ext4 or xfs, or a block
+/// device.
+pub fn unsupported(caps: &[VolumeCapability]) -> Option<String> {
+    if caps.is_empty() {
+        return Some("no volume capability given".into());
+    }
+    for cap in caps {
+        let mode = cap
+            .access_mode
+            .as_ref()
+            .and_then(|m| Mode::try_from(m.mode).ok());
+        match mode {
+            Some(
+                Mode::SingleNodeWriter
+                | Mode::SingleNodeSingleWriter
+                | Mode::SingleNodeMultiWriter
+                | Mode::SingleNodeReaderOnly
+                | Mode::MultiNodeReaderOnly,
+            ) => {}
+            Some(Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter) => {
+                return Some(
+                    "a drive has one writer at a time: writers on several nodes are not served"
+                        .into(),
+                )
+            }
+            Some(Mode::Unknown) | None => return Some("an access mode is required".into()),
+        }
+        match &cap.access_type {
+            Some(AccessType::Block(_)) => {}
+            Some(AccessType::Mount(m)) => {
+                if !m.fs_type.is_empty() && !FS_TYPES.contains(&m.fs_type.as_str()) {
+                    return Some(format!(
+                        "filesystem '{}' is not served: ext4 or xfs",
+                        m.fs_type.escape_debug()
+                    ));
+                }
+            }
+            None => return Some("an access type (mount or block) is required".into()),
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::csi::proto::volume_capability::{AccessMode, BlockVolume, MountVolume};
+
+    fn cap(mode: Mode, fs: Option<&str>) -> VolumeCapability {
+        VolumeCapability {
+            access_mode: Some(AccessMode { mode: mode as i32 }),
+            access_type: Some(match fs {
+                Some(f) => AccessType::Mount(MountVolume {
+                    fs_type: f.into(),
+                    ..Default::default()
+                }),
+                None => AccessType::Block(BlockVolume {}),
+            }),
+        }
+    }
+
+    fn range(required: i64, limit: i64) -> CapacityRange {
+        CapacityRange {
+            required_bytes: required,
+            limit_bytes: limit,
+        }
+    }
+
+    #[test]
+    fn sizes_round_up_to_whole_mib_within_the_limit() {
+        assert_eq!(size_for(None).unwrap(), DEFAULT_SIZE);
+        assert_eq!(size_for(Some(&range(1, 0))).unwrap(), MIB);
+        assert_eq!(size_for(Some(&range(MIB as i64 + 1, 0))).unwrap(), 2 * MIB);
+        assert_eq!(
+            size_for(Some(&range(0, 10 * MIB as i64))).unwrap(),
+            10 * MIB
+        );
+        let e = size_for(Some(&range(MIB as i64 + 1, MIB as i64 + 100))).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::OutOfRange);
+        assert!(size_fits(2 * MIB, Some(&range(MIB as i64 + 1, 0))));
+        assert!(!size_fits(2 * MIB, Some(&range(3 * MIB as i64, 0))));
+    }
+
+    #[test]
+    fn ids_are_the_drives_and_strangers_are_not_found() {
+        let id = VolumeId::for_name("vols", "pvc-1234").unwrap();
+        assert_eq!(id.spec(), "vols/pvc-1234.vhd");
+        assert_eq!(VolumeId::parse(&id.spec()), Some(id));
+        for bad in [
+            "",
+            "vols",
+            "vols/x",
+            "Vols/a.vhd",
+            "v/a.vhd",
+            "vols/a/b.vhd",
+        ] {
+            assert_eq!(VolumeId::parse(bad), None, "{bad}");
+        }
+        assert!(VolumeId::for_name("vols", "a/../b").is_err());
+    }
+
+    #[test]
+    fn one_writer_many_readers_and_ext4_xfs_or_block() {
+        assert_eq!(
+            unsupported(&[cap(Mode::SingleNodeWriter, Some("ext4"))]),
+            None
+        );
+        assert_eq!(unsupported(&[cap(Mode::MultiNodeReaderOnly, None)]), None);
+        assert_eq!(unsupported(&[cap(Mode::SingleNodeWriter, Some(""))]), None);
+        assert!(unsupported(&[cap(Mode::MultiNodeMultiWriter, Some("ext4"))]).is_some());
+        assert!(unsupported(&[cap(Mode::SingleNodeWriter, Some("btrfs"))]).is_some());
+        assert!(unsupported(&[]).is_some());
+    }
+}
