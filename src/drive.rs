@@ -18,7 +18,7 @@ pub enum DriveError {
     ContainerMissing(String),
     #[error("blob '{0}' does not exist")]
     BlobMissing(String),
-    #[error("'{target}' is a {kind}, not a page blob: blobdrive drives are page blobs holding a fixed VHD (upload images with `blobdrive upload`)")]
+    #[error("'{target}' is {} {kind}, not a page blob: blobdrive drives are page blobs holding a fixed VHD (upload images with `blobdrive upload`)", crate::words::article(kind))]
     NotPageBlob { target: String, kind: String },
     #[error("'{target}' is {len} bytes long: too small for a VHD (at least 1 MiB of disk plus the 512-byte footer)")]
     TooSmall { target: String, len: u64 },
@@ -26,7 +26,7 @@ pub enum DriveError {
     Unaligned { target: String, len: u64 },
     #[error("'{target}': resize incomplete (from {from} to {to} bytes): run `blobdrive resize {target} --size {to}` again to complete it")]
     ResizeIncomplete { target: String, from: u64, to: u64 },
-    #[error("'{target}' is {from} bytes; shrinking it to {to} would cut off data: blobdrive only grows drives")]
+    #[error("'{target}' is {} ({from} bytes); shrinking it to {} ({to} bytes) would cut off data: blobdrive only grows drives", crate::size::human(*from), crate::size::human(*to))]
     Shrink { target: String, from: u64, to: u64 },
     #[error("'{target}' changed while it was being {during} (another party wrote it): nothing was changed; run it again")]
     ChangedUnderfoot {

@@ -5,6 +5,11 @@
 //! footer, [`drive`] combines the two into "a page blob that is a valid drive", and
 //! the `blobdrive` binary's commands are thin wrappers over these.
 
+// First, so that its `println!` and the rest replace the standard ones in every
+// module below (and, through `#[macro_use]`, in the binary).
+#[macro_use]
+pub mod output;
+
 pub mod azure;
 pub mod blobref;
 pub mod csi;
@@ -17,3 +22,4 @@ pub mod size;
 pub mod snapshot;
 pub mod transfer;
 pub mod vhd;
+pub mod words;

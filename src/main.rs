@@ -1,5 +1,11 @@
 //! The `blobdrive` command.
 
+// The library's `println!`, `print!`, `eprintln!` and `eprint!`, in place of the
+// standard ones, which panic when nobody reads the output any more
+// (`blobdrive::output` says why).
+#[macro_use]
+extern crate blobdrive;
+
 mod cli;
 
 use std::process::ExitCode;
@@ -18,7 +24,14 @@ fn main() -> ExitCode {
     }
     let cli = cli::Cli::parse();
     init_logging(cli.verbose);
-    match cli.run() {
+    let done = cli.run();
+    // Output lost to a full disk or a failing device is a failure of the
+    // command; output whose reader went away (`| head`) is not.
+    let done = done.and_then(|()| match blobdrive::output::stdout_failure() {
+        Some(e) => Err(anyhow::anyhow!("cannot write the output: {e}")),
+        None => Ok(()),
+    });
+    match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line: the whole cause chain joined with ": ", any control

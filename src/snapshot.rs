@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::azure::{ranges, AzureError, BlobClient, SegmentPlan};
 use crate::drive::{Drive, DriveError};
+use crate::vhd::FOOTER_SIZE;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SnapshotInfo {
@@ -57,7 +58,7 @@ pub fn to_prune(oldest_first: &[String], keep: usize) -> Vec<String> {
 
 /// Puts a snapshot's content back onto its base blob. Refused while the base is
 /// leased (mounted): the mount would keep serving old data from its cache.
-pub async fn restore(base: &BlobClient, snapshot: &str) -> Result<(), DriveError> {
+pub async fn restore(base: &BlobClient, snapshot: &str) -> Result<Restored, DriveError> {
     let props = crate::drive::properties(base).await?;
     crate::drive::check_page_blob(base, &props)?;
     if props.lease_state.as_deref() == Some("leased") {
@@ -102,7 +103,18 @@ pub async fn restore(base: &BlobClient, snapshot: &str) -> Result<(), DriveError
             detail: "after the restore the blob does not match the snapshot".into(),
         }));
     }
-    Ok(())
+    Ok(Restored {
+        was: props.content_length.saturating_sub(FOOTER_SIZE),
+        now: after.disk_size(),
+    })
+}
+
+/// A drive's disk size before and after a restore: a snapshot taken before the
+/// drive grew brings it back to its old size, which the user must hear.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    pub was: u64,
+    pub now: u64,
 }
 
 #[cfg(test)]

@@ -149,7 +149,15 @@ fn create_info_lease_delete_lifecycle() {
     assert_eq!(info["lease_duration"], "infinite");
     // A leased drive cannot be deleted.
     fails(&["delete", &spec, "--yes"], "in use");
-    let out = ok(&["lease", "break", &spec]);
+    // A held lease is broken only with --yes, after saying what its holder loses.
+    let err = fails(&["lease", "break", &spec], "--yes");
+    assert!(
+        err.contains("not yet put on the blob is lost") && err.contains("Nothing was broken"),
+        "{err}"
+    );
+    let st = json(&ok(&["lease", "status", &spec, "--json"]));
+    assert_eq!(st["state"], "leased");
+    let out = ok(&["lease", "break", &spec, "--yes"]);
     assert!(out.contains("lease broken"), "{out}");
     let st = json(&ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(st["state"], "broken");
@@ -525,6 +533,29 @@ fn help_teaches_and_lists_only_built_commands() {
     assert!(out.contains("qemu-img info -f vpc"), "{out}");
     let out = ok(&["lease", "break", "--help"]);
     assert!(out.contains("dead host"), "{out}");
+    // The text after the options is wrapped by hand, evenly: no prose line runs
+    // past 88 columns (indented lines, such as an fstab example, may).
+    for cmd in [
+        vec![],
+        vec!["create"],
+        vec!["resize"],
+        vec!["mount"],
+        vec!["unmount"],
+        vec!["delete"],
+        vec!["upload"],
+        vec!["download"],
+        vec!["restore"],
+        vec!["lease", "break"],
+        vec!["snapshot", "prune"],
+    ] {
+        let mut args = cmd.clone();
+        args.push("--help");
+        let out = ok(&args);
+        let after = out.rsplit_once("Print help").map_or("", |(_, a)| a);
+        for line in after.lines().filter(|l| !l.starts_with(' ')) {
+            assert!(line.chars().count() <= 88, "{cmd:?} --help: {line}");
+        }
+    }
     // Every snapshot subcommand says what its BLOB is.
     for (sub, words) in [
         ("list", "whose snapshots to list"),

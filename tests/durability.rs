@@ -435,7 +435,7 @@ fn unmount_after_the_lease_was_lost_says_what_was_dropped_and_fails() {
         "head -c 512 /dev/urandom | dd of='{}' conv=notrunc status=none",
         dev.trim()
     ));
-    ok(&cs, &[], &["lease", "break", &spec]);
+    common::mount::break_lease_from_elsewhere(&cs, &spec);
     let out = bd(&cs, &[], &["unmount", mp.s()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -868,7 +868,7 @@ impl Stuck {
         std::thread::sleep(Duration::from_millis(500));
         let info = json(&ok(&az(), &[], &["info", &self.spec, "--json"]));
         if info["lease_state"] == "leased" {
-            ok(&az(), &[], &["lease", "break", &self.spec]);
+            ok(&az(), &[], &["lease", "break", &self.spec, "--yes"]);
         }
     }
 }
@@ -1009,7 +1009,7 @@ fn unmount_discard_dirty_ends_an_ext4_unmount_whose_last_sync_waits_for_the_serv
     std::thread::sleep(Duration::from_millis(500));
     let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
     if info["lease_state"] == "leased" {
-        ok(&az(), &[], &["lease", "break", &spec]);
+        ok(&az(), &[], &["lease", "break", &spec, "--yes"]);
     }
 }
 
@@ -1086,7 +1086,7 @@ fn an_abandoned_lease_break_that_lands_after_a_new_mount_breaks_nothing() {
         ));
         let cs = proxy.connection_string();
         let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-        let mut args = vec!["lease", "break", &spec];
+        let mut args = vec!["lease", "break", &spec, "--yes"];
         if let Some(p) = period {
             args.extend(["--period", p]);
         }
@@ -1123,7 +1123,7 @@ fn a_lease_break_that_meets_a_late_write_of_the_dead_host_reads_again_and_breaks
     ));
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3")];
-    let breaker = bd_cmd(&cs, &env, &["lease", "break", &spec])
+    let breaker = bd_cmd(&cs, &env, &["lease", "break", &spec, "--yes"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -80,7 +80,7 @@ fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     found[0]
 }
 
-/// A Prometheus server on loopback scraping `target` every second, stopped (by
+/// A Prometheus server on loopback scraping `targets` every second, stopped (by
 /// pid) when dropped.
 struct Prometheus {
     child: Child,
@@ -89,13 +89,15 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    fn start(target: u16) -> Prometheus {
+    fn start(targets: &[u16]) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("prometheus.yml");
+        let targets: Vec<String> = targets.iter().map(|t| format!("'127.0.0.1:{t}'")).collect();
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: blobdrive\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
+                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: blobdrive\n    static_configs:\n      - targets: [{}]\n",
+                targets.join(", ")
             ),
         )
         .unwrap();
@@ -123,6 +125,15 @@ impl Prometheus {
 
     /// The result of an instant query, once it has any (within 60 s).
     fn query(&self, promql: &str) -> serde_json::Value {
+        self.query_until(promql, |r| !r.is_empty())
+    }
+
+    /// The result of an instant query, once `done` holds for it (within 60 s).
+    fn query_until(
+        &self,
+        promql: &str,
+        done: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> serde_json::Value {
         let encoded = encode(promql);
         let start = Instant::now();
         loop {
@@ -130,17 +141,14 @@ impl Prometheus {
                 let (status, body) = get(self.port, &format!("/api/v1/query?query={encoded}"));
                 if status.contains(" 200 ") {
                     let v = json(&body);
-                    if v["data"]["result"]
-                        .as_array()
-                        .is_some_and(|r| !r.is_empty())
-                    {
+                    if v["data"]["result"].as_array().is_some_and(|r| done(r)) {
                         return v["data"]["result"].clone();
                     }
                 }
             }
             assert!(
                 start.elapsed() < Duration::from_secs(60),
-                "Prometheus has no result for {promql}"
+                "Prometheus has no such result for {promql}"
             );
             std::thread::sleep(Duration::from_millis(500));
         }
@@ -247,6 +255,48 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
         (3 * MIB) as f64
     );
     assert_eq!(at(&after, "blobdrive_disk_cache_on"), 1.0);
+    // What stats --json says, as figures: the disk, the fsync's flush, the
+    // dirty limit (half the memory cache), no error, a recent success.
+    assert_eq!(at(&after, "blobdrive_disk_size_bytes"), (64 * MIB) as f64);
+    assert!(at(&after, "blobdrive_allocated_bytes") >= (3 * MIB) as f64);
+    assert!(moved("blobdrive_flushes_total") >= 1.0);
+    assert_eq!(
+        at(&after, "blobdrive_dirty_limit_bytes"),
+        at(&after, "blobdrive_cache_size_bytes") / 2.0
+    );
+    assert_eq!(at(&after, "blobdrive_write_waits_total"), 0.0);
+    assert_eq!(at(&after, "blobdrive_io_errors_total"), 0.0);
+    assert_eq!(at(&after, "blobdrive_lease_renewal_failures_total"), 0.0);
+    assert_eq!(at(&after, "blobdrive_requests_given_up_total"), 0.0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let last = at(&after, "blobdrive_last_success_timestamp_seconds");
+    assert!(now - last < 30.0 && last <= now + 1.0, "{last} {now}");
+    // The daemon's own figures, under the standard names.
+    let rss = at(&after, "process_resident_memory_bytes");
+    assert!(rss > MIB as f64 && rss < (1u64 << 30) as f64, "{rss}");
+    assert!(at(&after, "process_open_fds") >= 3.0);
+    assert!(at(&after, "process_cpu_seconds_total") > 0.0);
+    let started = at(&after, "process_start_time_seconds");
+    assert!(started <= now && started > now - 600.0, "{started} {now}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        value(
+            &after,
+            "blobdrive_mount_info",
+            &[
+                ("drive", drive),
+                ("mode", "raw"),
+                ("fstype", ""),
+                ("read_only", "false"),
+                ("snapshot", ""),
+                ("version", version),
+            ],
+        ),
+        1.0
+    );
     let put_ok = value(
         &after,
         "blobdrive_requests_total",
@@ -294,7 +344,7 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
     // Anything but GET /metrics is refused.
     assert!(get(port, "/").0.contains(" 404 "));
     // A real Prometheus scrapes it and answers for the Put Page requests.
-    let prom = Prometheus::start(port);
+    let prom = Prometheus::start(&[port]);
     let result = prom.query(r#"blobdrive_requests_total{operation="put_page",outcome="ok"}"#);
     let got: f64 = result[0]["value"][1].as_str().unwrap().parse().unwrap();
     assert_eq!(got, put_ok, "{result}");
@@ -377,4 +427,125 @@ fn a_metrics_address_in_use_fails_the_mount_with_one_line() {
     assert_eq!(lease["state"], "available");
     let list = ok(&run, &az, &["list", "--json"]);
     assert!(!list.contains(mp.s()), "{list}");
+}
+
+/// The README's lease alert, as Prometheus evaluates it over a writable and a
+/// read-only mount of one drive: nothing while the writable one holds its lease
+/// (the read-only one holds none by design, and `blobdrive_mount_info` says so),
+/// and the writable one alone once its lease is broken from elsewhere.
+#[test]
+fn the_lease_alert_names_only_a_writable_mount_that_lost_its_lease() {
+    require_root();
+    let run = run_dir("metrics-run");
+    let az = Azurite::shared().connection_string();
+    let spec = format!("{}/disk.vhd", unique_container("metricslease"));
+    ok(
+        &run,
+        &az,
+        &["create", &spec, "--size", "64MiB", "--create-container"],
+    );
+    let (writer, reader) = (Mp::new(&run, &az), Mp::new(&run, &az));
+    let (wport, rport) = (free_port(), free_port());
+    for (mp, port, ro) in [
+        (&writer, wport, None),
+        (&reader, rport, Some("--read-only")),
+    ] {
+        let addr = format!("127.0.0.1:{port}");
+        let mut args = vec!["mount", &spec, mp.s(), "--mode", "raw", "--metrics", &addr];
+        args.extend(ro);
+        ok(&run, &az, &args);
+    }
+    let info = |port: u16, read_only: &str| {
+        value(
+            &scrape(port),
+            "blobdrive_mount_info",
+            &[
+                ("drive", spec.as_str()),
+                ("read_only", read_only),
+                ("mode", "raw"),
+            ],
+        )
+    };
+    assert_eq!(info(wport, "false"), 1.0);
+    assert_eq!(info(rport, "true"), 1.0);
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let alert = readme
+        .lines()
+        .find(|l| l.starts_with("blobdrive_lease_held == 0"))
+        .expect("the README's lease alert");
+    let prom = Prometheus::start(&[wport, rport]);
+    // Both scraped, the lease held: the alert names nothing.
+    prom.query_until("count(blobdrive_mount_info)", |r| {
+        r.first().is_some_and(|v| v["value"][1] == "2")
+    });
+    let (status, body) = get(prom.port, &format!("/api/v1/query?query={}", encode(alert)));
+    assert!(status.contains(" 200 "), "{status} {body}");
+    assert_eq!(
+        json(&body)["data"]["result"],
+        serde_json::json!([]),
+        "{alert}"
+    );
+    common::mount::break_lease_from_elsewhere(&az, &spec);
+    // The lease keeper's next renewal (within 10 s) finds it gone: the alert
+    // fires for the writable mount alone, and that renewal is counted.
+    let fired = prom.query(alert);
+    let fired = fired.as_array().unwrap();
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert_eq!(fired[0]["metric"]["drive"], spec.as_str());
+    assert_eq!(
+        fired[0]["metric"]["instance"],
+        format!("127.0.0.1:{wport}"),
+        "{fired:?}"
+    );
+    drop(prom);
+    let drive = [("drive", spec.as_str())];
+    let renewal_failures = value(
+        &scrape(wport),
+        "blobdrive_lease_renewal_failures_total",
+        &drive,
+    );
+    assert!(renewal_failures >= 1.0, "{renewal_failures}");
+    // A write now fails, and is counted as an EIO returned.
+    let disk = std::fs::OpenOptions::new()
+        .write(true)
+        .open(writer.disk())
+        .unwrap();
+    let failed = disk
+        .write_all_at(&[7u8; 4096], 0)
+        .and_then(|()| disk.sync_all());
+    assert!(failed.is_err(), "a write without the lease succeeded");
+    drop(disk);
+    let eio = value(&scrape(wport), "blobdrive_io_errors_total", &drive);
+    assert!(eio >= 1.0, "{eio}");
+    ok(&run, &az, &["unmount", reader.s()]);
+    // Its lease is gone; whether its unmount says so depends on whether the
+    // failed write left anything dirty.
+    let _ = bd(&run, &az, &["unmount", writer.s()]);
+}
+
+/// The alert rules shipped in contrib/ pass `promtool check rules`, and
+/// `promtool test rules` plays them cases (tests/fixtures/prometheus/): the lease
+/// alert for a writable mount that lost its lease and never for a read-only
+/// one, EIO to applications, a stall.
+#[test]
+fn the_shipped_alert_rules_pass_promtool() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    for args in [
+        ["check", "rules", "contrib/blobdrive-alerts.yml"],
+        ["test", "rules", "tests/fixtures/prometheus/alerts-test.yml"],
+    ] {
+        let out = Command::new(tool("promtool"))
+            .args(args)
+            .current_dir(root)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {:?}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -25,17 +25,20 @@ fn run_dir() -> PathBuf {
     .clone()
 }
 
-fn bd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_blobdrive"))
-        .args(args)
+fn bd_cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
+    c.args(args)
         .env(
             "AZURE_STORAGE_CONNECTION_STRING",
             Azurite::shared().connection_string(),
         )
         .env("BLOBDRIVE_RUN_DIR", run_dir())
-        .env("BLOBDRIVE_RETRY_BUDGET_SECS", "10")
-        .output()
-        .expect("run blobdrive")
+        .env("BLOBDRIVE_RETRY_BUDGET_SECS", "10");
+    c
+}
+
+fn bd(args: &[&str]) -> Output {
+    bd_cmd(args).output().expect("run blobdrive")
 }
 
 fn ok(args: &[&str]) -> String {
@@ -422,7 +425,21 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
     sh_ok(&format!(
         "printf 'before' | dd of='{disk}' conv=notrunc,fsync status=none"
     ));
-    ok(&["lease", "break", &spec]);
+    // Not from this machine, where it is mounted: unmount is the way, --yes or not.
+    for yes in [None, Some("--yes")] {
+        let mut args = vec!["lease", "break", &spec];
+        args.extend(yes);
+        let out = bd(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains(&format!("mounted writable on this machine at {}", mp.s()))
+                && err.contains(&format!("blobdrive unmount {}", mp.s())),
+            "{err}"
+        );
+    }
+    assert_eq!(mp.stats()["lease_state"], "held");
+    common::mount::break_lease_from_elsewhere(&Azurite::shared().connection_string(), &spec);
     let blob = blob_of(&spec);
     let etag = rt().block_on(blob.properties()).unwrap().etag;
     // The first write after the break fails at flush time; every later one at once.
@@ -530,6 +547,66 @@ fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
     ok(&["unmount", mp.s()]);
 }
 
+/// Output into a pipe whose reader is gone (`| head` once it has read its fill)
+/// is a quiet exit, not a panic: each command ends with its own status, and what
+/// it does is done whole (a mount and an unmount too).
+#[test]
+fn output_into_a_closed_pipe_is_a_quiet_exit_and_the_command_finishes() {
+    require_root();
+    let spec = new_drive("epipe", "64MiB");
+    let mp = new_mp();
+    let quiet = |args: &[&str]| {
+        let out = common::util::output_into_closed_pipe(&mut bd_cmd(args));
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            out.status.success() && !err.contains("panicked"),
+            "{args:?}: {:?}: {err}",
+            out.status
+        );
+    };
+    quiet(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    assert_eq!(mp.stats()["lease_state"], "held");
+    for args in [
+        vec!["stats", mp.s()],
+        vec!["stats", mp.s(), "--json"],
+        vec!["list"],
+        vec!["list", "--json"],
+        vec!["info", &spec],
+        vec!["info", &spec, "--json"],
+        vec!["lease", "status", &spec],
+        vec!["snapshot", "list", &spec],
+        vec!["--help"],
+        vec!["stats", "--help"],
+    ] {
+        quiet(&args);
+    }
+    // Output lost for another reason (a full disk) fails the command, saying so.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = bd_cmd(&["info", &spec]).stdout(full).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot write the output: No space left on device"),
+        "{err}"
+    );
+    // A failure still says why, on standard error.
+    let out = common::util::output_into_closed_pipe(&mut bd_cmd(&["stats", "/nonexistent"]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing is mounted"));
+    // Written, not synced: the unmount puts it on the blob.
+    sh_ok(&format!(
+        "printf 'kept' | dd of='{}' conv=notrunc status=none",
+        mp.disk()
+    ));
+    quiet(&["unmount", mp.s()]);
+    assert_nothing_left(&mp, &spec);
+    let head = rt().block_on(blob_of(&spec).read(0, 4)).unwrap();
+    assert_eq!(&head[..], b"kept");
+}
+
 #[test]
 fn dead_daemon_is_cleaned_up_and_the_lease_named() {
     require_root();
@@ -544,6 +621,12 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
     sh_ok(&format!("kill -KILL {pid}"));
     std::thread::sleep(Duration::from_millis(300));
     fails(&["mount", &spec, new_mp().s()], "lease break");
+    // Its lease is not broken from here while its mount is not cleaned up.
+    let err = fails(&["lease", "break", &spec, "--yes"], "is dead");
+    assert!(
+        err.contains(&format!("blobdrive unmount {}", mp.s())),
+        "{err}"
+    );
     // It cleans up, then fails so scripts notice: the lease is still held.
     let id = blobdrive::mount::record::id_for(mp.path());
     let log = run_dir().join("mounts").join(format!("{id}.log"));
@@ -561,7 +644,7 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
         .unwrap()
         .contains(mp.s()));
     assert!(!sh_ok("losetup -a").contains(&format!("{id}.fuse")));
-    ok(&["lease", "break", &spec]);
+    ok(&["lease", "break", &spec, "--yes"]);
     ok(&["mount", &spec, mp.s()]);
     assert_eq!(sh_ok(&format!("cat '{}/f'", mp.s())), "durable\n");
     ok(&["unmount", mp.s()]);
@@ -712,7 +795,7 @@ fn mkfs_over_another_filesystem_is_ignored_and_said_by_mount() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
-        err.contains("warning: --mkfs ext4 ignored: the disk already holds a xfs filesystem"),
+        err.contains("warning: --mkfs ext4 ignored: the disk already holds an xfs filesystem"),
         "{err}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("(xfs"));
@@ -827,7 +910,10 @@ fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
 #[test]
 fn only_ext4_and_xfs_are_mounted_and_other_filesystems_are_left_untouched() {
     require_root();
-    for (fs, mkfs) in [("minix", "mkfs.minix"), ("ext2", "mkfs.ext2 -q -F")] {
+    for (fs, a, mkfs) in [
+        ("minix", "a", "mkfs.minix"),
+        ("ext2", "an", "mkfs.ext2 -q -F"),
+    ] {
         let spec = new_drive(&format!("fstype-{fs}"), "16MiB");
         let mp = new_mp();
         let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
@@ -838,7 +924,7 @@ fn only_ext4_and_xfs_are_mounted_and_other_filesystems_are_left_untouched() {
         let before = fingerprint(&spec);
         let err = fails(
             &["mount", &spec, mp.s()],
-            &format!("holds a {fs} filesystem; blobdrive mounts only ext4 and xfs"),
+            &format!("holds {a} {fs} filesystem; blobdrive mounts only ext4 and xfs"),
         );
         assert_eq!(
             err.lines().filter(|l| l.contains("error")).count(),

@@ -273,7 +273,7 @@ fn sigkill_mid_workload_recovers_every_fsynced_file() {
     assert!(!std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .contains(mp.s()));
-    ok(&["lease", "break", &spec]);
+    ok(&["lease", "break", &spec, "--yes"]);
     // Journal recovery on mount; every fsync'd file intact.
     ok(&["mount", &spec, mp.s()]);
     let recorded = std::fs::read_to_string(&jp).unwrap();

@@ -293,3 +293,85 @@ fn a_footer_write_that_lands_after_a_grow_is_refused() {
         );
     }
 }
+
+/// The size in MiB `df` shows for the filesystem mounted at `mp`.
+fn df_mib(mp: &Mp) -> u64 {
+    common::util::sh_ok(&format!("df --output=size -B1M '{}' | tail -1", mp.s()))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A drive grown while not mounted keeps its filesystem's size: `resize` says so
+/// and what follows; a read-only mount says how to grow it; the next writable
+/// mount grows it to fill the disk and says so (once); and restoring a snapshot
+/// from before the grow says the drive is back to its old size.
+#[test]
+fn a_filesystem_grown_offline_is_filled_by_the_next_mount_and_a_restore_names_the_sizes() {
+    require_root();
+    for (fs, from, to) in [("ext4", 64u64, 128u64), ("xfs", 320, 400)] {
+        let spec = format!("{}/disk.vhd", unique_container(&format!("offline-{fs}")));
+        let size = |mib: u64| format!("{mib}MiB");
+        ok(
+            &run(),
+            &az(),
+            &["create", &spec, "--size", &size(from), "--create-container"],
+        );
+        let mp = Mp::new(&run(), &az());
+        ok(&run(), &az(), &["mount", &spec, mp.s(), "--mkfs", fs]);
+        std::fs::write(mp.path().join("kept"), b"kept\n").unwrap();
+        ok(&run(), &az(), &["unmount", mp.s()]);
+        let snap = json(&ok(&run(), &az(), &["snapshot", "create", &spec, "--json"]));
+        let snap = snap["snapshot"].as_str().unwrap().to_string();
+        let out = ok(&run(), &az(), &["resize", &spec, "--size", &size(to)]);
+        assert!(
+            out.contains(&format!("the {fs} filesystem on it is still {from} MiB"))
+                && out.contains("the next writable `blobdrive mount`"),
+            "{out}"
+        );
+        // Read-only: nothing is grown, and it says how.
+        let said = |args: &[&str]| {
+            let out = common::mount::bd(&run(), &az(), args);
+            let err = String::from_utf8_lossy(&out.stderr).to_string();
+            assert!(out.status.success(), "{args:?}: {err}");
+            err
+        };
+        let err = said(&["mount", &spec, mp.s(), "--read-only"]);
+        assert!(
+            err.contains(&format!(
+                "the {fs} filesystem is {from} MiB on a {to} MiB disk"
+            )) && err.contains("a writable mount grows it"),
+            "{err}"
+        );
+        let small = df_mib(&mp);
+        assert!(small <= from, "{fs}: {small}");
+        ok(&run(), &az(), &["unmount", mp.s()]);
+        // Writable: grown to fill the disk, the data kept.
+        let err = said(&["mount", &spec, mp.s()]);
+        assert!(
+            err.contains(&format!(
+                "the {fs} filesystem was {from} MiB on a {to} MiB disk"
+            )) && err.contains("grew it to fill the disk"),
+            "{err}"
+        );
+        // By what the disk grew (df leaves out ext4's metadata, xfs's log).
+        let grown = df_mib(&mp);
+        assert!(
+            grown >= small + (to - from) * 9 / 10,
+            "{fs}: {small} -> {grown}"
+        );
+        assert_eq!(std::fs::read(mp.path().join("kept")).unwrap(), b"kept\n");
+        ok(&run(), &az(), &["unmount", mp.s()]);
+        // Once only.
+        let err = said(&["mount", &spec, mp.s()]);
+        assert!(!err.contains("filesystem was"), "{err}");
+        ok(&run(), &az(), &["unmount", mp.s()]);
+        // Back to the snapshot from before the grow: the sizes are said.
+        let out = ok(&run(), &az(), &["restore", &spec, "--from", &snap, "--yes"]);
+        assert!(
+            out.contains(&format!("is {from} MiB again"))
+                && out.contains(&format!("it was {to} MiB")),
+            "{out}"
+        );
+    }
+}

@@ -310,9 +310,31 @@ fn a_mounted_raw_file_grows_and_a_read_only_mount_of_it_keeps_its_size() {
     );
     let err = fails(&["resize", ro.s(), "--size", "32MiB"]);
     assert!(err.contains("read-only"), "{err}");
+    // `stats` says the disk's size as served now.
+    let text = ok(&run(), &az(), &["stats", mp.s()]);
+    assert!(
+        text.contains("disk:           16 MiB (16777216 bytes)"),
+        "{text}"
+    );
+    // A shrink is refused in sizes a reader takes in, and the bytes.
     let err = fails(&["resize", mp.s(), "--size", "12MiB"]);
-    assert!(err.contains("shrinking"), "{err}");
+    assert!(
+        err.contains("is 16 MiB (16777216 bytes); shrinking it to 12 MiB (12582912 bytes)"),
+        "{err}"
+    );
     assert_eq!(std::fs::metadata(mp.disk()).unwrap().len(), 16 * MIB);
+    // A snapshot's mount is named as the snapshot it is.
+    let snap = json(&ok(&run(), &az(), &["snapshot", "create", &spec, "--json"]));
+    let at = format!("{spec}@{}", snap["snapshot"].as_str().unwrap());
+    let smp = Mp::new(&run(), &az());
+    ok(&run(), &az(), &["mount", &at, smp.s(), "--mode", "raw"]);
+    let err = fails(&["resize", smp.s(), "--size", "32MiB"]);
+    assert!(
+        err.contains(&format!("{at} (mounted at {})", smp.s()))
+            && err.contains("snapshots keep their size"),
+        "{err}"
+    );
+    ok(&run(), &az(), &["unmount", smp.s()]);
     ok(&run(), &az(), &["unmount", ro.s()]);
     ok(&run(), &az(), &["unmount", mp.s()]);
     // On the blob: the footer for 16 MiB, and the data.
@@ -447,4 +469,38 @@ fn a_footer_write_that_lands_after_a_further_grow_on_a_mounted_drive_is_refused(
         on_blob(&spec, 16 * MIB, data.len()) == data,
         "a late footer write landed on data written after the drive grew"
     );
+}
+
+/// A resize that takes a while says what it is doing every few seconds: here
+/// the service stops answering for six seconds as it starts.
+#[test]
+fn a_long_resize_of_a_mounted_drive_says_what_it_is_doing() {
+    require_root();
+    let spec = new_drive("slow-grow", "8MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&run(), &cs);
+    ok(&run(), &cs, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    proxy.paused.store(true, Ordering::SeqCst);
+    let resize = std::process::Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .args(["resize", mp.s(), "--size", "16MiB"])
+        .env("AZURE_STORAGE_CONNECTION_STRING", &cs)
+        .env("BLOBDRIVE_RUN_DIR", run())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    proxy.paused.store(false, Ordering::SeqCst);
+    let out = resize.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("resizing to 16 MiB: ") && l.ends_with(" s so far")),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("grew"));
+    ok(&run(), &cs, &["unmount", mp.s()]);
+    assert_eq!(info_size(&spec), 16 * MIB);
 }

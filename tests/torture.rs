@@ -213,7 +213,7 @@ impl Drive {
         );
         assert!(err.contains("lease break"), "{err}");
         let spec = self.spec.clone();
-        self.ok(&["lease", "break", &spec]);
+        self.ok(&["lease", "break", &spec, "--yes"]);
         // Whatever the dead daemon left in the network lands (or not) now.
         self.proxy.wait_for_held();
     }

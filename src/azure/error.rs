@@ -293,10 +293,10 @@ fn service_message(
         (404, "BlobNotFound") => Some(format!("blob '{target}' does not exist")),
         (404, "") => Some(format!("'{target}' does not exist")),
         (409, "LeaseAlreadyPresent") => Some(format!(
-            "the drive is in use: another client holds the lease on '{target}' (mounted elsewhere?); if that host is dead, run `blobdrive lease break {target}`"
+            "the drive is in use: another client holds the lease on '{target}' (mounted elsewhere?); if that host is dead, run `blobdrive lease break {target} --yes`"
         )),
         (412, "LeaseIdMissing") => Some(format!(
-            "the drive is in use: '{target}' is leased by another client (mounted?); unmount it first, or if that host is dead run `blobdrive lease break {target}`"
+            "the drive is in use: '{target}' is leased by another client (mounted?); unmount it first, or if that host is dead run `blobdrive lease break {target} --yes`"
         )),
         (409 | 412, c) if LEASE_LOST_CODES.contains(&c) => Some(format!(
             "the lease on '{target}' was lost ({c}): another client broke or took over the drive; writing stopped"

@@ -23,6 +23,12 @@ pub struct ClientStats {
     pub failed_requests: AtomicU64,
     /// Times the write fence raised the blob's sequence number (see `ops::fence`).
     pub fence_raises: AtomicU64,
+    /// Renewals of a mount's lease that failed, counted by its lease keeper
+    /// (the one that finds the lease lost too).
+    pub lease_renewal_failures: AtomicU64,
+    /// When an attempt last succeeded, in milliseconds since the Unix epoch (0:
+    /// never): how long a mount has gone without one, whatever it was doing.
+    last_success_unix_ms: AtomicU64,
     /// Why the latest attempt that failed did, until one succeeds: an operation
     /// still retrying has not failed yet, but this already says what it meets.
     last_failure: std::sync::Mutex<Option<String>>,
@@ -115,6 +121,9 @@ pub struct StatsSnapshot {
     pub other_requests: u64,
     pub retries: u64,
     pub failed_requests: u64,
+    pub lease_renewal_failures: u64,
+    /// When an attempt last succeeded (ms since the Unix epoch; 0: never).
+    pub last_success_unix_ms: u64,
 }
 
 impl ClientStats {
@@ -129,6 +138,8 @@ impl ClientStats {
             other_requests: self.other_requests.load(Relaxed),
             retries: self.retries.load(Relaxed),
             failed_requests: self.failed_requests.load(Relaxed),
+            lease_renewal_failures: self.lease_renewal_failures.load(Relaxed),
+            last_success_unix_ms: self.last_success_unix_ms.load(Relaxed),
         }
     }
 
@@ -173,6 +184,12 @@ impl ClientStats {
 
     /// An attempt failed (`Some`), or one succeeded (`None`).
     pub(crate) fn attempt_ended(&self, failure: Option<String>) {
+        if failure.is_none() {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            self.last_success_unix_ms.store(now, Relaxed);
+        }
         let mut f = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
         if failure.is_some() || f.is_some() {
             *f = failure;

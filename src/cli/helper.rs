@@ -37,7 +37,7 @@ OPTIONS (comma-separated):
   mode=fs|block|raw       as `blobdrive mount --mode` (default fs)
   mkfs=ext4|xfs           create this filesystem on a blank disk (never over one)
   cache-size=SIZE         memory for the page cache (e.g. 256MiB)
-  metrics=ADDR:PORT       serve Prometheus metrics at http://ADDR:PORT/metrics
+  metrics=HOST:PORT       serve Prometheus metrics at http://HOST:PORT/metrics
   disk-cache=DIR          keep a cache that survives remounts in DIR (root's, on a
                           local disk); disk-cache-size=SIZE bounds it
   credentials=FILE        KEY=VALUE lines for the daemon's environment, e.g.

@@ -6,7 +6,9 @@
 use anyhow::{bail, Result};
 use blobdrive::azure::BlobClient;
 use blobdrive::drive;
+use blobdrive::mount::record;
 use serde::Serialize;
+use tracing::warn;
 
 use super::Context;
 
@@ -24,7 +26,8 @@ pub enum Command {
     ///
     /// Only do this when the host holding the lease is really gone: a live daemon
     /// stops writing the moment its lease is broken, and any data it had not yet
-    /// flushed is lost.
+    /// flushed is lost. A drive mounted writable on this machine is refused (unmount
+    /// it instead); a leased drive is broken only with --yes.
     Break {
         /// The drive (container/name.vhd).
         blob: String,
@@ -32,6 +35,10 @@ pub enum Command {
         /// default: at once.
         #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(0..=60))]
         period: Option<u32>,
+        /// Break a lease that is held: its holder, if alive, loses every write it
+        /// has not yet put on the blob, and each later write fails.
+        #[arg(long)]
+        yes: bool,
     },
 }
 
@@ -65,14 +72,59 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
             }
             Ok(())
         }
-        Command::Break { blob, period } => {
+        Command::Break { blob, period, yes } => {
             let (r, client) = ctx.blob(&blob)?;
             if r.snapshot.is_some() {
                 bail!("snapshots have no lease; name the base blob ({})", r.base());
             }
-            ctx.block_on(break_lease(&client, &r.to_string(), period))?
+            let endpoint = client.service().account().endpoint_for_messages();
+            refuse_if_mounted_here(&endpoint, &r.to_string())?;
+            ctx.block_on(break_lease(&client, &r.to_string(), period, yes))?
         }
     }
+}
+
+/// Refuses to break the lease of a drive that a daemon of this machine holds: its
+/// mount would lose what it has not yet written and fail every later write, when
+/// `unmount` writes everything and gives the lease back. A dead daemon's mount is
+/// cleaned up by `unmount` too, which then says whether the lease still needs
+/// breaking. No `--yes` overrides this: the mount is right here.
+fn refuse_if_mounted_here(endpoint: &str, blob: &str) -> Result<()> {
+    if let Err(e) = record::check_readable() {
+        // Not root: this machine's mounts cannot be seen; --yes still guards a
+        // held lease.
+        warn!("cannot tell whether {blob} is mounted on this machine: {e}");
+        return Ok(());
+    }
+    let Some(m) = record::writable_mount(endpoint, blob) else {
+        return Ok(());
+    };
+    let mp = m.mountpoint.display();
+    if record::alive(&m) {
+        bail!(
+            "{blob} is mounted writable on this machine at {mp}: breaking its lease would make that mount lose the writes it has not yet put on the blob and fail every later one; run `blobdrive unmount {mp}` instead, which writes everything and gives the lease back. Nothing was broken"
+        );
+    }
+    bail!(
+        "{blob} was mounted writable on this machine at {mp} and its daemon (pid {}) is dead; run `blobdrive unmount {mp}` first: it cleans up and says whether the lease still needs breaking. Nothing was broken",
+        m.pid
+    )
+}
+
+/// The refusal of a break of a held lease without `--yes`: what the holder loses.
+fn needs_yes(r: &str, state: &str, duration: Option<&str>, period: Option<u32>) -> String {
+    let held = match (state, duration) {
+        ("breaking", _) => "its lease is already breaking".to_string(),
+        (_, Some(d)) => format!("it is leased ({d})"),
+        _ => "it is leased".to_string(),
+    };
+    let when = match period {
+        Some(p) if p > 0 => format!("in {p} s"),
+        _ => "at once".to_string(),
+    };
+    format!(
+        "{r}: {held}, by a writable mount on another machine or a resize under way. Breaking it fences that holder {when}: every write it has not yet put on the blob is lost and each later one fails with an I/O error. If its host is really gone, run `blobdrive lease break {r} --yes`. Nothing was broken"
+    )
 }
 
 /// How often the drive is read again and the break sent again when the drive
@@ -84,8 +136,8 @@ const BREAK_ROUNDS: usize = 3;
 /// out late, after a mount took the drive anew, is refused instead of breaking
 /// that mount's lease. When an attempt went unanswered, the sequence number is
 /// raised once the lease is broken, so that the ETag has moved on before anyone
-/// can take the lease again.
-async fn break_lease(client: &BlobClient, r: &str, period: Option<u32>) -> Result<()> {
+/// can take the lease again. A held lease is broken only when `yes`.
+async fn break_lease(client: &BlobClient, r: &str, period: Option<u32>, yes: bool) -> Result<()> {
     let mut round = 0;
     let broken = loop {
         round += 1;
@@ -95,6 +147,9 @@ async fn break_lease(client: &BlobClient, r: &str, period: Option<u32>) -> Resul
         if matches!(state, "available" | "broken" | "expired") {
             println!("{r}: no active lease (state: {state}); nothing changed");
             return Ok(());
+        }
+        if !yes {
+            bail!(needs_yes(r, state, p.lease_duration.as_deref(), period));
         }
         match client.break_lease_if_match(period, p.etag.as_deref()).await {
             // Written since it was read: a dead host's last requests can still

@@ -62,7 +62,7 @@ qemu-img probes a fixed VHD as raw (its footer is at the end, not the start): pa
 Examples:
   blobdrive create disks/data.vhd --size 64GiB --create-container
   blobdrive info disks/data.vhd --json
-  blobdrive lease break disks/data.vhd
+  blobdrive lease break disks/data.vhd --yes   # only when its host is gone
   sudo blobdrive mount disks/data.vhd /mnt/data --mkfs ext4
   sudo blobdrive unmount /mnt/data
 

@@ -76,13 +76,14 @@ pub struct Args {
     /// disks and memory to any local user.
     #[arg(long)]
     pub dev: bool,
-    /// Serve this mount's figures for Prometheus at http://ADDR:PORT/metrics
+    /// Serve this mount's figures for Prometheus at http://HOST:PORT/metrics
     /// (requests by operation and outcome, latencies, retries, throttling, cache,
     /// dirty bytes, stalls, lease, token renewals). Off unless given; nothing
     /// else is served on that port, and anyone who can reach it can read the
     /// figures (no secrets are in them): 127.0.0.1:PORT keeps them on this host.
-    /// An address in use fails the mount.
-    #[arg(long, value_name = "ADDR:PORT")]
+    /// HOST is an IPv4 address, an IPv6 one in brackets ([::1]:9101) or a name
+    /// (localhost:9101, looked up at mount). An address in use fails the mount.
+    #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<String>,
     /// Keep a second cache, under the memory cache, in a directory of DIR on a
     /// local disk: reads look in memory, then there, then the blob, and it
@@ -386,10 +387,13 @@ fn spawn_daemon(
         let ready: Ready = serde_json::from_str(json.trim())?;
         match say {
             Say::Mounted => print_ready(&ready, blob),
-            Say::Quiet => ready
-                .warnings
-                .iter()
-                .for_each(|w| eprintln!("warning: {w}")),
+            Say::Quiet => {
+                ready
+                    .warnings
+                    .iter()
+                    .for_each(|w| eprintln!("warning: {w}"));
+                ready.notes.iter().for_each(|n| eprintln!("{n}"));
+            }
         }
         return Ok(());
     }
@@ -407,6 +411,9 @@ fn spawn_daemon(
 fn print_ready(ready: &Ready, blob: &str) {
     for w in &ready.warnings {
         eprintln!("warning: {w}");
+    }
+    for n in &ready.notes {
+        eprintln!("{n}");
     }
     let ro = if ready.read_only { " read-only" } else { "" };
     match ready.mode {

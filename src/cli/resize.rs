@@ -4,7 +4,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use blobdrive::mount::{daemon, record};
+use blobdrive::azure::BlobClient;
+use blobdrive::mount::{daemon, record, superblock};
 use blobdrive::resize::{self, Resized};
 use blobdrive::size::human;
 use blobdrive::vhd::FOOTER_SIZE;
@@ -19,15 +20,18 @@ The VHD footer is written at the new end for the new size (same disk id) and the
 old footer's page cleared. Snapshots keep their own size.
 
 Not mounted: it runs under a 60-second lease, so nothing else writes the drive
-meanwhile. A drive mounted on another machine holds its lease and is refused.
+meanwhile. A drive mounted on another machine holds its lease and is refused. The
+filesystem on it keeps its size until the next writable mount grows it to fill
+the disk (ext4 before it is mounted, xfs after).
 
 Mounted writable here (named by its mountpoint, or by the blob): the mount's daemon
 does it under its own lease while I/O goes on, then the disk file and the loop
 device take the new size, and a mounted filesystem grows in place (resize2fs for
 ext4, xfs_growfs for xfs). With --mode block, grow what is on the device yourself.
 Growing a mounted ext4 needs CAP_SYS_RESOURCE; without it (some containers) the
-resize is refused before anything changes, naming the way round. A read-only mount of the drive (here or elsewhere) keeps the size it was mounted
-with until it is mounted again.
+resize is refused before anything changes, naming the way round. A read-only mount
+of the drive (here or elsewhere) keeps the size it was mounted with until it is
+mounted again.
 
 If it is interrupted (a crash, the network), the drive says so: `info` and `mount`
 refuse it with \"resize incomplete\", naming the resize that completes it, and running
@@ -69,15 +73,40 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         return online(&m, size);
     }
     match ctx.block_on(resize::grow(&blob, size))?? {
-        Resized::Grown { from, to } => println!(
-            "grew {r} from {} to {} ({to} bytes of disk, blob {} bytes)",
-            human(from),
-            human(to),
-            to + FOOTER_SIZE
-        ),
+        Resized::Grown { from, to } => {
+            println!(
+                "grew {r} from {} to {} ({to} bytes of disk, blob {} bytes)",
+                human(from),
+                human(to),
+                to + FOOTER_SIZE
+            );
+            if let Some(next) = ctx.block_on(filesystem_left_small(&blob, to))? {
+                println!("{next}");
+            }
+        }
         Resized::Unchanged(s) => println!("{r} is already {} ({s} bytes): nothing to do", human(s)),
     }
     Ok(())
+}
+
+/// What to do next when the drive holds a filesystem that is now smaller than
+/// the disk: growing the blob leaves the filesystem on it as it was, and `df`
+/// after the next mount would show the old size without a word.
+async fn filesystem_left_small(blob: &BlobClient, disk: u64) -> Option<String> {
+    let head = blob
+        .read(0, superblock::HEAD_BYTES as u64)
+        .await
+        .map_err(|e| tracing::warn!("cannot read the filesystem's superblock: {e}"))
+        .ok()?;
+    let fs = superblock::detect(&head)?;
+    superblock::worth_growing(fs.fstype, fs.bytes, disk).then(|| {
+        format!(
+            "the {} filesystem on it is still {}: the next writable `blobdrive mount` of it (--mode fs) grows it to fill the disk (in --mode block, grow it on the device yourself: {})",
+            fs.fstype,
+            human(fs.bytes),
+            if fs.fstype == "xfs" { "xfs_growfs once it is mounted" } else { "e2fsck -f, then resize2fs" }
+        )
+    })
 }
 
 /// Whether the argument names a directory rather than a blob (`container/name`
@@ -89,6 +118,13 @@ fn is_path(arg: &str) -> bool {
 /// Has the daemon of mount `m` grow it.
 fn online(m: &record::MountRecord, size: u64) -> Result<()> {
     let mp = m.mountpoint.display();
+    if let Some(snap) = &m.snapshot {
+        bail!(
+            "{}@{snap} (mounted at {mp}) is a snapshot: snapshots keep their size; resize the drive itself ({})",
+            m.blob,
+            m.blob
+        );
+    }
     if m.read_only {
         bail!("{} is mounted read-only at {mp}: resize it where it is mounted writable, or while it is not mounted", m.blob);
     }
@@ -98,7 +134,14 @@ fn online(m: &record::MountRecord, size: u64) -> Result<()> {
             m.pid
         );
     }
-    let answer = daemon::control(&m.socket, &format!("resize {size}"), Some(ONLINE_TIMEOUT))?;
+    // A large filesystem takes a while to grow: the daemon says what it is at
+    // every few seconds.
+    let answer = daemon::control_with_progress(
+        &m.socket,
+        &format!("resize {size}"),
+        Some(ONLINE_TIMEOUT),
+        &mut |p| eprintln!("{p}"),
+    )?;
     match answer.strip_prefix("ok ") {
         Some(what) => println!("{what}"),
         None => bail!("{}", answer.strip_prefix("error ").unwrap_or(&answer)),

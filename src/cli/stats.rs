@@ -37,7 +37,17 @@ pub fn run(args: Args) -> Result<()> {
         return Ok(());
     }
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
-    println!("drive:          {} at {}", rec.blob, mp.display());
+    let drive = match &rec.snapshot {
+        Some(s) => format!("{}@{s}", rec.blob),
+        None => rec.blob.clone(),
+    };
+    println!("drive:          {drive} at {}", mp.display());
+    println!(
+        "disk:           {} ({} bytes), {} allocated",
+        human(n("disk_size")),
+        n("disk_size"),
+        human(n("allocated_bytes"))
+    );
     println!(
         "lease:          {}",
         v["lease_state"].as_str().unwrap_or("?")

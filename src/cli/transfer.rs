@@ -167,7 +167,13 @@ pub fn restore(ctx: &Context, a: RestoreArgs) -> Result<()> {
     if !a.yes {
         bail!("refusing to restore {r} without --yes: its current content would be replaced by {r}@{from}");
     }
-    ctx.block_on(blobdrive::snapshot::restore(&blob, &from))??;
+    let sizes = ctx.block_on(blobdrive::snapshot::restore(&blob, &from))??;
     println!("restored {r} from {r}@{from}");
+    let (was, now) = (human(sizes.was), human(sizes.now));
+    if sizes.now < sizes.was {
+        println!("{r} is {now} again, as it was when the snapshot was taken (it was {was}: it grew since)");
+    } else if sizes.now > sizes.was {
+        println!("{r} is {now} again, as it was when the snapshot was taken (it was {was})");
+    }
     Ok(())
 }

@@ -134,7 +134,7 @@ pub fn take_down(
         // Non-zero, so scripts notice: the drive cannot be mounted again until the
         // lease is broken, and unflushed writes are gone.
         bail!(
-            "the lease on {} is still held by the dead mount; writes it had not flushed are lost. Once no other host uses the drive, run `blobdrive lease break {}`",
+            "the lease on {} is still held by the dead mount; writes it had not flushed are lost. Once no other host uses the drive, run `blobdrive lease break {} --yes`",
             rec.blob,
             rec.blob
         );

@@ -93,6 +93,7 @@ fn fetch<B: Backend>(cache: &Cache<B>, buffers: &BufPool, job: Job) {
     match cache.read(job.offset, &mut buf) {
         Ok(()) => job.reply.data(&buf),
         Err(e) => job.reply.error(super::failed(
+            cache,
             format_args!("read {} bytes at {}", job.len, job.offset),
             &e,
         )),

@@ -129,11 +129,16 @@ pub fn forget_disk_attrs(session: &fuser::BackgroundSession) -> std::io::Result<
 }
 
 /// Logs a failed operation (`what`, e.g. "read 4096 bytes at 0") and gives the
-/// errno the application is answered with: one place for every FUSE reply of a
-/// device error, so that none goes unlogged or gets another errno.
-pub(crate) fn failed(what: std::fmt::Arguments<'_>, e: &DeviceError) -> Errno {
+/// errno the application is answered with, counted by the cache (see
+/// [`Cache::answered_error`]): one place for every FUSE reply of a device error,
+/// so that none goes unlogged, uncounted or gets another errno.
+pub(crate) fn failed<B: Backend>(
+    cache: &Cache<B>,
+    what: std::fmt::Arguments<'_>,
+    e: &DeviceError,
+) -> Errno {
     warn!("{what} failed: {e}");
-    Errno::from_i32(e.errno())
+    Errno::from_i32(cache.answered_error(e))
 }
 
 impl<B: Backend> Filesystem for DiskFs<B> {
@@ -261,9 +266,11 @@ impl<B: Backend> Filesystem for DiskFs<B> {
                     let out = &mut buf[..len];
                     match self.cache.read(offset, out) {
                         Ok(()) => reply.data(out),
-                        Err(e) => {
-                            reply.error(failed(format_args!("read {len} bytes at {offset}"), &e))
-                        }
+                        Err(e) => reply.error(failed(
+                            &self.cache,
+                            format_args!("read {len} bytes at {offset}"),
+                            &e,
+                        )),
                     }
                 })
             }
@@ -308,6 +315,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         match self.cache.write(offset, data) {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(failed(
+                &self.cache,
                 format_args!("write of {} bytes at {offset}", data.len()),
                 &e,
             )),
@@ -387,6 +395,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         match result {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(failed(
+                &self.cache,
                 format_args!("discard {length} bytes at {offset}"),
                 &e,
             )),
@@ -478,7 +487,7 @@ impl<B: Backend> DiskFs<B> {
         }
         match self.cache.flush() {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(failed(format_args!("flush"), &e)),
+            Err(e) => reply.error(failed(&self.cache, format_args!("flush"), &e)),
         }
     }
 }

@@ -34,6 +34,7 @@ impl Writers {
         let work = move |job: Job| match cache.write(job.offset, &job.data) {
             Ok(()) => job.reply.written(job.data.len() as u32),
             Err(e) => job.reply.error(super::failed(
+                &cache,
                 format_args!("write of {} bytes at {}", job.data.len(), job.offset),
                 &e,
             )),

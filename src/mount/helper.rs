@@ -98,7 +98,7 @@ pub struct Options {
     pub credentials: Option<PathBuf>,
     /// Flags for the filesystem mount (see [`FS_FLAGS`]).
     pub fs_flags: Vec<String>,
-    /// `metrics=ADDR:PORT`, for `--metrics`.
+    /// `metrics=HOST:PORT`, for `--metrics`.
     pub metrics: Option<String>,
     /// `disk-cache=DIR`, for `--disk-cache`.
     pub disk_cache: Option<PathBuf>,
@@ -191,7 +191,7 @@ where
 
 fn unknown_option(opt: &str) -> UsageError {
     UsageError(format!(
-        "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, disk-cache=DIR, disk-cache-size=SIZE, credentials=FILE, metrics=ADDR:PORT, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
+        "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, disk-cache=DIR, disk-cache-size=SIZE, credentials=FILE, metrics=HOST:PORT, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
     ))
 }
 
@@ -261,12 +261,9 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
                 o.disk_cache_size = Some(v.to_string());
             }
             "metrics" => {
-                let v = need("ADDR:PORT")?;
-                v.parse::<std::net::SocketAddr>().map_err(|_| {
-                    UsageError(format!(
-                        "option metrics={v}: expected ADDRESS:PORT, e.g. metrics=127.0.0.1:9101"
-                    ))
-                })?;
+                let v = need("HOST:PORT")?;
+                crate::mount::metrics::check_addr(v)
+                    .map_err(|e| UsageError(format!("option metrics={v}: {e}")))?;
                 o.metrics = Some(v.to_string());
             }
             "user" | "users" | "owner" | "group" => {
@@ -368,7 +365,12 @@ mod tests {
         let e = parse_options("mkfs=btrfs", false).unwrap_err().0;
         assert!(e.contains("mkfs=btrfs"), "{e}");
         let e = parse_options("metrics=localhost", false).unwrap_err().0;
-        assert!(e.contains("metrics=localhost"), "{e}");
+        assert!(
+            e.contains("metrics=localhost") && e.contains("HOST:PORT"),
+            "{e}"
+        );
+        let named = parse_options("metrics=localhost:9101", false).unwrap();
+        assert_eq!(named.metrics.as_deref(), Some("localhost:9101"));
         let e = parse_options("cache-size=1GB", false).unwrap_err().0;
         assert!(e.starts_with("option cache-size=1GB: "), "{e}");
         let e = parse_options("disk-cache=/c,disk-cache-size=1GB", false)

@@ -1,4 +1,4 @@
-//! A mount's figures for Prometheus: `--metrics ADDR:PORT` serves `GET /metrics`
+//! A mount's figures for Prometheus: `--metrics HOST:PORT` serves `GET /metrics`
 //! in the Prometheus text format (0.0.4), and nothing else on that port.
 //!
 //! The figures are read when a scrape comes, from the counters the I/O path
@@ -30,13 +30,30 @@ use crate::azure::BlobService;
 use crate::device::cache::Cache;
 use crate::device::diskcache::DiskCacheStats;
 use crate::device::remote::RemoteBackend;
+use crate::mount::process_metrics::ProcessFigures;
 
 /// Longest request head read from a scraper, and how long it may take.
 const MAX_REQUEST_HEAD: usize = 8 * 1024;
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What a mount is, for `blobdrive_mount_info`: the labels that tell a mount
+/// that holds no lease by design (read-only, a snapshot) from one that lost it,
+/// for alerts and dashboards to join on.
+#[derive(Debug, Clone, Default)]
+pub struct MountInfo {
+    /// `fs`, `block` or `raw`.
+    pub mode: String,
+    /// The filesystem mounted (`ext4`, `xfs`); empty unless `mode` is `fs`.
+    pub fstype: String,
+    /// No writes (`--read-only`, and every snapshot).
+    pub read_only: bool,
+    /// The snapshot's id; empty for the drive itself.
+    pub snapshot: String,
+}
+
 /// What the figures are read from.
 pub struct Sources {
+    pub info: MountInfo,
     pub service: BlobService,
     pub cache: Option<Arc<Cache<RemoteBackend>>>,
     /// Whether the mount holds its lease now (false once lost, and for read-only
@@ -52,183 +69,213 @@ impl std::fmt::Debug for Sources {
 
 impl Collector for Sources {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let svc = &self.service;
-        let s = svc.stats();
-        let counters = svc.counters();
-        let attempts = counters.attempts();
-
-        let mut m = enc.encode_descriptor(
-            "requests",
-            "Requests sent to the storage service (each attempt, retries included), by operation and how they ended.",
-            None,
-            MetricType::Counter,
-        )?;
-        for a in &attempts {
-            for (outcome, n) in Outcome::ALL.iter().zip(a.by_outcome) {
-                let labels = [
-                    ("operation", a.op.metric_name()),
-                    ("outcome", outcome.label()),
-                ];
-                m.encode_family(&labels)?
-                    .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
-            }
-        }
-        let mut m = enc.encode_descriptor(
-            "request_duration",
-            "Time from sending a request to its whole answer (or to giving up on it), by operation.",
-            Some(&Unit::Seconds),
-            MetricType::Histogram,
-        )?;
-        for a in &attempts {
-            let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
-                .iter()
-                .copied()
-                .chain([f64::INFINITY])
-                .zip(a.buckets)
-                .collect();
-            m.encode_family(&[("operation", a.op.metric_name())])?
-                .encode_histogram::<NoLabelSet>(a.total_seconds, a.count, &buckets, None)?;
-        }
-        let throttled: u64 = attempts
-            .iter()
-            .map(|a| a.by_outcome[Outcome::Throttled as usize])
-            .sum();
-        counter(
-            &mut enc,
-            "throttled_requests",
-            "Requests the service refused as too many (503 ServerBusy, 429); they did nothing and are sent again.",
-            None,
-            throttled,
-        )?;
-        counter(
-            &mut enc,
-            "retries",
-            "Requests sent again after an attempt failed.",
-            None,
-            s.retries,
-        )?;
-        counter(
-            &mut enc,
-            "failed_requests",
-            "Operations that failed for good, after their retries.",
-            None,
-            s.failed_requests,
-        )?;
-        counter(
-            &mut enc,
-            "sent",
-            "Page data sent to the storage service (Put Page bodies).",
-            Some(&Unit::Bytes),
-            s.bytes_uploaded,
-        )?;
-        counter(
-            &mut enc,
-            "received",
-            "Blob data received from the storage service (Get Blob bodies).",
-            Some(&Unit::Bytes),
-            s.bytes_downloaded,
-        )?;
-        counter(
-            &mut enc,
-            "fence_raises",
-            "Times the blob's sequence number was raised to fence off a write whose outcome was unknown.",
-            None,
-            counters.fence_raises.load(Ordering::Relaxed),
-        )?;
-        let (renewals, renewal_failures) = svc.token_renewals().unwrap_or((0, 0));
-        counter(
-            &mut enc,
-            "token_renewals",
-            "Entra ID token renewals tried (0 for other credentials).",
-            None,
-            renewals,
-        )?;
-        counter(
-            &mut enc,
-            "token_renewal_failures",
-            "Entra ID token renewals that failed.",
-            None,
-            renewal_failures,
-        )?;
+        mount_info(&mut enc, &self.info)?;
+        requests(&mut enc, &self.service)?;
+        service(&mut enc, &self.service)?;
         gauge(
             &mut enc,
             "lease_held",
-            "1 while the mount holds the blob's lease, 0 once it is lost or for a read-only mount.",
+            "1 while the mount holds the blob's lease, 0 once it is lost; always 0 for read-only and snapshot mounts, which take none (see blobdrive_mount_info).",
             None,
             u64::from((self.lease_held)()),
         )?;
         if let Some(cache) = &self.cache {
-            let c = cache.snapshot();
-            let h = cache.backend().health();
-            counter(
-                &mut enc,
-                "cache_hits",
-                "Reads answered from the memory cache.",
-                None,
-                c.cache_hits,
-            )?;
-            counter(
-                &mut enc,
-                "cache_misses",
-                "Reads that had to fetch from the storage service.",
-                None,
-                c.cache_misses,
-            )?;
-            counter(
-                &mut enc,
-                "hole_reads",
-                "Reads of never-written ranges, answered with zeros without a request.",
-                None,
-                c.hole_reads,
-            )?;
-            counter(
-                &mut enc,
-                "read",
-                "Bytes read from the drive by its users.",
-                Some(&Unit::Bytes),
-                c.bytes_read,
-            )?;
-            counter(
-                &mut enc,
-                "written",
-                "Bytes written to the drive by its users.",
-                Some(&Unit::Bytes),
-                c.bytes_written,
-            )?;
-            gauge(
-                &mut enc,
-                "cached",
-                "Bytes held in the memory cache.",
-                Some(&Unit::Bytes),
-                c.cached_bytes,
-            )?;
-            gauge(
-                &mut enc,
-                "cache_size",
-                "The memory cache's limit (--cache-size).",
-                Some(&Unit::Bytes),
-                c.cache_size,
-            )?;
-            gauge(
-                &mut enc,
-                "dirty",
-                "Bytes written to the drive and not yet on the blob.",
-                Some(&Unit::Bytes),
-                c.dirty_bytes,
-            )?;
-            gauge(
-                &mut enc,
-                "stalled",
-                "How long the storage service has not answered (0 while it answers).",
-                Some(&Unit::Seconds),
-                h.stalled.as_secs_f64(),
-            )?;
+            cache_figures(&mut enc, cache)?;
             if let Some(tier) = cache.backend().disk_cache() {
                 disk_cache(&mut enc, &tier.stats())?;
             }
         }
         Ok(())
     }
+}
+
+/// Every attempt sent, by operation and outcome, and how long each took.
+fn requests(enc: &mut DescriptorEncoder, svc: &BlobService) -> Result<(), std::fmt::Error> {
+    let attempts = svc.counters().attempts();
+    let mut m = enc.encode_descriptor(
+        "requests",
+        "Requests sent to the storage service (each attempt, retries included), by operation and how they ended.",
+        None,
+        MetricType::Counter,
+    )?;
+    for a in &attempts {
+        for (outcome, n) in Outcome::ALL.iter().zip(a.by_outcome) {
+            let labels = [
+                ("operation", a.op.metric_name()),
+                ("outcome", outcome.label()),
+            ];
+            m.encode_family(&labels)?
+                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+        }
+    }
+    let mut m = enc.encode_descriptor(
+        "request_duration",
+        "Time from sending a request to its whole answer (or to giving up on it), by operation.",
+        Some(&Unit::Seconds),
+        MetricType::Histogram,
+    )?;
+    for a in &attempts {
+        let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(a.buckets)
+            .collect();
+        m.encode_family(&[("operation", a.op.metric_name())])?
+            .encode_histogram::<NoLabelSet>(a.total_seconds, a.count, &buckets, None)?;
+    }
+    let throttled: u64 = attempts
+        .iter()
+        .map(|a| a.by_outcome[Outcome::Throttled as usize])
+        .sum();
+    counter(
+        enc,
+        "throttled_requests",
+        "Requests the service refused as too many (503 ServerBusy, 429); they did nothing and are sent again.",
+        None,
+        throttled,
+    )
+}
+
+/// The client's own counters: retries, operations given up on, bytes, the
+/// fence, the lease and token renewals, the last success.
+fn service(enc: &mut DescriptorEncoder, svc: &BlobService) -> Result<(), std::fmt::Error> {
+    let s = svc.stats();
+    counter(
+        enc,
+        "retries",
+        "Requests sent again after an attempt failed.",
+        None,
+        s.retries,
+    )?;
+    counter(
+        enc,
+        "requests_given_up",
+        "Service operations the client gave up on after their retries, or that were refused for good (a 4xx, including refusals the daemon expects and handles, such as a conditional request). Not failed application I/O: a mount asks again through an outage, so this rises while no application sees an error (blobdrive_io_errors_total counts those).",
+        None,
+        s.failed_requests,
+    )?;
+    counter(
+        enc,
+        "sent",
+        "Page data sent to the storage service (Put Page bodies).",
+        Some(&Unit::Bytes),
+        s.bytes_uploaded,
+    )?;
+    counter(
+        enc,
+        "received",
+        "Blob data received from the storage service (Get Blob bodies).",
+        Some(&Unit::Bytes),
+        s.bytes_downloaded,
+    )?;
+    counter(
+        enc,
+        "fence_raises",
+        "Times the blob's sequence number was raised to fence off a write whose outcome was unknown.",
+        None,
+        svc.counters().fence_raises.load(Ordering::Relaxed),
+    )?;
+    counter(
+        enc,
+        "lease_renewal_failures",
+        "Renewals of the mount's lease (one every 10 s) that failed, the one that found it lost included.",
+        None,
+        s.lease_renewal_failures,
+    )?;
+    gauge(
+        enc,
+        "last_success_timestamp",
+        "When a request to the storage service last succeeded (Unix time; 0 before the first).",
+        Some(&Unit::Seconds),
+        s.last_success_unix_ms as f64 / 1000.0,
+    )?;
+    let (renewals, renewal_failures) = svc.token_renewals().unwrap_or((0, 0));
+    counter(
+        enc,
+        "token_renewals",
+        "Entra ID token renewals tried (0 for other credentials).",
+        None,
+        renewals,
+    )?;
+    counter(
+        enc,
+        "token_renewal_failures",
+        "Entra ID token renewals that failed.",
+        None,
+        renewal_failures,
+    )
+}
+
+/// The memory cache's figures and what the drive's users did through it.
+fn cache_figures(
+    enc: &mut DescriptorEncoder,
+    cache: &Cache<RemoteBackend>,
+) -> Result<(), std::fmt::Error> {
+    let c = cache.snapshot();
+    let h = cache.backend().health();
+    for (name, help, v) in [
+        ("cache_hits", "Reads answered from the memory cache.", c.cache_hits),
+        ("cache_misses", "Reads that had to fetch from the storage service.", c.cache_misses),
+        ("hole_reads", "Reads of never-written ranges, answered with zeros without a request.", c.hole_reads),
+        ("flushes", "Flushes of everything dirty (an fsync, a close, an unmount) that had data to write.", c.flushes),
+        ("write_waits", "Writes that waited for room because the dirty data was at its limit (blobdrive_dirty_limit_bytes).", c.write_waits),
+        ("io_errors", "Reads, writes, fsyncs and discards of the drive's users answered with EIO: data they did not get, or that may not be on the blob.", c.io_errors),
+    ] {
+        counter(enc, name, help, None, v)?;
+    }
+    for (name, help, v) in [
+        (
+            "read",
+            "Bytes read from the drive by its users.",
+            c.bytes_read,
+        ),
+        (
+            "written",
+            "Bytes written to the drive by its users.",
+            c.bytes_written,
+        ),
+    ] {
+        counter(enc, name, help, Some(&Unit::Bytes), v)?;
+    }
+    for (name, help, v) in [
+        ("disk_size", "The disk's size as served now (a resize changes it).", cache.size()),
+        ("allocated", "Bytes of the disk the blob holds pages for (written and not cleared).", c.allocated_bytes),
+        ("cached", "Bytes held in the memory cache.", c.cached_bytes),
+        ("cache_size", "The memory cache's limit (--cache-size).", c.cache_size),
+        ("dirty", "Bytes written to the drive and not yet on the blob.", c.dirty_bytes),
+        ("dirty_limit", "The most dirty data the cache holds before writes wait for room (half of --cache-size).", c.dirty_limit),
+    ] {
+        gauge(enc, name, help, Some(&Unit::Bytes), v)?;
+    }
+    gauge(
+        enc,
+        "stalled",
+        "How long the storage service has not answered (0 while it answers).",
+        Some(&Unit::Seconds),
+        h.stalled.as_secs_f64(),
+    )
+}
+
+/// `blobdrive_mount_info{mode,fstype,read_only,snapshot,version} 1`, the
+/// convention for facts that are not figures (as `node_uname_info`): a gauge of
+/// 1 whose labels say what the mount is.
+fn mount_info(enc: &mut DescriptorEncoder, info: &MountInfo) -> Result<(), std::fmt::Error> {
+    let labels = [
+        ("mode", info.mode.as_str()),
+        ("fstype", info.fstype.as_str()),
+        ("read_only", if info.read_only { "true" } else { "false" }),
+        ("snapshot", info.snapshot.as_str()),
+        ("version", env!("CARGO_PKG_VERSION")),
+    ];
+    enc.encode_descriptor(
+        "mount_info",
+        "1 for every mount; its labels say what it is: mode, the filesystem mounted (fs mode), read_only (--read-only and snapshots, which hold no lease), the snapshot, blobdrive's version.",
+        None,
+        MetricType::Gauge,
+    )?
+    .encode_family(&labels)?
+    .encode_gauge(&1u64)
 }
 
 /// The disk cache's figures (`--disk-cache`).
@@ -320,13 +367,15 @@ fn gauge(
         .encode_gauge(&v)
 }
 
-/// The registry of one drive's figures: prefix `blobdrive`, label `drive`.
+/// The registry of one drive's figures: prefix `blobdrive` (but for the daemon's
+/// process figures, under their standard names), label `drive`.
 pub fn registry(drive: &str, sources: Sources) -> Registry {
-    let mut r = Registry::with_prefix_and_labels(
-        "blobdrive",
+    let mut r = Registry::with_labels(
         [(Cow::Borrowed("drive"), Cow::Owned(drive.to_string()))].into_iter(),
     );
-    r.register_collector(Box::new(sources));
+    r.register_collector(Box::new(ProcessFigures));
+    r.sub_registry_with_prefix("blobdrive")
+        .register_collector(Box::new(sources));
     r
 }
 
@@ -339,13 +388,38 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
+/// What `--metrics` takes, for messages.
+const ADDR_FORMS: &str = "expected HOST:PORT, e.g. 127.0.0.1:9101, [::1]:9101 or localhost:9101";
+
+/// Checks that `addr` reads as HOST:PORT (an IPv4 address, an IPv6 one in
+/// brackets, or a host name, then a port number) without resolving the name:
+/// fstab options are checked at boot, maybe before any name can be looked up.
+pub fn check_addr(addr: &str) -> Result<(), String> {
+    let bad = || ADDR_FORMS.to_string();
+    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+    port.parse::<u16>().map_err(|_| bad())?;
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
+        }
+    };
+    host_ok.then_some(()).ok_or_else(bad)
+}
+
 /// Binds the metrics port: done before the mount is set up, so an address in use
-/// fails the mount with one line and nothing done.
+/// fails the mount with one line and nothing done. A host name is looked up
+/// (`localhost` in /etc/hosts) and the first of its addresses that can be bound
+/// is.
 pub fn bind(addr: &str) -> Result<TcpListener, String> {
-    let sock: SocketAddr = addr.parse().map_err(|_| {
-        format!("--metrics {addr}: expected ADDRESS:PORT, e.g. 127.0.0.1:9101 or [::1]:9101")
-    })?;
-    TcpListener::bind(sock).map_err(|e| format!("cannot serve metrics on {sock}: {e}"))
+    check_addr(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(addr)
+        .map_err(|e| format!("--metrics {addr}: cannot look up its host: {e}"))?
+        .collect();
+    TcpListener::bind(&addrs[..]).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))
 }
 
 /// Serves `GET /metrics` on `listener` for as long as the process lives, each
@@ -495,6 +569,12 @@ mod tests {
             credential: Credential::Anonymous,
         };
         Sources {
+            info: MountInfo {
+                mode: "fs".into(),
+                fstype: "ext4".into(),
+                read_only: false,
+                snapshot: String::new(),
+            },
             service: BlobService::new(account),
             cache: None,
             lease_held: Arc::new(|| true),
@@ -511,6 +591,17 @@ mod tests {
             "# TYPE blobdrive_lease_held gauge\n",
             "blobdrive_lease_held{drive=\"disks/data.vhd\"} 1\n",
             "# TYPE blobdrive_token_renewals_total counter\n",
+            "# TYPE blobdrive_mount_info gauge\n",
+            "# TYPE blobdrive_requests_given_up_total counter\n",
+            "# TYPE blobdrive_last_success_timestamp_seconds gauge\n",
+            "# TYPE process_resident_memory_bytes gauge\n",
+            "# TYPE process_cpu_seconds_total counter\n",
+            "process_open_fds{drive=\"disks/data.vhd\"} ",
+            concat!(
+                "blobdrive_mount_info{drive=\"disks/data.vhd\",mode=\"fs\",fstype=\"ext4\",read_only=\"false\",snapshot=\"\",version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1\n"
+            ),
         ] {
             assert!(text.contains(want), "{want} missing from:\n{text}");
         }
@@ -550,7 +641,19 @@ mod tests {
             err.contains("cannot serve metrics on") && !err.contains('\n'),
             "{err}"
         );
-        assert!(bind("localhost").unwrap_err().contains("ADDRESS:PORT"));
+        for bad in [
+            "localhost",
+            "127.0.0.1",
+            ":9101",
+            "a b:1",
+            "[::1:9101",
+            "h:99999",
+        ] {
+            assert!(bind(bad).unwrap_err().contains("HOST:PORT"), "{bad}");
+        }
+        // A host name is looked up.
+        let named = bind("localhost:0").unwrap();
+        assert!(named.local_addr().unwrap().ip().is_loopback());
     }
 
     #[test]

@@ -7,7 +7,9 @@ pub mod daemon;
 pub mod helper;
 pub mod metrics;
 pub mod notify;
+pub mod process_metrics;
 pub mod record;
+pub mod superblock;
 pub mod system;
 pub mod utab;
 
@@ -59,7 +61,7 @@ pub struct MountRequest {
     /// from an fstab line's options.
     #[serde(default)]
     pub fs_flags: Vec<String>,
-    /// Where to serve the mount's metrics (`--metrics ADDR:PORT`).
+    /// Where to serve the mount's metrics (`--metrics HOST:PORT`).
     #[serde(default)]
     pub metrics: Option<String>,
     /// The directory holding disk caches (`--disk-cache DIR`), if any.
@@ -114,6 +116,10 @@ pub struct Ready {
     /// ignored); `blobdrive mount` prints them.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// What was done on the way that the user should know of (a filesystem
+    /// grown to fill its disk); printed as they are.
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 /// Why a mount or unmount failed.

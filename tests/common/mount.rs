@@ -143,3 +143,15 @@ impl Drop for Mp {
         let _ = bd(&self.run, &self.cs, &cleanup_unmount(self.s()));
     }
 }
+
+/// `lease break --yes` of `spec` as another machine runs it: with a run directory
+/// of its own, empty, so that this machine's mounts are not seen (a break here
+/// refuses a drive mounted here). For tests of what a mount does when its lease
+/// is broken from elsewhere. Returns its standard output.
+pub fn break_lease_from_elsewhere(cs: &str, spec: &str) -> String {
+    let elsewhere = tempfile::Builder::new()
+        .prefix("blobdrive-test-elsewhere.")
+        .tempdir()
+        .unwrap();
+    ok(elsewhere.path(), cs, &["lease", "break", spec, "--yes"])
+}

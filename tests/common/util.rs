@@ -37,6 +37,22 @@ pub fn output_text(out: &Output) -> String {
     )
 }
 
+/// Runs `cmd` with its standard output a pipe whose reader is already gone, as
+/// `| head` leaves it once head has read its fill; standard error is captured.
+pub fn output_into_closed_pipe(cmd: &mut Command) -> Output {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two new descriptors into the array it is given.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both descriptors are new and owned by nothing else.
+    let (reader, writer) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(reader);
+    cmd.stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap()
+}
+
 /// Runs a bash script.
 pub fn sh(script: &str) -> Output {
     Command::new("bash").arg("-c").arg(script).output().unwrap()

@@ -156,6 +156,9 @@ pub struct CacheCounters {
     pub bytes_written: AtomicU64,
     pub flushes: AtomicU64,
     pub write_waits: AtomicU64,
+    /// Requests of the drive's users answered with EIO (see
+    /// [`Cache::answered_error`]).
+    pub io_errors: AtomicU64,
 }
 
 /// A copy of the cache's state for `stats`.
@@ -168,7 +171,11 @@ pub struct CacheSnapshot {
     pub bytes_written: u64,
     pub flushes: u64,
     pub write_waits: u64,
+    /// Requests of the drive's users answered with EIO.
+    pub io_errors: u64,
     pub dirty_bytes: u64,
+    /// How much dirty data the cache holds before writes wait for room.
+    pub dirty_limit: u64,
     pub cached_bytes: u64,
     pub cache_size: u64,
     pub allocated_bytes: u64,
@@ -480,11 +487,26 @@ impl<B: Backend> Cache<B> {
             bytes_written: c.bytes_written.load(Relaxed),
             flushes: c.flushes.load(Relaxed),
             write_waits: c.write_waits.load(Relaxed),
+            io_errors: c.io_errors.load(Relaxed),
             dirty_bytes: st.dirty_sectors * SECTOR,
+            dirty_limit: self.cfg.dirty_limit,
             cached_bytes: st.len() as u64 * BLOCK,
             cache_size: self.cfg.capacity,
             allocated_bytes: st.sparse.total(),
         }
+    }
+
+    /// The errno to answer a user's request that failed with `e`, counting the
+    /// EIOs: the FUSE layer answers every failed read, write, fsync and discard
+    /// through here, so that `stats` and the metrics say how often an
+    /// application was told its I/O failed (its own mistakes, such as a write to
+    /// a read-only drive, are not counted).
+    pub fn answered_error(&self, e: &DeviceError) -> i32 {
+        let errno = e.errno();
+        if errno == libc::EIO {
+            self.counters.io_errors.fetch_add(1, Relaxed);
+        }
+        errno
     }
 
     pub fn dirty_bytes(&self) -> u64 {

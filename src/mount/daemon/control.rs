@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
+use super::resize::Phase;
 use super::stats::{lease_state, StatsValues};
 use super::teardown::finished;
 use super::Mounted;
@@ -200,10 +201,7 @@ impl Mounted {
             "unmount" | DISCARD_CMD => return self.unmount_on_request(cmd, reply, rx),
             other if other.starts_with("resize ") => {
                 let answer = match other["resize ".len()..].trim().parse::<u64>() {
-                    Ok(size) => match self.resize(size) {
-                        Ok(what) => format!("ok {what}"),
-                        Err(e) => format!("error {e}"),
-                    },
+                    Ok(size) => self.resize_telling(size, &reply),
                     Err(_) => "error resize takes a size in bytes".to_string(),
                 };
                 reply.send(&answer);
@@ -211,6 +209,28 @@ impl Mounted {
             other => reply.send(&format!("error unknown command '{other}'")),
         }
         None
+    }
+
+    /// `resize SIZE`, with a progress line every few seconds to the client saying
+    /// what it is doing; the answer line.
+    fn resize_telling(&mut self, size: u64, reply: &Reply) -> String {
+        let phase: Phase = Arc::new(std::sync::Mutex::new("starting"));
+        let (said, started) = (phase.clone(), std::time::Instant::now());
+        let status = Box::new(move || {
+            format!(
+                "resizing to {}: {}, {} s so far",
+                human_bytes(size),
+                said.lock().unwrap_or_else(|p| p.into_inner()),
+                started.elapsed().as_secs()
+            )
+        });
+        let ticker = Ticker::start("resize", vec![reply_sink(reply)], status);
+        let answer = match self.resize(size, &phase) {
+            Ok(what) => format!("ok {what}"),
+            Err(e) => format!("error {e}"),
+        };
+        ticker.stop();
+        answer
     }
 
     /// `unmount` (or `unmount --discard-dirty`): takes the drive down, telling
@@ -226,7 +246,7 @@ impl Mounted {
         self.notify_stopping("unmounting (blobdrive unmount)");
         let mut sinks = vec![reply_sink(&reply)];
         sinks.extend(self.notify_sink());
-        let ticker = Ticker::start(sinks, self.progress_fn());
+        let ticker = Ticker::start("unmount", sinks, self.progress_fn());
         let result = self.teardown();
         ticker.stop();
         match result {
@@ -271,7 +291,11 @@ impl Mounted {
     /// daemon's result: every byte on the blob and the lease released, or what
     /// could not be kept.
     fn stop_by_itself(&mut self, why: &str) -> Option<Result<(), MountError>> {
-        let ticker = Ticker::start(self.notify_sink().into_iter().collect(), self.progress_fn());
+        let ticker = Ticker::start(
+            "unmount",
+            self.notify_sink().into_iter().collect(),
+            self.progress_fn(),
+        );
         let result = self.teardown();
         ticker.stop();
         match result {
@@ -390,7 +414,12 @@ fn reply_sink(reply: &Reply) -> Sink {
 }
 
 impl Ticker {
-    fn start(mut sinks: Vec<Sink>, status: Box<dyn Fn() -> String + Send>) -> Ticker {
+    /// Every [`TICK`], logs `status()` (after `what:`) and hands it to `sinks`.
+    fn start(
+        what: &'static str,
+        mut sinks: Vec<Sink>,
+        status: Box<dyn Fn() -> String + Send>,
+    ) -> Ticker {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -403,7 +432,7 @@ impl Ticker {
                     if waited >= TICK {
                         waited = Duration::ZERO;
                         let line = status();
-                        info!("unmount: {line}");
+                        info!("{what}: {line}");
                         // A sink that went away is dropped; the teardown goes on.
                         sinks.retain_mut(|sink| sink(&line));
                     }

@@ -108,7 +108,18 @@ impl Mounted {
     fn serve_metrics(&self, listener: std::net::TcpListener) {
         let fenced = self.fenced.clone();
         let had_lease = self.lease.is_some();
+        let info = super::metrics::MountInfo {
+            mode: self.req.mode.to_string(),
+            fstype: self
+                .fs
+                .as_ref()
+                .map(|f| f.fstype.clone())
+                .unwrap_or_default(),
+            read_only: self.req.read_only,
+            snapshot: self.blob.snapshot().unwrap_or_default().to_string(),
+        };
         let sources = super::metrics::Sources {
+            info,
             service: self.blob.service().clone(),
             cache: self.cache.clone(),
             lease_held: Arc::new(move || {

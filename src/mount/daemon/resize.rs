@@ -9,6 +9,7 @@
 //! I/O goes on throughout. A failure part way is reported with what grew, and
 //! running the same resize again finishes it (every step can be done again).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing::info;
@@ -19,9 +20,30 @@ use crate::mount::{system, MountError};
 use crate::resize::{self, Plan, Step, STEPS};
 use crate::size::human;
 
+/// What a resize under way is doing, for the progress lines its client hears
+/// (a large filesystem takes minutes to grow, and a flush under way is waited
+/// for first).
+pub(super) type Phase = Arc<Mutex<&'static str>>;
+
+fn set(phase: &Phase, what: &'static str) {
+    *phase.lock().unwrap_or_else(|p| p.into_inner()) = what;
+}
+
+/// What each step does, as a progress line says it.
+fn doing(step: Step) -> &'static str {
+    match step {
+        Step::Mark => "marking the resize on the blob",
+        Step::Grow => "setting the blob's length (once write-back has paused)",
+        Step::Footer => "writing the footer for the new size",
+        Step::ClearOld => "clearing the old footer",
+        Step::Unmark => "removing the resize's mark",
+    }
+}
+
 impl Mounted {
-    /// Grows the drive to a disk of `size` bytes; says what grew.
-    pub(super) fn resize(&mut self, size: u64) -> Result<String, MountError> {
+    /// Grows the drive to a disk of `size` bytes, keeping `phase` up to date;
+    /// says what grew.
+    pub(super) fn resize(&mut self, size: u64, phase: &Phase) -> Result<String, MountError> {
         if self.req.read_only {
             return Err(MountError::System(format!(
                 "the mount at {} is read-only: resize the drive where it is mounted writable, or while it is not mounted",
@@ -63,6 +85,7 @@ impl Mounted {
             Plan::Grow(growth) => {
                 let fence = cache.backend().write_fence();
                 for step in STEPS {
+                    set(phase, doing(step));
                     let run = || {
                         self.rt
                             .block_on(growth.run(&self.blob, step, &lease, &fence))
@@ -80,7 +103,7 @@ impl Mounted {
             }
         };
         cache.grow(size);
-        let grown = self.grow_layers(size).map_err(|e| {
+        let grown = self.grow_layers(size, phase).map_err(|e| {
             MountError::System(format!(
                 "{} grew to {}, but {e}; run the same resize again to finish",
                 self.target,
@@ -102,7 +125,8 @@ impl Mounted {
     }
 
     /// Gets the new size through every layer above the cache; says what they hold.
-    fn grow_layers(&self, size: u64) -> Result<String, MountError> {
+    fn grow_layers(&self, size: u64, phase: &Phase) -> Result<String, MountError> {
+        set(phase, "giving the disk file its new size");
         let disk = self.fuse_dir.join("disk");
         let disk_len = || std::fs::metadata(&disk).map(|m| m.len()).unwrap_or(0);
         if let Some(s) = &self.session {
@@ -128,6 +152,7 @@ impl Mounted {
         let Some(dev) = self.loop_dev.as_ref().map(|l| &l.dev) else {
             return Ok(format!("{} is {} bytes", disk.display(), size));
         };
+        set(phase, "giving the loop device its new size");
         let dev_len = dev.take_new_capacity()?;
         if dev_len != size {
             return Err(MountError::System(format!(
@@ -140,6 +165,7 @@ impl Mounted {
             ));
         };
         let mp = &self.req.mountpoint;
+        set(phase, "growing the filesystem to fill the disk");
         system::grow_fs(dev, fstype, mp).map_err(|e| {
             MountError::System(format!("growing the {fstype} filesystem failed: {e}"))
         })?;

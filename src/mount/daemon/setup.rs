@@ -24,8 +24,10 @@ use crate::device::sparse::SparseMap;
 use crate::drive::Drive;
 use crate::fuse::{DiskFs, StatsFn};
 use crate::mount::record::{self, MountRecord};
+use crate::mount::superblock;
 use crate::mount::system::{self, LoopDevice};
 use crate::mount::{Mode, MountError, Ready};
+use crate::size::human;
 
 /// How often the lease is renewed: a cheap probe that notices a broken or stolen
 /// lease even while nothing is written.
@@ -82,7 +84,7 @@ fn open_and_lease(m: &mut Mounted) -> Result<Drive, MountError> {
             }
             Err(e) if e.code() == Some("LeaseAlreadyPresent") => {
                 return Err(MountError::System(format!(
-                    "{} is in use: another mount holds its lease (on this or another host). Mount it --read-only, or if its host is dead run `blobdrive lease break {}`",
+                    "{} is in use: another mount holds its lease (on this or another host). Mount it --read-only, or if its host is dead run `blobdrive lease break {} --yes`",
                     m.target, m.target
                 )))
             }
@@ -160,6 +162,7 @@ pub(super) fn setup(
         pid: std::process::id(),
         formatted: made.formatted,
         warnings: made.warnings,
+        notes: made.notes,
     };
     Ok((ready, listener))
 }
@@ -346,6 +349,8 @@ fn attach_loop(m: &Mounted) -> Result<AttachedLoop, MountError> {
 struct FsOutcome {
     formatted: bool,
     warnings: Vec<String>,
+    /// What was done that the user should hear of (a filesystem grown).
+    notes: Vec<String>,
 }
 
 /// Mounts the filesystem on the loop device at the user's directory (making it
@@ -355,6 +360,10 @@ fn mount_filesystem(m: &mut Mounted) -> Result<FsOutcome, MountError> {
     let mut out = FsOutcome::default();
     let dev = m.loop_dev.as_ref().expect("attached").dev.clone();
     let fstype = filesystem_to_mount(m, &dev, &mut out)?;
+    // A filesystem smaller than its disk: ext4 is grown before it is mounted,
+    // xfs (which grows only mounted) after.
+    let small = fs_on_disk(m).filter(|f| f.fstype == fstype);
+    out.tell(fit_fs_to_disk(m, &dev, small.as_ref(), false));
     let at = system::open_dir(&m.req.mountpoint, m.req.mountpoint_id)?;
     system::mount_fs(
         &dev,
@@ -376,7 +385,76 @@ fn mount_filesystem(m: &mut Mounted) -> Result<FsOutcome, MountError> {
             out.warnings.push(w);
         }
     }
+    out.tell(fit_fs_to_disk(m, &dev, small.as_ref(), true));
     Ok(out)
+}
+
+impl FsOutcome {
+    /// Takes what [`fit_fs_to_disk`] did as a note, or why not as a warning.
+    fn tell(&mut self, said: Option<Result<String, String>>) {
+        match said {
+            Some(Ok(note)) => self.notes.push(note),
+            Some(Err(w)) => self.warnings.push(w),
+            None => {}
+        }
+    }
+}
+
+/// The filesystem the disk's superblock describes, read through the cache before
+/// the filesystem is mounted (see [`fit_fs_to_disk`]).
+fn fs_on_disk(m: &Mounted) -> Option<superblock::Found> {
+    let cache = m.cache.as_ref()?;
+    let mut head = vec![0u8; superblock::HEAD_BYTES.min(cache.size() as usize)];
+    cache.read(0, &mut head).ok()?;
+    superblock::detect(&head)
+}
+
+/// A filesystem smaller than its disk (the drive was grown while not mounted,
+/// which leaves the filesystem as it was) is grown to fill the disk where it can
+/// be (ext4 before it is mounted, xfs once it is: `mounted` says which call this
+/// is, and the other one does nothing): `Ok` says what was done, `Err` why not
+/// and the one step that does it. `None`: it fills its disk already.
+fn fit_fs_to_disk(
+    m: &Mounted,
+    dev: &LoopDevice,
+    fs: Option<&superblock::Found>,
+    mounted: bool,
+) -> Option<Result<String, String>> {
+    let fs = fs.filter(|f| mounted == (f.fstype == "xfs"))?;
+    let disk = m.cache.as_ref()?.size();
+    if !superblock::worth_growing(fs.fstype, fs.bytes, disk) {
+        return None;
+    }
+    let said = |verb: &str| {
+        format!(
+            "the {} filesystem {verb} {} on a {} disk (the drive grew while it was not mounted)",
+            fs.fstype,
+            human(fs.bytes),
+            human(disk)
+        )
+    };
+    let what = said("was");
+    let by_hand = match fs.fstype {
+        "xfs" => format!("xfs_growfs -d {}", m.req.mountpoint.display()),
+        _ => "e2fsck -f, then resize2fs, on the device of a --mode block mount".to_string(),
+    };
+    if m.req.read_only {
+        return Some(Err(format!(
+            "{}: a writable mount grows it to fill the disk",
+            said("is")
+        )));
+    }
+    let grown = match fs.fstype {
+        "ext4" => system::grow_ext4_unmounted(dev),
+        other => system::grow_fs(dev, other, &m.req.mountpoint),
+    };
+    Some(match grown {
+        Ok(()) => {
+            info!("{what}: grew it to fill the disk");
+            Ok(format!("{what}: grew it to fill the disk"))
+        }
+        Err(e) => Err(format!("{what}; growing it failed ({e}): {by_hand}")),
+    })
 }
 
 /// The filesystem on `dev`, made first if it is blank and `--mkfs` asked for
@@ -388,7 +466,7 @@ fn filesystem_to_mount(
 ) -> Result<String, MountError> {
     let t = match (system::fs_type(dev)?, m.req.mkfs.as_deref()) {
         (Some(t), Some(wanted)) => {
-            let w = format!("--mkfs {wanted} ignored: the disk already holds a {t} filesystem, which is mounted as it is");
+            let w = format!("--mkfs {wanted} ignored: the disk already holds {} {t} filesystem, which is mounted as it is", crate::words::article(&t));
             warn!("{w}");
             out.warnings.push(w);
             t
@@ -412,8 +490,9 @@ fn filesystem_to_mount(
     if !crate::mount::MOUNTABLE_FS.contains(&t.as_str()) {
         // Checked before anything mounts it (no journal replay, nothing written).
         return Err(MountError::System(format!(
-            "{} holds a {t} filesystem; blobdrive mounts only ext4 and xfs (use --mode block for the device)",
-            m.target
+            "{} holds {} {t} filesystem; blobdrive mounts only ext4 and xfs (use --mode block for the device)",
+            m.target,
+            crate::words::article(&t)
         )));
     }
     Ok(t)
@@ -520,7 +599,12 @@ fn spawn_lease_keeper(m: &Mounted, id: String) {
             if fenced.load(Ordering::SeqCst) {
                 return;
             }
-            match blob.renew_lease(&id).await {
+            let renewed = blob.renew_lease(&id).await;
+            if renewed.is_err() {
+                let failures = &blob.service().counters().lease_renewal_failures;
+                failures.fetch_add(1, Ordering::Relaxed);
+            }
+            match renewed {
                 Ok(()) => {}
                 Err(e) if matches!(e.status(), Some(409 | 412)) => {
                     if !fenced.swap(true, Ordering::SeqCst) {

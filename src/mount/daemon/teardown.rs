@@ -219,7 +219,7 @@ impl Mounted {
                     ""
                 };
                 losses.push(format!(
-                    "the lease on {t} could not be released ({e}): it is still held, so no other host can write the drive{kept}. Once nothing uses the drive, run `blobdrive lease break {t}`",
+                    "the lease on {t} could not be released ({e}): it is still held, so no other host can write the drive{kept}. Once nothing uses the drive, run `blobdrive lease break {t} --yes`",
                     t = self.target
                 ));
             } else {

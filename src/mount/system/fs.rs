@@ -25,6 +25,32 @@ pub fn grow_fs(dev: &LoopDevice, fstype: &str, mountpoint: &Path) -> Result<(), 
     }
 }
 
+/// Grows the ext4 filesystem on `dev`, not mounted, to fill the device:
+/// `e2fsck -f -p` first (resize2fs refuses a filesystem not checked since it was
+/// last mounted; `-p` repairs only what is safe without asking, the journal's
+/// replay included), then `resize2fs`. Unlike growing it mounted, this needs no
+/// `CAP_SYS_RESOURCE`.
+pub fn grow_ext4_unmounted(dev: &LoopDevice) -> Result<(), MountError> {
+    let out = tool_command("e2fsck")
+        .args(["-f", "-p", dev.path()])
+        .output()
+        .map_err(|e| MountError::System(format!("cannot run e2fsck: {e}")))?;
+    // 0: clean; 1: errors corrected.
+    if !matches!(out.status.code(), Some(0 | 1)) {
+        let said = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        let line = said
+            .lines()
+            .map(str::trim)
+            .rfind(|l| !l.is_empty())
+            .unwrap_or("no message");
+        return Err(MountError::System(format!(
+            "e2fsck -f -p {dev} found what it repairs only when asked ({line}), so the filesystem was not grown"
+        )));
+    }
+    run("resize2fs", &[dev.path()]).map(|_| ())
+}
+
 /// `CAP_SYS_RESOURCE` of <linux/capability.h>: growing a mounted ext4 needs it
 /// (the kernel checks it in `ext4_resize_begin`); containers often drop it.
 pub const CAP_SYS_RESOURCE: u32 = 24;
