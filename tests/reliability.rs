@@ -889,3 +889,167 @@ fn a_mounted_drive_survives_endless_answers_within_its_memory() {
     );
     ok_with(&cs, &env, &["unmount", mp.s()]);
 }
+
+/// One round past the I/O timeout on the raw `disk`: `pieces` writes of 4 KiB a
+/// MiB apart from `offset` (more runs than go out at once), then fsync and close,
+/// each timed. Returns (fsync's outcome, its seconds, close's outcome, its seconds).
+fn write_round(disk: &str, offset: u64, pieces: u64, tag: &str) -> (String, f64, String, f64) {
+    let out = sh_ok(&format!(
+        "python3 -c \"import os, time\n\
+         fd = os.open('{disk}', os.O_WRONLY)\n\
+         for k in range({pieces}):\n    os.pwrite(fd, (b'{tag}%03d' % k).ljust(4096, b'.'), {offset} + k * 1048576)\n\
+         def timed(f):\n    t = time.monotonic()\n    try:\n        f(); r = 'ok'\n    except OSError as e:\n        r = e.strerror\n    return r, time.monotonic() - t\n\
+         s = timed(lambda: os.fsync(fd))\n\
+         c = timed(lambda: os.close(fd))\n\
+         print(s[0]); print(s[1]); print(c[0]); print(c[1])\""
+    ));
+    let l: Vec<&str> = out.lines().collect();
+    assert_eq!(l.len(), 4, "{out}");
+    (
+        l[0].to_string(),
+        l[1].parse().unwrap(),
+        l[2].to_string(),
+        l[3].parse().unwrap(),
+    )
+}
+
+/// An `O_DIRECT` read of 64 KiB of `disk` at `offset`: its outcome and seconds.
+fn timed_direct_read(disk: &str, offset: u64) -> (String, f64) {
+    let out = sh_ok(&format!(
+        "python3 -c \"import mmap, os, time\n\
+         fd = os.open('{disk}', os.O_RDONLY | os.O_DIRECT)\n\
+         buf = mmap.mmap(-1, 65536)\n\
+         t = time.monotonic()\n\
+         try:\n    os.preadv(fd, [buf], {offset}); r = 'ok'\n\
+         except OSError as e:\n    r = e.strerror\n\
+         print(r); print(time.monotonic() - t)\""
+    ));
+    let l: Vec<&str> = out.lines().collect();
+    (l[0].to_string(), l[1].parse().unwrap())
+}
+
+/// Issue 46: a silent service (the proxy accepts and reads, never answers: a
+/// black-holed route) past the I/O timeout must fail each fsync, close and read
+/// after one try, as a refusing one does, not after the retry budget once per
+/// queued run and once more behind the background flush; the data stays dirty
+/// and the first fsync once the service answers sends it. The retry budget here
+/// is well above the request timeout, as by default (25 s against 20 s): a try
+/// bounded by the budget, or several tries one after another, overrun the bound.
+#[test]
+fn a_silent_service_past_the_io_timeout_fails_each_io_after_one_try_and_keeps_the_data() {
+    require_root();
+    let spec = new_drive("silent", "64MiB");
+    // Bytes the drive has not cached, where the reads below go: they need the
+    // service (a hole would be answered with zeros at once).
+    for i in 0..3u64 {
+        let data = Bytes::from(vec![0x5au8; 4 << 20]);
+        rt().block_on(blob_of(&spec).put_pages((50 + 4 * i) << 20, data, None))
+            .unwrap();
+    }
+    let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
+    let cs = proxy.connection_string();
+    let request_timeout = 3.0;
+    let env = [
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "8"),
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3"),
+        ("BLOBDRIVE_IO_TIMEOUT_SECS", "8"),
+    ];
+    let mp = Mp::new(&run_dir(), &cs);
+    ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let disk = format!("{}/disk", mp.s());
+    let (r, ..) = write_round(&disk, 0, 1, "safe");
+    assert_eq!(r, "ok");
+    proxy
+        .paused
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let resume = |proxy: &Proxy| {
+        proxy
+            .paused
+            .store(false, std::sync::atomic::Ordering::SeqCst)
+    };
+    // The first fsync waits out the I/O timeout, then fails.
+    let first = write_round(&disk, 1 << 20, 12, "first");
+    eprintln!("first round (fsync, s, close, s): {first:?}");
+    if first.0 == "ok" {
+        resume(&proxy);
+        panic!("an fsync succeeded while the service did not answer: {first:?}");
+    }
+    // Past the I/O timeout now: every further fsync, close and read fails after
+    // one try, bounded by one request timeout (and a little for the rest).
+    let bound = request_timeout + 2.5;
+    let mut rounds = Vec::new();
+    let mut reads = Vec::new();
+    for i in 0..3u64 {
+        rounds.push(write_round(
+            &disk,
+            (13 + 12 * i) << 20,
+            12,
+            &format!("later{i}"),
+        ));
+        reads.push(timed_direct_read(&disk, (50 + 4 * i) << 20));
+    }
+    let waiting = proxy.waiting.load(std::sync::atomic::Ordering::SeqCst);
+    let stats = mp.stats();
+    // An fsync under way as the service comes back (with every attempt given
+    // up on during the outage landing at once, the fence's raises among them)
+    // succeeds.
+    let straddling = {
+        let disk = disk.clone();
+        std::thread::spawn(move || write_round(&disk, 62 << 20, 1, "back"))
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    resume(&proxy);
+    let straddling = straddling.join().unwrap();
+    eprintln!("past the I/O timeout (fsync, s, close, s): {rounds:?}; reads: {reads:?}");
+    for r in &rounds {
+        assert!(
+            r.0 == "Input/output error" && r.2 == "Input/output error",
+            "past the I/O timeout an fsync or close did not fail: {rounds:?}"
+        );
+        assert!(
+            r.1 < bound && r.3 < bound,
+            "an fsync or close past the I/O timeout took longer than one try ({bound} s): {rounds:?}"
+        );
+    }
+    for r in &reads {
+        assert!(
+            r.0 == "Input/output error" && r.1 < bound,
+            "a read past the I/O timeout did not fail after one try ({bound} s): {reads:?}"
+        );
+    }
+    assert!(
+        waiting > 0,
+        "the proxy held no request: the service was not silent"
+    );
+    assert!(
+        stats["dirty_bytes"].as_u64().unwrap() > 0,
+        "unwritten data is kept: {stats}"
+    );
+    eprintln!("the fsync under way as the service came back: {straddling:?}");
+    assert!(
+        straddling.0 == "ok" && straddling.2 == "ok",
+        "the fsync under way as the service came back failed: {straddling:?}"
+    );
+    // Back again: the next fsync sends everything kept.
+    let (r, ..) = write_round(&disk, 63 << 20, 1, "next");
+    assert_eq!(r, "ok", "an fsync after the outage failed");
+    ok_with(&cs, &env, &["unmount", mp.s()]);
+    let b = blob_of(&spec);
+    let expect = |offset: u64, tag: &str, k: u64| {
+        let got = rt().block_on(b.read(offset + k * (1 << 20), 16)).unwrap();
+        let want = format!("{tag}{k:03}");
+        assert_eq!(
+            &got[..want.len()],
+            want.as_bytes(),
+            "a write whose fsync failed was not kept"
+        );
+    };
+    expect(62 << 20, "back", 0);
+    expect(63 << 20, "next", 0);
+    for k in 0..12 {
+        expect(1 << 20, "first", k);
+        for i in 0..3u64 {
+            expect((13 + 12 * i) << 20, &format!("later{i}"), k);
+        }
+    }
+}
