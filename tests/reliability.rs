@@ -1053,3 +1053,209 @@ fn a_silent_service_past_the_io_timeout_fails_each_io_after_one_try_and_keeps_th
         }
     }
 }
+
+/// Whether a filesystem with these mount options (`findmnt -o OPTIONS`) takes
+/// writes: ext4 that aborted its journal shows `ro`, or `emergency_ro` after `rw`.
+fn writable(options: &str) -> bool {
+    let options: Vec<&str> = options.trim().split(',').collect();
+    options.first() == Some(&"rw") && !options.contains(&"emergency_ro")
+}
+
+/// The kernel log's lines, or `None` where it cannot be read.
+fn kernel_log() -> Option<Vec<String>> {
+    let out = sh("dmesg");
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    })
+}
+
+/// The lines about the device `name` (e.g. `loop3`) the kernel logged since it
+/// logged `before`: "I/O error, dev loop3, ...", "Aborting journal on device
+/// loop3-8.". The device is held all along, so they are no other test's.
+/// Empty where the kernel log cannot be read.
+fn kernel_lines_since(before: &Option<Vec<String>>, name: &str) -> Vec<String> {
+    match (before, kernel_log()) {
+        (Some(before), Some(after)) => after
+            .into_iter()
+            .skip(before.len())
+            .filter(|l| {
+                l.split(|c: char| !c.is_ascii_alphanumeric())
+                    .any(|w| w == name)
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Issue 46: after a silent outage past the I/O timeout, the first write once
+/// the service answers again succeeds, with ext4's journal on top: its commit
+/// (a write and a flush of the loop device) failing made ext4 abort its journal
+/// and go read-only a second after the service came back.
+#[test]
+fn after_a_silent_outage_past_the_io_timeout_ext4_writes_and_syncs_at_once() {
+    require_root();
+    let spec = new_drive("silentfs", "128MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
+    let cs = proxy.connection_string();
+    let env = [
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "8"),
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3"),
+        ("BLOBDRIVE_IO_TIMEOUT_SECS", "8"),
+    ];
+    let mp = Mp::new(&run_dir(), &cs);
+    ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    ok_with(&cs, &env, &["unmount", mp.s()]);
+    // Bytes on the blob in ext4's free space, which the drive has not cached: a
+    // read of them needs the service.
+    for i in 0..2u64 {
+        let data = Bytes::from(vec![0x5au8; 4 << 20]);
+        rt().block_on(blob_of(&spec).put_pages((100 + 4 * i) << 20, data, None))
+            .unwrap();
+    }
+    ok_with(&cs, &env, &["mount", &spec, mp.s()]);
+    let dev = mp.listed()["device"].as_str().unwrap().to_string();
+    let name = dev.trim_start_matches("/dev/").to_string();
+    sh_ok(&format!(
+        "head -c 4M /dev/urandom > '{0}/before' && sync -f '{0}/before'",
+        mp.s()
+    ));
+    // Whatever ext4 does after mounting settles (nothing of its own is dirty).
+    sh_ok(&format!("sync -f '{}'", mp.s()));
+    std::thread::sleep(Duration::from_secs(6));
+    sh_ok(&format!("sync -f '{}'", mp.s()));
+    proxy
+        .paused
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // Reads the service must answer (the device past ext4's files, never read)
+    // fail until the outage is older than the I/O timeout, and after it.
+    let started = Instant::now();
+    let mut reads = Vec::new();
+    let mut at = 100u64 << 20;
+    while (started.elapsed() < Duration::from_secs(14) || reads.len() < 3) && at < 108 << 20 {
+        let out = sh(&format!(
+            "dd if='{dev}' of=/dev/null bs=64K count=1 skip={at} iflag=direct,skip_bytes status=none"
+        ));
+        reads.push(out.status.success());
+        at += 1 << 20;
+    }
+    let log_before = kernel_log();
+    let resumed = Instant::now();
+    proxy
+        .paused
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        reads.iter().all(|ok| !ok),
+        "a read succeeded while the service did not answer: {reads:?}"
+    );
+    // At once: write and fsync through ext4, several times over a few seconds
+    // (its journal commits), then the filesystem must still be writable.
+    let mut results = Vec::new();
+    for i in 0..5 {
+        let out = sh(&format!(
+            "head -c 256K /dev/urandom > '{0}/after{i}' && sync -f '{0}/after{i}' && echo ok",
+            mp.s()
+        ));
+        results.push((
+            resumed.elapsed().as_secs_f64(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        ));
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let options = sh_ok(&format!("findmnt -n -o OPTIONS '{}'", mp.s()));
+    let new_errors = kernel_lines_since(&log_before, &name);
+    eprintln!("writes after the outage (s after resume, outcome): {results:?}; mount options {options}; new kernel lines {new_errors:?}");
+    assert!(
+        results.iter().all(|(_, r)| r == "ok"),
+        "a write or fsync after the outage failed: {results:?}; kernel: {new_errors:?}"
+    );
+    assert!(
+        writable(&options),
+        "ext4 went read-only after the outage: {options}; kernel: {new_errors:?}"
+    );
+    assert!(
+        new_errors.is_empty(),
+        "the kernel logged errors after the outage: {new_errors:?}"
+    );
+    ok_with(&cs, &env, &["unmount", mp.s()]);
+    let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    sh_ok(&format!("e2fsck -fn {dev}"));
+    ok(&["unmount", mp.s()]);
+}
+
+/// Issue 46: ext4's journal commit, issued as a silent outage begins and still
+/// under way past the I/O timeout when the service comes back, succeeds. The
+/// attempts given up on during the outage (the fence's raises among them) land
+/// as the service returns, so the commit's Put Page is often refused for an
+/// old sequence number: an answer, after which it is sent again; it was failed
+/// instead for having waited past the I/O timeout, and ext4 aborted its journal.
+#[test]
+fn an_ext4_commit_under_way_as_the_service_returns_past_the_io_timeout_succeeds() {
+    require_root();
+    let spec = new_drive("straddle", "128MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
+    let cs = proxy.connection_string();
+    let env = [
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "8"),
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3"),
+        ("BLOBDRIVE_IO_TIMEOUT_SECS", "8"),
+    ];
+    let mp = Mp::new(&run_dir(), &cs);
+    ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    sh_ok(&format!(
+        "head -c 1M /dev/urandom > '{0}/before' && sync -f '{0}/before'",
+        mp.s()
+    ));
+    std::thread::sleep(Duration::from_secs(6));
+    sh_ok(&format!("sync -f '{}'", mp.s()));
+    let dev = mp.listed()["device"].as_str().unwrap().to_string();
+    let log_before = kernel_log();
+    proxy
+        .paused
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let started = Instant::now();
+    // The service comes back past the I/O timeout (8 s), while the commit's
+    // last operation (a request timeout and a retry budget: 11 s) is under way.
+    let resume = {
+        let paused = proxy.paused.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(9500));
+            paused.store(false, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    let commit = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "head -c 256K /dev/urandom > '{0}/during' && sync -f '{0}/during' && echo ok",
+            mp.s()
+        ))
+        .output()
+        .unwrap();
+    resume.join().unwrap();
+    let took = started.elapsed();
+    let out = String::from_utf8_lossy(&commit.stdout).trim().to_string()
+        + &String::from_utf8_lossy(&commit.stderr);
+    let after = sh(&format!(
+        "head -c 256K /dev/urandom > '{0}/after' && sync -f '{0}/after' && echo ok",
+        mp.s()
+    ));
+    let options = sh_ok(&format!("findmnt -n -o OPTIONS '{}'", mp.s()));
+    let kernel = kernel_lines_since(&log_before, dev.trim_start_matches("/dev/"));
+    eprintln!(
+        "commit under way: {out:?} after {took:?}; then {:?}; mount options {options}; kernel {kernel:?}",
+        String::from_utf8_lossy(&after.stdout)
+    );
+    assert_eq!(
+        out, "ok",
+        "the commit under way as the service came back failed; kernel: {kernel:?}"
+    );
+    assert!(kernel.is_empty(), "the kernel logged errors: {kernel:?}");
+    assert!(after.status.success(), "a later write failed: {after:?}");
+    assert!(writable(&options), "ext4 went read-only: {options}");
+    ok_with(&cs, &env, &["unmount", mp.s()]);
+}

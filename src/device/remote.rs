@@ -293,8 +293,14 @@ impl Patience {
         let refused = e.code() == Some(SEQUENCE_REFUSED);
         if refused {
             // A refusal is an answer: whatever outage there was is over (the
-            // first write after a long one is often refused, see below).
+            // first write after a long one is often refused, see below), for
+            // this I/O too: one that waited through it from before the I/O
+            // timeout and is refused once the service is back (the late
+            // increments of its abandoned attempts landing first) is sent
+            // again, not failed for its age. That failure, a second after the
+            // service came back, made ext4 abort its journal.
             self.health.succeeded();
+            a.started = Instant::now();
         } else {
             self.health.failed_try(a.started, a.tried, &e.to_string());
         }
@@ -672,6 +678,21 @@ mod tests {
             .unwrap();
         let p = patience(Duration::from_secs(10));
         let fenced = AtomicBool::new(false);
+        // A write refused by the sequence-number fence once the service is
+        // back, in an I/O that has waited longer than the I/O timeout: the
+        // service answered, so it is sent again, not failed for its age.
+        p.health
+            .failed(Instant::now() - Duration::from_secs(20), "down");
+        let mut a = p.begin(Instant::now() - Duration::from_secs(20));
+        assert!(rt
+            .block_on(p.wait_or_fail(&mut a, &fenced, refused()))
+            .is_ok());
+        // And if it then meets no answer again, a new outage begins for it.
+        assert!(rt
+            .block_on(p.wait_or_fail(&mut a, &fenced, unreachable()))
+            .is_ok());
+        drop(a);
+        p.health.succeeded();
         // A new I/O early in an outage waits and tries again.
         let mut a = p.begin(Instant::now());
         assert!(rt
