@@ -351,22 +351,8 @@ impl BlobService {
                 Some(f) => Some(f.number().await?),
                 None => None,
             };
-            let remaining = policy.budget.saturating_sub(started.elapsed());
-            // Shorten the last attempts to the budget, but never below what a single
-            // small request needs, so the bound holds without spurious timeouts;
-            // within one try, to its deadline, however little is left.
-            let timeout = match deadline {
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left < MIN_ATTEMPT {
-                        return Err(self.out_of_time(&req, attempt - 1, started));
-                    }
-                    policy.request_timeout.min(left)
-                }
-                None if last_chance => policy.request_timeout,
-                None => policy
-                    .request_timeout
-                    .min(remaining.max(Duration::from_secs(2))),
+            let Some(timeout) = attempt_timeout(policy, started, deadline, last_chance) else {
+                return Err(self.out_of_time(&req, attempt - 1, started));
             };
             let mut hinted = None;
             let window = self.inner.gate.enter().await;
@@ -676,6 +662,34 @@ impl BlobService {
             denied: (resp.status == 403)
                 .then(|| self.inner.auth.denied(req.op))
                 .flatten(),
+        }
+    }
+}
+
+/// How long the next attempt of a request that started at `started` may take:
+/// the request timeout, shortened to what is left of the budget but never below
+/// what a single small request needs (so the bound holds without spurious
+/// timeouts), or in full for the last chance on a new connection; within one
+/// try, to its deadline however little is left, and `None` once too little is.
+fn attempt_timeout(
+    policy: &RetryPolicy,
+    started: Instant,
+    deadline: Option<Instant>,
+    last_chance: bool,
+) -> Option<Duration> {
+    match deadline {
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            (left >= MIN_ATTEMPT).then(|| policy.request_timeout.min(left))
+        }
+        None if last_chance => Some(policy.request_timeout),
+        None => {
+            let remaining = policy.budget.saturating_sub(started.elapsed());
+            Some(
+                policy
+                    .request_timeout
+                    .min(remaining.max(Duration::from_secs(2))),
+            )
         }
     }
 }
