@@ -31,8 +31,10 @@ trap 'exit 143' TERM
 # when the binary exits; see tests/common/azurite.rs), a few seconds each. One
 # emulator for the whole run held gigabytes by its end and, late in the run,
 # stopped answering for tens of seconds (once a fresh clone's create of a
-# container timed out twice, 25 s); no binary runs long enough for that, and
-# Azurite's in-memory store first garbage-collects ten minutes after it starts.
+# container timed out twice, 25 s). Their blobs are on disk, not in memory:
+# Azurite collects garbage every ten minutes from its start, and over a large
+# in-memory store that kept it from answering for over 18 minutes, which a binary
+# slowed by the lanes beside it, or run long with the soak knobs, would meet.
 # Set BLOBDRIVE_TEST_AZURITE_PORT to point a single binary at one emulator.
 unset BLOBDRIVE_TEST_AZURITE_PORT
 
