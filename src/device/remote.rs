@@ -202,6 +202,8 @@ impl RemoteBackend {
 /// One I/O's way through an outage.
 struct Attempt<'a> {
     started: Instant,
+    /// Since when it has waited for an answer: its start, or the latest refusal.
+    waiting_since: Instant,
     /// When its latest try started.
     tried: Instant,
     warned: bool,
@@ -231,6 +233,7 @@ impl Patience {
     fn begin(&self, issued: Instant) -> Attempt<'_> {
         Attempt {
             started: issued,
+            waiting_since: issued,
             tried: issued,
             warned: false,
             _pending: self.health.begin(),
@@ -300,9 +303,10 @@ impl Patience {
             // again, not failed for its age. That failure, a second after the
             // service came back, made ext4 abort its journal.
             self.health.succeeded();
-            a.started = Instant::now();
+            a.waiting_since = Instant::now();
         } else {
-            self.health.failed_try(a.started, a.tried, &e.to_string());
+            self.health
+                .failed_try(a.waiting_since, a.tried, &e.to_string());
         }
         // The I/O timeout counts from the start of the outage, not of this I/O:
         // once the service has failed everything for that long, each further I/O
@@ -312,7 +316,7 @@ impl Patience {
             .health
             .failing_for()
             .unwrap_or_default()
-            .max(a.started.elapsed());
+            .max(a.waiting_since.elapsed());
         let within = !self.give_up.load(Ordering::SeqCst)
             && (self.unbounded.load(Ordering::SeqCst) || outage < self.io_timeout);
         // A write the sequence-number fence refused was surely not carried out, so
