@@ -1100,15 +1100,22 @@ fn kernel_log() -> Option<Vec<String>> {
 /// loop3-8.". The device is held all along, so they are no other test's.
 /// Empty where the kernel log cannot be read.
 fn kernel_lines_since(before: &Option<Vec<String>>, name: &str) -> Vec<String> {
+    // By time stamp, not by count: the kernel's ring buffer drops its oldest
+    // lines once full, and a long run fills it.
+    let stamp =
+        |l: &str| -> Option<f64> { l.strip_prefix('[')?.split(']').next()?.trim().parse().ok() };
     match (before, kernel_log()) {
-        (Some(before), Some(after)) => after
-            .into_iter()
-            .skip(before.len())
-            .filter(|l| {
-                l.split(|c: char| !c.is_ascii_alphanumeric())
-                    .any(|w| w == name)
-            })
-            .collect(),
+        (Some(before), Some(after)) => {
+            let last = before.iter().rev().find_map(|b| stamp(b));
+            after
+                .into_iter()
+                .filter(|l| stamp(l).is_some_and(|t| last.is_none_or(|last| t > last)))
+                .filter(|l| {
+                    l.split(|c: char| !c.is_ascii_alphanumeric())
+                        .any(|w| w == name)
+                })
+                .collect()
+        }
         _ => Vec::new(),
     }
 }
