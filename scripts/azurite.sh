@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start or stop an in-memory Azurite blob service on 127.0.0.1 for tests.
+# Start or stop an Azurite blob service on 127.0.0.1 for tests.
 #
 #   scripts/azurite.sh start [STATE_DIR]   # prints AZURITE_PORT=, AZURITE_PID=, AZURITE_STATE=
 #   scripts/azurite.sh stop STATE_DIR
@@ -8,6 +8,12 @@
 # Stopping signals that pid only, never a process found by name: SIGTERM, then
 # SIGKILL after about 5 s, because Azurite's in-memory store can make a graceful
 # shutdown slow.
+#
+# AZURITE_PERSISTENCE=disk keeps the blobs in STATE_DIR/data instead of in memory
+# (the default, which the benchmarks were measured with). Azurite collects garbage
+# every ten minutes from its start, and over a large in-memory store that has
+# kept it from answering for over 18 minutes at full CPU: whatever may run that
+# long (the test suite's emulators, soak runs) should keep its blobs on disk.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BIN="$HERE/node_modules/.bin/azurite-blob"
@@ -93,10 +99,17 @@ start() {
     dir="$(cd "$dir" && pwd)"
     ensure_deps
 
+    local persistence
+    case "${AZURITE_PERSISTENCE:-memory}" in
+        memory) persistence=(--inMemoryPersistence) ;;
+        disk) mkdir -p "$dir/data"; persistence=(--location "$dir/data") ;;
+        *) die "AZURITE_PERSISTENCE must be memory or disk, not ${AZURITE_PERSISTENCE}" ;;
+    esac
+
     local try port pid deadline
     for try in 1 2 3 4 5; do
         port="$(free_port)"
-        "$BIN" --inMemoryPersistence --disableTelemetry --blobHost 127.0.0.1 \
+        "$BIN" "${persistence[@]}" --disableTelemetry --blobHost 127.0.0.1 \
             --blobPort "$port" --skipApiVersionCheck --loose \
             >"$dir/log" 2>&1 </dev/null &
         pid=$!

@@ -889,3 +889,418 @@ fn a_mounted_drive_survives_endless_answers_within_its_memory() {
     );
     ok_with(&cs, &env, &["unmount", mp.s()]);
 }
+
+/// One round past the I/O timeout on the raw `disk`: `pieces` writes of 4 KiB a
+/// MiB apart from `offset` (more runs than go out at once), then fsync and close,
+/// each timed. Returns (fsync's outcome, its seconds, close's outcome, its seconds).
+fn write_round(disk: &str, offset: u64, pieces: u64, tag: &str) -> (String, f64, String, f64) {
+    let out = sh_ok(&format!(
+        "python3 -c \"import os, time\n\
+         fd = os.open('{disk}', os.O_WRONLY)\n\
+         for k in range({pieces}):\n    os.pwrite(fd, (b'{tag}%03d' % k).ljust(4096, b'.'), {offset} + k * 1048576)\n\
+         def timed(f):\n    t = time.monotonic()\n    try:\n        f(); r = 'ok'\n    except OSError as e:\n        r = e.strerror\n    return r, time.monotonic() - t\n\
+         s = timed(lambda: os.fsync(fd))\n\
+         c = timed(lambda: os.close(fd))\n\
+         print(s[0]); print(s[1]); print(c[0]); print(c[1])\""
+    ));
+    let l: Vec<&str> = out.lines().collect();
+    assert_eq!(l.len(), 4, "{out}");
+    (
+        l[0].to_string(),
+        l[1].parse().unwrap(),
+        l[2].to_string(),
+        l[3].parse().unwrap(),
+    )
+}
+
+/// An `O_DIRECT` read of 64 KiB of `disk` at `offset`: its outcome and seconds.
+fn timed_direct_read(disk: &str, offset: u64) -> (String, f64) {
+    let out = sh_ok(&format!(
+        "python3 -c \"import mmap, os, time\n\
+         fd = os.open('{disk}', os.O_RDONLY | os.O_DIRECT)\n\
+         buf = mmap.mmap(-1, 65536)\n\
+         t = time.monotonic()\n\
+         try:\n    os.preadv(fd, [buf], {offset}); r = 'ok'\n\
+         except OSError as e:\n    r = e.strerror\n\
+         print(r); print(time.monotonic() - t)\""
+    ));
+    let l: Vec<&str> = out.lines().collect();
+    (l[0].to_string(), l[1].parse().unwrap())
+}
+
+/// Issue 46: a silent service (the proxy accepts and reads, never answers: a
+/// black-holed route) past the I/O timeout must fail each fsync, close and read
+/// after one try, as a refusing one does, not after the retry budget once per
+/// queued run and once more behind the background flush; the data stays dirty
+/// and the first fsync once the service answers sends it. The retry budget here
+/// is well above the request timeout, as by default (25 s against 20 s): a try
+/// bounded by the budget, or several tries one after another, overrun the bound.
+#[test]
+fn a_silent_service_past_the_io_timeout_fails_each_io_after_one_try_and_keeps_the_data() {
+    silent_outage(
+        &[
+            ("BLOBDRIVE_RETRY_BUDGET_SECS", "8"),
+            ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3"),
+            ("BLOBDRIVE_IO_TIMEOUT_SECS", "8"),
+        ],
+        (8.0, 3.0, 8.0),
+        3,
+    );
+}
+
+/// [`a_silent_service_past_the_io_timeout_fails_each_io_after_one_try_and_keeps_the_data`]
+/// at the default settings: a 300 s I/O timeout, 20 s request timeout and 25 s
+/// budget (about seven minutes, nearly all of it waiting). `#[ignore]`d in plain
+/// `cargo test`; `scripts/test.sh` runs it beside the lanes, like the other long
+/// test.
+#[test]
+#[ignore]
+fn a_silent_service_past_the_io_timeout_fails_each_io_after_one_try_at_the_default_settings() {
+    silent_outage(&[], (300.0, 20.0, 25.0), 1);
+}
+
+/// The silent outage of the two tests above with `env` for the mount, whose
+/// (I/O timeout, request timeout, retry budget) are `limits`, and `rounds` of
+/// writes, fsync, close and a read past the I/O timeout.
+fn silent_outage(env: &[(&str, &str)], limits: (f64, f64, f64), rounds: u64) {
+    let (io_timeout, request_timeout, budget) = limits;
+    require_root();
+    let spec = new_drive("silent", "64MiB");
+    // Bytes the drive has not cached, where the reads below go: they need the
+    // service (a hole would be answered with zeros at once).
+    for i in 0..3u64 {
+        let data = Bytes::from(vec![0x5au8; 4 << 20]);
+        rt().block_on(blob_of(&spec).put_pages((50 + 4 * i) << 20, data, None))
+            .unwrap();
+    }
+    let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
+    let cs = proxy.connection_string();
+    let mp = Mp::new(&run_dir(), &cs);
+    ok_with(&cs, env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let disk = format!("{}/disk", mp.s());
+    let (r, ..) = write_round(&disk, 0, 1, "safe");
+    assert_eq!(r, "ok");
+    proxy
+        .paused
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let resume = |proxy: &Proxy| {
+        proxy
+            .paused
+            .store(false, std::sync::atomic::Ordering::SeqCst)
+    };
+    // The first fsync waits out the I/O timeout, then fails, at most one
+    // operation later (a Put Page's request timeout and the raise's budget).
+    let first = write_round(&disk, 1 << 20, 12, "first");
+    eprintln!("first round (fsync, s, close, s): {first:?}");
+    if first.0 == "ok" || first.1 > io_timeout + request_timeout + budget + 5.0 {
+        resume(&proxy);
+        panic!("the first fsync of the outage did not fail after the I/O timeout ({io_timeout} s) and one operation: {first:?}");
+    }
+    // Past the I/O timeout now: every further fsync, close and read fails after
+    // one try, bounded by one request timeout (and a little for the rest).
+    let bound = request_timeout + 2.5;
+    let mut rounds_seen = Vec::new();
+    let mut reads = Vec::new();
+    for i in 0..rounds {
+        rounds_seen.push(write_round(
+            &disk,
+            (13 + 12 * i) << 20,
+            12,
+            &format!("later{i}"),
+        ));
+        reads.push(timed_direct_read(&disk, (50 + 4 * i) << 20));
+    }
+    let waiting = proxy.waiting.load(std::sync::atomic::Ordering::SeqCst);
+    let stats = mp.stats();
+    // An fsync under way as the service comes back (with every attempt given
+    // up on during the outage landing at once, the fence's raises among them)
+    // succeeds.
+    let straddling = {
+        let disk = disk.clone();
+        std::thread::spawn(move || write_round(&disk, 62 << 20, 1, "back"))
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    resume(&proxy);
+    let straddling = straddling.join().unwrap();
+    let rounds = rounds_seen;
+    eprintln!("past the I/O timeout (fsync, s, close, s): {rounds:?}; reads: {reads:?}");
+    for r in &rounds {
+        assert!(
+            r.0 == "Input/output error" && r.2 == "Input/output error",
+            "past the I/O timeout an fsync or close did not fail: {rounds:?}"
+        );
+        assert!(
+            r.1 < bound && r.3 < bound,
+            "an fsync or close past the I/O timeout took longer than one try ({bound} s): {rounds:?}"
+        );
+    }
+    for r in &reads {
+        assert!(
+            r.0 == "Input/output error" && r.1 < bound,
+            "a read past the I/O timeout did not fail after one try ({bound} s): {reads:?}"
+        );
+    }
+    assert!(
+        waiting > 0,
+        "the proxy held no request: the service was not silent"
+    );
+    assert!(
+        stats["dirty_bytes"].as_u64().unwrap() > 0,
+        "unwritten data is kept: {stats}"
+    );
+    eprintln!("the fsync under way as the service came back: {straddling:?}");
+    assert!(
+        straddling.0 == "ok" && straddling.2 == "ok",
+        "the fsync under way as the service came back failed: {straddling:?}"
+    );
+    // Back again: the next fsync sends everything kept.
+    let (r, ..) = write_round(&disk, 63 << 20, 1, "next");
+    assert_eq!(r, "ok", "an fsync after the outage failed");
+    ok_with(&cs, env, &["unmount", mp.s()]);
+    let b = blob_of(&spec);
+    let expect = |offset: u64, tag: &str, k: u64| {
+        let got = rt().block_on(b.read(offset + k * (1 << 20), 16)).unwrap();
+        let want = format!("{tag}{k:03}");
+        assert_eq!(
+            &got[..want.len()],
+            want.as_bytes(),
+            "a write whose fsync failed was not kept"
+        );
+    };
+    expect(62 << 20, "back", 0);
+    expect(63 << 20, "next", 0);
+    for k in 0..12 {
+        expect(1 << 20, "first", k);
+        for i in 0..rounds.len() as u64 {
+            expect((13 + 12 * i) << 20, &format!("later{i}"), k);
+        }
+    }
+}
+
+/// Whether a filesystem with these mount options (`findmnt -o OPTIONS`) takes
+/// writes: ext4 that aborted its journal shows `ro`, or `emergency_ro` after `rw`.
+fn writable(options: &str) -> bool {
+    let options: Vec<&str> = options.trim().split(',').collect();
+    options.first() == Some(&"rw") && !options.contains(&"emergency_ro")
+}
+
+/// The kernel log's lines, or `None` where it cannot be read.
+fn kernel_log() -> Option<Vec<String>> {
+    let out = sh("dmesg");
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    })
+}
+
+/// The lines about the device `name` (e.g. `loop3`) the kernel logged since it
+/// logged `before`: "I/O error, dev loop3, ...", "Aborting journal on device
+/// loop3-8.". The device is held all along, so they are no other test's.
+/// Empty where the kernel log cannot be read.
+fn kernel_lines_since(before: &Option<Vec<String>>, name: &str) -> Vec<String> {
+    // By time stamp, not by count: the kernel's ring buffer drops its oldest
+    // lines once full, and a long run fills it.
+    let stamp =
+        |l: &str| -> Option<f64> { l.strip_prefix('[')?.split(']').next()?.trim().parse().ok() };
+    match (before, kernel_log()) {
+        (Some(before), Some(after)) => {
+            let last = before.iter().rev().find_map(|b| stamp(b));
+            after
+                .into_iter()
+                .filter(|l| stamp(l).is_some_and(|t| last.is_none_or(|last| t > last)))
+                .filter(|l| {
+                    l.split(|c: char| !c.is_ascii_alphanumeric())
+                        .any(|w| w == name)
+                })
+                .collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Makes an ext4 on the drive `spec` whose inode tables and journal are written
+/// in full, through a block-mode mount at `mp` (unmounted again): ext4 then has
+/// nothing to write by itself once mounted (with `--mkfs` the kernel zeroes the
+/// inode tables in the background after mounting, and did so during a test's
+/// outage, which past the I/O timeout made ext4 abort its journal).
+fn mkfs_ext4_whole(spec: &str, mp: &Mp) {
+    let dev = ok(&["mount", spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    sh_ok(&format!(
+        "mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,nodiscard {dev}"
+    ));
+    ok(&["unmount", mp.s()]);
+}
+
+/// Issue 46: after a silent outage past the I/O timeout, the first write once
+/// the service answers again succeeds, with ext4's journal on top: its commit
+/// (a write and a flush of the loop device) failing made ext4 abort its journal
+/// and go read-only a second after the service came back.
+#[test]
+fn after_a_silent_outage_past_the_io_timeout_ext4_writes_and_syncs_at_once() {
+    require_root();
+    let spec = new_drive("silentfs", "128MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
+    let cs = proxy.connection_string();
+    let env = [
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "8"),
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3"),
+        ("BLOBDRIVE_IO_TIMEOUT_SECS", "8"),
+    ];
+    let mp = Mp::new(&run_dir(), &cs);
+    mkfs_ext4_whole(&spec, &mp);
+    // Bytes on the blob in ext4's free space, which the drive has not cached: a
+    // read of them needs the service.
+    for i in 0..2u64 {
+        let data = Bytes::from(vec![0x5au8; 4 << 20]);
+        rt().block_on(blob_of(&spec).put_pages((100 + 4 * i) << 20, data, None))
+            .unwrap();
+    }
+    ok_with(&cs, &env, &["mount", &spec, mp.s()]);
+    let dev = mp.listed()["device"].as_str().unwrap().to_string();
+    let name = dev.trim_start_matches("/dev/").to_string();
+    sh_ok(&format!(
+        "head -c 4M /dev/urandom > '{0}/before' && sync -f '{0}/before'",
+        mp.s()
+    ));
+    // Whatever ext4 does after mounting settles (nothing of its own is dirty).
+    sh_ok(&format!("sync -f '{}'", mp.s()));
+    std::thread::sleep(Duration::from_secs(6));
+    sh_ok(&format!("sync -f '{}'", mp.s()));
+    proxy
+        .paused
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // Reads the service must answer (the device past ext4's files, never read)
+    // fail until the outage is older than the I/O timeout, and after it.
+    let started = Instant::now();
+    let mut reads = Vec::new();
+    let mut at = 100u64 << 20;
+    while (started.elapsed() < Duration::from_secs(14) || reads.len() < 3) && at < 108 << 20 {
+        let out = sh(&format!(
+            "dd if='{dev}' of=/dev/null bs=64K count=1 skip={at} iflag=direct,skip_bytes status=none"
+        ));
+        reads.push(out.status.success());
+        at += 1 << 20;
+    }
+    let log_before = kernel_log();
+    let resumed = Instant::now();
+    proxy
+        .paused
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        reads.iter().all(|ok| !ok),
+        "a read succeeded while the service did not answer: {reads:?}"
+    );
+    // At once: write and fsync through ext4, several times over a few seconds
+    // (its journal commits), then the filesystem must still be writable.
+    let mut results = Vec::new();
+    for i in 0..5 {
+        let out = sh(&format!(
+            "head -c 256K /dev/urandom > '{0}/after{i}' && sync -f '{0}/after{i}' && echo ok",
+            mp.s()
+        ));
+        results.push((
+            resumed.elapsed().as_secs_f64(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        ));
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let options = sh_ok(&format!("findmnt -n -o OPTIONS '{}'", mp.s()));
+    let new_errors = kernel_lines_since(&log_before, &name);
+    eprintln!("writes after the outage (s after resume, outcome): {results:?}; mount options {options}; new kernel lines {new_errors:?}");
+    assert!(
+        results.iter().all(|(_, r)| r == "ok"),
+        "a write or fsync after the outage failed: {results:?}; kernel: {new_errors:?}"
+    );
+    assert!(
+        writable(&options),
+        "ext4 went read-only after the outage: {options}; kernel: {new_errors:?}"
+    );
+    assert!(
+        new_errors.is_empty(),
+        "the kernel logged errors after the outage: {new_errors:?}"
+    );
+    ok_with(&cs, &env, &["unmount", mp.s()]);
+    let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
+        .trim()
+        .to_string();
+    sh_ok(&format!("e2fsck -fn {dev}"));
+    ok(&["unmount", mp.s()]);
+}
+
+/// Issue 46: ext4's journal commit, issued as a silent outage begins and still
+/// under way past the I/O timeout when the service comes back, succeeds. The
+/// attempts given up on during the outage (the fence's raises among them) land
+/// as the service returns, so the commit's Put Page is often refused for an
+/// old sequence number: an answer, after which it is sent again; it was failed
+/// instead for having waited past the I/O timeout, and ext4 aborted its journal.
+#[test]
+fn an_ext4_commit_under_way_as_the_service_returns_past_the_io_timeout_succeeds() {
+    require_root();
+    let spec = new_drive("straddle", "128MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
+    let cs = proxy.connection_string();
+    let env = [
+        ("BLOBDRIVE_RETRY_BUDGET_SECS", "8"),
+        ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3"),
+        ("BLOBDRIVE_IO_TIMEOUT_SECS", "8"),
+    ];
+    let mp = Mp::new(&run_dir(), &cs);
+    mkfs_ext4_whole(&spec, &mp);
+    ok_with(&cs, &env, &["mount", &spec, mp.s()]);
+    sh_ok(&format!(
+        "head -c 1M /dev/urandom > '{0}/before' && sync -f '{0}/before'",
+        mp.s()
+    ));
+    std::thread::sleep(Duration::from_secs(6));
+    sh_ok(&format!("sync -f '{}'", mp.s()));
+    let dev = mp.listed()["device"].as_str().unwrap().to_string();
+    let log_before = kernel_log();
+    proxy
+        .paused
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let started = Instant::now();
+    // The service comes back past the I/O timeout (8 s), while the commit's
+    // last operation (a request timeout and a retry budget: 11 s) is under way.
+    let resume = {
+        let paused = proxy.paused.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(9500));
+            paused.store(false, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    let commit = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "head -c 256K /dev/urandom > '{0}/during' && sync -f '{0}/during' && echo ok",
+            mp.s()
+        ))
+        .output()
+        .unwrap();
+    resume.join().unwrap();
+    let took = started.elapsed();
+    let out = String::from_utf8_lossy(&commit.stdout).trim().to_string()
+        + &String::from_utf8_lossy(&commit.stderr);
+    let after = sh(&format!(
+        "head -c 256K /dev/urandom > '{0}/after' && sync -f '{0}/after' && echo ok",
+        mp.s()
+    ));
+    let options = sh_ok(&format!("findmnt -n -o OPTIONS '{}'", mp.s()));
+    let kernel = kernel_lines_since(&log_before, dev.trim_start_matches("/dev/"));
+    eprintln!(
+        "commit under way: {out:?} after {took:?}; then {:?}; mount options {options}; kernel {kernel:?}",
+        String::from_utf8_lossy(&after.stdout)
+    );
+    assert_eq!(
+        out, "ok",
+        "the commit under way as the service came back failed; kernel: {kernel:?}"
+    );
+    assert!(kernel.is_empty(), "the kernel logged errors: {kernel:?}");
+    assert!(after.status.success(), "a later write failed: {after:?}");
+    assert!(writable(&options), "ext4 went read-only: {options}");
+    ok_with(&cs, &env, &["unmount", mp.s()]);
+}

@@ -710,3 +710,67 @@ fn a_ranged_read_answered_with_more_bytes_than_asked_fails_and_writes_no_further
         started.elapsed().as_secs()
     );
 }
+
+/// A service that accepts connections and reads requests but never answers (a
+/// black-holed route, a paused middlebox); counts the connections it accepted.
+fn silent_service() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!(
+        "http://127.0.0.1:{}/devstoreaccount1",
+        listener.local_addr().unwrap().port()
+    );
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut sink = [0u8; 65536];
+                while matches!(conn.read(&mut sink), Ok(n) if n > 0) {}
+            });
+        }
+    });
+    (endpoint, accepted)
+}
+
+#[test]
+fn one_try_past_the_io_timeout_ends_by_its_deadline_at_the_default_settings() {
+    // Issue 46: past an outage's I/O timeout an I/O gets one try. With the
+    // default policy (20 s request timeout, 25 s budget) a fenced Put Page to a
+    // silent service took a request timeout, then the fence's raise a whole
+    // budget of its own: 45 s and more, whatever the I/O timeout. As one try it
+    // is over by the deadline the mount gives it (one request timeout from its
+    // start; a short one here), after one attempt on a new connection, however
+    // long the budget. Nothing here depends on the I/O timeout's value.
+    let (endpoint, accepted) = silent_service();
+    let cs = format!(
+        "AccountName=devstoreaccount1;AccountKey={};BlobEndpoint={endpoint}",
+        blobdrive::azure::account::DEV_KEY,
+    );
+    let svc = BlobService::with_policy(
+        Account::from_connection_string(&cs).unwrap(),
+        RetryPolicy::default(),
+    );
+    let blob = svc.blob("disks", "a.vhd");
+    // No sequence number known yet: the fence raises it first, within the try.
+    let fence = blobdrive::azure::WriteFence::new(blob.clone(), Some("lease".into()));
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(1500);
+    let put = blob.put_pages_fenced(0, Bytes::from(vec![7u8; 512]), Some("lease"), &fence);
+    let err = rt()
+        .block_on(blobdrive::azure::pipeline::one_try(deadline, put))
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(err.is_outage(), "{err}");
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_millis(2500),
+        "one try took {took:?}: {err}"
+    );
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one attempt, on a connection of its own"
+    );
+}

@@ -31,6 +31,28 @@ use super::xml;
 /// REST API version sent with every request (accepted by Azure and Azurite 3.35).
 pub const API_VERSION: &str = "2021-12-02";
 
+tokio::task_local! {
+    /// When the operation under way must be over, if it runs as [`one_try`].
+    static ONE_TRY: Instant;
+}
+
+/// Runs `op` (one or more operations of this client, one after another) as one
+/// try that is over by `deadline`, for an I/O past its outage's I/O timeout,
+/// which must fail after one try that reached for the service, not after the
+/// retry budget (or, with the write fence's raise before a Put Page, two budgets
+/// and a last chance each). Every request sent within it goes first on a new
+/// connection (the pool may hold connections the outage left dead), is given up
+/// at the deadline, and is not sent again once an attempt got no answer: the
+/// service is still silent. Answers worth another attempt (a busy service, a
+/// write the sequence-number fence refused) are still retried until the
+/// deadline, so the first I/O once the service is back succeeds.
+///
+/// A task-local rather than a parameter because the fence's raise is sent from
+/// inside the Put Page's own pipeline run, and it must share the one deadline.
+pub async fn one_try<F: std::future::Future>(deadline: Instant, op: F) -> F::Output {
+    ONE_TRY.scope(deadline, op).await
+}
+
 /// A handle on one account's blob service; cheap to clone, shares connections and
 /// counters.
 #[derive(Clone)]
@@ -76,6 +98,8 @@ pub(super) struct Request {
     pub(super) gone_after_unknown_is_done: bool,
 }
 
+/// Within one try, an attempt is sent only with at least this much of it left.
+const MIN_ATTEMPT: Duration = Duration::from_millis(200);
 /// The most of an error answer's body that is read: enough for Azure's error XML
 /// (a code and a message); the rest of a longer one is never read.
 const ERROR_BODY_MAX: usize = 8 << 10;
@@ -304,14 +328,16 @@ impl BlobService {
         let policy = &self.inner.policy;
         let mut max_attempts = req.max_attempts.unwrap_or(policy.max_attempts).max(1);
         let started = Instant::now();
+        // The end of the one try this request belongs to, if it does (see `one_try`).
+        let deadline = ONE_TRY.try_with(|d| *d).ok();
         let mut attempt = 0u32;
         // Whether an attempt went unanswered (it may have been carried out).
         let mut unknown = false;
         // Whether a refused token already made the credential renew it.
         let mut renewed = false;
         // Whether the last attempt got no answer: the next one then goes on a new
-        // connection (see `Inner::fresh_http`).
-        let mut unanswered = false;
+        // connection (see `Inner::fresh_http`). Within one try, the first does too.
+        let mut unanswered = deadline.is_some();
         // Whether an attempt went on a new connection, and so surely reached for
         // the service rather than a connection the pool kept.
         let mut fresh_tried = false;
@@ -319,21 +345,14 @@ impl BlobService {
         let mut last_chance = false;
         loop {
             attempt += 1;
-            let remaining = policy.budget.saturating_sub(started.elapsed());
-            // Shorten the last attempts to the budget, but never below what a single
-            // small request needs, so the bound holds without spurious timeouts.
-            let timeout = if last_chance {
-                policy.request_timeout
-            } else {
-                policy
-                    .request_timeout
-                    .min(remaining.max(Duration::from_secs(2)))
-            };
             let fresh = unanswered;
             fresh_tried |= fresh;
             let carried = match &req.fence {
                 Some(f) => Some(f.number().await?),
                 None => None,
+            };
+            let Some(timeout) = attempt_timeout(policy, started, deadline, last_chance) else {
+                return Err(self.out_of_time(&req, attempt - 1, started));
             };
             let mut hinted = None;
             let window = self.inner.gate.enter().await;
@@ -472,7 +491,11 @@ impl BlobService {
             self.inner.stats.attempt_ended(Some(failure.to_string()));
             // A busy service's `Retry-After` is a floor for the backoff.
             let delay = policy.backoff(attempt).max(hinted.unwrap_or_default());
-            let spent = attempt >= max_attempts || started.elapsed() + delay >= policy.budget;
+            let spent = match deadline {
+                // One try: over once an attempt got no answer, or at the deadline.
+                Some(d) => attempt >= max_attempts || unanswered || Instant::now() + delay >= d,
+                None => attempt >= max_attempts || started.elapsed() + delay >= policy.budget,
+            };
             if spent && unanswered && !fresh_tried && req.max_attempts.is_none() {
                 // Every attempt went unanswered on a connection the pool kept, which
                 // an outage may have left dead while the service is back: one more
@@ -612,6 +635,21 @@ impl BlobService {
         }
     }
 
+    /// The error of a request whose try ran out of time before (another) attempt
+    /// could be sent: the fence's raise before it took the time, or waiting for
+    /// another writer's raise.
+    fn out_of_time(&self, req: &Request, attempts: u32, started: Instant) -> AzureError {
+        ClientStats::add(&self.inner.stats.failed_requests, 1);
+        AzureError::Unreachable {
+            op: req.op,
+            target: req.target.clone(),
+            endpoint: self.inner.account.endpoint_for_messages(),
+            detail: "no time left in this try (the outage is older than the I/O timeout)".into(),
+            attempts,
+            elapsed: started.elapsed(),
+        }
+    }
+
     fn service_error(&self, req: &Request, resp: &Response) -> AzureError {
         let (body_code, message) = xml::parse_error(&resp.body);
         let code = resp.header("x-ms-error-code").or(body_code);
@@ -624,6 +662,34 @@ impl BlobService {
             denied: (resp.status == 403)
                 .then(|| self.inner.auth.denied(req.op))
                 .flatten(),
+        }
+    }
+}
+
+/// How long the next attempt of a request that started at `started` may take:
+/// the request timeout, shortened to what is left of the budget but never below
+/// what a single small request needs (so the bound holds without spurious
+/// timeouts), or in full for the last chance on a new connection; within one
+/// try, to its deadline however little is left, and `None` once too little is.
+fn attempt_timeout(
+    policy: &RetryPolicy,
+    started: Instant,
+    deadline: Option<Instant>,
+    last_chance: bool,
+) -> Option<Duration> {
+    match deadline {
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            (left >= MIN_ATTEMPT).then(|| policy.request_timeout.min(left))
+        }
+        None if last_chance => Some(policy.request_timeout),
+        None => {
+            let remaining = policy.budget.saturating_sub(started.elapsed());
+            Some(
+                policy
+                    .request_timeout
+                    .min(remaining.max(Duration::from_secs(2))),
+            )
         }
     }
 }

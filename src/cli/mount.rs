@@ -29,8 +29,9 @@ pub const REQUEST_ENV: &str = "BLOBDRIVE_MOUNT_REQUEST";
 Durability: fsync, and close of the raw disk file, return once the data is on the blob.
 If the storage service stops answering, reads, writes and fsync wait for it, up to
 BLOBDRIVE_IO_TIMEOUT_SECS (default 300) from the start of the outage, then fail with
-EIO (later I/O fails after one try until it answers); unwritten data is kept and
-sent again later, never dropped. `blobdrive stats MOUNTPOINT` shows the stall.
+EIO (later I/O fails after one try of at most BLOBDRIVE_REQUEST_TIMEOUT_SECS until it
+answers); unwritten data is kept and sent again later, never dropped.
+`blobdrive stats MOUNTPOINT` shows the stall.
 `blobdrive unmount` waits without limit until every byte is on the blob.")]
 pub struct Args {
     /// The drive (container/name.vhd), or BLOB@SNAPSHOT for a read-only mount of a

@@ -37,6 +37,8 @@ struct State {
     last_failed: Option<Instant>,
     /// That failure's message (secrets never reach error messages).
     last_error: Option<String>,
+    /// When the latest of the tries that failed in this outage started.
+    last_failed_try: Option<Instant>,
 }
 
 /// What `stats` shows of [`Health`].
@@ -80,11 +82,20 @@ impl Health {
         s.failing_since = None;
         s.last_failed = None;
         s.last_error = None;
+        s.last_failed_try = None;
     }
 
     /// An operation that started at `started` failed with `error`.
     pub fn failed(&self, started: Instant, error: &str) {
+        self.failed_try(started, started, error);
+    }
+
+    /// An operation that started at `started` failed with `error`, in its try
+    /// that started at `tried`.
+    pub fn failed_try(&self, started: Instant, tried: Instant, error: &str) {
         self.failed_at(started, Instant::now(), error);
+        let mut s = self.state();
+        s.last_failed_try = Some(s.last_failed_try.map_or(tried, |t| t.max(tried)));
     }
 
     fn failed_at(&self, started: Instant, now: Instant, error: &str) {
@@ -100,6 +111,14 @@ impl Health {
         };
         s.last_failed = Some(now);
         s.last_error = Some(error.to_string());
+    }
+
+    /// Whether a try that started at `t` or later has failed, in an outage that
+    /// still goes on. One that started earlier does not count: it may have been
+    /// sent while the service was silent and cut off just after it came back.
+    pub fn tried_and_failed_since(&self, t: Instant) -> bool {
+        let s = self.state();
+        s.failing_since.is_some() && s.last_failed_try.is_some_and(|l| l >= t)
     }
 
     /// Why operations fail, while they do (`None` while the service answers).

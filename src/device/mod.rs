@@ -94,6 +94,22 @@ pub trait Backend: Send + Sync + 'static {
     fn has_local(&self) -> bool {
         false
     }
+    /// Fails at once if the backend's outage is past its I/O timeout and a try
+    /// failed since `issued` (a flush that waited for another one had its one
+    /// try made for it); `Ok` otherwise, and always for a backend without one.
+    fn fail_fast_since(&self, _issued: std::time::Instant) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    /// Whether the backend's outage is past its I/O timeout: the background
+    /// flusher then [`Self::probe`]s instead of flushing.
+    fn past_the_io_timeout(&self) -> bool {
+        false
+    }
+    /// One try at reaching the service without sending data, which ends the
+    /// outage if it answers.
+    fn probe(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
 }
 
 /// [`Backend::read_scattered`] through one buffer: [`Backend::read`] into it, then

@@ -70,6 +70,8 @@ pub struct RemoteBackend {
 /// How long an operation goes on through an outage.
 struct Patience {
     io_timeout: Duration,
+    /// How long one try past the I/O timeout may take: one request timeout.
+    try_time: Duration,
     /// Set at unmount: wait for the service however long it takes.
     unbounded: AtomicBool,
     /// Set by `unmount --discard-dirty`: no I/O waits through an outage any more.
@@ -86,6 +88,7 @@ impl RemoteBackend {
         rt: Handle,
         io_timeout: Duration,
     ) -> RemoteBackend {
+        let try_time = blob.service().policy().request_timeout;
         RemoteBackend {
             write_fence: WriteFence::new(blob.clone(), lease.clone()),
             blob,
@@ -95,6 +98,7 @@ impl RemoteBackend {
             puts: Arc::new(Semaphore::new(PARALLEL)),
             patience: Arc::new(Patience {
                 io_timeout,
+                try_time,
                 unbounded: AtomicBool::new(false),
                 give_up: AtomicBool::new(false),
                 health: Arc::new(Health::default()),
@@ -166,13 +170,24 @@ impl RemoteBackend {
     }
 
     /// One ranged read of at most [`MAX_GET`] into `parts`, waiting through an
-    /// outage.
-    fn read_run(&self, offset: u64, parts: &mut [&mut [u8]]) -> Result<(), DeviceError> {
+    /// outage; part of an I/O that was `issued` then.
+    fn read_run(
+        &self,
+        issued: Instant,
+        offset: u64,
+        parts: &mut [&mut [u8]],
+    ) -> Result<(), DeviceError> {
         self.rt.block_on(async {
             self.patience.check_given_up()?;
-            let mut a = self.patience.begin();
+            let mut a = self.patience.begin(issued);
             loop {
-                match self.blob.read_scattered(offset, parts).await {
+                let deadline = self.patience.one_try(&mut a)?;
+                let read = self.blob.read_scattered(offset, parts);
+                let result = match deadline {
+                    Some(d) => crate::azure::pipeline::one_try(d, read).await,
+                    None => read.await,
+                };
+                match result {
                     Ok(()) => {
                         self.patience.succeeded(&a);
                         return Ok(());
@@ -187,6 +202,10 @@ impl RemoteBackend {
 /// One I/O's way through an outage.
 struct Attempt<'a> {
     started: Instant,
+    /// Since when it has waited for an answer: its start, or the latest refusal.
+    waiting_since: Instant,
+    /// When its latest try started.
+    tried: Instant,
     warned: bool,
     /// Counts as under way for [`Health`] until the I/O ends.
     _pending: Pending<'a>,
@@ -209,12 +228,50 @@ impl Patience {
         }
     }
 
-    fn begin(&self) -> Attempt<'_> {
+    /// An I/O `issued` then (its runs or ranges may start later, queued behind
+    /// the others) begins its way through an outage.
+    fn begin(&self, issued: Instant) -> Attempt<'_> {
         Attempt {
-            started: Instant::now(),
+            started: issued,
+            waiting_since: issued,
+            tried: issued,
             warned: false,
             _pending: self.health.begin(),
         }
+    }
+
+    /// Whether the outage is older than the I/O timeout, so an I/O gets one try.
+    fn past_the_limit(&self) -> bool {
+        !self.unbounded.load(Ordering::SeqCst)
+            && self
+                .health
+                .failing_for()
+                .is_some_and(|f| f >= self.io_timeout)
+    }
+
+    /// See [`Backend::fail_fast_since`].
+    fn tried_since(&self, issued: Instant) -> Result<(), DeviceError> {
+        if !self.past_the_limit() || !self.health.tried_and_failed_since(issued) {
+            return Ok(());
+        }
+        let why = self.health.outage().unwrap_or_else(|| "no answer".into());
+        Err(DeviceError::Io(format!(
+            "not sent: the storage service has not answered for longer than the I/O timeout ({} s), and a try made since this I/O was issued failed ({why})",
+            self.io_timeout.as_secs()
+        )))
+    }
+
+    /// Before each try of `a`: the time it must be over by when it is the one
+    /// try an I/O gets past the I/O timeout (`None`: the retry budget bounds
+    /// it), or the failure if a try already failed past it since the I/O was
+    /// issued (a run of the same write queued behind the others, which failed).
+    fn one_try(&self, a: &mut Attempt<'_>) -> Result<Option<Instant>, DeviceError> {
+        a.tried = Instant::now();
+        if !self.past_the_limit() {
+            return Ok(None);
+        }
+        self.tried_since(a.started)?;
+        Ok(Some(a.tried + self.try_time))
     }
 
     fn succeeded(&self, a: &Attempt<'_>) {
@@ -239,10 +296,17 @@ impl Patience {
         let refused = e.code() == Some(SEQUENCE_REFUSED);
         if refused {
             // A refusal is an answer: whatever outage there was is over (the
-            // first write after a long one is often refused, see below).
+            // first write after a long one is often refused, see below), for
+            // this I/O too: one that waited through it from before the I/O
+            // timeout and is refused once the service is back (the late
+            // increments of its abandoned attempts landing first) is sent
+            // again, not failed for its age. That failure, a second after the
+            // service came back, made ext4 abort its journal.
             self.health.succeeded();
+            a.waiting_since = Instant::now();
         } else {
-            self.health.failed(a.started, &e.to_string());
+            self.health
+                .failed_try(a.waiting_since, a.tried, &e.to_string());
         }
         // The I/O timeout counts from the start of the outage, not of this I/O:
         // once the service has failed everything for that long, each further I/O
@@ -252,7 +316,7 @@ impl Patience {
             .health
             .failing_for()
             .unwrap_or_default()
-            .max(a.started.elapsed());
+            .max(a.waiting_since.elapsed());
         let within = !self.give_up.load(Ordering::SeqCst)
             && (self.unbounded.load(Ordering::SeqCst) || outage < self.io_timeout);
         // A write the sequence-number fence refused was surely not carried out, so
@@ -281,15 +345,25 @@ impl Patience {
 
     /// Runs `op` until it succeeds, fails for a reason other than an outage, or the
     /// outage outlasts the I/O timeout.
-    async fn run<T, F, Fut>(&self, fenced: &AtomicBool, mut op: F) -> Result<T, DeviceError>
+    /// `issued`: when the I/O it is part of was issued.
+    async fn run<T, F, Fut>(
+        &self,
+        issued: Instant,
+        fenced: &AtomicBool,
+        mut op: F,
+    ) -> Result<T, DeviceError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, AzureError>>,
     {
         self.check_given_up()?;
-        let mut a = self.begin();
+        let mut a = self.begin(issued);
         loop {
-            match op().await {
+            let result = match self.one_try(&mut a)? {
+                Some(deadline) => crate::azure::pipeline::one_try(deadline, op()).await,
+                None => op().await,
+            };
+            match result {
                 Ok(v) => {
                     self.succeeded(&a);
                     return Ok(v);
@@ -358,6 +432,27 @@ impl Backend for RemoteBackend {
         first_error(results)
     }
 
+    /// The data is left as it is: a flush that waited for another one (the
+    /// background flusher's, another fsync's) had its one try made for it, and
+    /// a second would double its wait.
+    fn fail_fast_since(&self, issued: Instant) -> Result<(), DeviceError> {
+        self.patience.tried_since(issued)
+    }
+
+    fn past_the_io_timeout(&self) -> bool {
+        self.patience.past_the_limit()
+    }
+
+    /// Reads the blob's properties, as one try past the I/O timeout.
+    fn probe(&self) -> Result<(), DeviceError> {
+        self.rt
+            .block_on(
+                self.patience
+                    .run(Instant::now(), &self.fenced, || self.blob.properties()),
+            )
+            .map(|_| ())
+    }
+
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         let Some(t) = &self.tier else {
             return self.discard_blob(offset, len);
@@ -413,9 +508,10 @@ impl RemoteBackend {
     /// Bodies stream straight into `parts`. Reads longer than [`MAX_GET`] go out
     /// as parallel ranged GETs of at most that, each waited for by its own thread.
     fn read_blob_scattered(&self, offset: u64, parts: &mut [&mut [u8]]) -> Result<(), DeviceError> {
+        let issued = Instant::now();
         let total: usize = parts.iter().map(|p| p.len()).sum();
         if total as u64 <= MAX_GET {
-            return self.read_run(offset, parts);
+            return self.read_run(issued, offset, parts);
         }
         let mut groups = ranged_gets(offset, parts, MAX_GET);
         let results: Vec<Result<(), DeviceError>> = std::thread::scope(|s| {
@@ -423,7 +519,7 @@ impl RemoteBackend {
                 .iter_mut()
                 .map(|(at, group)| {
                     let at = *at;
-                    s.spawn(move || self.read_run(at, group))
+                    s.spawn(move || self.read_run(issued, at, group))
                 })
                 .collect();
             tasks
@@ -443,6 +539,7 @@ impl RemoteBackend {
             Ok(l) => l.to_string(),
             Err(e) => return vec![Err(e); runs.len().max(1)],
         };
+        let issued = Instant::now();
         let sem = self.puts.clone();
         let fenced = self.fenced.clone();
         let results =
@@ -461,7 +558,7 @@ impl RemoteBackend {
                             return Err(DeviceError::LeaseLost("fenced".into()));
                         }
                         patience
-                            .run(&fenced, || {
+                            .run(issued, &fenced, || {
                                 blob.put_pages_fenced(offset, data.clone(), Some(&lease), &wf)
                             })
                             .await
@@ -480,13 +577,16 @@ impl RemoteBackend {
 
     fn discard_blob(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         let lease = self.check_writable()?.to_string();
+        let issued = Instant::now();
         let mut pos = offset;
         while pos < offset + len {
             let l = (offset + len - pos).min(MAX_CLEAR);
-            let cleared = self.rt.block_on(self.patience.run(&self.fenced, || {
-                self.blob
-                    .clear_pages_fenced(pos, l, Some(&lease), &self.write_fence)
-            }));
+            let cleared = self
+                .rt
+                .block_on(self.patience.run(issued, &self.fenced, || {
+                    self.blob
+                        .clear_pages_fenced(pos, l, Some(&lease), &self.write_fence)
+                }));
             if let Err(e) = cleared {
                 // The last attempt may still be carried out, long after the cache
                 // took the range back from the blob: fence it now, or it could
@@ -545,6 +645,7 @@ mod tests {
     fn patience(io_timeout: Duration) -> Patience {
         Patience {
             io_timeout,
+            try_time: Duration::from_secs(20),
             unbounded: AtomicBool::new(false),
             give_up: AtomicBool::new(false),
             health: Arc::new(Health::default()),
@@ -581,8 +682,23 @@ mod tests {
             .unwrap();
         let p = patience(Duration::from_secs(10));
         let fenced = AtomicBool::new(false);
+        // A write refused by the sequence-number fence once the service is
+        // back, in an I/O that has waited longer than the I/O timeout: the
+        // service answered, so it is sent again, not failed for its age.
+        p.health
+            .failed(Instant::now() - Duration::from_secs(20), "down");
+        let mut a = p.begin(Instant::now() - Duration::from_secs(20));
+        assert!(rt
+            .block_on(p.wait_or_fail(&mut a, &fenced, refused()))
+            .is_ok());
+        // And if it then meets no answer again, a new outage begins for it.
+        assert!(rt
+            .block_on(p.wait_or_fail(&mut a, &fenced, unreachable()))
+            .is_ok());
+        drop(a);
+        p.health.succeeded();
         // A new I/O early in an outage waits and tries again.
-        let mut a = p.begin();
+        let mut a = p.begin(Instant::now());
         assert!(rt
             .block_on(p.wait_or_fail(&mut a, &fenced, unreachable()))
             .is_ok());
@@ -591,17 +707,62 @@ mod tests {
         // new I/O fails after its one try.
         p.health
             .failed(Instant::now() - Duration::from_secs(20), "down");
-        let mut a = p.begin();
+        let mut a = p.begin(Instant::now());
         assert!(rt
             .block_on(p.wait_or_fail(&mut a, &fenced, unreachable()))
             .is_err());
         drop(a);
         // A write the sequence-number fence refused is an answer: the outage is
         // over, and the write is sent again instead of failing.
-        let mut a = p.begin();
+        let mut a = p.begin(Instant::now());
         assert!(rt
             .block_on(p.wait_or_fail(&mut a, &fenced, refused()))
             .is_ok());
         assert_eq!(p.health.failing_for(), None);
+    }
+
+    #[test]
+    fn past_the_io_timeout_one_try_is_bounded_by_one_request_timeout_whatever_the_limit() {
+        // Issue 46: at the default limit (300 s) as at any other, a try past it
+        // must be over within one request timeout, and a run of the same I/O
+        // queued behind one that failed (or a flush that waited for a failed
+        // one) gets no try of its own.
+        let p = patience(DEFAULT_IO_TIMEOUT);
+        let early = Instant::now() - Duration::from_secs(1);
+        let issued = Instant::now();
+        let mut a = p.begin(issued);
+        assert_eq!(p.one_try(&mut a).unwrap(), None, "no outage: no deadline");
+        p.health.failed(
+            Instant::now() - DEFAULT_IO_TIMEOUT + Duration::from_secs(1),
+            "down",
+        );
+        assert_eq!(
+            p.one_try(&mut a).unwrap(),
+            None,
+            "within the limit: the budget bounds it"
+        );
+        // Past the limit, a try that started before this I/O was issued failed
+        // (sent while the service was silent, cut off as it came back): this I/O
+        // still gets its own try.
+        let outage = Instant::now() - DEFAULT_IO_TIMEOUT - Duration::from_secs(1);
+        p.health.failed_try(outage, early, "down");
+        assert!(p.tried_since(issued).is_ok());
+        assert!(p.one_try(&mut a).unwrap().is_some());
+        // One that started since failed: no further try.
+        p.health.failed_try(outage, Instant::now(), "down");
+        assert!(p.one_try(&mut a).is_err());
+        assert!(p.tried_since(issued).is_err());
+        drop(a);
+        // A new I/O past the limit gets one try of one request timeout.
+        let mut a = p.begin(Instant::now());
+        let before = Instant::now();
+        let deadline = p.one_try(&mut a).unwrap().expect("past the limit: one try");
+        assert!(deadline >= before + p.try_time && deadline <= Instant::now() + p.try_time);
+        assert!(p.tried_since(a.started).is_ok());
+        drop(a);
+        // During unmount it waits without limit: no deadline.
+        p.unbounded.store(true, Ordering::SeqCst);
+        let mut a = p.begin(Instant::now());
+        assert_eq!(p.one_try(&mut a).unwrap(), None);
     }
 }

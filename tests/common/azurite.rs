@@ -1,10 +1,13 @@
 //! The Azurite every integration test talks to.
 //!
-//! `scripts/test.sh` starts one emulator for the whole run and exports its port in
-//! `BLOBDRIVE_TEST_AZURITE_PORT`. A test binary run on its own (`cargo test --test
-//! cli`) starts its own emulator instead, once, through `scripts/azurite.sh` (same
-//! flags, free port, bounded wait), under a guard shell that stops it by pid when
-//! the test binary exits. Statics are never dropped, so the guard does not wait for
+//! Each test binary starts its own emulator, once, through `scripts/azurite.sh`
+//! (free port, bounded wait), under a guard shell that stops it by pid when the
+//! test binary exits; `BLOBDRIVE_TEST_AZURITE_PORT` points a binary at one that
+//! is already running instead. Its blobs are kept on disk, in its state
+//! directory (`AZURITE_PERSISTENCE=disk`), not in memory: Azurite collects
+//! garbage every ten minutes from its start, and over a large in-memory store
+//! that kept it from answering for over 18 minutes at full CPU (issue 46), which
+//! a binary run long (under load, or with the soak knobs) would meet. Statics are never dropped, so the guard does not wait for
 //! a destructor: it waits for EOF on a pipe whose only write end this process holds,
 //! and the kernel closes that when the process ends, however it ends.
 
@@ -116,6 +119,7 @@ fn start_own() -> Azurite {
         .keep();
 
     let mut guard = Command::new("bash")
+        .env("AZURITE_PERSISTENCE", "disk")
         .arg("-c")
         .arg(GUARD)
         .arg("azurite-guard")

@@ -177,18 +177,22 @@ fn listening(port: u16) -> bool {
     .is_ok()
 }
 
-/// Guard for an HTTPS Azurite: starts it, prints its pid, and stops it (SIGTERM,
-/// then SIGKILL, by that pid) when its stdin reaches EOF.
+/// Guard for an HTTPS Azurite: starts it with its blobs on disk in `$6` (see
+/// `common::azurite` for why not in memory), prints its pid, and stops it
+/// (SIGTERM, then SIGKILL, by that pid) when its stdin reaches EOF, then removes
+/// `$6`.
 const AZURITE_GUARD: &str = r#"
 trap '' INT HUP PIPE
-"$1" --inMemoryPersistence --disableTelemetry --blobHost 127.0.0.1 --blobPort "$2" \
+mkdir -p "$6"
+"$1" --location "$6" --disableTelemetry --blobHost 127.0.0.1 --blobPort "$2" \
     --skipApiVersionCheck --loose --oauth basic --cert "$3" --key "$4" >"$5" 2>&1 </dev/null &
 pid=$!
 echo "$pid"
 cat >/dev/null
 kill -TERM "$pid" 2>/dev/null
-for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || exit 0; sleep 0.1; done
-kill -KILL "$pid" 2>/dev/null
+stopped() { for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done; return 1; }
+stopped || { kill -KILL "$pid" 2>/dev/null; stopped; }
+rm -rf "$6"
 "#;
 
 /// Azurite over HTTPS with `--oauth basic`, its certificate signed by [`Pki`]'s CA.
@@ -226,6 +230,7 @@ impl TlsAzurite {
                 .arg(&pki.server_cert)
                 .arg(&pki.server_key)
                 .arg(&log)
+                .arg(pki.dir.join(format!("azurite-{port}-data")))
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()

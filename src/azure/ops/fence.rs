@@ -16,6 +16,7 @@
 //! the number larger, and the next refusal learns it.
 
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use reqwest::Method;
 
@@ -30,6 +31,8 @@ pub struct WriteFence {
     numbers: Mutex<Numbers>,
     /// Held while raising, so concurrent writers raise once, not once each.
     raising: tokio::sync::Mutex<()>,
+    /// When the latest raise failed for want of an answer.
+    unanswered_raise: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug, Default)]
@@ -61,11 +64,18 @@ impl WriteFence {
             lease,
             numbers: Mutex::new(Numbers::default()),
             raising: tokio::sync::Mutex::new(()),
+            unanswered_raise: Mutex::new(None),
         })
     }
 
     fn numbers(&self) -> std::sync::MutexGuard<'_, Numbers> {
         self.numbers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn unanswered_raise(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.unanswered_raise
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// The number the next attempt must carry, raised first if an attempt that
@@ -74,12 +84,35 @@ impl WriteFence {
         if let Some(n) = self.numbers().usable() {
             return Ok(n);
         }
+        let asked = Instant::now();
         let _one_at_a_time = self.raising.lock().await;
         if let Some(n) = self.numbers().usable() {
             return Ok(n);
         }
+        // A raise that got no answer while this writer waited for its turn is
+        // this writer's failure too: the service is silent, and raising again
+        // one writer after another made a flush of many runs wait for one
+        // retry budget per run before it could fail.
+        let failed = *self.unanswered_raise();
+        if let Some(at) = failed.filter(|at| *at >= asked) {
+            return Err(AzureError::Unreachable {
+                op: Op::SetProperties,
+                target: self.blob.target(),
+                endpoint: self.blob.service().account().endpoint_for_messages(),
+                detail: "another write's raise of the sequence number went unanswered meanwhile"
+                    .into(),
+                attempts: 0,
+                elapsed: at.saturating_duration_since(asked),
+            });
+        }
         // Boxed: raising sends a request through the pipeline that called us.
-        let raised = Box::pin(self.blob.increment_sequence_number(self.lease.as_deref())).await?;
+        let raised = Box::pin(self.blob.increment_sequence_number(self.lease.as_deref()))
+            .await
+            .inspect_err(|e| {
+                if matches!(e, AzureError::Unreachable { .. }) {
+                    *self.unanswered_raise() = Some(Instant::now());
+                }
+            })?;
         self.blob
             .service()
             .counters()

@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tracing::{debug, warn};
@@ -79,6 +79,7 @@ impl<B: Backend> Cache<B> {
     /// Writes every sector that is dirty now; returns when all of it is in the
     /// backend (fsync, unmount). Data written meanwhile may stay dirty.
     pub fn flush(&self) -> Result<(), DeviceError> {
+        let issued = Instant::now();
         let _order = self.order_lock();
         let pending: BTreeSet<u64> = self.lock().dirty.keys().copied().collect();
         if pending.is_empty() {
@@ -90,6 +91,9 @@ impl<B: Backend> Cache<B> {
                 self.dirty_bytes()
             )));
         }
+        // Past an outage's I/O timeout, a flush that waited here for another one
+        // that failed gets no try of its own: it would wait twice as long.
+        self.backend.fail_fast_since(issued)?;
         self.counters.flushes.fetch_add(1, Relaxed);
         self.write_blocks(pending, false)
     }
@@ -327,7 +331,7 @@ impl<B: Backend> Cache<B> {
     /// next flush.
     pub fn run_flusher(&self) {
         loop {
-            let (idle, full) = {
+            let (idle, full, dirty) = {
                 let st = self.lock();
                 let st = self
                     .changed
@@ -344,8 +348,19 @@ impl<B: Backend> Cache<B> {
                         .is_none_or(|t| t.elapsed() >= self.cfg.flush_after);
                 let full =
                     dirty > 0 && dirty >= self.cfg.dirty_limit / 2 && !self.has_complete_runs(&st);
-                (idle, full)
+                (idle, full, dirty > 0)
             };
+            if dirty && self.backend.past_the_io_timeout() {
+                // Past an outage's I/O timeout a flush here would hold the flush
+                // lock for a whole try, and an fsync that came meanwhile would
+                // fail only after that try and one of its own. A probe holds
+                // nothing; once it is answered, the next round flushes.
+                if let Err(e) = self.backend.probe() {
+                    debug!("the storage service still does not answer: {e}");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                continue;
+            }
             let result = if (idle || full) && !self.is_fenced() {
                 self.flush()
             } else {
