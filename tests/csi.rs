@@ -232,3 +232,407 @@ fn unpublishing_a_node_that_kept_its_mount_fences_its_writes() {
         "node-a's late write landed"
     );
 }
+
+/// The calls of one node plugin, by method name.
+struct Plugin<'a> {
+    stubs: &'a Path,
+    socket: PathBuf,
+}
+
+impl Plugin<'_> {
+    fn call(&self, method: &str, request: String) -> Result<serde_json::Value, String> {
+        call(self.stubs, &self.socket, method, &request)
+    }
+
+    fn ok(&self, method: &str, request: String) -> serde_json::Value {
+        self.call(method, request)
+            .unwrap_or_else(|e| panic!("{method}: {e}"))
+    }
+}
+
+fn sh_status(script: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", script])
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// Scenario 1 with two node plugins on one host: node-a stages, publishes,
+/// writes and fsyncs a file; node-b is refused; node-a is unpublished by the
+/// controller without unstaging, so its next write and fsync fail; node-b
+/// stages and publishes the volume and sees the fsynced file and not the late
+/// one, and its own files do not change as node-a then unpublishes and
+/// unstages (in bounded time).
+#[test]
+fn a_volume_fails_over_to_another_node_by_fencing_the_first() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let cs = Azurite::shared().connection_string();
+    let container = unique_container("csi-failover");
+    let _a = Driver::start(&cs, &dir.path().join("a.sock"), "node-a", &container);
+    let _b = Driver::start(&cs, &dir.path().join("b.sock"), "node-b", &container);
+    let a = Plugin {
+        stubs: dir.path(),
+        socket: dir.path().join("a.sock"),
+    };
+    let b = Plugin {
+        stubs: dir.path(),
+        socket: dir.path().join("b.sock"),
+    };
+    let vol = a.ok(
+        "CreateVolume",
+        format!(r#"{{"name": "failover", "capacity_range": {{"required_bytes": 67108864}}, "volume_capabilities": [{MOUNT_CAP}]}}"#),
+    );
+    let id = vol["volume"]["volume_id"].as_str().unwrap().to_string();
+    let publish = |node: &str| {
+        a.call(
+            "ControllerPublishVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "node_id": "{node}", "volume_capability": {MOUNT_CAP}}}"#
+            ),
+        )
+    };
+    let stage = |p: &Plugin, at: &Path| {
+        p.ok(
+            "NodeStageVolume",
+            format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {MOUNT_CAP}}}"#, at.display()),
+        );
+    };
+    let node_publish = |p: &Plugin, staging: &Path, target: &Path| {
+        p.ok(
+            "NodePublishVolume",
+            format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "target_path": "{}", "volume_capability": {MOUNT_CAP}}}"#, staging.display(), target.display()),
+        );
+    };
+    let (stage_a, target_a) = (dir.path().join("a-stage"), dir.path().join("a-target"));
+    let (stage_b, target_b) = (dir.path().join("b-stage"), dir.path().join("b-target"));
+    publish("node-a").unwrap();
+    stage(&a, &stage_a);
+    node_publish(&a, &stage_a, &target_a);
+    let ta = target_a.display().to_string();
+    assert!(sh_status(&format!(
+        "echo fsynced > '{ta}/kept' && sync '{ta}/kept'"
+    )));
+    let refused = publish("node-b").unwrap_err();
+    assert!(
+        refused.starts_with("error FAILED_PRECONDITION"),
+        "{refused}"
+    );
+    a.ok(
+        "ControllerUnpublishVolume",
+        format!(r#"{{"volume_id": "{id}", "node_id": "node-a"}}"#),
+    );
+    // node-a is cut off, not dead: it writes on, and its fsync fails.
+    let late = sh_status(&format!(
+        "python3 -c \"import os; f=os.open('{ta}/late', os.O_WRONLY|os.O_CREAT); os.write(f, b'late'*4096); os.fsync(f)\""
+    ));
+    assert!(!late, "node-a's fsync after it was fenced succeeded");
+    publish("node-b").unwrap();
+    stage(&b, &stage_b);
+    node_publish(&b, &stage_b, &target_b);
+    let kept = std::fs::read_to_string(target_b.join("kept")).unwrap();
+    assert_eq!(kept, "fsynced\n");
+    assert!(
+        !target_b.join("late").exists(),
+        "node-a's late write reached node-b"
+    );
+    let tb = target_b.display().to_string();
+    assert!(sh_status(&format!(
+        "echo mine > '{tb}/b-file' && sync '{tb}/b-file'"
+    )));
+    let before = std::fs::read_to_string(target_b.join("b-file")).unwrap();
+    // node-a lets go, in bounded time, fenced as it is.
+    let started = Instant::now();
+    a.ok(
+        "NodeUnpublishVolume",
+        format!(r#"{{"volume_id": "{id}", "target_path": "{ta}"}}"#),
+    );
+    a.ok(
+        "NodeUnstageVolume",
+        format!(
+            r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
+            stage_a.display()
+        ),
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(90),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!blobdrive::mount::system::is_mountpoint(&stage_a));
+    assert_eq!(
+        std::fs::read_to_string(target_b.join("b-file")).unwrap(),
+        before
+    );
+    assert_eq!(
+        std::fs::read_to_string(target_b.join("kept")).unwrap(),
+        "fsynced\n"
+    );
+    // node-b lets go; the volume is deleted and nothing is left.
+    b.ok(
+        "NodeUnpublishVolume",
+        format!(r#"{{"volume_id": "{id}", "target_path": "{tb}"}}"#),
+    );
+    b.ok(
+        "NodeUnstageVolume",
+        format!(
+            r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
+            stage_b.display()
+        ),
+    );
+    a.ok(
+        "ControllerUnpublishVolume",
+        format!(r#"{{"volume_id": "{id}", "node_id": "node-b"}}"#),
+    );
+    a.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
+}
+
+/// Scenarios 4 and 5: a raw block volume is a block device at the target, and
+/// 1 MiB written with O_DIRECT reads back; SIGKILL of the node plugin leaves it
+/// serving (its daemon is its own process), and once the plugin is back,
+/// unpublish and unstage succeed and the lease is released.
+#[test]
+fn a_block_volume_outlives_its_node_plugin_killed() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let cs = Azurite::shared().connection_string();
+    let container = unique_container("csi-block");
+    let socket = dir.path().join("a.sock");
+    let mut driver = Driver::start(&cs, &socket, "node-a", &container);
+    let a = Plugin {
+        stubs: dir.path(),
+        socket: socket.clone(),
+    };
+    const BLOCK_CAP: &str = r#"{"block": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}"#;
+    let vol = a.ok(
+        "CreateVolume",
+        format!(r#"{{"name": "raw", "capacity_range": {{"required_bytes": 33554432}}, "volume_capabilities": [{BLOCK_CAP}]}}"#),
+    );
+    let id = vol["volume"]["volume_id"].as_str().unwrap().to_string();
+    a.ok(
+        "ControllerPublishVolume",
+        format!(
+            r#"{{"volume_id": "{id}", "node_id": "node-a", "volume_capability": {BLOCK_CAP}}}"#
+        ),
+    );
+    let (staging, target) = (dir.path().join("stage"), dir.path().join("dev"));
+    a.ok(
+        "NodeStageVolume",
+        format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {BLOCK_CAP}}}"#, staging.display()),
+    );
+    a.ok(
+        "NodePublishVolume",
+        format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "target_path": "{}", "volume_capability": {BLOCK_CAP}}}"#, staging.display(), target.display()),
+    );
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata(&target)
+        .unwrap()
+        .file_type()
+        .is_block_device());
+    let t = target.display();
+    let data = dir.path().join("data");
+    std::fs::write(
+        &data,
+        (0..1u32 << 20)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    assert!(sh_status(&format!(
+        "dd if='{}' of='{t}' bs=1M count=1 oflag=direct conv=fsync status=none",
+        data.display()
+    )));
+    // The plugin dies; the volume goes on serving.
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(driver.child.id() as i32, libc::SIGKILL) };
+    driver.child.wait().unwrap();
+    let back = dir.path().join("back");
+    assert!(sh_status(&format!(
+        "dd if='{t}' of='{}' bs=1M count=1 iflag=direct status=none",
+        back.display()
+    )));
+    assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&data).unwrap());
+    // Back again on the same socket: unpublish and unstage work.
+    let _again = Driver::start(&cs, &socket, "node-a", &container);
+    a.ok(
+        "NodeUnpublishVolume",
+        format!(r#"{{"volume_id": "{id}", "target_path": "{t}"}}"#),
+    );
+    a.ok(
+        "NodeUnstageVolume",
+        format!(
+            r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
+            staging.display()
+        ),
+    );
+    a.ok(
+        "ControllerUnpublishVolume",
+        format!(r#"{{"volume_id": "{id}", "node_id": "node-a"}}"#),
+    );
+    let image = dir.path().join("image");
+    let seen = read_blob(&cs, &id, &image);
+    assert_eq!(seen["lease_state"], "available", "{seen}");
+    assert_eq!(
+        std::fs::read(&image).unwrap()[..1 << 20],
+        std::fs::read(&data).unwrap()[..]
+    );
+    a.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
+}
+
+/// Scenarios 2, 3 and 6: a snapshot of a published volume becomes a new
+/// volume that another node stages with the files in it; the published volume
+/// grows from 1 to 2 GiB, its filesystem shows it without a remount and its
+/// files are intact (xfs: growing a mounted ext4 needs CAP_SYS_RESOURCE, which
+/// this machine lacks); deleting every volume and snapshot leaves no blob and
+/// no daemon.
+#[test]
+fn snapshots_restore_on_another_node_and_a_published_volume_grows_online() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let cs = Azurite::shared().connection_string();
+    let container = unique_container("csi-snap");
+    let _a = Driver::start(&cs, &dir.path().join("a.sock"), "node-a", &container);
+    let _b = Driver::start(&cs, &dir.path().join("b.sock"), "node-b", &container);
+    let a = Plugin {
+        stubs: dir.path(),
+        socket: dir.path().join("a.sock"),
+    };
+    let b = Plugin {
+        stubs: dir.path(),
+        socket: dir.path().join("b.sock"),
+    };
+    const XFS_CAP: &str =
+        r#"{"mount": {"fs_type": "xfs"}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}"#;
+    const GIB: u64 = 1 << 30;
+    let create = |name: &str, extra: &str| {
+        a.ok(
+            "CreateVolume",
+            format!(r#"{{"name": "{name}", "capacity_range": {{"required_bytes": {GIB}}}, "volume_capabilities": [{XFS_CAP}]{extra}}}"#),
+        )["volume"]["volume_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let bring_up = |p: &Plugin, node: &str, id: &str, tag: &str| -> (PathBuf, PathBuf) {
+        let (staging, target) = (
+            dir.path().join(format!("{tag}-stage")),
+            dir.path().join(format!("{tag}-target")),
+        );
+        a.ok(
+            "ControllerPublishVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "node_id": "{node}", "volume_capability": {XFS_CAP}}}"#
+            ),
+        );
+        p.ok("NodeStageVolume", format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {XFS_CAP}}}"#, staging.display()));
+        p.ok("NodePublishVolume", format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "target_path": "{}", "volume_capability": {XFS_CAP}}}"#, staging.display(), target.display()));
+        (staging, target)
+    };
+    let take_down = |p: &Plugin, node: &str, id: &str, (staging, target): &(PathBuf, PathBuf)| {
+        p.ok(
+            "NodeUnpublishVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "target_path": "{}"}}"#,
+                target.display()
+            ),
+        );
+        p.ok(
+            "NodeUnstageVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
+                staging.display()
+            ),
+        );
+        a.ok(
+            "ControllerUnpublishVolume",
+            format!(r#"{{"volume_id": "{id}", "node_id": "{node}"}}"#),
+        );
+    };
+    let orig = create("orig", "");
+    let on_a = bring_up(&a, "node-a", &orig, "a");
+    let file = on_a.1.join("f");
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 % 253) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    assert!(sh_status(&format!("sync '{}'", file.display())));
+    let snap = a.ok(
+        "CreateSnapshot",
+        format!(r#"{{"name": "s1", "source_volume_id": "{orig}"}}"#),
+    )["snapshot"]["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Grown while node-a holds it: the node grows it, online.
+    let grown = a.ok(
+        "ControllerExpandVolume",
+        format!(
+            r#"{{"volume_id": "{orig}", "capacity_range": {{"required_bytes": {}}}}}"#,
+            2 * GIB
+        ),
+    );
+    assert_eq!(grown["node_expansion_required"], true, "{grown}");
+    a.ok(
+        "NodeExpandVolume",
+        format!(r#"{{"volume_id": "{orig}", "volume_path": "{}", "staging_target_path": "{}", "capacity_range": {{"required_bytes": {}}}}}"#, on_a.1.display(), on_a.0.display(), 2 * GIB),
+    );
+    let stats = a.ok(
+        "NodeGetVolumeStats",
+        format!(
+            r#"{{"volume_id": "{orig}", "volume_path": "{}"}}"#,
+            on_a.1.display()
+        ),
+    );
+    let total: u64 = stats["usage"][0]["total"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        total > GIB * 3 / 2,
+        "the filesystem shows {total} bytes: {stats}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), data);
+    assert_eq!(blob_size(&cs, &orig), 2 * GIB + 512);
+    // The snapshot, as a new volume on node-b.
+    let copy = create(
+        "copy",
+        &format!(r#", "volume_content_source": {{"snapshot": {{"snapshot_id": "{snap}"}}}}"#),
+    );
+    let on_b = bring_up(&b, "node-b", &copy, "b");
+    assert_eq!(std::fs::read(on_b.1.join("f")).unwrap(), data);
+    take_down(&b, "node-b", &copy, &on_b);
+    take_down(&a, "node-a", &orig, &on_a);
+    a.ok("DeleteSnapshot", format!(r#"{{"snapshot_id": "{snap}"}}"#));
+    for id in [&orig, &copy] {
+        a.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
+    }
+    let listed = a.ok("ListVolumes", "{}".into());
+    assert!(listed.get("entries").is_none(), "{listed}");
+    let left = blobdrive::mount::record::load_all();
+    assert!(
+        left.iter().all(|r| !r.blob.starts_with(&container)),
+        "daemons left: {left:?}"
+    );
+}
+
+/// The blob's length as Microsoft's SDK reads it.
+fn blob_size(cs: &str, spec: &str) -> u64 {
+    let (container, blob) = spec.split_once('/').unwrap();
+    let out = Command::new(python())
+        .args([
+            "-c",
+            "import os, sys\nfrom azure.storage.blob import BlobServiceClient\nc = BlobServiceClient.from_connection_string(os.environ['AZURE_STORAGE_CONNECTION_STRING'])\nprint(c.get_blob_client(sys.argv[1], sys.argv[2]).get_blob_properties().size)",
+            container,
+            blob,
+        ])
+        .env("AZURE_STORAGE_CONNECTION_STRING", cs)
+        .output()
+        .unwrap();
+    stdout_of_success(&"get_blob_properties", out)
+        .trim()
+        .parse()
+        .unwrap()
+}

@@ -87,6 +87,23 @@ impl ControllerService {
         blob.copy_from(&source, None, None)
             .await
             .map_err(status_of)?;
+        // The copy brings the snapshot's metadata: not its source's publication
+        // (a new volume is published nowhere) nor the name it was taken as.
+        let props = blob.properties().await.map_err(status_of)?;
+        let kept: Vec<(&str, &str)> = props
+            .metadata
+            .iter()
+            .filter(|(k, _)| {
+                !k.eq_ignore_ascii_case(publish::PUBLISHED_META)
+                    && !k.eq_ignore_ascii_case(snapshots::SNAPSHOT_META)
+            })
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        if kept.len() != props.metadata.len() {
+            blob.set_metadata_if_match(&kept, None, props.etag.as_deref())
+                .await
+                .map_err(status_of)?;
+        }
         let size = asked.max(has);
         if size > has {
             crate::resize::grow(blob, size)

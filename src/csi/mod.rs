@@ -7,6 +7,8 @@
 //! - `publish.rs`: which node a volume is published to, and fencing a node
 //!   that lost it;
 //! - `snapshots.rs`: volume snapshots as blob snapshots;
+//! - `node.rs`: staging (a blobdrive mount at the staging path, its daemon
+//!   outliving the CSI process), publishing (a bind mount), stats, online grow;
 //! - `volume.rs`: volume ids, sizes and capabilities, checked before anything is
 //!   looked up, as csi-sanity expects.
 //!
@@ -16,6 +18,7 @@
 
 mod controller;
 mod identity;
+mod node;
 mod publish;
 mod snapshots;
 mod volume;
@@ -100,7 +103,7 @@ fn bind(path: &std::path::Path) -> Result<UnixListener, CsiError> {
     Ok(listener)
 }
 
-/// Serves Identity and Controller on `endpoint` until `stop` resolves.
+/// Serves Identity, Controller and Node on `endpoint` until `stop` resolves.
 pub async fn serve(
     driver: Driver,
     endpoint: &str,
@@ -114,8 +117,11 @@ pub async fn serve(
             identity::IdentityService,
         ))
         .add_service(proto::controller_server::ControllerServer::new(
-            controller::ControllerService::new(driver),
+            controller::ControllerService::new(driver.clone()),
         ))
+        .add_service(proto::node_server::NodeServer::new(node::NodeService::new(
+            driver.node_id,
+        )))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
         .await;
     let _ = std::fs::remove_file(&path);

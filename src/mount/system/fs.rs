@@ -132,15 +132,22 @@ pub fn mount_fs(
     read_only: bool,
     flags: &[String],
 ) -> Result<(), MountError> {
+    // A drive made from a snapshot (a restore beside its source, a CSI volume
+    // from a snapshot) holds an xfs with its source's UUID, which xfs refuses
+    // to mount beside the source unless told not to check. Two mounts of one
+    // drive are kept apart by its lease, not by the UUID.
+    let data = if fstype == "xfs" { "nouuid" } else { "" };
     if !read_only {
-        return mount_at(dev, at, fstype, flags, "");
+        return mount_at(dev, at, fstype, flags, data);
     }
     let mut ro: Vec<String> = flags.to_vec();
     ro.push("ro".into());
-    match mount_at(dev, at, fstype, &ro, "") {
+    match mount_at(dev, at, fstype, &ro, data) {
         Ok(()) => Ok(()),
         Err(e) if fstype == "ext4" => mount_at(dev, at, fstype, &ro, "noload").map_err(|_| e),
-        Err(e) if fstype == "xfs" => mount_at(dev, at, fstype, &ro, "norecovery").map_err(|_| e),
+        Err(e) if fstype == "xfs" => {
+            mount_at(dev, at, fstype, &ro, "norecovery,nouuid").map_err(|_| e)
+        }
         Err(e) => Err(e),
     }
 }
