@@ -367,17 +367,15 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
         .flat_map(|p| p["targets"].as_array().unwrap().clone())
         .map(|t| t["expr"].as_str().unwrap().to_string())
         .collect();
-    queries.extend(
-        readme
-            .lines()
-            .filter(|l| {
-                l.contains("blobdrive_")
-                    && !l.starts_with('#')
-                    && !l.starts_with('|')
-                    && !l.contains('`')
-            })
-            .map(str::to_string),
-    );
+    // The README's queries: the lines of its ```promql blocks, comments aside.
+    let mut in_promql = false;
+    for line in readme.lines() {
+        if line.starts_with("```") {
+            in_promql = line == "```promql";
+        } else if in_promql && !line.starts_with('#') && !line.trim().is_empty() {
+            queries.push(line.to_string());
+        }
+    }
     assert!(queries.len() >= 12, "{queries:?}");
     for q in &queries {
         let q = q.replace("$__rate_interval", "1m").replace("$drive", ".*");
