@@ -13,7 +13,8 @@
 #                                               changelog.Debian.gz
 # and maintainer scripts that make the blobdrive system user and /etc/blobdrive,
 # refuse removal while drives are mounted, and on purge remove /etc/blobdrive
-# (if the admin left nothing in it) and /run/blobdrive.
+# (if the admin left nothing in it) and the logs of past mounts in /run/blobdrive
+# (the directory too, once empty; never a live mount's files).
 #
 # Made with dpkg-deb from a staged tree: everything it needs comes with dpkg
 # (cargo-deb would first have to be built from crates.io, minutes on 2 cores),

@@ -28,6 +28,51 @@ fn stubs(dir: &Path) {
     stdout_of_success(&"grpc_tools.protoc", out);
 }
 
+/// The run directory of the mounts the node plugins of these tests make.
+fn csi_run() -> PathBuf {
+    run_dir("csi-run")
+}
+
+/// Takes down, when dropped, whatever a node plugin left under `dir` (a test
+/// that failed half-way): the bind mounts, then each staged drive, its cached
+/// data dropped (the emulator goes with the test binary).
+struct NodeLeftovers(PathBuf);
+
+impl Drop for NodeLeftovers {
+    fn drop(&mut self) {
+        use blobdrive::mount::system::{is_mountpoint, umount};
+        let mine: Vec<PathBuf> = mounted_in_csi_run()
+            .into_iter()
+            .filter(|m| m.starts_with(&self.0))
+            .collect();
+        if let Ok(entries) = std::fs::read_dir(&self.0) {
+            for e in entries.flatten() {
+                let p = e.path();
+                if is_mountpoint(&p) && !mine.contains(&p) {
+                    let _ = umount(&p, true);
+                }
+            }
+        }
+        for m in mine {
+            let _ = bd(
+                &csi_run(),
+                "",
+                &["unmount", &m.to_string_lossy(), "--discard-dirty", "--yes"],
+            );
+        }
+    }
+}
+
+/// The mountpoints of the drives mounted in [`csi_run`] (`blobdrive list`).
+fn mounted_in_csi_run() -> Vec<PathBuf> {
+    let out = bd(&csi_run(), "", &["list", "--json"]);
+    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| r["mountpoint"].as_str().map(PathBuf::from))
+        .collect()
+}
+
 /// A running `blobdrive csi`, stopped with SIGTERM when dropped.
 struct Driver {
     child: Child,
@@ -41,6 +86,9 @@ impl Driver {
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
             .env("AZURE_STORAGE_CONNECTION_STRING", cs)
+            // The node's mounts keep their records in this binary's own run
+            // directory, never the machine's.
+            .env("BLOBDRIVE_RUN_DIR", csi_run())
             .stdout(Stdio::null())
             .spawn()
             .expect("start blobdrive csi");
@@ -184,7 +232,7 @@ fn unpublishing_a_node_that_kept_its_mount_fences_its_writes() {
         )
     };
     publish("node-a").unwrap();
-    let run = run_dir("csi-run");
+    let run = csi_run();
     let mp = Mp::new(&run, &cs);
     ok(&run, &cs, &["mount", &id, mp.s(), "--mode", "raw"]);
     let disk = std::fs::OpenOptions::new()
@@ -269,6 +317,7 @@ fn a_volume_fails_over_to_another_node_by_fencing_the_first() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     stubs(dir.path());
+    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
     let cs = Azurite::shared().connection_string();
     let container = unique_container("csi-failover");
     let _a = Driver::start(&cs, &dir.path().join("a.sock"), "node-a", &container);
@@ -398,6 +447,7 @@ fn a_block_volume_outlives_its_node_plugin_killed() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     stubs(dir.path());
+    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
     let cs = Azurite::shared().connection_string();
     let container = unique_container("csi-block");
     let socket = dir.path().join("a.sock");
@@ -493,6 +543,7 @@ fn snapshots_restore_on_another_node_and_a_published_volume_grows_online() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     stubs(dir.path());
+    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
     let cs = Azurite::shared().connection_string();
     let container = unique_container("csi-snap");
     let _a = Driver::start(&cs, &dir.path().join("a.sock"), "node-a", &container);
@@ -611,9 +662,9 @@ fn snapshots_restore_on_another_node_and_a_published_volume_grows_online() {
     }
     let listed = a.ok("ListVolumes", "{}".into());
     assert!(listed.get("entries").is_none(), "{listed}");
-    let left = blobdrive::mount::record::load_all();
+    let left = mounted_in_csi_run();
     assert!(
-        left.iter().all(|r| !r.blob.starts_with(&container)),
+        left.iter().all(|m| !m.starts_with(dir.path())),
         "daemons left: {left:?}"
     );
 }

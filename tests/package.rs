@@ -87,6 +87,9 @@ for d in usr etc var; do
     mount -t overlay overlay -o "lowerdir=/$d,upperdir=$ov/$d.upper,workdir=$ov/$d.work" "/$d"
 done
 mount -t tmpfs -o mode=0755 tmpfs /run/mount 2>/dev/null || {{ mkdir -p /run/mount && mount -t tmpfs -o mode=0755 tmpfs /run/mount; }}
+# The system's run directory, which the package's purge cleans, private too:
+# other tests' drives are mounted in the real one meanwhile.
+mkdir -p /run/blobdrive && mount -t tmpfs -o mode=0700 tmpfs /run/blobdrive
 export BLOBDRIVE_RUN_DIR='{run}'
 export DEBIAN_FRONTEND=noninteractive
 trap 'dpkg --purge blobdrive >/dev/null 2>&1 || true' EXIT
@@ -168,7 +171,14 @@ echo "after-remove=$(dpkg-query -W -f='${{Status}}' blobdrive)"
 for f in /usr/bin/blobdrive /sbin/mount.blobdrive /sbin/umount.blobdrive /usr/lib/systemd/system/blobdrive@.service; do
     [ -e "$f" ] || [ -L "$f" ] && echo "LEFT-AFTER-REMOVE $f"
 done
+# What a mount of a blobdrive installed another way keeps in the run directory
+# (its record), and an old mount's log: the purge takes the log only.
+mkdir -p /run/blobdrive/mounts
+echo '{{}}' > /run/blobdrive/mounts/live.json
+echo old > /run/blobdrive/mounts/old.log
 dpkg --purge blobdrive >/dev/null
+[ -e /run/blobdrive/mounts/live.json ] || echo "PURGE-TOOK-A-LIVE-RECORD"
+[ -e /run/blobdrive/mounts/old.log ] && echo "LEFT-AFTER-PURGE /run/blobdrive/mounts/old.log"
 echo "after-purge=$(dpkg-query -W -f='${{Status}}' blobdrive 2>/dev/null || echo gone)"
 while read -r f; do
     [ -d "$f" ] && continue
@@ -251,6 +261,7 @@ fn the_package_installs_mounts_from_fstab_unmounts_and_purges_to_nothing() {
         "DAEMON-LEFT",
         "STILL-MOUNTED",
         "LEFT-AFTER-",
+        "PURGE-TOOK-A-LIVE-RECORD",
     ] {
         assert!(!o.contains(bad), "{bad}: {t}");
     }
