@@ -296,6 +296,47 @@ impl Plugin<'_> {
         self.call(method, request)
             .unwrap_or_else(|e| panic!("{method}: {e}"))
     }
+
+    /// NodeStageVolume of `id` at `staging`, with capability `cap` (JSON).
+    fn stage(&self, id: &str, staging: &Path, cap: &str) {
+        self.ok(
+            "NodeStageVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {cap}}}"#,
+                staging.display()
+            ),
+        );
+    }
+
+    /// NodePublishVolume of `id`, staged at `staging`, at `target`.
+    fn publish(&self, id: &str, staging: &Path, target: &Path, cap: &str) {
+        self.ok(
+            "NodePublishVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "staging_target_path": "{}", "target_path": "{}", "volume_capability": {cap}}}"#,
+                staging.display(),
+                target.display()
+            ),
+        );
+    }
+
+    /// NodeUnpublishVolume of `id` at `target`, then NodeUnstageVolume at `staging`.
+    fn take_down(&self, id: &str, staging: &Path, target: &Path) {
+        self.ok(
+            "NodeUnpublishVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "target_path": "{}"}}"#,
+                target.display()
+            ),
+        );
+        self.ok(
+            "NodeUnstageVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
+                staging.display()
+            ),
+        );
+    }
 }
 
 fn sh_status(script: &str) -> bool {
@@ -343,23 +384,11 @@ fn a_volume_fails_over_to_another_node_by_fencing_the_first() {
             ),
         )
     };
-    let stage = |p: &Plugin, at: &Path| {
-        p.ok(
-            "NodeStageVolume",
-            format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {MOUNT_CAP}}}"#, at.display()),
-        );
-    };
-    let node_publish = |p: &Plugin, staging: &Path, target: &Path| {
-        p.ok(
-            "NodePublishVolume",
-            format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "target_path": "{}", "volume_capability": {MOUNT_CAP}}}"#, staging.display(), target.display()),
-        );
-    };
     let (stage_a, target_a) = (dir.path().join("a-stage"), dir.path().join("a-target"));
     let (stage_b, target_b) = (dir.path().join("b-stage"), dir.path().join("b-target"));
     publish("node-a").unwrap();
-    stage(&a, &stage_a);
-    node_publish(&a, &stage_a, &target_a);
+    a.stage(&id, &stage_a, MOUNT_CAP);
+    a.publish(&id, &stage_a, &target_a, MOUNT_CAP);
     let ta = target_a.display().to_string();
     assert!(sh_status(&format!(
         "echo fsynced > '{ta}/kept' && sync '{ta}/kept'"
@@ -379,8 +408,8 @@ fn a_volume_fails_over_to_another_node_by_fencing_the_first() {
     ));
     assert!(!late, "node-a's fsync after it was fenced succeeded");
     publish("node-b").unwrap();
-    stage(&b, &stage_b);
-    node_publish(&b, &stage_b, &target_b);
+    b.stage(&id, &stage_b, MOUNT_CAP);
+    b.publish(&id, &stage_b, &target_b, MOUNT_CAP);
     let kept = std::fs::read_to_string(target_b.join("kept")).unwrap();
     assert_eq!(kept, "fsynced\n");
     assert!(
@@ -394,17 +423,7 @@ fn a_volume_fails_over_to_another_node_by_fencing_the_first() {
     let before = std::fs::read_to_string(target_b.join("b-file")).unwrap();
     // node-a lets go, in bounded time, fenced as it is.
     let started = Instant::now();
-    a.ok(
-        "NodeUnpublishVolume",
-        format!(r#"{{"volume_id": "{id}", "target_path": "{ta}"}}"#),
-    );
-    a.ok(
-        "NodeUnstageVolume",
-        format!(
-            r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
-            stage_a.display()
-        ),
-    );
+    a.take_down(&id, &stage_a, &target_a);
     assert!(
         started.elapsed() < Duration::from_secs(90),
         "{:?}",
@@ -420,17 +439,7 @@ fn a_volume_fails_over_to_another_node_by_fencing_the_first() {
         "fsynced\n"
     );
     // node-b lets go; the volume is deleted and nothing is left.
-    b.ok(
-        "NodeUnpublishVolume",
-        format!(r#"{{"volume_id": "{id}", "target_path": "{tb}"}}"#),
-    );
-    b.ok(
-        "NodeUnstageVolume",
-        format!(
-            r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
-            stage_b.display()
-        ),
-    );
+    b.take_down(&id, &stage_b, &target_b);
     a.ok(
         "ControllerUnpublishVolume",
         format!(r#"{{"volume_id": "{id}", "node_id": "node-b"}}"#),
@@ -469,14 +478,8 @@ fn a_block_volume_outlives_its_node_plugin_killed() {
         ),
     );
     let (staging, target) = (dir.path().join("stage"), dir.path().join("dev"));
-    a.ok(
-        "NodeStageVolume",
-        format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {BLOCK_CAP}}}"#, staging.display()),
-    );
-    a.ok(
-        "NodePublishVolume",
-        format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "target_path": "{}", "volume_capability": {BLOCK_CAP}}}"#, staging.display(), target.display()),
-    );
+    a.stage(&id, &staging, BLOCK_CAP);
+    a.publish(&id, &staging, &target, BLOCK_CAP);
     use std::os::unix::fs::FileTypeExt;
     assert!(std::fs::metadata(&target)
         .unwrap()
@@ -507,17 +510,7 @@ fn a_block_volume_outlives_its_node_plugin_killed() {
     assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&data).unwrap());
     // Back again on the same socket: unpublish and unstage work.
     let _again = Driver::start(&cs, &socket, "node-a", &container);
-    a.ok(
-        "NodeUnpublishVolume",
-        format!(r#"{{"volume_id": "{id}", "target_path": "{t}"}}"#),
-    );
-    a.ok(
-        "NodeUnstageVolume",
-        format!(
-            r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
-            staging.display()
-        ),
-    );
+    a.take_down(&id, &staging, &target);
     a.ok(
         "ControllerUnpublishVolume",
         format!(r#"{{"volume_id": "{id}", "node_id": "node-a"}}"#),
@@ -579,25 +572,12 @@ fn snapshots_restore_on_another_node_and_a_published_volume_grows_online() {
                 r#"{{"volume_id": "{id}", "node_id": "{node}", "volume_capability": {XFS_CAP}}}"#
             ),
         );
-        p.ok("NodeStageVolume", format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {XFS_CAP}}}"#, staging.display()));
-        p.ok("NodePublishVolume", format!(r#"{{"volume_id": "{id}", "staging_target_path": "{}", "target_path": "{}", "volume_capability": {XFS_CAP}}}"#, staging.display(), target.display()));
+        p.stage(id, &staging, XFS_CAP);
+        p.publish(id, &staging, &target, XFS_CAP);
         (staging, target)
     };
     let take_down = |p: &Plugin, node: &str, id: &str, (staging, target): &(PathBuf, PathBuf)| {
-        p.ok(
-            "NodeUnpublishVolume",
-            format!(
-                r#"{{"volume_id": "{id}", "target_path": "{}"}}"#,
-                target.display()
-            ),
-        );
-        p.ok(
-            "NodeUnstageVolume",
-            format!(
-                r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
-                staging.display()
-            ),
-        );
+        p.take_down(id, staging, target);
         a.ok(
             "ControllerUnpublishVolume",
             format!(r#"{{"volume_id": "{id}", "node_id": "{node}"}}"#),

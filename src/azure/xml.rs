@@ -156,13 +156,18 @@ pub struct BlobListPage {
     pub next_marker: Option<String>,
 }
 
-/// A snapshot id as the service names one (`2026-11-22T11:05:54.5810000Z`): it is
-/// printed, and sent back in URLs, so anything else is refused, never shown.
-fn snapshot_id(t: String) -> Result<String, String> {
-    let timestamp_like = t.len() <= 64
+/// Whether `t` looks like a snapshot id as the service names one
+/// (`2026-11-22T11:05:54.5810000Z`): one is printed, and sent back in URLs.
+pub fn is_snapshot_id(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 64
         && t.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'-'));
-    if timestamp_like {
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'-'))
+}
+
+/// A listed snapshot id, refused (never shown) unless [`is_snapshot_id`].
+fn snapshot_id(t: String) -> Result<String, String> {
+    if is_snapshot_id(&t) {
         Ok(t)
     } else {
         Err(format!(

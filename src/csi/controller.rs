@@ -12,8 +12,8 @@ use super::proto::*;
 use super::publish;
 use super::snapshots;
 use super::volume::{self, VolumeId};
-use super::Driver;
-use crate::azure::{AzureError, BlobClient, DeleteSnapshots};
+use super::{status_of, Driver};
+use crate::azure::{BlobClient, DeleteSnapshots};
 use crate::drive::{self, Drive, DriveError};
 
 /// The StorageClass parameter that names the container of new volumes.
@@ -126,16 +126,6 @@ impl ControllerService {
             Err(DriveError::Azure(e)) if e.is_not_found() => Ok(None),
             Err(e) => Err(status_of_drive(e)),
         }
-    }
-}
-
-/// A status for a failure of the storage service: UNAVAILABLE while it may
-/// come back (the CO retries), INTERNAL otherwise.
-fn status_of(e: AzureError) -> Status {
-    if e.is_outage() {
-        Status::unavailable(e.to_string())
-    } else {
-        Status::internal(e.to_string())
     }
 }
 
@@ -381,12 +371,7 @@ impl Controller for ControllerService {
                 "ListVolumes lists the driver's --container, and none was given",
             ));
         };
-        let start: usize = match req.starting_token.as_str() {
-            "" => 0,
-            t => t
-                .parse()
-                .map_err(|_| Status::aborted(format!("starting token '{t}' is not one of ours")))?,
-        };
+        let start = volume::starting_at(&req.starting_token)?;
         let items = match self
             .driver
             .service
@@ -408,19 +393,9 @@ impl Controller for ControllerService {
             })
             .collect();
         all.sort_by(|a, b| a.0.blob.cmp(&b.0.blob));
-        if start > all.len() {
-            return Err(Status::aborted(format!(
-                "starting token {start} is past the {} volumes",
-                all.len()
-            )));
-        }
-        let page = match req.max_entries {
-            n if n < 0 => return Err(Status::invalid_argument("max_entries may not be negative")),
-            0 => LIST_PAGE,
-            n => n as usize,
-        };
-        let end = (start + page).min(all.len());
-        let entries = all[start..end]
+        let (window, next_token) =
+            volume::page(start, all.len(), req.max_entries, LIST_PAGE, "volumes")?;
+        let entries = all[window]
             .iter()
             .map(|(id, size)| list_volumes_response::Entry {
                 volume: Some(volume(id, *size, None)),
@@ -429,11 +404,7 @@ impl Controller for ControllerService {
             .collect();
         Ok(Response::new(ListVolumesResponse {
             entries,
-            next_token: if end < all.len() {
-                end.to_string()
-            } else {
-                String::new()
-            },
+            next_token,
         }))
     }
 
@@ -480,7 +451,7 @@ impl Controller for ControllerService {
         if req.name.is_empty() {
             return Err(Status::invalid_argument("a snapshot name is required"));
         }
-        snapshots::check_name(&req.name)?;
+        volume::check_name(&req.name, "snapshot")?;
         let source = VolumeId::parse(&req.source_volume_id)
             .ok_or_else(|| Status::not_found(format!("no volume {}", req.source_volume_id)))?;
         // Taken already by this name: the same answer, or ALREADY_EXISTS if it

@@ -39,6 +39,16 @@ pub mod proto {
     tonic::include_proto!("csi.v1");
 }
 
+/// A status for a failure of the storage service: UNAVAILABLE while it may
+/// come back (the CO retries), INTERNAL otherwise.
+fn status_of(e: crate::azure::AzureError) -> tonic::Status {
+    if e.is_outage() {
+        tonic::Status::unavailable(e.to_string())
+    } else {
+        tonic::Status::internal(e.to_string())
+    }
+}
+
 /// What the driver serves, and where its drives live.
 #[derive(Clone)]
 pub struct Driver {

@@ -331,7 +331,8 @@ impl Node for NodeService {
         let meta = std::fs::metadata(&path)
             .map_err(|_| Status::not_found(format!("{} does not exist", path.display())))?;
         let usage = if meta.is_dir() {
-            let st = statvfs(&path)?;
+            let st = system::statvfs(&path)
+                .map_err(|e| Status::internal(format!("cannot statvfs {}: {e}", path.display())))?;
             let block = st.f_frsize;
             vec![
                 VolumeUsage {
@@ -413,19 +414,4 @@ impl Node for NodeService {
             accessible_topology: None,
         }))
     }
-}
-
-fn statvfs(path: &Path) -> Result<libc::statvfs, Status> {
-    let c = c_path(path)?;
-    // SAFETY: a zeroed statvfs is a valid out-parameter.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid path and `st` a statvfs the call fills.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(Status::internal(format!(
-            "cannot statvfs {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok(st)
 }

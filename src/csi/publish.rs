@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use tonic::Status;
 
-use crate::azure::{AzureError, BlobClient, BlobProperties};
+use super::status_of;
+use crate::azure::{BlobClient, BlobProperties};
 
 /// The metadata name of the node a volume is published to for writing.
 pub const PUBLISHED_META: &str = "blobdrive_csi_node";
@@ -30,14 +31,6 @@ pub fn published_to(props: &BlobProperties) -> Option<&str> {
         .find(|(k, _)| k.eq_ignore_ascii_case(PUBLISHED_META))
         .map(|(_, v)| v.as_str())
         .filter(|v| !v.is_empty())
-}
-
-fn status_of(e: AzureError) -> Status {
-    if e.is_outage() {
-        Status::unavailable(e.to_string())
-    } else {
-        Status::internal(e.to_string())
-    }
 }
 
 /// The blob's properties; NOT_FOUND when there is no such blob.
@@ -61,6 +54,25 @@ fn with_node<'a>(props: &'a BlobProperties, node: Option<&'a str>) -> Vec<(&'a s
         kept.push((PUBLISHED_META, n));
     }
     kept
+}
+
+/// Sets the publication in the blob's metadata to `node` (or takes it out),
+/// on the condition of the blob as `props` read it; false when it changed
+/// since, and nothing was written.
+async fn record(
+    blob: &BlobClient,
+    props: &BlobProperties,
+    node: Option<&str>,
+) -> Result<bool, Status> {
+    let metadata = with_node(props, node);
+    match blob
+        .set_metadata_if_match(&metadata, None, props.etag.as_deref())
+        .await
+    {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_changed_since_read() => Ok(false),
+        Err(e) => Err(status_of(e)),
+    }
 }
 
 /// Publishes the volume to `node` for writing: OK if it already is;
@@ -87,14 +99,8 @@ pub async fn publish(blob: &BlobClient, node: &str) -> Result<(), Status> {
                 blob.target()
             )));
         }
-        let metadata = with_node(&props, Some(node));
-        match blob
-            .set_metadata_if_match(&metadata, None, props.etag.as_deref())
-            .await
-        {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_changed_since_read() => continue,
-            Err(e) => return Err(status_of(e)),
+        if record(blob, &props, Some(node)).await? {
+            return Ok(());
         }
     }
     Err(Status::aborted(format!(
@@ -120,14 +126,8 @@ pub async fn unpublish(blob: &BlobClient, node: Option<&str>) -> Result<(), Stat
             fence(blob, &props).await?;
             continue;
         }
-        let metadata = with_node(&props, None);
-        match blob
-            .set_metadata_if_match(&metadata, None, props.etag.as_deref())
-            .await
-        {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_changed_since_read() => continue,
-            Err(e) => return Err(status_of(e)),
+        if record(blob, &props, None).await? {
+            return Ok(());
         }
     }
     Err(Status::aborted(format!(

@@ -27,16 +27,13 @@ impl SnapshotId {
     /// made.
     pub fn parse(id: &str) -> Option<SnapshotId> {
         let (volume, at) = id.split_once('@')?;
-        let ok_at = !at.is_empty()
-            && at.len() <= 64
-            && at
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'-'));
+        if !crate::azure::xml::is_snapshot_id(at) {
+            return None;
+        }
         Some(SnapshotId {
             volume: VolumeId::parse(volume)?,
             at: at.to_string(),
         })
-        .filter(|_| ok_at)
     }
 
     pub fn spec(&self) -> String {
@@ -46,24 +43,6 @@ impl SnapshotId {
     pub fn blob(&self, svc: &BlobService) -> BlobClient {
         svc.blob(&self.volume.container, &self.volume.blob)
             .at_snapshot(Some(&self.at))
-    }
-}
-
-/// A snapshot name as Kubernetes gives them (`snapshot-UID`): letters, digits,
-/// `.`, `-`, `_`, at most 200.
-pub fn check_name(name: &str) -> Result<(), Status> {
-    let fits = !name.is_empty()
-        && name.len() <= 200
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
-    if fits {
-        Ok(())
-    } else {
-        Err(Status::invalid_argument(format!(
-            "snapshot name '{}' must be 1 to 200 letters, digits, '.', '-' or '_'",
-            name.escape_debug()
-        )))
     }
 }
 
@@ -141,34 +120,11 @@ pub fn page(
     max: i32,
 ) -> Result<ListSnapshotsResponse, Status> {
     all.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
-    let start: usize = match token {
-        "" => 0,
-        t => t
-            .parse()
-            .map_err(|_| Status::aborted(format!("starting token '{t}' is not one of ours")))?,
-    };
-    if start > all.len() {
-        return Err(Status::aborted(format!(
-            "starting token {start} is past the {} snapshots",
-            all.len()
-        )));
-    }
-    if max < 0 {
-        return Err(Status::invalid_argument("max_entries may not be negative"));
-    }
-    let end = if max == 0 {
-        all.len()
-    } else {
-        (start + max as usize).min(all.len())
-    };
-    let next_token = if end < all.len() {
-        end.to_string()
-    } else {
-        String::new()
-    };
+    let start = super::volume::starting_at(token)?;
+    let (window, next_token) = super::volume::page(start, all.len(), max, usize::MAX, "snapshots")?;
     Ok(ListSnapshotsResponse {
         entries: all
-            .drain(start..end)
+            .drain(window)
             .map(|s| super::proto::list_snapshots_response::Entry { snapshot: Some(s) })
             .collect(),
         next_token,

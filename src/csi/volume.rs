@@ -30,17 +30,7 @@ impl VolumeId {
     /// them `pvc-UID`; anything outside letters, digits, `.`, `-` and `_`, or
     /// longer than a blob name allows, is refused.
     pub fn for_name(container: &str, name: &str) -> Result<VolumeId, Status> {
-        let fits = !name.is_empty()
-            && name.len() <= 200
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
-        if !fits {
-            return Err(Status::invalid_argument(format!(
-                "volume name '{}' must be 1 to 200 letters, digits, '.', '-' or '_'",
-                name.escape_debug()
-            )));
-        }
+        check_name(name, "volume")?;
         Ok(VolumeId {
             container: container.to_string(),
             blob: format!("{name}.vhd"),
@@ -70,6 +60,64 @@ impl VolumeId {
     pub fn spec(&self) -> String {
         format!("{}/{}", self.container, self.blob)
     }
+}
+
+/// Refuses a `what` (volume, snapshot) name that is not 1 to 200 letters,
+/// digits, `.`, `-` or `_`: Kubernetes names them `pvc-UID` and `snapshot-UID`,
+/// and the name goes into a blob's name or metadata.
+pub fn check_name(name: &str, what: &str) -> Result<(), Status> {
+    let fits = !name.is_empty()
+        && name.len() <= 200
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+    if fits {
+        return Ok(());
+    }
+    Err(Status::invalid_argument(format!(
+        "{what} name '{}' must be 1 to 200 letters, digits, '.', '-' or '_'",
+        name.escape_debug()
+    )))
+}
+
+/// Where a listing starts: its `starting_token` (one of ours: an index), 0
+/// when empty; ABORTED for any other.
+pub fn starting_at(token: &str) -> Result<usize, Status> {
+    match token {
+        "" => Ok(0),
+        t => t
+            .parse()
+            .map_err(|_| Status::aborted(format!("starting token '{t}' is not one of ours"))),
+    }
+}
+
+/// The entries of one page of a listing of `len` (named `what`) from `start`,
+/// at most `max` (`default` when 0), and the token of the next page (empty
+/// after the last).
+pub fn page(
+    start: usize,
+    len: usize,
+    max: i32,
+    default: usize,
+    what: &str,
+) -> Result<(std::ops::Range<usize>, String), Status> {
+    if start > len {
+        return Err(Status::aborted(format!(
+            "starting token {start} is past the {len} {what}"
+        )));
+    }
+    let size = match max {
+        n if n < 0 => return Err(Status::invalid_argument("max_entries may not be negative")),
+        0 => default,
+        n => n as usize,
+    };
+    let end = start.saturating_add(size).min(len);
+    let next = if end < len {
+        end.to_string()
+    } else {
+        String::new()
+    };
+    Ok((start..end, next))
 }
 
 /// The disk size for `range`: the required bytes rounded up to a whole MiB (a

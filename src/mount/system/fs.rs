@@ -68,24 +68,26 @@ pub fn has_capability(cap: u32) -> bool {
 
 /// The total size in bytes of the filesystem mounted at `path` (statvfs).
 pub fn fs_size(path: &Path) -> Option<u64> {
-    statvfs(path).map(|st| st.f_blocks * st.f_frsize)
+    statvfs(path).ok().map(|st| st.f_blocks * st.f_frsize)
 }
 
 /// Bytes free for root on the filesystem holding `path` (statvfs).
 pub fn free_space(path: &Path) -> Option<u64> {
-    statvfs(path).map(|st| st.f_bfree * st.f_frsize)
+    statvfs(path).ok().map(|st| st.f_bfree * st.f_frsize)
 }
 
-fn statvfs(path: &Path) -> Option<libc::statvfs> {
+/// statvfs(3) of the filesystem holding `path`.
+pub fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
     use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     // SAFETY: a zeroed statvfs is a valid out-parameter.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a valid path and `st` a statvfs the call fills.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
+        return Err(std::io::Error::last_os_error());
     }
-    Some(st)
+    Ok(st)
 }
 
 /// The filesystem type on a device, if any.
