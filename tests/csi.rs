@@ -92,9 +92,11 @@ impl Driver {
             .stdout(Stdio::null())
             .spawn()
             .expect("start blobdrive csi");
+        // Until it answers: a file there is not enough, since a plugin killed
+        // before leaves its socket behind for the new one to replace.
         let until = Instant::now() + Duration::from_secs(30);
-        while !socket.exists() {
-            assert!(Instant::now() < until, "the driver's socket never came");
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
+            assert!(Instant::now() < until, "the driver's socket never answered");
             std::thread::sleep(Duration::from_millis(50));
         }
         Driver {
