@@ -73,6 +73,65 @@ fn mounted_in_csi_run() -> Vec<PathBuf> {
         .collect()
 }
 
+/// A cgroup v2 directory made for one test: a stand-in for a container's
+/// cgroup, which the runtime kills whole when it stops the container. Removed
+/// when dropped, anything left in it killed first.
+struct TestCgroup(PathBuf);
+
+impl TestCgroup {
+    fn new(name: &str) -> TestCgroup {
+        let dir = cgroup2_root().join(format!("blobdrive-test-{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).expect("make a test cgroup");
+        TestCgroup(dir)
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.0.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Kills every process in it, as a container runtime stops a container,
+    /// and waits until none is left.
+    fn kill(&self) {
+        std::fs::write(self.0.join("cgroup.kill"), "1").expect("write cgroup.kill");
+        let until = Instant::now() + Duration::from_secs(30);
+        while !self.pids().is_empty() {
+            assert!(
+                Instant::now() < until,
+                "{} kept processes",
+                self.0.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        if !self.pids().is_empty() {
+            let _ = std::fs::write(self.0.join("cgroup.kill"), "1");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Where this machine's cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or
+/// /sys/fs/cgroup/unified beside v1 controllers).
+fn cgroup2_root() -> PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split(' ').next() == Some("cgroup2"))
+                .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
+        })
+        .expect("this test needs a cgroup v2 hierarchy mounted (none in /proc/self/mountinfo)")
+}
+
 /// A running `blobdrive csi`, stopped with SIGTERM when dropped.
 struct Driver {
     child: Child,
@@ -81,7 +140,20 @@ struct Driver {
 
 impl Driver {
     fn start(cs: &str, socket: &Path, node: &str, container: &str) -> Driver {
-        let child = Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        Driver::start_in(cs, socket, node, container, None)
+    }
+
+    /// [`Driver::start`], as a node plugin in a container: the plugin runs in
+    /// the `container` cgroup and moves its volumes' daemons to `volumes`.
+    fn start_in(
+        cs: &str,
+        socket: &Path,
+        node: &str,
+        container: &str,
+        cgroups: Option<(&TestCgroup, &TestCgroup)>,
+    ) -> Driver {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
+        command
             .args(["csi", "--node-id", node, "--container", container])
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
@@ -89,9 +161,27 @@ impl Driver {
             // The node's mounts keep their records in this binary's own run
             // directory, never the machine's.
             .env("BLOBDRIVE_RUN_DIR", csi_run())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start blobdrive csi");
+            .stdout(Stdio::null());
+        if let Some((plugin, volumes)) = cgroups {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            command.arg("--volume-cgroup").arg(&volumes.0);
+            let procs = std::fs::File::options()
+                .write(true)
+                .open(plugin.0.join("cgroup.procs"))
+                .unwrap();
+            // SAFETY: only write(2) on a descriptor opened before the fork.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::write(procs.as_raw_fd(), b"0".as_ptr().cast(), 1) == 1 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        let child = command.spawn().expect("start blobdrive csi");
         // Until it answers: a file there is not enough, since a plugin killed
         // before leaves its socket behind for the new one to replace.
         let until = Instant::now() + Duration::from_secs(30);
@@ -450,19 +540,22 @@ fn a_volume_fails_over_to_another_node_by_fencing_the_first() {
 }
 
 /// Scenarios 4 and 5: a raw block volume is a block device at the target, and
-/// 1 MiB written with O_DIRECT reads back; SIGKILL of the node plugin leaves it
-/// serving (its daemon is its own process), and once the plugin is back,
-/// unpublish and unstage succeed and the lease is released.
+/// 1 MiB written with O_DIRECT reads back; the node plugin's container killed
+/// whole (every process in its cgroup, as a runtime stops a container) leaves
+/// it serving, since its daemon lives in the volume cgroup; once the plugin is
+/// back, unpublish and unstage succeed and the lease is released.
 #[test]
 fn a_block_volume_outlives_its_node_plugin_killed() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     stubs(dir.path());
+    let (plugin_cgroup, volume_cgroup) = (TestCgroup::new("plugin"), TestCgroup::new("volumes"));
     let _leftovers = NodeLeftovers(dir.path().to_path_buf());
     let cs = Azurite::shared().connection_string();
     let container = unique_container("csi-block");
     let socket = dir.path().join("a.sock");
-    let mut driver = Driver::start(&cs, &socket, "node-a", &container);
+    let cgroups = Some((&plugin_cgroup, &volume_cgroup));
+    let mut driver = Driver::start_in(&cs, &socket, "node-a", &container, cgroups);
     let a = Plugin {
         stubs: dir.path(),
         socket: socket.clone(),
@@ -500,9 +593,12 @@ fn a_block_volume_outlives_its_node_plugin_killed() {
         "dd if='{}' of='{t}' bs=1M count=1 oflag=direct conv=fsync status=none",
         data.display()
     )));
-    // The plugin dies; the volume goes on serving.
-    // SAFETY: kill(2) of our own child.
-    unsafe { libc::kill(driver.child.id() as i32, libc::SIGKILL) };
+    // The plugin's container dies; the volume goes on serving.
+    assert!(
+        !volume_cgroup.pids().is_empty(),
+        "no daemon in the volume cgroup"
+    );
+    plugin_cgroup.kill();
     driver.child.wait().unwrap();
     let back = dir.path().join("back");
     assert!(sh_status(&format!(
@@ -511,7 +607,7 @@ fn a_block_volume_outlives_its_node_plugin_killed() {
     )));
     assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&data).unwrap());
     // Back again on the same socket: unpublish and unstage work.
-    let _again = Driver::start(&cs, &socket, "node-a", &container);
+    let _again = Driver::start_in(&cs, &socket, "node-a", &container, cgroups);
     a.take_down(&id, &staging, &target);
     a.ok(
         "ControllerUnpublishVolume",

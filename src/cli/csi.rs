@@ -1,7 +1,7 @@
 //! `blobdrive csi`: the Kubernetes CSI driver (see `blobdrive::csi`).
 
 use anyhow::Result;
-use blobdrive::csi::{self, Driver};
+use blobdrive::csi::{self, Driver, VolumeCgroup};
 
 use super::Context;
 
@@ -18,13 +18,25 @@ pub struct Args {
     /// (parameter `container`); ListVolumes lists it.
     #[arg(long, value_name = "NAME")]
     pub container: Option<String>,
+    /// A cgroup v2 directory (made if missing) that each staged volume's
+    /// daemon is moved into, so that killing this plugin's container (all of
+    /// its cgroup) leaves the volumes serving. The node DaemonSet passes one
+    /// under the host's /sys/fs/cgroup, with hostPID.
+    #[arg(long, value_name = "DIR")]
+    pub volume_cgroup: Option<std::path::PathBuf>,
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<()> {
+    let volume_cgroup = args
+        .volume_cgroup
+        .as_deref()
+        .map(VolumeCgroup::open)
+        .transpose()?;
     let driver = Driver {
         service: ctx.service()?,
         container: args.container,
         node_id: args.node_id,
+        volume_cgroup,
     };
     ctx.block_on(async move {
         let stop = async {

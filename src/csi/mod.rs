@@ -16,6 +16,7 @@
 //! `INVALID_ARGUMENT` before any lookup, an unknown volume `NOT_FOUND` (OK for
 //! deletes), a repeated call answers OK with the same answer.
 
+mod cgroup;
 mod controller;
 mod identity;
 mod node;
@@ -31,6 +32,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::azure::BlobService;
 
+pub use cgroup::{CgroupError, VolumeCgroup};
 pub use identity::PLUGIN_NAME;
 
 /// The messages and service traits generated from the CSI spec.
@@ -58,6 +60,9 @@ pub struct Driver {
     pub container: Option<String>,
     /// This node's id (NodeGetInfo, and whom ControllerPublish names).
     pub node_id: String,
+    /// The cgroup each staged volume's daemon is moved into, so that the node
+    /// plugin's container can be killed without its volumes.
+    pub volume_cgroup: Option<VolumeCgroup>,
 }
 
 /// Why the driver could not start.
@@ -131,6 +136,7 @@ pub async fn serve(
         ))
         .add_service(proto::node_server::NodeServer::new(node::NodeService::new(
             driver.node_id,
+            driver.volume_cgroup,
         )))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
         .await;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
+use super::cgroup::{join_in_child, VolumeCgroup};
 use super::proto::node_server::Node;
 use super::proto::node_service_capability::{self, rpc};
 use super::proto::volume_capability::AccessType;
@@ -31,11 +32,16 @@ const COMMAND_LIMIT: Duration = Duration::from_secs(300);
 
 pub struct NodeService {
     node_id: String,
+    /// Where the volumes' daemons go, apart from this plugin's cgroup.
+    volume_cgroup: Option<VolumeCgroup>,
 }
 
 impl NodeService {
-    pub fn new(node_id: String) -> NodeService {
-        NodeService { node_id }
+    pub fn new(node_id: String, volume_cgroup: Option<VolumeCgroup>) -> NodeService {
+        NodeService {
+            node_id,
+            volume_cgroup,
+        }
     }
 }
 
@@ -49,13 +55,30 @@ fn staged_at(path: &Path) -> Option<MountRecord> {
 /// Runs this program with `args` (a mount, an unmount, a resize), bounded in
 /// time; its one-line error becomes the status's message.
 async fn blobdrive(args: &[&str]) -> Result<String, Status> {
+    blobdrive_in(args, None).await
+}
+
+/// [`blobdrive`], started inside `cgroup` when one is given: a mount's daemon
+/// then lives there, not in this plugin's cgroup (see [`cgroup`](super::cgroup)).
+async fn blobdrive_in(args: &[&str], cgroup: Option<&VolumeCgroup>) -> Result<String, Status> {
     let exe = std::env::current_exe()
         .map_err(|e| Status::internal(format!("cannot find this program: {e}")))?;
-    let child = tokio::process::Command::new(exe)
+    let mut command = tokio::process::Command::new(exe);
+    command
         .args(args)
         .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
+        .kill_on_drop(true);
+    if let Some(cgroup) = cgroup {
+        let procs = cgroup
+            .procs()
+            .map_err(|e| Status::internal(format!("cannot open the volume cgroup: {e}")))?;
+        // SAFETY: the closure only calls write(2) on a descriptor opened
+        // before the fork, which is async-signal-safe.
+        unsafe {
+            command.pre_exec(move || join_in_child(&procs));
+        }
+    }
+    let child = command.output();
     let out = tokio::time::timeout(COMMAND_LIMIT, child)
         .await
         .map_err(|_| {
@@ -208,7 +231,7 @@ impl Node for NodeService {
         if read_only {
             args.push("--read-only");
         }
-        blobdrive(&args).await?;
+        blobdrive_in(&args, self.volume_cgroup.as_ref()).await?;
         tracing::info!("staged volume {spec} at {at} for node {}", self.node_id);
         Ok(Response::new(NodeStageVolumeResponse {}))
     }
