@@ -17,6 +17,7 @@ pub mod device;
 pub mod drive;
 pub mod fuse;
 pub mod mount;
+pub mod pool;
 pub mod resize;
 pub mod size;
 pub mod snapshot;

@@ -22,7 +22,7 @@ use crate::device::cache::Cache;
 use crate::device::{Backend, DeviceError};
 
 mod fetchers;
-mod pool;
+
 mod syncers;
 mod writers;
 use fetchers::Fetchers;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use fuser::{Errno, ReplyEmpty};
 
-use super::pool::Pool;
+use crate::pool::Pool;
 use crate::device::cache::Cache;
 use crate::device::Backend;
 

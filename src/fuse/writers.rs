@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use fuser::{Errno, ReplyWrite};
 
-use super::pool::Pool;
+use crate::pool::Pool;
 use crate::device::cache::Cache;
 use crate::device::Backend;
 

@@ -51,7 +51,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use lru::LruCache;
@@ -215,6 +215,8 @@ struct State {
     /// blocks: counted against the capacity, so a read-ahead window of eight
     /// 16 MiB runs makes room in the cache rather than adding 128 MiB beside it.
     fetching_mem: usize,
+    /// Prefetch workers inside [`Cache::prefetch_queued`] now.
+    prefetching: usize,
 }
 
 /// Changes remembered for [`State::changed_since`]. A fetch that travelled across
@@ -355,8 +357,12 @@ pub struct Cache<B: Backend> {
     changed: Condvar,
     /// Signalled when claimed blocks are released (their fetch ended).
     fetched: Condvar,
-    /// Signalled when read-ahead is queued for the prefetch workers.
-    jobs: Condvar,
+    /// Starts or wakes a prefetch worker when read-ahead is queued; set once by
+    /// [`Cache::start_prefetchers`]. Without it read-ahead is queued and never
+    /// fetched (readers fetch what they need).
+    prefetch_waker: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Signalled when the last running prefetch worker leaves (see [`Cache::close`]).
+    prefetch_idle: Condvar,
     flush_lock: Mutex<()>,
     /// Threads waiting for `flush_lock` in [`Cache::order_lock`].
     order_waiters: AtomicUsize,
@@ -411,11 +417,13 @@ impl<B: Backend> Cache<B> {
                 ra_next: 0,
                 free: Vec::new(),
                 fetching_mem: 0,
+                prefetching: 0,
             }),
             cfg,
             changed: Condvar::new(),
             fetched: Condvar::new(),
-            jobs: Condvar::new(),
+            prefetch_waker: OnceLock::new(),
+            prefetch_idle: Condvar::new(),
             flush_lock: Mutex::new(()),
             order_waiters: AtomicUsize::new(0),
             pool: BufPool::new(MAX_RUN as usize, POOL_KEEP),
@@ -513,12 +521,25 @@ impl<B: Backend> Cache<B> {
         self.lock().dirty_sectors * SECTOR
     }
 
-    /// Stops the background flusher and the prefetch workers.
+    fn wake_prefetcher(&self) {
+        if let Some(wake) = self.prefetch_waker.get() {
+            wake();
+        }
+    }
+
+    /// Stops the background flusher and the prefetch workers, and waits until
+    /// no prefetch is running: what is cached is final after it (the disk
+    /// cache is kept from it).
     pub fn close(&self) {
         self.closing.store(true, Relaxed);
-        let _st = self.lock();
+        let mut st = self.lock();
         self.changed.notify_all();
-        self.jobs.notify_all();
+        while st.prefetching > 0 {
+            st = self
+                .prefetch_idle
+                .wait(st)
+                .unwrap_or_else(|p| p.into_inner());
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Read-ahead: [`Cache::track_stream`] follows a sequential stream and grows its
 //! window, [`Cache::plan_readahead`] queues the stream's next runs of up to 4 MiB,
-//! and the prefetch workers ([`Cache::run_prefetcher`]) fetch them, several ranged
+//! and the prefetch workers ([`Cache::prefetch_queued`]) fetch them, several ranged
 //! reads in flight. A reader that needs a queued block takes the whole job over
 //! (`plan_fetch`, in `read.rs`), so no block is fetched twice.
 //!
@@ -11,11 +11,13 @@
 //! released even if its fetch fails, so no reader waits forever.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 use tracing::debug;
 
 use crate::device::blockmem::BlockMem;
 use crate::device::{Backend, DeviceError};
+use crate::pool::Pool;
 
 use super::read::Claim;
 use super::{Cache, State, BLOCK};
@@ -67,10 +69,10 @@ impl<B: Backend> Cache<B> {
                 st.ra_next = s;
             }
         }
-        // One idle worker per job: waking them all (eight, for the one job a read
+        // One worker per job: waking them all (eight, for the one job a read
         // usually queues) cost the daemon context switches on its two cores.
         for _ in 0..queued {
-            self.jobs.notify_one();
+            self.wake_prefetcher();
         }
     }
 
@@ -176,67 +178,102 @@ impl<B: Backend> Cache<B> {
         }
     }
 
-    /// Runs one prefetch worker until [`Cache::close`]: takes queued read-ahead,
-    /// nearest first, and caches it, unless a flush or discard landed while it was
-    /// fetched (the bytes may then be older than what the cache wrote since).
-    /// Several run at once, so a sequential reader finds its next blocks cached or
-    /// on their way, with as many ranged reads in flight as there are workers.
-    pub fn run_prefetcher(&self) {
-        loop {
-            let (start, end, epoch, claim) = {
-                let mut st = self.lock();
-                loop {
-                    if self.closing.load(Relaxed) {
-                        return;
-                    }
-                    if let Some((s, e)) = st.queued.pop_first() {
-                        st.fetching.extend(s..e);
-                        break (
-                            s * BLOCK,
-                            (e * BLOCK).min(self.size()),
-                            st.mutations,
-                            (s..e).collect(),
-                        );
-                    }
-                    st = self.jobs.wait(st).unwrap_or_else(|p| p.into_inner());
-                }
-            };
-            let claim = Claim::new(self, claim);
-            match self.fetch_blocks(start, end) {
-                Some(Ok(mems)) => {
-                    let mut st = self.lock();
-                    claim.release(&mut st);
-                    st.fetch_landed(mems.len());
-                    if st.changed_since(epoch, start, end) {
-                        st.free_mem(mems);
-                    } else {
-                        self.insert_blocks(&mut st, start, mems);
-                        self.evict(&mut st);
-                    }
-                    continue;
-                }
-                // The reader that needs these blocks fetches them and reports it.
-                Some(Err(e)) => {
-                    debug!("read-ahead at {start} failed: {e}");
-                    continue;
-                }
-                None => {}
+    /// Runs up to `workers` prefetch workers from now on: a pool of threads that
+    /// start as read-ahead is queued (one wake per queued run) and end after
+    /// [`IDLE_EXIT`](crate::pool::IDLE_EXIT) without one, so an idle mount
+    /// holds none. The pool holds the cache weakly (the cache holds the pool),
+    /// so dropping the cache ends both.
+    pub fn start_prefetchers(self: &Arc<Self>, workers: usize) -> std::io::Result<()> {
+        let weak = Arc::downgrade(self);
+        let work = move |()| {
+            if let Some(c) = weak.upgrade() {
+                c.prefetch_queued();
             }
-            let mut data = self.pool.take_filled((end - start) as usize);
-            let result = self.backend.read(start, &mut data);
+        };
+        let pool = Pool::start("readahead", workers, work, |()| {})?;
+        let _ = self.prefetch_waker.set(Box::new(move || pool.send(())));
+        Ok(())
+    }
+
+    /// Fetches queued read-ahead, nearest first, until none is left or the
+    /// cache closes, and caches each run unless a flush or discard landed while
+    /// it was fetched (the bytes may then be older than what the cache wrote
+    /// since). Run by the prefetch workers, started as read-ahead is queued
+    /// ([`Cache::start_prefetchers`]); several run at once, so a
+    /// sequential reader finds its next blocks cached or on their way, with as
+    /// many ranged reads in flight as there are workers.
+    pub fn prefetch_queued(&self) {
+        {
             let mut st = self.lock();
-            claim.release(&mut st);
-            match result {
-                Ok(()) if !st.changed_since(epoch, start, end) => {
-                    self.insert_clean(&mut st, start, &data);
+            if self.closing.load(Relaxed) {
+                return;
+            }
+            st.prefetching += 1;
+        }
+        while let Some(run) = self.take_queued() {
+            self.prefetch(run);
+        }
+        let mut st = self.lock();
+        st.prefetching -= 1;
+        if st.prefetching == 0 {
+            self.prefetch_idle.notify_all();
+        }
+    }
+
+    /// The nearest queued run, claimed: its blocks' range, the mutation count
+    /// it is fetched against, and the claim.
+    fn take_queued(&self) -> Option<(u64, u64, u64, Vec<u64>)> {
+        let mut st = self.lock();
+        if self.closing.load(Relaxed) {
+            return None;
+        }
+        let (s, e) = st.queued.pop_first()?;
+        st.fetching.extend(s..e);
+        Some((
+            s * BLOCK,
+            (e * BLOCK).min(self.size()),
+            st.mutations,
+            (s..e).collect(),
+        ))
+    }
+
+    /// Fetches one claimed run and caches it.
+    fn prefetch(&self, (start, end, epoch, claim): (u64, u64, u64, Vec<u64>)) {
+        let claim = Claim::new(self, claim);
+        match self.fetch_blocks(start, end) {
+            Some(Ok(mems)) => {
+                let mut st = self.lock();
+                claim.release(&mut st);
+                st.fetch_landed(mems.len());
+                if st.changed_since(epoch, start, end) {
+                    st.free_mem(mems);
+                } else {
+                    self.insert_blocks(&mut st, start, mems);
                     self.evict(&mut st);
                 }
-                Ok(()) => {}
-                // The reader that needs these blocks fetches them and reports it.
-                Err(e) => debug!("read-ahead at {start} failed: {e}"),
+                return;
             }
-            drop(st);
-            self.pool.give(data);
+            // The reader that needs these blocks fetches them and reports it.
+            Some(Err(e)) => {
+                debug!("read-ahead at {start} failed: {e}");
+                return;
+            }
+            None => {}
         }
+        let mut data = self.pool.take_filled((end - start) as usize);
+        let result = self.backend.read(start, &mut data);
+        let mut st = self.lock();
+        claim.release(&mut st);
+        match result {
+            Ok(()) if !st.changed_since(epoch, start, end) => {
+                self.insert_clean(&mut st, start, &data);
+                self.evict(&mut st);
+            }
+            Ok(()) => {}
+            // The reader that needs these blocks fetches them and reports it.
+            Err(e) => debug!("read-ahead at {start} failed: {e}"),
+        }
+        drop(st);
+        self.pool.give(data);
     }
 }

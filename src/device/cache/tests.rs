@@ -93,13 +93,13 @@ fn read_once_with_read_ahead(c: &Arc<Cache<MemBackend>>, size: u64) -> (Vec<u8>,
     (data, c.backend.reads.load(Relaxed))
 }
 
-/// Starts the flusher and `prefetchers` prefetch workers, as the daemon does.
+/// Starts the flusher, and up to `prefetchers` prefetch workers, as the
+/// daemon does (a pool that starts them as read-ahead is queued).
 fn background(c: &Arc<Cache<MemBackend>>, prefetchers: usize) -> Vec<std::thread::JoinHandle<()>> {
     let f = c.clone();
-    let mut v = vec![std::thread::spawn(move || f.run_flusher())];
-    for _ in 0..prefetchers {
-        let p = c.clone();
-        v.push(std::thread::spawn(move || p.run_prefetcher()));
+    let v = vec![std::thread::spawn(move || f.run_flusher())];
+    if prefetchers > 0 {
+        c.start_prefetchers(prefetchers).unwrap();
     }
     v
 }

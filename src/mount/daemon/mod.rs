@@ -60,7 +60,6 @@ struct Mounted {
     fenced: Arc<AtomicBool>,
     cache: Option<Arc<Cache<RemoteBackend>>>,
     flusher: Option<JoinHandle<()>>,
-    prefetchers: Vec<JoinHandle<()>>,
     session: Option<BackgroundSession>,
     fuse_dir: PathBuf,
     /// The FUSE directory, when this daemon made it (fs mode).
@@ -175,7 +174,6 @@ pub fn run(
         fenced: Arc::new(AtomicBool::new(false)),
         cache: None,
         flusher: None,
-        prefetchers: Vec::new(),
         session: None,
         fuse_dir,
         made_dir: None,

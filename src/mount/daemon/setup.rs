@@ -252,14 +252,9 @@ fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<RemoteBackend
         m.fenced.clone(),
     ));
     m.cache = Some(cache.clone());
-    for i in 0..PREFETCH_WORKERS {
-        let c = cache.clone();
-        let worker = std::thread::Builder::new()
-            .name(format!("blobdrive-ra{i}"))
-            .spawn(move || c.run_prefetcher())
-            .map_err(|e| MountError::System(format!("cannot start read-ahead: {e}")))?;
-        m.prefetchers.push(worker);
-    }
+    cache
+        .start_prefetchers(PREFETCH_WORKERS)
+        .map_err(|e| MountError::System(format!("cannot start read-ahead: {e}")))?;
     if !m.req.read_only {
         let c = cache.clone();
         m.flusher = Some(

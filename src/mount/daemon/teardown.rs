@@ -201,9 +201,6 @@ impl Mounted {
         if let Some(f) = self.flusher.take() {
             let _ = f.join();
         }
-        for p in self.prefetchers.drain(..) {
-            let _ = p.join();
-        }
         if losses.is_empty() && !self.fenced.load(Ordering::SeqCst) {
             self.keep_disk_cache();
         }

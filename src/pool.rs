@@ -1,11 +1,11 @@
-//! A few threads that answer FUSE requests which may wait a long time (see
-//! `fetchers.rs`, `syncers.rs` and `writers.rs` for which, and why not on a FUSE
-//! thread).
+//! Threads for work that may wait a long time: the FUSE requests that must not
+//! hold a FUSE thread (see `fuse/fetchers.rs`, `syncers.rs` and `writers.rs`)
+//! and the cache's read-ahead (`device/cache/readahead.rs`).
 //!
 //! Threads are started as jobs come and end after [`IDLE_EXIT`] without one, so
 //! an idle mount holds none of them: a node that serves dozens of drives, most
-//! of them idle, pays for the threads of the busy ones only. (A pool of fixed
-//! threads made one idle mount cost 108 threads.)
+//! of them idle, pays for the threads of the busy ones only. (Pools of fixed
+//! threads made one idle mount cost 108 threads, then 93.)
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -28,8 +28,8 @@ struct Shared<J> {
     name: String,
     max_threads: usize,
     queue_max: Option<usize>,
-    /// `None`: threads never end (see [`Pool::all_started`]).
-    idle_exit: Option<Duration>,
+    /// How long a thread waits for a job before it ends.
+    idle_exit: Duration,
     work: Box<dyn Fn(J) + Send + Sync>,
     /// For jobs nobody will wait for any more: the pool was dropped (its
     /// filesystem's FUSE session ended), so jobs still queued are refused at
@@ -64,7 +64,7 @@ impl<J: Send + 'static> Pool<J> {
                 name: name.to_string(),
                 max_threads: threads.max(1),
                 queue_max: None,
-                idle_exit: Some(IDLE_EXIT),
+                idle_exit: IDLE_EXIT,
                 work: Box::new(work),
                 refuse,
                 state: Mutex::new(State {
@@ -93,28 +93,9 @@ impl<J: Send + 'static> Pool<J> {
     #[cfg(test)]
     fn idle_exit(mut self, after: Duration) -> Self {
         if let Some(s) = Arc::get_mut(&mut self.shared) {
-            s.idle_exit = Some(after);
+            s.idle_exit = after;
         }
         self
-    }
-
-    /// Starts every thread now and keeps them: for work whose timing matters
-    /// more than idle threads (the read fetchers: started as reads came, the
-    /// reads of a mounting ext4 arrived in another order and the cache's
-    /// read-ahead grew on them, fetching 35-180 MiB instead of under 16).
-    pub fn all_started(mut self) -> std::io::Result<Self> {
-        if let Some(s) = Arc::get_mut(&mut self.shared) {
-            s.idle_exit = None;
-        }
-        let mut st = self.shared.lock();
-        while st.threads < self.shared.max_threads {
-            let n = st.started;
-            Shared::spawn(&self.shared, n)?;
-            st.threads += 1;
-            st.started += 1;
-        }
-        drop(st);
-        Ok(self)
     }
 
     /// Queues `job`, starting a thread for it when none is idle and fewer than
@@ -199,20 +180,12 @@ impl<J: Send + 'static> Shared<J> {
                 break;
             }
             st.idle += 1;
-            let timed_out = match self.idle_exit {
-                Some(after) => {
-                    let (next, waited) = self
-                        .job_ready
-                        .wait_timeout(st, after)
-                        .unwrap_or_else(|p| p.into_inner());
-                    st = next;
-                    waited.timed_out()
-                }
-                None => {
-                    st = self.job_ready.wait(st).unwrap_or_else(|p| p.into_inner());
-                    false
-                }
-            };
+            let (next, waited) = self
+                .job_ready
+                .wait_timeout(st, self.idle_exit)
+                .unwrap_or_else(|p| p.into_inner());
+            st = next;
+            let timed_out = waited.timed_out();
             st.idle -= 1;
             if timed_out && st.queue.is_empty() {
                 break;
