@@ -5,6 +5,8 @@
 #   sudo scripts/bench.sh --quick   # same pipeline, small sizes (CI keeps it working)
 #   sudo scripts/bench.sh --wan [--quick] [--only PARTS]   # WAN profile: 10 ms
 #                          # round trips, caps (scripts/bench-wan.sh, which see)
+#   sudo scripts/bench.sh --idle [--quick]   # many idle volumes: what they cost a
+#                          # node (scripts/bench-idle.sh, which see)
 #
 # Order: backend ceiling (blobdrive's client, no FUSE) -> local ceiling (ext4 on a
 # loop device over a plain file) -> blobdrive (ext4 via --mode fs, and --mode raw) ->
@@ -19,12 +21,13 @@ ROOT="$PWD"
 # reads its own options.
 for arg in "$@"; do
     [ "$arg" = --wan ] && exec "$ROOT/scripts/bench-wan.sh" "$@"
+    [ "$arg" = --idle ] && exec "$ROOT/scripts/bench-idle.sh" "$@"
 done
 QUICK=0
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
-        *) echo "usage: scripts/bench.sh [--quick] [--wan [--only PARTS]]" >&2; exit 2 ;;
+        *) echo "usage: scripts/bench.sh [--quick] [--wan [--only PARTS] | --idle]" >&2; exit 2 ;;
     esac
 done
 if [ "$QUICK" = 1 ]; then

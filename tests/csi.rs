@@ -152,9 +152,21 @@ impl Driver {
         container: &str,
         cgroups: Option<(&TestCgroup, &TestCgroup)>,
     ) -> Driver {
+        let args = ["--node-id", node, "--container", container];
+        Driver::start_with(cs, socket, &args, cgroups)
+    }
+
+    /// `blobdrive csi ARGS --endpoint unix://SOCKET`, answering.
+    fn start_with(
+        cs: &str,
+        socket: &Path,
+        args: &[&str],
+        cgroups: Option<(&TestCgroup, &TestCgroup)>,
+    ) -> Driver {
         let mut command = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
         command
-            .args(["csi", "--node-id", node, "--container", container])
+            .arg("csi")
+            .args(args)
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
             .env("AZURE_STORAGE_CONNECTION_STRING", cs)
@@ -256,6 +268,46 @@ fn a_bad_endpoint_or_a_file_in_the_sockets_place_is_one_line_and_nothing_served(
         assert!(err.contains(says), "{err}");
     }
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
+}
+
+/// The controller Deployment and the node DaemonSet each serve their part: a
+/// controller needs no node id and answers Node calls UNIMPLEMENTED, a node
+/// answers Controller calls UNIMPLEMENTED, both answer Identity; a node
+/// without a node id is one line and nothing served.
+#[test]
+fn each_role_serves_identity_and_its_own_service_only() {
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let cs = Azurite::shared().connection_string();
+    let container = unique_container("csi-roles");
+    let socket = dir.path().join("n.sock");
+    let out = Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .args(["csi", "--role", "node", "--endpoint"])
+        .arg(format!("unix://{}", socket.display()))
+        .env("AZURE_STORAGE_CONNECTION_STRING", &cs)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--node-id"), "{err}");
+    assert!(!socket.exists());
+    let ask = |socket: &Path, method: &str, request: &str| call(dir.path(), socket, method, request);
+    let c_sock = dir.path().join("c.sock");
+    let args = ["--role", "controller", "--container", container.as_str()];
+    let _controller = Driver::start_with(&cs, &c_sock, &args, None);
+    let _node = Driver::start_with(&cs, &socket, &["--role", "node", "--node-id", "n1"], None);
+    for s in [&c_sock, &socket] {
+        let info = ask(s, "GetPluginInfo", "{}").unwrap();
+        assert_eq!(info["name"], "csi.blobdrive.io");
+    }
+    let caps = ask(&c_sock, "ControllerGetCapabilities", "{}").unwrap();
+    assert!(caps.to_string().contains("PUBLISH_UNPUBLISH_VOLUME"), "{caps}");
+    let err = ask(&c_sock, "NodeGetInfo", "{}").unwrap_err();
+    assert!(err.starts_with("error UNIMPLEMENTED"), "{err}");
+    assert_eq!(ask(&socket, "NodeGetInfo", "{}").unwrap()["node_id"], "n1");
+    let err = ask(&socket, "ControllerGetCapabilities", "{}").unwrap_err();
+    assert!(err.starts_with("error UNIMPLEMENTED"), "{err}");
 }
 
 /// One call of the driver at `socket` (tests/fixtures/csi/call.py): the answer

@@ -1,19 +1,48 @@
 //! `blobdrive csi`: the Kubernetes CSI driver (see `blobdrive::csi`).
 
 use anyhow::Result;
-use blobdrive::csi::{self, Driver, VolumeCgroup};
+use blobdrive::csi::{self, Driver, Role, VolumeCgroup};
 
 use super::Context;
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Kubernetes runs it twice: the controller Deployment serves `--role controller` beside
+the csi-provisioner, csi-attacher, csi-snapshotter and csi-resizer sidecars, and the
+node DaemonSet serves `--role node` on every node beside node-driver-registrar
+(privileged, hostPID, the kubelet's directory with Bidirectional mount propagation).
+deploy/kubernetes/ has the manifests; docs/kubernetes.md says how to deploy them.
+
+Volumes are drives (fixed VHD page blobs) named container/NAME.vhd. A volume is
+published to one node at a time. Unpublishing it from a node that never unstaged it
+(the node died or was cut off) breaks that node's lease and raises the blob's
+sequence number before it answers, so the node's late writes are refused by the
+storage service itself and its I/O fails with EIO: failover by fencing, not by a
+clock.
+
+Each staged volume is a `blobdrive mount` whose daemon outlives this process: a
+node plugin killed or restarted leaves its volumes serving, and takes them down
+again when asked. With --volume-cgroup the daemons also leave the plugin's cgroup,
+which a container runtime kills whole.
+
+The account comes from the same places as every command (AZURE_STORAGE_CONNECTION_STRING
+or Entra ID; see blobdrive(8)). The socket is root's alone (mode 600).
+
+Example, one host serving every role:
+  blobdrive csi --endpoint unix:///run/csi/csi.sock --node-id \"$(hostname)\" --container volumes")]
 pub struct Args {
     /// Where to serve: unix:///PATH (the socket the CSI sidecars and the
     /// kubelet talk to).
     #[arg(long, value_name = "unix:///PATH")]
     pub endpoint: String,
-    /// This node's name, as Kubernetes knows it (spec.nodeName).
+    /// This node's name, as Kubernetes knows it (spec.nodeName); required
+    /// unless --role controller.
     #[arg(long, value_name = "ID")]
-    pub node_id: String,
+    pub node_id: Option<String>,
+    /// Which services to serve: the controller's (a Deployment), the node's
+    /// (a DaemonSet), or all (one host).
+    #[arg(long, value_enum, default_value_t = Role::All)]
+    pub role: Role,
     /// The container new volumes go to, unless their StorageClass names one
     /// (parameter `container`); ListVolumes lists it.
     #[arg(long, value_name = "NAME")]
@@ -32,10 +61,18 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         .as_deref()
         .map(VolumeCgroup::open)
         .transpose()?;
+    let node_id = match (args.role, args.node_id) {
+        (_, Some(id)) => id,
+        (Role::Controller, None) => String::new(),
+        (_, None) => anyhow::bail!(
+            "--node-id is required to serve the node service (or give --role controller)"
+        ),
+    };
     let driver = Driver {
+        role: args.role,
         service: ctx.service()?,
         container: args.container,
-        node_id: args.node_id,
+        node_id,
         volume_cgroup,
     };
     ctx.block_on(async move {

@@ -33,6 +33,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use crate::azure::BlobService;
 
 pub use cgroup::{CgroupError, VolumeCgroup};
+
 pub use identity::PLUGIN_NAME;
 
 /// The messages and service traits generated from the CSI spec.
@@ -51,9 +52,25 @@ fn status_of(e: crate::azure::AzureError) -> tonic::Status {
     }
 }
 
+/// Which services a driver process serves: the controller Deployment needs
+/// Identity and Controller (no privileges, no mounts), each node's DaemonSet
+/// pod Identity and Node; one process may serve all three (a single host, the
+/// tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    /// Identity, Controller and Node.
+    All,
+    /// Identity and Controller.
+    Controller,
+    /// Identity and Node.
+    Node,
+}
+
 /// What the driver serves, and where its drives live.
 #[derive(Clone)]
 pub struct Driver {
+    /// The services served.
+    pub role: Role,
     /// The account's blob service (from the same places as every command).
     pub service: BlobService,
     /// Where volumes go unless a StorageClass names a `container`.
@@ -127,17 +144,23 @@ pub async fn serve(
     let path = socket_path(endpoint)?;
     let listener = bind(&path)?;
     tracing::info!("CSI driver {PLUGIN_NAME} serving on {}", path.display());
+    let controller = (driver.role != Role::Node).then(|| {
+        proto::controller_server::ControllerServer::new(controller::ControllerService::new(
+            driver.clone(),
+        ))
+    });
+    let node = (driver.role != Role::Controller).then(|| {
+        proto::node_server::NodeServer::new(node::NodeService::new(
+            driver.node_id,
+            driver.volume_cgroup,
+        ))
+    });
     let result = tonic::transport::Server::builder()
         .add_service(proto::identity_server::IdentityServer::new(
             identity::IdentityService,
         ))
-        .add_service(proto::controller_server::ControllerServer::new(
-            controller::ControllerService::new(driver.clone()),
-        ))
-        .add_service(proto::node_server::NodeServer::new(node::NodeService::new(
-            driver.node_id,
-            driver.volume_cgroup,
-        )))
+        .add_optional_service(controller)
+        .add_optional_service(node)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
         .await;
     let _ = std::fs::remove_file(&path);

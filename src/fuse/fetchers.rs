@@ -25,10 +25,10 @@ use std::sync::Arc;
 
 use fuser::{Errno, ReplyData};
 
-use crate::pool::Pool;
 use crate::device::bufpool::BufPool;
 use crate::device::cache::Cache;
 use crate::device::Backend;
+use crate::pool::Pool;
 
 /// Fetches in flight at once. Past the queue depth applications use (32) with
 /// room for read-ahead and a loop device's own queue; the kernel is told to send

@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use fuser::{Errno, ReplyEmpty};
 
-use crate::pool::Pool;
 use crate::device::cache::Cache;
 use crate::device::Backend;
+use crate::pool::Pool;
 
 /// Threads waiting on flushes at once; more flushes queue (each is one process's
 /// fsync or close, and holds no memory).

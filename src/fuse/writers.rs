@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use fuser::{Errno, ReplyWrite};
 
-use crate::pool::Pool;
 use crate::device::cache::Cache;
 use crate::device::Backend;
+use crate::pool::Pool;
 
 /// Threads waiting for room at once; more writes queue behind them (each holds
 /// at most one FUSE request's bytes, 1 MiB, and the kernel bounds how many it has

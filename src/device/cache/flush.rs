@@ -26,7 +26,9 @@ use crate::device::sectors::{self, mask};
 use crate::device::sparse::SparseMap;
 use crate::device::{Backend, DeviceError, MAX_RUN, SECTOR};
 
-use super::{Block, Cache, State, BLOCK, FLUSHER_POLL, FLUSH_BATCH, FLUSH_PARALLEL, SETTLE};
+use super::{
+    Block, Cache, State, BLOCK, FLUSHER_IDLE, FLUSHER_POLL, FLUSH_BATCH, FLUSH_PARALLEL, SETTLE,
+};
 
 /// Dirty data being written by [`Cache::write_blocks`]'s workers.
 struct FlushQueue {
@@ -333,9 +335,16 @@ impl<B: Backend> Cache<B> {
         loop {
             let (idle, full, dirty) = {
                 let st = self.lock();
+                // Decided under the lock the write that dirties a clean cache
+                // takes to wake us: that wake-up cannot be missed.
+                let poll = if st.dirty_sectors == 0 {
+                    FLUSHER_IDLE
+                } else {
+                    FLUSHER_POLL
+                };
                 let st = self
                     .changed
-                    .wait_timeout(st, FLUSHER_POLL)
+                    .wait_timeout(st, poll)
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
                 if self.closing.load(Relaxed) {

@@ -128,12 +128,17 @@ impl<B: Backend> Cache<B> {
             blk.touched = Some(now);
             pos = be;
         }
+        let was_clean = st.dirty_sectors == 0;
         st.dirty_sectors += newly_dirty;
         st.sparse
             .insert(offset / SECTOR * SECTOR, end.div_ceil(SECTOR) * SECTOR);
         st.last_write = Some(Instant::now());
         self.evict(&mut st);
         drop(st);
+        if was_clean && newly_dirty > 0 {
+            // The flusher waits for this while the cache is clean.
+            self.changed.notify_all();
+        }
         self.counters.bytes_written.fetch_add(len, Relaxed);
         Ok(())
     }
