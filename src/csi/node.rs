@@ -352,7 +352,11 @@ impl Node for NodeService {
         }
         let path = path_arg(&req.volume_path, "volume path")?;
         let meta = std::fs::metadata(&path)
-            .map_err(|_| Status::not_found(format!("{} does not exist", path.display())))?;
+            .ok()
+            .filter(|_| system::is_mountpoint(&path))
+            .ok_or_else(|| {
+                Status::not_found(format!("no volume is mounted at {}", path.display()))
+            })?;
         let usage = if meta.is_dir() {
             let st = system::statvfs(&path)
                 .map_err(|e| Status::internal(format!("cannot statvfs {}: {e}", path.display())))?;
