@@ -14,7 +14,9 @@
 # trips), BENCH_WAN_CAP_MIB_S (default 60) and BENCH_WAN_CAP_REQUESTS_S (default
 # 500): a standard page blob's published targets; BENCH_WAN_RETRY_AFTER_S makes the
 # throttling answers carry Retry-After (Azure documents none for storage).
-# Results: target/bench/results-wan-<time>.json and a summary with the targets.
+# Results: target/bench/results-wan-<time>.json and a summary with the targets; a
+# run that docs/benchmarks.md cites is copied, under the same name, into
+# docs/benchmarks/ (never the top of docs/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -327,4 +329,4 @@ fi
 say "summary"
 cp "$WORK/r.json" "$RESULT"
 python3 scripts/bench_wan_summary.py "$RESULT" "${PARTIAL[@]}"
-echo "results: $RESULT" >&2
+echo "results: $RESULT (to cite it in docs/benchmarks.md: cp $RESULT docs/benchmarks/)" >&2

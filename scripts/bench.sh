@@ -11,8 +11,10 @@
 # Order: backend ceiling (blobdrive's client, no FUSE) -> local ceiling (ext4 on a
 # loop device over a plain file) -> blobdrive (ext4 via --mode fs, and --mode raw) ->
 # peer (s3backer over moto's S3 server) with that emulator's own ceiling.
-# Results: target/bench/results-<time>.json and a summary on stdout. Everything runs
-# on 127.0.0.1; everything started here is stopped here, by pid.
+# Results: target/bench/results-<time>.json and a summary on stdout. A run that
+# docs/benchmarks.md cites is copied, under the same name, into docs/benchmarks/
+# (never the top of docs/). Everything runs on 127.0.0.1; everything started here
+# is stopped here, by pid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -264,4 +266,4 @@ s3b_stop
 say "summary"
 cp "$WORK/r.json" "$RESULT"
 python3 scripts/bench_summary.py "$RESULT"
-echo "results: $RESULT" >&2
+echo "results: $RESULT (to cite it in docs/benchmarks.md: cp $RESULT docs/benchmarks/)" >&2

@@ -1,5 +1,6 @@
-"""Reading a benchmark run's results (target/bench/results-*.json), shared by the
-summaries of bench.sh and bench.sh --wan."""
+"""Reading a benchmark run's results (target/bench/results-*.json, or a run
+docs/benchmarks.md cites, copied into docs/benchmarks/), shared by the summaries
+of bench.sh and bench.sh --wan."""
 import json
 
 

@@ -9,7 +9,8 @@
 #   /usr/lib/systemd/system/blobdrive@.service  the unit template
 #   /usr/share/man/man8/*.8.gz                  `blobdrive manpages`
 #   bash, zsh and fish completions              `blobdrive completions SHELL`
-#   /usr/share/doc/blobdrive/                   copyright (machine-readable),
+#   /usr/share/doc/blobdrive/                   copyright (machine-readable,
+#                                               scripts/debian/copyright),
 #                                               changelog.Debian.gz
 # and maintainer scripts that make the blobdrive system user and /etc/blobdrive,
 # refuse removal while drives are mounted, and on purge remove /etc/blobdrive
@@ -95,44 +96,16 @@ install -d -m 755 "$(dirname "$comp")" "$(dirname "$zcomp")" "$(dirname "$fcomp"
 "$root/usr/bin/blobdrive" completions zsh >"$zcomp"
 "$root/usr/bin/blobdrive" completions fish >"$fcomp"
 
-# Documentation: the copyright file in the machine-readable format (DEP-5), the
-# license being the one Cargo.toml declares, and the Debian changelog.
+# Documentation: the copyright file in the machine-readable format (DEP-5,
+# scripts/debian/copyright: blobdrive's MIT license with its text, and the CSI
+# spec's Apache-2.0 for proto/csi, whose text Debian policy and lintian want
+# referenced in /usr/share/common-licenses rather than copied), written for the
+# license Cargo.toml declares, and the Debian changelog.
 doc="$root/usr/share/doc/$name"
 install -d -m 755 "$doc"
 license="$(sed -n 's/^license = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
-[ "$license" = MIT ] || { echo "package.sh: copyright text written for MIT, Cargo.toml says $license" >&2; exit 1; }
-year="$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y)"
-cat >"$doc/copyright" <<EOF
-Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
-Upstream-Name: blobdrive
-Comment: The binary also holds the Rust crates of Cargo.lock, each under its
- own license (most MIT or Apache-2.0; some ISC, BSD-3-Clause, Zlib, Unicode-3.0
- or CDLA-Permissive-2.0; \`cargo metadata\` names each). Their stanzas and
- texts are not in this file yet.
-
-Files: *
-Copyright: $year The blobdrive authors
-License: MIT
-
-License: MIT
- Permission is hereby granted, free of charge, to any person obtaining a copy
- of this software and associated documentation files (the "Software"), to deal
- in the Software without restriction, including without limitation the rights
- to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
- copies of the Software, and to permit persons to whom the Software is
- furnished to do so, subject to the following conditions:
- .
- The above copyright notice and this permission notice shall be included in all
- copies or substantial portions of the Software.
- .
- THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
- IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
- FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
- AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
- LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
- OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
- SOFTWARE.
-EOF
+[ "$license" = MIT ] || { echo "package.sh: scripts/debian/copyright is written for MIT, Cargo.toml says $license" >&2; exit 1; }
+install -m 644 scripts/debian/copyright "$doc/copyright"
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 {
     echo "$name ($version) unstable; urgency=medium"

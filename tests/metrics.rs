@@ -349,8 +349,8 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
     let got: f64 = result[0]["value"][1].as_str().unwrap().parse().unwrap();
     assert_eq!(got, put_ok, "{result}");
     assert_eq!(result[0]["metric"]["drive"], drive, "{result}");
-    // Every query of the README and the Grafana dashboard in contrib/ is one
-    // Prometheus accepts.
+    // Every query of the manual's metrics page and the Grafana dashboard in
+    // contrib/ is one Prometheus accepts.
     let dashboard = json(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -358,8 +358,8 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
         ))
         .unwrap(),
     );
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md")).unwrap();
     let mut queries: Vec<String> = dashboard["panels"]
         .as_array()
         .unwrap()
@@ -367,9 +367,9 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
         .flat_map(|p| p["targets"].as_array().unwrap().clone())
         .map(|t| t["expr"].as_str().unwrap().to_string())
         .collect();
-    // The README's queries: the lines of its ```promql blocks, comments aside.
+    // The page's queries: the lines of its ```promql blocks, comments aside.
     let mut in_promql = false;
-    for line in readme.lines() {
+    for line in page.lines() {
         if line.starts_with("```") {
             in_promql = line == "```promql";
         } else if in_promql && !line.starts_with('#') && !line.trim().is_empty() {
@@ -427,7 +427,7 @@ fn a_metrics_address_in_use_fails_the_mount_with_one_line() {
     assert!(!list.contains(mp.s()), "{list}");
 }
 
-/// The README's lease alert, as Prometheus evaluates it over a writable and a
+/// The lease alert of the manual's metrics page, as Prometheus evaluates it over a writable and a
 /// read-only mount of one drive: nothing while the writable one holds its lease
 /// (the read-only one holds none by design, and `blobdrive_mount_info` says so),
 /// and the writable one alone once its lease is broken from elsewhere.
@@ -466,12 +466,12 @@ fn the_lease_alert_names_only_a_writable_mount_that_lost_its_lease() {
     };
     assert_eq!(info(wport, "false"), 1.0);
     assert_eq!(info(rport, "true"), 1.0);
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let alert = readme
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md")).unwrap();
+    let alert = page
         .lines()
         .find(|l| l.starts_with("blobdrive_lease_held == 0"))
-        .expect("the README's lease alert");
+        .expect("the lease alert of docs/metrics.md");
     let prom = Prometheus::start(&[wport, rport]);
     // Both scraped, the lease held: the alert names nothing.
     prom.query_until("count(blobdrive_mount_info)", |r| {

@@ -1,5 +1,6 @@
 //! The entry-point scripts: each installs what it needs and nothing more, and the
-//! demo says what it does.
+//! demo says what it does. And the manual: a README of a page, every page of docs/
+//! reachable from its index, and no link into nothing.
 
 use std::process::Command;
 
@@ -177,6 +178,123 @@ fn install_script_stages_binary_helper_and_unit_and_uninstall_removes_them() {
         std::fs::read_to_string(format!("{d}/sbin/mount.blobdrive")).unwrap(),
         "someone else's"
     );
+}
+
+/// The README stays a front page; every page of docs/ is linked from the index,
+/// docs/README.md; every relative link of the README and of docs/*.md names a
+/// file that exists, and a `#part` of one names a heading of that page.
+#[test]
+fn the_manual_is_a_front_page_and_an_index_with_no_link_into_nothing() {
+    let readme = read("README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 200,
+        "README.md has {lines} lines; the rest belongs in docs/"
+    );
+    let docs = std::path::Path::new(root()).join("docs");
+    let mut pages: Vec<std::path::PathBuf> = std::fs::read_dir(&docs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    let index = std::fs::read_to_string(docs.join("README.md")).unwrap();
+    let indexed: Vec<String> = links(&index).into_iter().map(|l| file_part(&l)).collect();
+    for page in &pages {
+        let name = page.file_name().unwrap().to_str().unwrap().to_string();
+        assert!(
+            name == "README.md" || indexed.contains(&name),
+            "docs/{name} is not linked from the index, docs/README.md"
+        );
+    }
+    pages.push(std::path::Path::new(root()).join("README.md"));
+    let mut checked = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        let dir = page.parent().unwrap();
+        for link in links(&text) {
+            if link.contains("://") || link.starts_with("mailto:") {
+                continue;
+            }
+            let (file, part) = link.split_once('#').unwrap_or((&link, ""));
+            let target = if file.is_empty() {
+                page.clone()
+            } else {
+                dir.join(file)
+            };
+            assert!(
+                target.exists(),
+                "{}: the link {link} names nothing",
+                page.display()
+            );
+            if !part.is_empty() && target.extension().is_some_and(|x| x == "md") {
+                let headings = headings(&std::fs::read_to_string(&target).unwrap());
+                assert!(
+                    headings.iter().any(|h| h == part),
+                    "{}: the link {link} names no heading of {} ({headings:?})",
+                    page.display(),
+                    target.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 50, "only {checked} links found");
+}
+
+/// The targets of the Markdown links `[text](target)` of `text`, outside code
+/// blocks.
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in prose(text) {
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            if let Some(end) = rest.find(')') {
+                out.push(rest[..end].to_string());
+                rest = &rest[end..];
+            }
+        }
+    }
+    out
+}
+
+/// The file a link names, without its `#part`.
+fn file_part(link: &str) -> String {
+    link.split('#').next().unwrap().to_string()
+}
+
+/// The lines of `text` outside fenced code blocks.
+fn prose(text: &str) -> Vec<&str> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            out.push(line);
+        }
+    }
+    out
+}
+
+/// The anchors of a page's headings, as GitHub makes them: lower case, spaces
+/// as hyphens, other punctuation dropped.
+fn headings(text: &str) -> Vec<String> {
+    prose(text)
+        .into_iter()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| {
+            l.trim_start_matches('#')
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect()
+        })
+        .collect()
 }
 
 /// Files and symlinks under `dir` (directories are not listed).
