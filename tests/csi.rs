@@ -292,7 +292,8 @@ fn each_role_serves_identity_and_its_own_service_only() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--node-id"), "{err}");
     assert!(!socket.exists());
-    let ask = |socket: &Path, method: &str, request: &str| call(dir.path(), socket, method, request);
+    let ask =
+        |socket: &Path, method: &str, request: &str| call(dir.path(), socket, method, request);
     let c_sock = dir.path().join("c.sock");
     let args = ["--role", "controller", "--container", container.as_str()];
     let _controller = Driver::start_with(&cs, &c_sock, &args, None);
@@ -302,7 +303,10 @@ fn each_role_serves_identity_and_its_own_service_only() {
         assert_eq!(info["name"], "csi.blobdrive.io");
     }
     let caps = ask(&c_sock, "ControllerGetCapabilities", "{}").unwrap();
-    assert!(caps.to_string().contains("PUBLISH_UNPUBLISH_VOLUME"), "{caps}");
+    assert!(
+        caps.to_string().contains("PUBLISH_UNPUBLISH_VOLUME"),
+        "{caps}"
+    );
     let err = ask(&c_sock, "NodeGetInfo", "{}").unwrap_err();
     assert!(err.starts_with("error UNIMPLEMENTED"), "{err}");
     assert_eq!(ask(&socket, "NodeGetInfo", "{}").unwrap()["node_id"], "n1");

@@ -70,7 +70,7 @@ At boot (with the Debian package, or after `sudo scripts/install.sh`): an fstab 
 of type blobdrive, e.g.
   disks/data.vhd  /data  blobdrive  _netdev,nofail,credentials=/etc/blobdrive/acct.env  0 0
 (mount.blobdrive(8) and `mount.blobdrive --help` list its options), or the unit
-blobdrive@.service (see the README). A plain `umount` of such a filesystem writes
+blobdrive@.service (see docs/boot.md). A plain `umount` of such a filesystem writes
 everything and releases the lease.";
 
 /// Azure page blobs (fixed VHDs) as Linux drives.
@@ -147,9 +147,7 @@ pub enum Command {
     Completions(completions::Args),
     /// Write the manual pages (blobdrive(8), one per command, and the helpers') into DIR.
     Manpages(manpages::Args),
-    /// Serve the Kubernetes CSI driver on a unix socket (being built: Identity
-    /// and the controller so far; not listed until it is whole).
-    #[command(hide = true)]
+    /// Serve the Kubernetes CSI driver (controller, node, or both) on a unix socket.
     Csi(csi::Args),
     /// Internal: the mount daemon, started by `mount`.
     #[command(name = "__daemon", hide = true)]

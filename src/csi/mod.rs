@@ -151,6 +151,7 @@ pub async fn serve(
     });
     let node = (driver.role != Role::Controller).then(|| {
         proto::node_server::NodeServer::new(node::NodeService::new(
+            driver.service,
             driver.node_id,
             driver.volume_cgroup,
         ))

@@ -17,6 +17,7 @@ use super::proto::node_service_capability::{self, rpc};
 use super::proto::volume_capability::AccessType;
 use super::proto::*;
 use super::volume::{self, VolumeId};
+use crate::azure::BlobService;
 use crate::mount::record::{self, MountRecord};
 use crate::mount::system;
 
@@ -31,16 +32,40 @@ pub const MAX_VOLUMES_PER_NODE: i64 = 64;
 const COMMAND_LIMIT: Duration = Duration::from_secs(300);
 
 pub struct NodeService {
+    /// The account, to tell a volume that does not exist (NOT_FOUND) from one
+    /// not staged here (FAILED_PRECONDITION).
+    service: BlobService,
     node_id: String,
     /// Where the volumes' daemons go, apart from this plugin's cgroup.
     volume_cgroup: Option<VolumeCgroup>,
 }
 
 impl NodeService {
-    pub fn new(node_id: String, volume_cgroup: Option<VolumeCgroup>) -> NodeService {
+    pub fn new(
+        service: BlobService,
+        node_id: String,
+        volume_cgroup: Option<VolumeCgroup>,
+    ) -> NodeService {
         NodeService {
+            service,
             node_id,
             volume_cgroup,
+        }
+    }
+
+    /// NOT_FOUND unless the volume's blob exists.
+    async fn must_exist(&self, id: &VolumeId) -> Result<(), Status> {
+        match self
+            .service
+            .blob(&id.container, &id.blob)
+            .properties()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => {
+                Err(Status::not_found(format!("no volume {}", id.spec())))
+            }
+            Err(e) => Err(super::status_of(e)),
         }
     }
 }
@@ -95,6 +120,20 @@ async fn blobdrive_in(args: &[&str], cgroup: Option<&VolumeCgroup>) -> Result<St
     let err = String::from_utf8_lossy(&out.stderr);
     let line = err.lines().last().unwrap_or("no message").to_string();
     Err(Status::internal(line))
+}
+
+/// A path where a volume is looked for (stats, expand): required, but any
+/// other path is only a place where no volume is found (csi-sanity asks at
+/// `some/path` and expects NOT_FOUND). A relative path is never one: this
+/// process's working directory is no place of the CO's.
+fn volume_path_arg(p: &str) -> Result<PathBuf, Status> {
+    if p.is_empty() {
+        return Err(Status::invalid_argument("a volume path is required"));
+    }
+    if !p.starts_with('/') {
+        return Err(Status::not_found(format!("no volume is mounted at {p}")));
+    }
+    Ok(PathBuf::from(p))
 }
 
 fn path_arg(p: &str, what: &str) -> Result<PathBuf, Status> {
@@ -209,6 +248,7 @@ impl Node for NodeService {
                 r.blob
             )));
         }
+        self.must_exist(&id).await?;
         std::fs::create_dir_all(&staging)
             .map_err(|e| Status::internal(format!("cannot make {}: {e}", staging.display())))?;
         let read_only = req
@@ -278,6 +318,9 @@ impl Node for NodeService {
             return Err(Status::invalid_argument("a volume capability is required"));
         };
         let Some(staged) = staged_at(&staging) else {
+            let id = VolumeId::parse(&req.volume_id)
+                .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
+            self.must_exist(&id).await?;
             return Err(Status::failed_precondition(format!(
                 "volume {} is not staged at {}",
                 req.volume_id,
@@ -350,7 +393,7 @@ impl Node for NodeService {
         if req.volume_id.is_empty() {
             return Err(Status::invalid_argument("a volume id is required"));
         }
-        let path = path_arg(&req.volume_path, "volume path")?;
+        let path = volume_path_arg(&req.volume_path)?;
         let meta = std::fs::metadata(&path)
             .ok()
             .filter(|_| system::is_mountpoint(&path))
@@ -401,7 +444,7 @@ impl Node for NodeService {
         if req.volume_id.is_empty() {
             return Err(Status::invalid_argument("a volume id is required"));
         }
-        path_arg(&req.volume_path, "volume path")?;
+        volume_path_arg(&req.volume_path)?;
         let size = volume::size_for(req.capacity_range.as_ref())?;
         let id = VolumeId::parse(&req.volume_id)
             .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
@@ -409,7 +452,7 @@ impl Node for NodeService {
             .into_iter()
             .find(|r| r.blob == id.spec() && !r.read_only && record::alive(r))
             .ok_or_else(|| {
-                Status::failed_precondition(format!("volume {} is not staged here", id.spec()))
+                Status::not_found(format!("volume {} is not staged on this node", id.spec()))
             })?;
         let at = staged.mountpoint.to_string_lossy().to_string();
         blobdrive(&["resize", &at, "--size", &size.to_string()]).await?;
