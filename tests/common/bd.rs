@@ -115,6 +115,17 @@ impl Harness {
         spec
     }
 
+    /// A new container named after `tag`: its name.
+    pub fn new_container(&self, tag: &str) -> String {
+        use blobdrive::azure::{Account, BlobService};
+        let name = unique_container(tag);
+        let svc = BlobService::new(Account::from_connection_string(&self.cs()).unwrap());
+        super::util::rt()
+            .block_on(svc.container(&name).create())
+            .unwrap();
+        name
+    }
+
     /// A mountpoint, unmounted through this harness's account and run directory
     /// when dropped.
     pub fn mp(&self) -> Mp {
