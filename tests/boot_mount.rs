@@ -138,26 +138,15 @@ fn daemon_pid(mp: &Path) -> Option<u32> {
     json(&text)["pid"].as_u64().map(|p| p as u32)
 }
 
-/// Nothing of a refused mount may remain: no record, no mount at `mp`, no loop
-/// device over it, the lease free.
-fn assert_nothing_left(mp: &Path, spec: &str) {
+/// Nothing of a mount at `mp` may remain ([`Harness::assert_nothing_left`]), its
+/// record file gone, the lease available and the mountpoint empty.
+fn assert_all_gone(mp: &Path, spec: &str) {
+    BD.assert_nothing_left(mp, spec);
     assert_eq!(
         daemon_pid(mp),
         None,
         "a mount record is left for {}",
         mp.display()
-    );
-    let id = blobdrive::mount::record::id_for(mp);
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(
-        !mounts.contains(mp.to_str().unwrap()),
-        "mount left at {}",
-        mp.display()
-    );
-    let loops = sh_ok("losetup -a");
-    assert!(
-        !loops.contains(&format!("{id}.fuse")),
-        "loop device left: {loops}"
     );
     assert_eq!(lease_state(spec), "available");
     assert_eq!(
@@ -326,7 +315,7 @@ AZURE_STORAGE_CONNECTION_STRING="$CS" "$BD" download '{spec}' '{image}' --format
         "on the blob when umount returned"
     );
     assert_eq!(lease_state(&spec), "available");
-    assert_nothing_left(&mnt, &spec);
+    assert_all_gone(&mnt, &spec);
 }
 
 /// `umount` of a drive in use is refused by `umount.blobdrive` with one line and
@@ -431,7 +420,7 @@ true
     let kept = files_on_the_blob(&spec, &s, &["kept"]);
     let want = sh_ok("printf 'kept\n' | sha256sum");
     assert_eq!(kept.split(' ').next(), want.split(' ').next(), "{kept}");
-    assert_nothing_left(&mnt, &spec);
+    assert_all_gone(&mnt, &spec);
 }
 
 #[test]
@@ -458,7 +447,7 @@ fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
             err.starts_with("mount.blobdrive: ") && err.contains(needle),
             "{opts}: expected '{needle}' in: {err}"
         );
-        assert_nothing_left(&mnt, &spec);
+        assert_all_gone(&mnt, &spec);
         err
     };
     refused(&format!("rw,{creds},bogus"), "'bogus'");
@@ -495,7 +484,7 @@ fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    assert_nothing_left(&mnt, &spec);
+    assert_all_gone(&mnt, &spec);
     // A mount that fails (no filesystem on the blank disk) is mount(8)'s 32 and is
     // undone. Through util-linux's mount, which passes the helper's status and
     // message on.
@@ -516,7 +505,7 @@ fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
         "{}",
         text(&out)
     );
-    assert_nothing_left(&mnt, &spec);
+    assert_all_gone(&mnt, &spec);
 }
 
 /// What the service manager heard, each message with whether the mountpoint had
@@ -641,7 +630,7 @@ fn foreground_mount_tells_systemd_ready_status_stopping_and_sigterm_keeps_everyt
     let want_hash = want.split_whitespace().next().unwrap();
     let got = files_on_the_blob(&spec, &s, &["data"]);
     assert!(got.starts_with(want_hash), "blob has {got}, wrote {want}");
-    assert_nothing_left(&mnt, &spec);
+    assert_all_gone(&mnt, &spec);
 }
 
 #[test]
@@ -675,7 +664,7 @@ fn block_and_raw_mounts_outlive_their_users_closing_the_disk() {
             .unwrap_or_else(|e| panic!("{mode}: {target}: {e}"));
         assert_eq!(first, 2);
         BD.ok(&["unmount", mp]);
-        assert_nothing_left(&mnt, &spec);
+        assert_all_gone(&mnt, &spec);
     }
 }
 
@@ -741,7 +730,7 @@ fn sigterm_while_busy_takes_the_drive_down_once_it_is_let_go() {
         "the daemon to end once the drive was let go",
         Duration::from_secs(30),
     );
-    assert_nothing_left(&mnt, &spec);
+    assert_all_gone(&mnt, &spec);
     let want = std::fs::read_to_string(s.path("sum")).unwrap();
     let got = files_on_the_blob(&spec, &s, &["f"]);
     assert!(got.starts_with(want.trim()), "blob has {got}, wrote {want}");

@@ -151,6 +151,32 @@ impl Harness {
         self.ok(&["unmount", mp.s()])
     }
 
+    /// Fails unless nothing of a mount of `spec` at `mp` remains: no record in
+    /// the run directory, no FUSE or filesystem mount, no loop device over the
+    /// mountpoint or the run directory, no lease on the blob.
+    pub fn assert_nothing_left(&self, mp: &Path, spec: &str) {
+        let s = mp.to_str().unwrap();
+        let list = super::util::json(&self.ok(&["list", "--json"]));
+        assert!(
+            !list
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["mountpoint"] == s),
+            "record left: {list}"
+        );
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(s), "mount left at {s}");
+        let loops = super::util::sh_ok("losetup -a");
+        let id = blobdrive::mount::record::id_for(mp);
+        assert!(
+            !loops.contains(s) && !loops.contains(&format!("{id}.fuse")),
+            "loop device left: {loops}"
+        );
+        let st = super::util::json(&self.ok(&["lease", "status", spec, "--json"]));
+        assert_ne!(st["state"], "leased", "lease left on {spec}");
+    }
+
     /// A client of the blob `spec` (container/name) in the account.
     pub fn blob(&self, spec: &str) -> blobdrive::azure::BlobClient {
         super::azurite::blob_client(&self.cs(), spec)
