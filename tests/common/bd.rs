@@ -115,13 +115,16 @@ impl Harness {
         spec
     }
 
+    /// A client of the account.
+    pub fn service(&self) -> blobdrive::azure::BlobService {
+        super::azurite::service(&self.cs())
+    }
+
     /// A new container named after `tag`: its name.
     pub fn new_container(&self, tag: &str) -> String {
-        use blobdrive::azure::{Account, BlobService};
         let name = unique_container(tag);
-        let svc = BlobService::new(Account::from_connection_string(&self.cs()).unwrap());
         super::util::rt()
-            .block_on(svc.container(&name).create())
+            .block_on(self.service().container(&name).create())
             .unwrap();
         name
     }
@@ -284,6 +287,32 @@ impl Bd {
         let err = self.fails();
         assert_eq!(err.lines().count(), 1, "{args:?}: one line, not: {err}");
         err
+    }
+
+    /// [`Bd::fails_in_one_line`], that line being [`the_error_line`] saying
+    /// `needle`.
+    pub fn fails_saying(self, needle: &str) -> String {
+        let err = self.fails_in_one_line();
+        the_error_line(&err, &[needle]);
+        err
+    }
+
+    /// [`Bd::fails`] with [`the_error_line`] saying each of `needles` (log lines
+    /// besides it allowed): that line.
+    pub fn fails_with_error(self, needles: &[&str]) -> String {
+        the_error_line(&self.fails(), needles)
+    }
+}
+
+/// A command made otherwise (blobdrive run under `unshare`, say), for the
+/// assertions of [`Bd`].
+impl From<Command> for Bd {
+    fn from(cmd: Command) -> Bd {
+        let args = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().to_string())
+            .collect();
+        Bd { cmd, args }
     }
 }
 
