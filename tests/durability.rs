@@ -65,11 +65,7 @@ fn an_abandoned_put_page_that_lands_late_changes_nothing() {
     let proxy = holding_the_first_write_at_zero(Duration::from_secs(8));
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = BD.mp_through(&cs);
-    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
-        .cs(&cs)
-        .envs(&env)
-        .ok();
+    let mp = BD.via(&cs, &env).mount(&spec, &["--mode", "raw"]);
     let a = [b'A'; 512];
     let b = [b'B'; 512];
     pwrite_fsync(&mp.disk(), 0, &a);
@@ -77,7 +73,7 @@ fn an_abandoned_put_page_that_lands_late_changes_nothing() {
     wait_for("the held request to land", Duration::from_secs(30), || {
         !proxy.late_commits().is_empty()
     });
-    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).ok();
+    BD.via(&cs, &env).unmount(&mp);
     let late = proxy.late_commits();
     let got = read_blob(&spec, 0, 512);
     assert!(
@@ -116,10 +112,7 @@ fn unmount_refuses_while_the_raw_disk_is_open_and_loses_nothing() {
     require_root();
     let spec = BD.new_drive("busyraw", "64MiB");
     let cs = BD.cs();
-    let mp = BD.mp_through(&cs);
-    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
-        .cs(&cs)
-        .ok();
+    let mp = BD.via(&cs, &[]).mount(&spec, &["--mode", "raw"]);
     let blocks = 2048;
     let mut writer = spawn_block_writer(&mp.disk(), blocks);
     let mut out = std::io::BufReader::new(writer.stdout.take().unwrap());
@@ -140,7 +133,7 @@ fn unmount_refuses_while_the_raw_disk_is_open_and_loses_nothing() {
     assert_eq!(std::fs::metadata(mp.disk()).unwrap().len(), 64 << 20);
     drop(writer.stdin.take());
     assert!(writer.wait().unwrap().success());
-    BD.cmd(&["unmount", mp.s()]).cs(&cs).ok();
+    BD.via(&cs, &[]).unmount(&mp);
     let blob = read_blob(&spec, 0, blocks * 4096);
     for i in 0..blocks as usize {
         let want = format!("{i:08}").repeat(512);
@@ -203,7 +196,7 @@ fn writers_and_fsync_wait_through_a_40s_outage_at_default_settings() {
         "stats do not show the stall: {during}"
     );
     assert!(during["last_error"].is_string(), "{during}");
-    BD.cmd(&["unmount", mp.s()]).cs(&cs).ok();
+    BD.via(&cs, &[]).unmount(&mp);
     let want = sh_ok(&format!("sha256sum < '{srcp}'"));
     let blob = read_blob(&spec, 0, 160 << 20);
     let got_file = tempfile::NamedTempFile::new().unwrap();
@@ -218,24 +211,14 @@ fn unmount_waits_out_an_outage_and_loses_no_unsynced_file() {
     let spec = BD.new_drive("umoutage", "256MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = BD.mp_through(&cs);
-    BD.cmd(&["mount", &spec, mp.s(), "--mkfs", "ext4"])
-        .cs(&cs)
-        .ok();
+    let mp = BD.via(&cs, &[]).mount(&spec, &["--mkfs", "ext4"]);
     let sum = sh_ok(&format!(
         "head -c 20M /dev/urandom > '{0}/r3.bin' && sha256sum < '{0}/r3.bin'",
         mp.s()
     ));
     proxy.paused.store(true, SeqCst);
     let started = Instant::now();
-    let unmount = BD
-        .cmd(&["unmount", mp.s()])
-        .cs(&cs)
-        .command()
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let unmount = BD.cmd(&["unmount", mp.s()]).cs(&cs).spawn_piped();
     std::thread::sleep(Duration::from_secs(40));
     proxy.paused.store(false, SeqCst);
     let out = unmount.wait_with_output().unwrap();
@@ -365,7 +348,7 @@ os.fsync(fd)\"",
         "daemon memory: peak {hwm} MiB, now {} MiB",
         proc_status_kib(pid as u64, "VmRSS") / 1024
     );
-    BD.cmd(&["unmount", mp.s()]).cs(&cs).ok();
+    BD.via(&cs, &[]).unmount(&mp);
     assert!(
         hwm <= 64 + 150,
         "the daemon's peak resident memory was {hwm} MiB with --cache-size 64MiB"
@@ -419,11 +402,7 @@ fn a_lease_that_cannot_be_released_fails_the_unmount_and_says_so() {
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "1"),
         ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
     ];
-    let mp = BD.mp_through(&cs);
-    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
-        .cs(&cs)
-        .envs(&env)
-        .ok();
+    let mp = BD.via(&cs, &env).mount(&spec, &["--mode", "raw"]);
     let out = BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
@@ -436,10 +415,7 @@ fn a_write_across_the_end_lands_its_inside_part_and_read_only_close_does_not_flu
     let spec = BD.new_drive("edge", "16MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = BD.mp_through(&cs);
-    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
-        .cs(&cs)
-        .ok();
+    let mp = BD.via(&cs, &[]).mount(&spec, &["--mode", "raw"]);
     let size = 16u64 << 20;
     let wrote = sh_ok(&format!(
         "python3 -c \"import os; fd = os.open('{}', os.O_WRONLY); \
@@ -462,7 +438,7 @@ fn a_write_across_the_end_lands_its_inside_part_and_read_only_close_does_not_flu
         took < Duration::from_secs(5),
         "read-only close took {took:?}"
     );
-    BD.cmd(&["unmount", mp.s()]).cs(&cs).ok();
+    BD.via(&cs, &[]).unmount(&mp);
     assert_eq!(read_blob(&spec, size - 512, 512), vec![b'E'; 512]);
     assert_eq!(&read_blob(&spec, 2048, 5)[..], b"dirty");
 }
@@ -643,11 +619,7 @@ fn a_restore_that_meets_another_writer_says_nothing_was_restored() {
         .cmd(&["restore", &spec, "--from", &id, "--yes"])
         .cs(&cs)
         .envs(&env)
-        .command()
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_piped();
     wait_for("the copy to be held", Duration::from_secs(30), || {
         proxy.holding.load(SeqCst) > 0
     });
@@ -759,7 +731,7 @@ fn fio_verifies_through_faults_and_again_from_the_blob_after_remount() {
     .cs(&cs)
     .ok();
     fio(&job(&mp, false));
-    BD.cmd(&["unmount", mp.s()]).cs(&cs).ok();
+    BD.via(&cs, &[]).unmount(&mp);
     assert!(!proxy.injected().is_empty(), "no fault was injected");
     // ... and again from the blob itself, through a fresh mount and cold cache
     // (writable: fio opens the file of a write job for writing, also to verify).
@@ -779,7 +751,7 @@ fn fio_verifies_through_faults_and_again_from_the_blob_after_remount() {
         .cs(&cs)
         .ok();
     fio(&fsjob(mp.s(), false));
-    BD.cmd(&["unmount", mp.s()]).cs(&cs).ok();
+    BD.via(&cs, &[]).unmount(&mp);
     BD.ok(&["mount", &spec, mp.s()]);
     fio(&fsjob(mp.s(), true));
     BD.ok(&["unmount", mp.s()]);
@@ -948,11 +920,7 @@ fn unmount_discard_dirty_ends_an_ext4_unmount_whose_last_sync_waits_for_the_serv
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
     let env = &SHORT_TIMEOUTS;
-    let mp = BD.mp_through(&cs);
-    BD.cmd(&["mount", &spec, mp.s(), "--mkfs", "ext4"])
-        .cs(&cs)
-        .envs(env)
-        .ok();
+    let mp = BD.via(&cs, env).mount(&spec, &["--mkfs", "ext4"]);
     sh_ok(&format!(
         "dd if=/dev/urandom of={}/f bs=1M count=3 conv=fsync status=none",
         mp.s()
@@ -968,11 +936,7 @@ fn unmount_discard_dirty_ends_an_ext4_unmount_whose_last_sync_waits_for_the_serv
         .cmd(&["unmount", mp.s(), "--discard-dirty", "--yes"])
         .cs(&cs)
         .envs(env)
-        .command()
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_piped();
     let deadline = Instant::now() + Duration::from_secs(90);
     while discard.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
@@ -1045,12 +1009,8 @@ fn an_abandoned_lease_acquire_that_lands_after_unmount_takes_nothing() {
     ));
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = BD.mp_through(&cs);
-    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
-        .cs(&cs)
-        .envs(&env)
-        .ok();
-    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).ok();
+    let mp = BD.via(&cs, &env).mount(&spec, &["--mode", "raw"]);
+    BD.via(&cs, &env).unmount(&mp);
     proxy.held_lands_late_and_is_refused("acquire");
     let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_ne!(info["lease_state"], "leased", "{info}");
@@ -1122,11 +1082,7 @@ fn a_lease_break_that_meets_a_late_write_of_the_dead_host_reads_again_and_breaks
         .cmd(&["lease", "break", &spec, "--yes"])
         .cs(&cs)
         .envs(&env)
-        .command()
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_piped();
     wait_for("the break to be held", Duration::from_secs(30), || {
         proxy.holding.load(SeqCst) > 0
     });
@@ -1160,11 +1116,7 @@ fn a_drive_written_while_its_lease_is_being_taken_is_read_again() {
         .cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
         .cs(&cs)
         .envs(&env)
-        .command()
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_piped();
     wait_for("the acquire to be held", Duration::from_secs(30), || {
         proxy.holding.load(SeqCst) > 0
     });
@@ -1184,7 +1136,7 @@ fn a_drive_written_while_its_lease_is_being_taken_is_read_again() {
         got == theirs,
         "the mount shows the drive as it was before the write"
     );
-    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).ok();
+    BD.via(&cs, &env).unmount(&mp);
 }
 
 #[test]
@@ -1193,11 +1145,8 @@ fn a_lease_release_whose_answer_was_lost_is_a_clean_unmount() {
     let spec = BD.new_drive("rellost", "16MiB");
     let proxy = lost_answer(&["x-ms-lease-action: release"]);
     let cs = proxy.connection_string();
-    let mp = BD.mp_through(&cs);
-    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
-        .cs(&cs)
-        .ok();
-    BD.cmd(&["unmount", mp.s()]).cs(&cs).ok();
+    let mp = BD.via(&cs, &[]).mount(&spec, &["--mode", "raw"]);
+    BD.via(&cs, &[]).unmount(&mp);
     assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");
     let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_ne!(info["lease_state"], "leased", "{info}");

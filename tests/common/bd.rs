@@ -141,6 +141,19 @@ impl Harness {
         Mp::new(&self.run_dir(), cs)
     }
 
+    /// This harness reaching the account through `cs` (a proxy's) with the
+    /// environment `env` besides.
+    pub fn via(&self, cs: &str, env: &[(&str, &str)]) -> Via {
+        Via {
+            harness: *self,
+            cs: cs.to_string(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
     /// Mounts `spec` at `mp` with the options `extra`, which must succeed: its
     /// standard output (a block mount's loop device).
     pub fn mount(&self, spec: &str, mp: &Mp, extra: &[&str]) -> String {
@@ -183,6 +196,41 @@ impl Harness {
     /// A client of the blob `spec` (container/name) in the account.
     pub fn blob(&self, spec: &str) -> blobdrive::azure::BlobClient {
         super::azurite::blob_client(&self.cs(), spec)
+    }
+}
+
+/// A [`Harness`] reaching the account another way ([`Harness::via`]).
+pub struct Via {
+    harness: Harness,
+    cs: String,
+    env: Vec<(String, String)>,
+}
+
+impl Via {
+    /// blobdrive with `args`, to be changed or run.
+    pub fn cmd(&self, args: &[&str]) -> Bd {
+        let mut bd = self.harness.cmd(args).cs(&self.cs);
+        for (k, v) in &self.env {
+            bd = bd.env(k, v);
+        }
+        bd
+    }
+
+    /// blobdrive with `args`, which must succeed: its standard output.
+    pub fn ok(&self, args: &[&str]) -> String {
+        self.cmd(args).ok()
+    }
+
+    /// A new mountpoint with `spec` mounted at it with the options `extra`.
+    pub fn mount(&self, spec: &str, extra: &[&str]) -> Mp {
+        let mp = self.harness.mp_through(&self.cs);
+        self.ok(&[&["mount", spec, mp.s()], extra].concat());
+        mp
+    }
+
+    /// Unmounts `mp`, which must succeed: its standard output.
+    pub fn unmount(&self, mp: &Mp) -> String {
+        self.ok(&["unmount", mp.s()])
     }
 }
 
@@ -244,6 +292,14 @@ impl Bd {
     /// Starts it.
     pub fn spawn(mut self) -> Child {
         self.cmd.spawn().expect("start blobdrive")
+    }
+
+    /// Starts it, its standard output and error captured.
+    pub fn spawn_piped(mut self) -> Child {
+        self.cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        self.spawn()
     }
 
     /// Runs it: its status and output.
