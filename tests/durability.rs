@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use common::azurite::{unique_container, Azurite};
-use common::bd::Harness;
+use common::bd::{Harness, Via};
 use common::mount::{proc_status_kib, require_root, Mp};
 use faultproxy::{Config, Hold, Proxy};
 
@@ -39,6 +39,23 @@ fn pwrite_fsync(path: &str, offset: u64, data: &[u8]) {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A proxy that holds the first request whose head contains `needle` for
+/// `delay_secs` and then forwards it, and the way to the account through it with
+/// a request timeout of `timeout_secs`.
+fn held(needle: &str, delay_secs: u64, timeout_secs: &str) -> (Proxy, Via) {
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        needle,
+        1,
+        Duration::from_secs(delay_secs),
+    ));
+    let via = BD.via(
+        &proxy.connection_string(),
+        &[("BLOBDRIVE_REQUEST_TIMEOUT_SECS", timeout_secs)],
+    );
+    (proxy, via)
 }
 
 /// A proxy that holds the first Put Page for the disk's first bytes for `delay`
@@ -526,15 +543,8 @@ fn a_delete_whose_answer_was_lost_succeeds() {
 fn a_delete_that_lands_after_the_name_was_used_again_deletes_nothing() {
     require_root();
     let spec = BD.new_drive("dellate", "16MiB");
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "delete /",
-        1,
-        Duration::from_secs(15),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    BD.cmd(&["delete", &spec, "--yes"]).cs(&cs).envs(&env).ok();
+    let (proxy, via) = held("delete /", 15, "2");
+    via.cmd(&["delete", &spec, "--yes"]).ok();
     BD.ok(&["create", &spec, "--size", "16MiB"]);
     let blob = BD.blob(&spec);
     rt().block_on(blob.put_pages(0, bytes::Bytes::from(vec![b'R'; 4096]), None))
@@ -607,22 +617,11 @@ fn a_restore_that_meets_another_writer_says_nothing_was_restored() {
     require_root();
     let (spec, id) = drive_with_a_snapshot("restrace");
     BD.ok(&["restore", &spec, "--from", &id, "--yes"]);
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-copy-source",
-        1,
-        Duration::from_secs(1),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3")];
-    let restore = BD
+    let (proxy, via) = held("x-ms-copy-source", 1, "3");
+    let restore = via
         .cmd(&["restore", &spec, "--from", &id, "--yes"])
-        .cs(&cs)
-        .envs(&env)
         .spawn_piped();
-    wait_for("the copy to be held", Duration::from_secs(30), || {
-        proxy.holding.load(SeqCst) > 0
-    });
+    proxy.wait_for_holding("the copy", Duration::from_secs(30));
     let theirs = vec![b'X'; 4096];
     rt().block_on(BD.blob(&spec).put_pages(0, theirs.clone().into(), None))
         .unwrap();
@@ -642,18 +641,8 @@ fn a_restore_that_meets_another_writer_says_nothing_was_restored() {
 fn a_restore_copy_that_lands_late_is_refused() {
     require_root();
     let (spec, id) = drive_with_a_snapshot("restlate");
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-copy-source",
-        1,
-        Duration::from_secs(15),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    BD.cmd(&["restore", &spec, "--from", &id, "--yes"])
-        .cs(&cs)
-        .envs(&env)
-        .ok();
+    let (proxy, via) = held("x-ms-copy-source", 15, "2");
+    via.cmd(&["restore", &spec, "--from", &id, "--yes"]).ok();
     assert_eq!(read_blob(&spec, 0, 4096), vec![b'S'; 4096]);
     let mp = BD.mp();
     BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
@@ -1001,16 +990,9 @@ print(r[8192:8192 + 11].decode())\"",
 fn an_abandoned_lease_acquire_that_lands_after_unmount_takes_nothing() {
     require_root();
     let spec = BD.new_drive("lateacq", "16MiB");
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-lease-action: acquire",
-        1,
-        Duration::from_secs(15),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = BD.via(&cs, &env).mount(&spec, &["--mode", "raw"]);
-    BD.via(&cs, &env).unmount(&mp);
+    let (proxy, via) = held("x-ms-lease-action: acquire", 15, "2");
+    let mp = via.mount(&spec, &["--mode", "raw"]);
+    via.unmount(&mp);
     proxy.held_lands_late_and_is_refused("acquire");
     let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_ne!(info["lease_state"], "leased", "{info}");
@@ -1033,19 +1015,12 @@ fn an_abandoned_lease_break_that_lands_after_a_new_mount_breaks_nothing() {
         let dead = "0badf00d-0000-4000-8000-000000000000";
         rt().block_on(BD.blob(&spec).acquire_lease(dead, None))
             .unwrap();
-        let proxy = Proxy::start(Config::holding(
-            Azurite::shared().port,
-            "x-ms-lease-action: break",
-            1,
-            Duration::from_secs(15),
-        ));
-        let cs = proxy.connection_string();
-        let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+        let (proxy, via) = held("x-ms-lease-action: break", 15, "2");
         let mut args = vec!["lease", "break", &spec, "--yes"];
         if let Some(p) = period {
             args.extend(["--period", p]);
         }
-        let said = BD.cmd(&args).cs(&cs).envs(&env).ok();
+        let said = via.cmd(&args).ok();
         assert!(said.contains("lease broken;"), "{period:?}: {said}");
         let mp = BD.mp();
         BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
@@ -1070,22 +1045,9 @@ fn a_lease_break_that_meets_a_late_write_of_the_dead_host_reads_again_and_breaks
     let dead = "0badf00d-0000-4000-8000-000000000001";
     let blob = BD.blob(&spec);
     rt().block_on(blob.acquire_lease(dead, None)).unwrap();
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-lease-action: break",
-        1,
-        Duration::from_secs(1),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3")];
-    let breaker = BD
-        .cmd(&["lease", "break", &spec, "--yes"])
-        .cs(&cs)
-        .envs(&env)
-        .spawn_piped();
-    wait_for("the break to be held", Duration::from_secs(30), || {
-        proxy.holding.load(SeqCst) > 0
-    });
+    let (proxy, via) = held("x-ms-lease-action: break", 1, "3");
+    let breaker = via.cmd(&["lease", "break", &spec, "--yes"]).spawn_piped();
+    proxy.wait_for_holding("the break", Duration::from_secs(30));
     rt().block_on(blob.put_pages(0, bytes::Bytes::from(vec![b'D'; 4096]), Some(dead)))
         .unwrap();
     let out = breaker.wait_with_output().unwrap();
@@ -1103,23 +1065,12 @@ fn a_lease_break_that_meets_a_late_write_of_the_dead_host_reads_again_and_breaks
 fn a_drive_written_while_its_lease_is_being_taken_is_read_again() {
     require_root();
     let spec = BD.new_drive("raceacq", "16MiB");
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-lease-action: acquire",
-        1,
-        Duration::from_secs(1),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3")];
-    let mp = BD.mp_through(&cs);
-    let mount = BD
+    let (proxy, via) = held("x-ms-lease-action: acquire", 1, "3");
+    let mp = via.mp();
+    let mount = via
         .cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
-        .cs(&cs)
-        .envs(&env)
         .spawn_piped();
-    wait_for("the acquire to be held", Duration::from_secs(30), || {
-        proxy.holding.load(SeqCst) > 0
-    });
+    proxy.wait_for_holding("the acquire", Duration::from_secs(30));
     let theirs = vec![0x3c; 4096];
     rt().block_on(BD.blob(&spec).put_pages(8192, theirs.clone().into(), None))
         .unwrap();
@@ -1136,7 +1087,7 @@ fn a_drive_written_while_its_lease_is_being_taken_is_read_again() {
         got == theirs,
         "the mount shows the drive as it was before the write"
     );
-    BD.via(&cs, &env).unmount(&mp);
+    via.unmount(&mp);
 }
 
 #[test]

@@ -221,9 +221,14 @@ impl Via {
         self.cmd(args).ok()
     }
 
+    /// A mountpoint, unmounted this way when dropped.
+    pub fn mp(&self) -> Mp {
+        self.harness.mp_through(&self.cs)
+    }
+
     /// A new mountpoint with `spec` mounted at it with the options `extra`.
     pub fn mount(&self, spec: &str, extra: &[&str]) -> Mp {
-        let mp = self.harness.mp_through(&self.cs);
+        let mp = self.mp();
         self.ok(&[&["mount", spec, mp.s()], extra].concat());
         mp
     }
