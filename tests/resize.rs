@@ -45,8 +45,6 @@ fn etag(spec: &str) -> String {
         .to_string()
 }
 
-/// The one error line of a command that must fail.
-
 /// The grown drive holds its data, zeros after it (the old footer's page too),
 /// and a footer for `size` that qemu-img reads; `info` agrees; the lease is free.
 fn check_grown(spec: &str, data: &[u8], size: u64) {

@@ -125,21 +125,3 @@ pub fn break_lease_from_elsewhere(cs: &str, spec: &str) -> String {
         .run_dir(elsewhere.path())
         .ok()
 }
-
-// The free functions below go once every test file runs blobdrive through a
-// `Harness`.
-pub fn bd(run: &Path, cs: &str, args: &[&str]) -> std::process::Output {
-    Bd::new(args).cs(cs).run_dir(run).output()
-}
-pub fn bd_env(run: &Path, cs: &str, env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
-    Bd::new(args).cs(cs).run_dir(run).envs(env).output()
-}
-pub fn ok(run: &Path, cs: &str, args: &[&str]) -> String {
-    Bd::new(args).cs(cs).run_dir(run).ok()
-}
-pub fn ok_env(run: &Path, cs: &str, env: &[(&str, &str)], args: &[&str]) -> String {
-    Bd::new(args).cs(cs).run_dir(run).envs(env).ok()
-}
-pub fn fails(run: &Path, cs: &str, args: &[&str]) -> String {
-    Bd::new(args).cs(cs).run_dir(run).fails_in_one_line()
-}
