@@ -24,46 +24,21 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::azurite::{unique_container, Azurite, DEV_KEY};
+use common::azurite::{Azurite, DEV_KEY};
+use common::bd::Harness;
 use common::mount::require_root;
-use common::util::{json, output_text as text, sh_ok, stdout_of_success};
+use common::util::{json, output_text as text, sh_ok, wait_for_exit, wait_for_some};
 use faultproxy::{Config, Proxy};
 
 /// A private run directory for this test binary.
-fn run_dir() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("boot-run");
-    crate::common::util::private_dir(&d);
-    d
-}
+const BD: Harness = Harness::new("boot-run");
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_blobdrive")
 }
 
-fn bd(args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .env(
-            "AZURE_STORAGE_CONNECTION_STRING",
-            Azurite::shared().connection_string(),
-        )
-        .env("BLOBDRIVE_RUN_DIR", run_dir())
-        .output()
-        .expect("run blobdrive")
-}
-
-fn ok(args: &[&str]) -> String {
-    stdout_of_success(&args, bd(args))
-}
-
-fn new_drive(tag: &str) -> String {
-    let spec = format!("{}/disk.vhd", unique_container(tag));
-    ok(&["create", &spec, "--size", "64MiB", "--create-container"]);
-    spec
-}
-
 fn lease_state(spec: &str) -> String {
-    json(&ok(&["lease", "status", spec, "--json"]))["state"]
+    json(&BD.ok(&["lease", "status", spec, "--json"]))["state"]
         .as_str()
         .unwrap()
         .to_string()
@@ -134,7 +109,7 @@ export BLOBDRIVE_RUN_DIR='{run}'
 BD='{bin}'
 "#,
             helper = self.path("helper").display(),
-            run = run_dir().display(),
+            run = BD.run_dir().display(),
             bin = bin(),
         );
         Command::new("unshare")
@@ -151,7 +126,7 @@ BD='{bin}'
 impl Drop for Scratch {
     fn drop(&mut self) {
         if daemon_pid(&self.mnt()).is_some() {
-            let _ = bd(&["unmount", self.mnt().to_str().unwrap()]);
+            let _ = BD.cmd(&["unmount", self.mnt().to_str().unwrap()]).output();
         }
     }
 }
@@ -159,30 +134,19 @@ impl Drop for Scratch {
 /// The daemon's pid from its mount record, if it has one.
 fn daemon_pid(mp: &Path) -> Option<u32> {
     let id = blobdrive::mount::record::id_for(mp);
-    let text = std::fs::read_to_string(run_dir().join(format!("mounts/{id}.json"))).ok()?;
+    let text = std::fs::read_to_string(BD.run_dir().join(format!("mounts/{id}.json"))).ok()?;
     json(&text)["pid"].as_u64().map(|p| p as u32)
 }
 
-/// Nothing of a refused mount may remain: no record, no mount at `mp`, no loop
-/// device over it, the lease free.
-fn assert_nothing_left(mp: &Path, spec: &str) {
+/// Nothing of a mount at `mp` may remain ([`Harness::assert_nothing_left`]), its
+/// record file gone, the lease available and the mountpoint empty.
+fn assert_all_gone(mp: &Path, spec: &str) {
+    BD.assert_nothing_left(mp, spec);
     assert_eq!(
         daemon_pid(mp),
         None,
         "a mount record is left for {}",
         mp.display()
-    );
-    let id = blobdrive::mount::record::id_for(mp);
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(
-        !mounts.contains(mp.to_str().unwrap()),
-        "mount left at {}",
-        mp.display()
-    );
-    let loops = sh_ok("losetup -a");
-    assert!(
-        !loops.contains(&format!("{id}.fuse")),
-        "loop device left: {loops}"
     );
     assert_eq!(lease_state(spec), "available");
     assert_eq!(
@@ -198,7 +162,7 @@ fn assert_nothing_left(mp: &Path, spec: &str) {
 fn files_on_the_blob(spec: &str, scratch: &Scratch, files: &[&str]) -> String {
     let image = scratch.path("image.raw");
     let _ = std::fs::remove_file(&image);
-    ok(&["download", spec, image.to_str().unwrap(), "--format", "raw"]);
+    BD.ok(&["download", spec, image.to_str().unwrap(), "--format", "raw"]);
     files_in_image(&image, scratch, files)
 }
 
@@ -230,7 +194,7 @@ fn files_in_image(image: &Path, scratch: &Scratch, files: &[&str]) -> String {
 #[test]
 fn fstab_mount_then_plain_umount_puts_everything_on_the_blob_and_frees_the_lease() {
     require_root();
-    let spec = new_drive("fstab");
+    let spec = BD.new_drive("fstab", "64MiB");
     let s = Scratch::new();
     // The daemon reaches the service only through this proxy: the network the
     // test takes down.
@@ -351,7 +315,7 @@ AZURE_STORAGE_CONNECTION_STRING="$CS" "$BD" download '{spec}' '{image}' --format
         "on the blob when umount returned"
     );
     assert_eq!(lease_state(&spec), "available");
-    assert_nothing_left(&mnt, &spec);
+    assert_all_gone(&mnt, &spec);
 }
 
 /// `umount` of a drive in use is refused by `umount.blobdrive` with one line and
@@ -362,7 +326,7 @@ AZURE_STORAGE_CONNECTION_STRING="$CS" "$BD" download '{spec}' '{image}' --format
 #[test]
 fn umount_of_a_busy_drive_is_refused_and_a_lazy_one_finishes_when_let_go() {
     require_root();
-    let spec = new_drive("busyumount");
+    let spec = BD.new_drive("busyumount", "64MiB");
     let s = Scratch::new();
     let mnt = s.mnt();
     let other = s.path("other");
@@ -456,20 +420,20 @@ true
     let kept = files_on_the_blob(&spec, &s, &["kept"]);
     let want = sh_ok("printf 'kept\n' | sha256sum");
     assert_eq!(kept.split(' ').next(), want.split(' ').next(), "{kept}");
-    assert_nothing_left(&mnt, &spec);
+    assert_all_gone(&mnt, &spec);
 }
 
 #[test]
 fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
     require_root();
-    let spec = new_drive("badopts");
+    let spec = BD.new_drive("badopts", "64MiB");
     let s = Scratch::new();
     let mnt = s.mnt();
     let helper = |opts: &str| -> Output {
         Command::new(s.helper())
             .args([&spec, mnt.to_str().unwrap(), "-o", opts])
             .env_remove("AZURE_STORAGE_CONNECTION_STRING")
-            .env("BLOBDRIVE_RUN_DIR", run_dir())
+            .env("BLOBDRIVE_RUN_DIR", BD.run_dir())
             .output()
             .unwrap()
     };
@@ -483,7 +447,7 @@ fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
             err.starts_with("mount.blobdrive: ") && err.contains(needle),
             "{opts}: expected '{needle}' in: {err}"
         );
-        assert_nothing_left(&mnt, &spec);
+        assert_all_gone(&mnt, &spec);
         err
     };
     refused(&format!("rw,{creds},bogus"), "'bogus'");
@@ -516,11 +480,11 @@ fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
     );
     let out = Command::new(s.helper())
         .args([&spec, mnt.to_str().unwrap(), "-f", "-o", &creds])
-        .env("BLOBDRIVE_RUN_DIR", run_dir())
+        .env("BLOBDRIVE_RUN_DIR", BD.run_dir())
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    assert_nothing_left(&mnt, &spec);
+    assert_all_gone(&mnt, &spec);
     // A mount that fails (no filesystem on the blank disk) is mount(8)'s 32 and is
     // undone. Through util-linux's mount, which passes the helper's status and
     // message on.
@@ -541,7 +505,7 @@ fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
         "{}",
         text(&out)
     );
-    assert_nothing_left(&mnt, &spec);
+    assert_all_gone(&mnt, &spec);
 }
 
 /// What the service manager heard, each message with whether the mountpoint had
@@ -560,7 +524,7 @@ fn next_message(sock: &UnixDatagram, mnt: &Path, limit: Duration) -> Option<(Str
 #[test]
 fn foreground_mount_tells_systemd_ready_status_stopping_and_sigterm_keeps_everything() {
     require_root();
-    let spec = new_drive("notify");
+    let spec = BD.new_drive("notify", "64MiB");
     let s = Scratch::new();
     let mnt = s.mnt();
     let sock_path = s.path("notify.sock");
@@ -577,7 +541,7 @@ fn foreground_mount_tells_systemd_ready_status_stopping_and_sigterm_keeps_everyt
         .arg("--credentials")
         .arg(s.creds())
         .env_remove("AZURE_STORAGE_CONNECTION_STRING")
-        .env("BLOBDRIVE_RUN_DIR", run_dir())
+        .env("BLOBDRIVE_RUN_DIR", BD.run_dir())
         .env("NOTIFY_SOCKET", &sock_path)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -645,17 +609,12 @@ fn foreground_mount_tells_systemd_ready_status_stopping_and_sigterm_keeps_everyt
         panic!("no STOPPING=1 after SIGTERM");
     };
     assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "still running 60 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_for_some(
+        "the foreground daemon to exit after SIGTERM",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || child.try_wait().unwrap(),
+    );
     let mut err = String::new();
     use std::io::Read;
     child
@@ -671,18 +630,18 @@ fn foreground_mount_tells_systemd_ready_status_stopping_and_sigterm_keeps_everyt
     let want_hash = want.split_whitespace().next().unwrap();
     let got = files_on_the_blob(&spec, &s, &["data"]);
     assert!(got.starts_with(want_hash), "blob has {got}, wrote {want}");
-    assert_nothing_left(&mnt, &spec);
+    assert_all_gone(&mnt, &spec);
 }
 
 #[test]
 fn block_and_raw_mounts_outlive_their_users_closing_the_disk() {
     require_root();
-    let spec = new_drive("reopen");
+    let spec = BD.new_drive("reopen", "64MiB");
     let s = Scratch::new();
     let mnt = s.mnt();
     let mp = mnt.to_str().unwrap();
     for mode in ["block", "raw"] {
-        let shown = ok(&["mount", &spec, mp, "--mode", mode]);
+        let shown = BD.ok(&["mount", &spec, mp, "--mode", mode]);
         let target = shown.trim().to_string();
         let pid = daemon_pid(&mnt).expect("mounted");
         // Open, write, close, several times over: the user is done with it for
@@ -704,8 +663,8 @@ fn block_and_raw_mounts_outlive_their_users_closing_the_disk() {
             .map(|b| b[0])
             .unwrap_or_else(|e| panic!("{mode}: {target}: {e}"));
         assert_eq!(first, 2);
-        ok(&["unmount", mp]);
-        assert_nothing_left(&mnt, &spec);
+        BD.ok(&["unmount", mp]);
+        assert_all_gone(&mnt, &spec);
     }
 }
 
@@ -739,11 +698,11 @@ fn the_unit_template_runs_the_foreground_daemon_with_credentials_outside_argv() 
 #[test]
 fn sigterm_while_busy_takes_the_drive_down_once_it_is_let_go() {
     require_root();
-    let spec = new_drive("termbusy");
+    let spec = BD.new_drive("termbusy", "64MiB");
     let s = Scratch::new();
     let mnt = s.mnt();
     let mp = mnt.to_str().unwrap();
-    ok(&["mount", &spec, mp, "--mkfs", "ext4"]);
+    BD.ok(&["mount", &spec, mp, "--mkfs", "ext4"]);
     let pid = daemon_pid(&mnt).expect("mounted");
     sh_ok(&format!(
         "head -c 3M /dev/urandom > '{mp}/f' && sha256sum '{mp}/f' | cut -d' ' -f1 > '{}'",
@@ -766,15 +725,12 @@ fn sigterm_while_busy_takes_the_drive_down_once_it_is_let_go() {
         alive && mounted,
         "a busy drive must stay up after SIGTERM (alive {alive}, mounted {mounted})"
     );
-    let started = Instant::now();
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the daemon is still running 30 s after the drive was let go"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_nothing_left(&mnt, &spec);
+    wait_for_exit(
+        pid.into(),
+        "the daemon to end once the drive was let go",
+        Duration::from_secs(30),
+    );
+    assert_all_gone(&mnt, &spec);
     let want = std::fs::read_to_string(s.path("sum")).unwrap();
     let got = files_on_the_blob(&spec, &s, &["f"]);
     assert!(got.starts_with(want.trim()), "blob has {got}, wrote {want}");

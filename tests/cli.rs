@@ -5,115 +5,31 @@ mod common;
 mod raw;
 mod stub;
 
-use common::util::{json, rt, stdout_of_success};
-use std::process::{Command, Output};
+use common::bd::{the_error_line, Bd, Harness};
+use common::util::{json, rt};
+use std::process::Command;
 
-use blobdrive::azure::{Account, BlobClient, BlobService};
+use blobdrive::azure::Account;
 use blobdrive::vhd::{DiskType, Footer};
 use bytes::Bytes;
-use common::azurite::{unique_container, Azurite};
+use common::azurite::{fingerprint, unique_container, Azurite};
 use serde_json::Value;
 
 const MIB: u64 = 1024 * 1024;
 
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
-    c.env(
-        "AZURE_STORAGE_CONNECTION_STRING",
-        Azurite::shared().connection_string(),
-    )
-    .env_remove("BLOBDRIVE_LOG")
-    .env("BLOBDRIVE_RETRY_BUDGET_SECS", "5");
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().expect("run blobdrive")
-}
-
-/// Runs a command that must succeed; returns stdout.
-fn ok(args: &[&str]) -> String {
-    stdout_of_success(&args, run(args))
-}
-
-/// Runs a command that must fail with one clear line on stderr containing `needle`.
-fn fails(args: &[&str], needle: &str) -> String {
-    let out = run(args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        !out.status.success(),
-        "{args:?} should fail, printed {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "one line expected: {err}"
-    );
-    assert!(err.starts_with("blobdrive: error: "), "{err}");
-    assert!(
-        err.contains(needle),
-        "{args:?}: expected '{needle}' in: {err}"
-    );
-    err
-}
-
-/// Runs `cmd`, which must fail with exactly one `blobdrive: error:` line holding every
-/// needle (other lines, such as log warnings, are not checked); returns that line.
-fn fails_with(mut cmd: Command, needles: &[&str]) -> String {
-    let out = cmd.output().expect("run blobdrive");
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        !out.status.success(),
-        "should fail, printed {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    the_error_line(&err, needles)
-}
-
-/// The one `blobdrive: error:` line of `err`, which must hold every one of
-/// `needles` and no ANSI codes.
-fn the_error_line(err: &str, needles: &[&str]) -> String {
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("blobdrive: error: "))
-        .collect();
-    assert_eq!(lines.len(), 1, "one error line expected: {err}");
-    for n in needles {
-        assert!(lines[0].contains(n), "expected '{n}' in: {err}");
-    }
-    assert!(!lines[0].contains('\x1b'), "no ANSI codes: {err}");
-    lines[0].to_string()
-}
-
-fn service() -> BlobService {
-    BlobService::new(
-        Account::from_connection_string(&Azurite::shared().connection_string()).unwrap(),
-    )
-}
-
-fn container(tag: &str) -> String {
-    let name = unique_container(tag);
-    rt().block_on(service().container(&name).create()).unwrap();
-    name
-}
-
-/// ETag and full content: what "unchanged" means.
-fn fingerprint(blob: &BlobClient) -> (Option<String>, Vec<u8>) {
-    rt().block_on(async {
-        let p = blob.properties().await.unwrap();
-        let data = blob.read(0, p.content_length).await.unwrap();
-        (p.etag, data.to_vec())
-    })
-}
+/// The shared emulator's account, no run directory, no logs asked for, and a
+/// retry budget of 5 s so that a failure is one in bounded time.
+const BD: Harness = Harness::without_run_dir()
+    .env(&[("BLOBDRIVE_RETRY_BUDGET_SECS", "5")])
+    .env_remove(&["BLOBDRIVE_LOG"]);
 
 #[test]
 fn create_info_lease_delete_lifecycle() {
-    let c = container("life");
+    let c = BD.new_container("life");
     let spec = format!("{c}/data.vhd");
-    let out = ok(&["create", &spec, "--size", "64MiB"]);
+    let out = BD.ok(&["create", &spec, "--size", "64MiB"]);
     assert!(out.contains("64 MiB"), "{out}");
-    let info = json(&ok(&["info", &spec, "--json"]));
+    let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_eq!(info["size_bytes"], 64 * MIB);
     assert_eq!(info["blob_bytes"], 64 * MIB + 512);
     assert_eq!(info["allocated_bytes"], 512, "only the footer is written");
@@ -122,94 +38,102 @@ fn create_info_lease_delete_lifecycle() {
     assert_eq!(info["lease_duration"], Value::Null);
     assert_eq!(info["snapshots"], 0);
     assert!(info["etag"].is_string());
-    let text = ok(&["info", &spec]);
+    let text = BD.ok(&["info", &spec]);
     assert!(text.contains("64 MiB") && text.contains("fixed"), "{text}");
 
     // The footer is a real fixed VHD footer of the right size.
-    let blob = service().blob(&c, "data.vhd");
+    let blob = BD.service().blob(&c, "data.vhd");
     let tail = rt().block_on(blob.read(64 * MIB, 512)).unwrap();
     let f = Footer::parse_fixed_for_blob(&tail, 64 * MIB + 512).unwrap();
     assert_eq!(f.current_size, 64 * MIB);
 
     // Lease status / break.
-    let st = json(&ok(&["lease", "status", &spec, "--json"]));
+    let st = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(
         st,
         serde_json::json!({"state": "available", "duration": null})
     );
     rt().block_on(blob.acquire_lease("55555555-5555-4555-8555-555555555555", None))
         .unwrap();
-    let st = json(&ok(&["lease", "status", &spec, "--json"]));
+    let st = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(
         st,
         serde_json::json!({"state": "leased", "duration": "infinite"})
     );
-    let info = json(&ok(&["info", &spec, "--json"]));
+    let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_eq!(info["lease_state"], "leased");
     assert_eq!(info["lease_duration"], "infinite");
     // A leased drive cannot be deleted.
-    fails(&["delete", &spec, "--yes"], "in use");
+    BD.cmd(&["delete", &spec, "--yes"]).fails_saying("in use");
     // A held lease is broken only with --yes, after saying what its holder loses.
-    let err = fails(&["lease", "break", &spec], "--yes");
+    let err = BD.cmd(&["lease", "break", &spec]).fails_saying("--yes");
     assert!(
         err.contains("not yet put on the blob is lost") && err.contains("Nothing was broken"),
         "{err}"
     );
-    let st = json(&ok(&["lease", "status", &spec, "--json"]));
+    let st = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(st["state"], "leased");
-    let out = ok(&["lease", "break", &spec, "--yes"]);
+    let out = BD.ok(&["lease", "break", &spec, "--yes"]);
     assert!(out.contains("lease broken"), "{out}");
-    let st = json(&ok(&["lease", "status", &spec, "--json"]));
+    let st = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(st["state"], "broken");
-    let out = ok(&["lease", "break", &spec]);
+    let out = BD.ok(&["lease", "break", &spec]);
     assert!(out.contains("nothing changed"), "{out}");
 
     // Snapshots are counted, and block a plain delete.
     let snap = rt().block_on(blob.create_snapshot()).unwrap();
-    let info = json(&ok(&["info", &spec, "--json"]));
+    let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_eq!(info["snapshots"], 1);
-    let info = json(&ok(&["info", &format!("{spec}@{snap}"), "--json"]));
+    let info = json(&BD.ok(&["info", &format!("{spec}@{snap}"), "--json"]));
     assert_eq!(info["snapshot"], snap.as_str());
     assert_eq!(info["size_bytes"], 64 * MIB);
 
-    fails(&["delete", &spec], "--yes");
-    fails(&["delete", &spec, "--yes"], "--snapshots");
-    let out = ok(&["delete", &spec, "--snapshots", "--yes"]);
+    BD.cmd(&["delete", &spec]).fails_saying("--yes");
+    BD.cmd(&["delete", &spec, "--yes"])
+        .fails_saying("--snapshots");
+    let out = BD.ok(&["delete", &spec, "--snapshots", "--yes"]);
     assert!(out.contains("deleted"), "{out}");
-    fails(&["info", &spec], "does not exist");
+    BD.cmd(&["info", &spec]).fails_saying("does not exist");
 }
 
 #[test]
 fn create_refuses_bad_sizes_and_existing_blobs() {
-    let c = container("sizes");
+    let c = BD.new_container("sizes");
     let spec = format!("{c}/x.vhd");
-    fails(
-        &["create", &spec, "--size", "1000000"],
-        "whole number of MiB",
-    );
-    fails(&["create", &spec, "--size", "9TiB"], "maximum");
-    fails(&["create", &spec, "--size", "0"], "more than 0");
-    fails(&["create", &spec, "--size", "lots"], "invalid size");
-    fails(&["create", &spec, "--size", "1.7MiB"], "whole numbers only");
-    fails(&["create", &spec, "--size", "1.5GiB"], "write 1536MiB");
-    let err = fails(&["create", &spec, "--size", "1GB"], "ambiguous");
+    BD.cmd(&["create", &spec, "--size", "1000000"])
+        .fails_saying("whole number of MiB");
+    BD.cmd(&["create", &spec, "--size", "9TiB"])
+        .fails_saying("maximum");
+    BD.cmd(&["create", &spec, "--size", "0"])
+        .fails_saying("more than 0");
+    BD.cmd(&["create", &spec, "--size", "lots"])
+        .fails_saying("invalid size");
+    BD.cmd(&["create", &spec, "--size", "1.7MiB"])
+        .fails_saying("whole numbers only");
+    BD.cmd(&["create", &spec, "--size", "1.5GiB"])
+        .fails_saying("write 1536MiB");
+    let err = BD
+        .cmd(&["create", &spec, "--size", "1GB"])
+        .fails_saying("ambiguous");
     assert!(err.contains("write 1GiB (1 GiB = 1024 MiB)"), "{err}");
-    fails(&["create", &spec, "--size", "64MB"], "write 64MiB");
+    BD.cmd(&["create", &spec, "--size", "64MB"])
+        .fails_saying("write 64MiB");
     let none = rt()
-        .block_on(service().container(&c).list_blobs("", false))
+        .block_on(BD.service().container(&c).list_blobs("", false))
         .unwrap();
     assert!(none.is_empty(), "nothing created: {none:?}");
     // The largest allowed size works (sparse: nothing but the footer is written).
-    ok(&[
+    BD.ok(&[
         "create",
         &format!("{c}/max.vhd"),
         "--size",
         &format!("{}", 8 * 1024 * 1024 * MIB - MIB),
     ]);
-    ok(&["create", &spec, "--size", "1M"]);
-    let blob = service().blob(&c, "x.vhd");
+    BD.ok(&["create", &spec, "--size", "1M"]);
+    let blob = BD.service().blob(&c, "x.vhd");
     let before = fingerprint(&blob);
-    fails(&["create", &spec, "--size", "2M"], "already exists");
+    BD.cmd(&["create", &spec, "--size", "2M"])
+        .fails_saying("already exists");
     assert_eq!(fingerprint(&blob), before);
 }
 
@@ -217,34 +141,30 @@ fn create_refuses_bad_sizes_and_existing_blobs() {
 fn create_container_only_when_asked() {
     let c = unique_container("newcont");
     let spec = format!("{c}/d.vhd");
-    fails(&["create", &spec, "--size", "1M"], "--create-container");
-    ok(&["create", &spec, "--size", "1M", "--create-container"]);
-    let info = json(&ok(&["info", &spec, "--json"]));
+    BD.cmd(&["create", &spec, "--size", "1M"])
+        .fails_saying("--create-container");
+    BD.ok(&["create", &spec, "--size", "1M", "--create-container"]);
+    let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_eq!(info["size_bytes"], MIB);
 }
 
 #[test]
 fn bad_inputs_leave_the_blob_unchanged() {
-    let c = container("bad");
-    let svc = service();
+    let c = BD.new_container("bad");
+    let svc = BD.service();
     // Missing container, missing blob.
-    fails(
-        &["info", &format!("{}/d.vhd", unique_container("gone"))],
-        "container",
-    );
-    fails(&["info", &format!("{c}/missing.vhd")], "does not exist");
-    fails(
-        &["lease", "status", &format!("{c}/missing.vhd")],
-        "does not exist",
-    );
-    fails(&["info", "no-slash"], "not a blob");
-    fails(
-        &["info", &format!("{c}/d.vhd@yesterday")],
-        "invalid snapshot",
-    );
+    BD.cmd(&["info", &format!("{}/d.vhd", unique_container("gone"))])
+        .fails_saying("container");
+    BD.cmd(&["info", &format!("{c}/missing.vhd")])
+        .fails_saying("does not exist");
+    BD.cmd(&["lease", "status", &format!("{c}/missing.vhd")])
+        .fails_saying("does not exist");
+    BD.cmd(&["info", "no-slash"]).fails_saying("not a blob");
+    BD.cmd(&["info", &format!("{c}/d.vhd@yesterday")])
+        .fails_saying("invalid snapshot");
 
     // Wrong key.
-    ok(&["create", &format!("{c}/good.vhd"), "--size", "1M"]);
+    BD.ok(&["create", &format!("{c}/good.vhd"), "--size", "1M"]);
     let good = svc.blob(&c, "good.vhd");
     let before = fingerprint(&good);
     let wrong = Azurite::shared().connection_string().replace(
@@ -260,11 +180,8 @@ fn bad_inputs_leave_the_blob_unchanged() {
             .iter()
             .map(|a| a.replace("GOOD", &format!("{c}/good.vhd")))
             .collect();
-        let out = bin()
-            .env("AZURE_STORAGE_CONNECTION_STRING", &wrong)
-            .args(&args)
-            .output()
-            .unwrap();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = BD.cmd(&args).cs(&wrong).output();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
         assert!(err.contains("account key or SAS"), "{err}");
@@ -285,15 +202,12 @@ fn bad_inputs_leave_the_blob_unchanged() {
     ));
     let block = svc.blob(&c, "block.vhd");
     let before = fingerprint(&block);
-    fails(
-        &["info", &format!("{c}/block.vhd")],
-        "block blob, not a page blob",
-    );
-    fails(
-        &["delete", &format!("{c}/block.vhd"), "--yes"],
-        "block blob",
-    );
-    fails(&["lease", "break", &format!("{c}/block.vhd")], "block blob");
+    BD.cmd(&["info", &format!("{c}/block.vhd")])
+        .fails_saying("block blob, not a page blob");
+    BD.cmd(&["delete", &format!("{c}/block.vhd"), "--yes"])
+        .fails_saying("block blob");
+    BD.cmd(&["lease", "break", &format!("{c}/block.vhd")])
+        .fails_saying("block blob");
     assert_eq!(fingerprint(&block), before);
 
     // Footers that are not a fixed VHD: dynamic, bad checksum, no cookie, wrong size.
@@ -320,34 +234,33 @@ fn bad_inputs_leave_the_blob_unchanged() {
                 .unwrap();
         });
         let before = fingerprint(&blob);
-        fails(&["info", &format!("{c}/{name}")], needle);
+        BD.cmd(&["info", &format!("{c}/{name}")])
+            .fails_saying(needle);
         assert_eq!(fingerprint(&blob), before, "{name} unchanged");
     }
 
     // A blob too small to hold a VHD.
     let tiny = svc.blob(&c, "tiny.vhd");
     rt().block_on(tiny.create_page_blob(1024)).unwrap();
-    fails(&["info", &format!("{c}/tiny.vhd")], "too small");
+    BD.cmd(&["info", &format!("{c}/tiny.vhd")])
+        .fails_saying("too small");
 
     // Lease held by someone else: delete and a second break-free op are refused.
     let held = svc.blob(&c, "good.vhd");
     rt().block_on(held.acquire_lease("66666666-6666-4666-8666-666666666666", None))
         .unwrap();
     let before = fingerprint(&held);
-    fails(&["delete", &format!("{c}/good.vhd"), "--yes"], "in use");
+    BD.cmd(&["delete", &format!("{c}/good.vhd"), "--yes"])
+        .fails_saying("in use");
     assert_eq!(fingerprint(&held), before);
 }
 
 #[test]
 fn connection_string_errors_are_one_line_and_secret_free() {
-    let out = bin()
-        .env(
-            "AZURE_STORAGE_CONNECTION_STRING",
-            "AccountName=a;AccountKey=not-base64!!secret",
-        )
-        .args(["info", "disks/a.vhd"])
-        .output()
-        .unwrap();
+    let out = BD
+        .cmd(&["info", "disks/a.vhd"])
+        .cs("AccountName=a;AccountKey=not-base64!!secret")
+        .output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("AccountKey is not valid base64"), "{err}");
@@ -356,31 +269,25 @@ fn connection_string_errors_are_one_line_and_secret_free() {
 
 #[test]
 fn unknown_connection_string_names_are_named_with_the_known_ones() {
-    let mut cmd = bin();
-    cmd.env(
-        "AZURE_STORAGE_CONNECTION_STRING",
-        "AccountNme=devstoreaccount1;AccountKey=c2VjcmV0LWtleQ==",
-    )
-    .args(["info", "disks/a.vhd"]);
-    let err = fails_with(
-        cmd,
-        &[
+    let err = BD
+        .cmd(&["info", "disks/a.vhd"])
+        .cs("AccountNme=devstoreaccount1;AccountKey=c2VjcmV0LWtleQ==")
+        .fails_with_error(&[
             "unknown name 'AccountNme'",
             "did you mean AccountName?",
             "known names: AccountName, AccountKey",
             "BlobEndpoint",
             "SharedAccessSignature",
-        ],
-    );
+        ]);
     assert!(!err.contains("c2VjcmV0"), "no secret: {err}");
     // A key pasted without its name: base64 ends in '=', but it is never echoed.
-    let mut cmd = bin();
-    cmd.env(
-        "AZURE_STORAGE_CONNECTION_STRING",
-        format!("AccountName=devstoreaccount1;{}", common::azurite::DEV_KEY),
-    )
-    .args(["info", "disks/a.vhd"]);
-    let err = fails_with(cmd, &["not shown", "known names: AccountName"]);
+    let err = BD
+        .cmd(&["info", "disks/a.vhd"])
+        .cs(&format!(
+            "AccountName=devstoreaccount1;{}",
+            common::azurite::DEV_KEY
+        ))
+        .fails_with_error(&["not shown", "known names: AccountName"]);
     assert!(
         !err.contains(&common::azurite::DEV_KEY[..8]),
         "no secret: {err}"
@@ -394,18 +301,13 @@ fn an_emulator_endpoint_without_the_account_says_what_was_expected() {
     let endpoint = Azurite::shared().blob_endpoint();
     let bare = endpoint.trim_end_matches("/devstoreaccount1");
     assert_ne!(bare, endpoint);
-    let mut cmd = bin();
-    cmd.env(
-        "AZURE_STORAGE_CONNECTION_STRING",
-        format!(
+    let err = BD
+        .cmd(&["info", "disks/a.vhd"])
+        .cs(&format!(
             "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={};BlobEndpoint={bare}/",
             common::azurite::DEV_KEY
-        ),
-    )
-    .args(["info", "disks/a.vhd"]);
-    let err = fails_with(
-        cmd,
-        &[
+        ))
+        .fails_with_error(&[
             &format!("BlobEndpoint {bare} names no account"),
             &format!("as in {bare}/devstoreaccount1"),
         ],
@@ -417,12 +319,9 @@ fn an_emulator_endpoint_without_the_account_says_what_was_expected() {
 fn mount_refuses_a_cache_larger_than_memory() {
     let dir = tempfile::tempdir().unwrap();
     let mountpoint = dir.path().to_str().unwrap();
-    let mut cmd = bin();
-    cmd.args(["mount", "disks/a.vhd", mountpoint, "--cache-size", "100TiB"]);
-    let err = fails_with(
-        cmd,
-        &["--cache-size 100 TiB", "of memory", "at most 3/4 of it"],
-    );
+    let err = BD
+        .cmd(&["mount", "disks/a.vhd", mountpoint, "--cache-size", "100TiB"])
+        .fails_with_error(&["--cache-size 100 TiB", "of memory", "at most 3/4 of it"]);
     // The figure is this machine's MemTotal.
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
     let kib: u64 = meminfo
@@ -446,12 +345,11 @@ fn unreachable_endpoint_fails_in_bounded_time() {
         common::azurite::DEV_KEY
     );
     let started = std::time::Instant::now();
-    let out = bin()
-        .env("AZURE_STORAGE_CONNECTION_STRING", cs)
+    let out = BD
+        .cmd(&["info", "disks/a.vhd"])
+        .cs(&cs)
         .env("BLOBDRIVE_RETRY_BUDGET_SECS", "3")
-        .args(["info", "disks/a.vhd"])
-        .output()
-        .unwrap();
+        .output();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     let endpoint = format!("http://127.0.0.1:{port}/devstoreaccount1");
@@ -485,20 +383,17 @@ fn with_no_account_configured_nothing_is_contacted_not_even_the_default_emulator
         vec!["snapshot", "list", "disks/a.vhd"],
     ] {
         let started = std::time::Instant::now();
-        let mut cmd = bin();
-        cmd.env_remove("AZURE_STORAGE_CONNECTION_STRING")
+        let err = BD
+            .cmd(&args)
+            .env_remove("AZURE_STORAGE_CONNECTION_STRING")
             .env_remove("AZURE_STORAGE_ACCOUNT")
-            .args(&args);
-        let err = fails_with(
-            cmd,
-            &[
+            .fails_with_error(&[
                 "no storage account is configured",
                 "AZURE_STORAGE_CONNECTION_STRING",
                 "AZURE_STORAGE_ACCOUNT",
                 "credentials",
                 "UseDevelopmentStorage=true",
-            ],
-        );
+            ]);
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
         assert!(
             started.elapsed() < std::time::Duration::from_secs(3),
@@ -520,7 +415,7 @@ fn with_no_account_configured_nothing_is_contacted_not_even_the_default_emulator
 
 #[test]
 fn help_teaches_and_lists_only_built_commands() {
-    let out = ok(&["--help"]);
+    let out = BD.ok(&["--help"]);
     for cmd in ["create", "info", "lease", "delete"] {
         assert!(out.contains(cmd), "{out}");
     }
@@ -531,7 +426,7 @@ fn help_teaches_and_lists_only_built_commands() {
         "{out}"
     );
     assert!(out.contains("qemu-img info -f vpc"), "{out}");
-    let out = ok(&["lease", "break", "--help"]);
+    let out = BD.ok(&["lease", "break", "--help"]);
     assert!(out.contains("dead host"), "{out}");
     // The text after the options is wrapped by hand, evenly: no prose line runs
     // past 88 columns (indented lines, such as an fstab example, may).
@@ -550,7 +445,7 @@ fn help_teaches_and_lists_only_built_commands() {
     ] {
         let mut args = cmd.clone();
         args.push("--help");
-        let out = ok(&args);
+        let out = BD.ok(&args);
         let after = out.rsplit_once("Print help").map_or("", |(_, a)| a);
         for line in after.lines().filter(|l| !l.starts_with(' ')) {
             assert!(line.chars().count() <= 88, "{cmd:?} --help: {line}");
@@ -562,7 +457,7 @@ fn help_teaches_and_lists_only_built_commands() {
         ("delete", "container/name.vhd@SNAPSHOT"),
         ("prune", "whose snapshots to prune"),
     ] {
-        let out = ok(&["snapshot", sub, "--help"]);
+        let out = BD.ok(&["snapshot", sub, "--help"]);
         let arg = out
             .lines()
             .skip_while(|l| !l.starts_with("Arguments:"))
@@ -577,17 +472,16 @@ fn help_teaches_and_lists_only_built_commands() {
     }
     // upload and download have --json, as the README lists.
     for sub in ["upload", "download"] {
-        assert!(ok(&[sub, "--help"]).contains("--json"), "{sub}");
+        assert!(BD.ok(&[sub, "--help"]).contains("--json"), "{sub}");
     }
 }
 
 #[test]
 fn upload_of_a_missing_file_names_its_cause_once() {
-    let c = container("nofile");
-    let err = fails(
-        &["upload", "/nothere.img", &format!("{c}/a.vhd")],
-        "/nothere.img: No such file or directory",
-    );
+    let c = BD.new_container("nofile");
+    let err = BD
+        .cmd(&["upload", "/nothere.img", &format!("{c}/a.vhd")])
+        .fails_saying("/nothere.img: No such file or directory");
     assert_eq!(err.matches("No such file").count(), 1, "{err}");
 }
 
@@ -620,9 +514,9 @@ fn read_only_blob_sas(container: &str, blob: &str, service: bool) -> String {
 
 #[test]
 fn info_works_with_a_read_sas_for_one_blob() {
-    let c = container("sasinfo");
+    let c = BD.new_container("sasinfo");
     let spec = format!("{c}/disk.vhd");
-    ok(&["create", &spec, "--size", "8MiB"]);
+    BD.ok(&["create", &spec, "--size", "8MiB"]);
     for service in [true, false] {
         let url = format!(
             "{}/{spec}?{}",
@@ -630,16 +524,17 @@ fn info_works_with_a_read_sas_for_one_blob() {
             read_only_blob_sas(&c, "disk.vhd", service)
         );
         // The SAS really cannot list: what `info` used to fail on.
-        fails(&["snapshot", "list", &url], "access denied");
-        let info = json(&ok(&["info", &url, "--json"]));
+        BD.cmd(&["snapshot", "list", &url])
+            .fails_saying("access denied");
+        let info = json(&BD.ok(&["info", &url, "--json"]));
         assert_eq!(info["size_bytes"], 8 * MIB, "service SAS: {service}");
         assert_eq!(info["allocated_bytes"], 512);
         assert_eq!(info["snapshots"], Value::Null);
-        let text = ok(&["info", &url]);
+        let text = BD.ok(&["info", &url]);
         assert!(text.contains("snapshots:    unknown"), "{text}");
     }
     // With a key that can list, the count is there.
-    assert_eq!(json(&ok(&["info", &spec, "--json"]))["snapshots"], 0);
+    assert_eq!(json(&BD.ok(&["info", &spec, "--json"]))["snapshots"], 0);
 }
 
 #[test]
@@ -653,24 +548,22 @@ fn a_failure_is_one_plain_line_without_a_log_line_before_it() {
         "AccountName=devstoreaccount1;AccountKey={};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1",
         common::azurite::DEV_KEY
     );
-    let out = bin()
-        .env("AZURE_STORAGE_CONNECTION_STRING", &cs)
+    let out = BD
+        .cmd(&["info", "disks/a.vhd"])
+        .cs(&cs)
         .env("BLOBDRIVE_RETRY_BUDGET_SECS", "1")
-        .args(["info", "disks/a.vhd"])
-        .output()
-        .unwrap();
+        .output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.starts_with("blobdrive: error: "), "{err}");
     assert!(!err.contains("giving up"), "{err}");
     // Logs asked for with -vv go to a pipe here: no colour codes.
-    let out = bin()
-        .env("AZURE_STORAGE_CONNECTION_STRING", &cs)
+    let out = BD
+        .cmd(&["-vv", "info", "disks/a.vhd"])
+        .cs(&cs)
         .env("BLOBDRIVE_RETRY_BUDGET_SECS", "1")
-        .args(["-vv", "info", "disks/a.vhd"])
-        .output()
-        .unwrap();
+        .output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("giving up"), "{err}");
     assert!(!err.contains('\x1b'), "{err:?}");
@@ -678,7 +571,9 @@ fn a_failure_is_one_plain_line_without_a_log_line_before_it() {
 
 #[test]
 fn unmount_discard_dirty_needs_yes() {
-    let out = run(&["unmount", "/nonexistent-mp", "--discard-dirty"]);
+    let out = BD
+        .cmd(&["unmount", "/nonexistent-mp", "--discard-dirty"])
+        .output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("add --yes"), "{err}");
@@ -754,10 +649,8 @@ fn keys_and_sas_go_only_over_https_or_to_this_machine() {
         ),
     ] {
         let started = std::time::Instant::now();
-        let err = fails_with(
-            in_empty_netns(cs, &args),
-            &["http://192.0.2.1", "only over https"],
-        );
+        let err = Bd::from(in_empty_netns(cs, &args))
+            .fails_with_error(&["http://192.0.2.1", "only over https"]);
         assert!(
             started.elapsed() < std::time::Duration::from_secs(3),
             "{args:?}: not refused before connecting ({:?})",
@@ -766,7 +659,7 @@ fn keys_and_sas_go_only_over_https_or_to_this_machine() {
         assert!(!err.contains("SECRETSIG") && !err.contains(key), "{err}");
     }
     // Plain http to loopback stays allowed (the emulator these tests use).
-    ok(&["info", "--help"]);
+    BD.ok(&["info", "--help"]);
 }
 
 #[test]
@@ -781,17 +674,11 @@ fn a_redirect_is_an_error_naming_where_it_pointed_and_is_never_followed() {
         "AccountName=devstoreaccount1;SharedAccessSignature=sv=2021-12-02&sp=r&sig=MYSIG;BlobEndpoint={}",
         endpoint.endpoint()
     );
-    let mut cmd = bin();
-    cmd.env("AZURE_STORAGE_CONNECTION_STRING", &cs)
-        .args(["info", "disks/a.vhd"]);
-    let err = fails_with(
-        cmd,
-        &[
-            "307",
-            &format!("http://127.0.0.1:{}", elsewhere.port),
-            "not followed",
-        ],
-    );
+    let err = BD.cmd(&["info", "disks/a.vhd"]).cs(&cs).fails_with_error(&[
+        "307",
+        &format!("http://127.0.0.1:{}", elsewhere.port),
+        "not followed",
+    ]);
     assert!(
         !err.contains("ELSEWHERESIG") && !err.contains("MYSIG"),
         "{err}"
@@ -1078,7 +965,7 @@ fn a_proxy_from_the_environment_never_carries_plain_http() {
 #[test]
 fn manual_pages_render_without_warnings() {
     let dir = tempfile::tempdir().unwrap();
-    let listed = ok(&["manpages", dir.path().to_str().unwrap()]);
+    let listed = BD.ok(&["manpages", dir.path().to_str().unwrap()]);
     let pages: Vec<&str> = listed.lines().collect();
     for want in ["blobdrive.8", "blobdrive-mount.8", "mount.blobdrive.8"] {
         assert!(
@@ -1108,7 +995,7 @@ fn manual_pages_render_without_warnings() {
 fn completions_complete_commands_and_options() {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("blobdrive.bash");
-    std::fs::write(&script, ok(&["completions", "bash"])).unwrap();
+    std::fs::write(&script, BD.ok(&["completions", "bash"])).unwrap();
     let words = common::util::bash_completions(&script, &["blobdrive", "m"]);
     assert!(
         words.iter().any(|w| w == "mount") && words.iter().any(|w| w == "manpages"),
@@ -1117,9 +1004,13 @@ fn completions_complete_commands_and_options() {
     assert!(!words.iter().any(|w| w.contains("daemon")), "{words:?}");
     let words = common::util::bash_completions(&script, &["blobdrive", "mount", "--disk"]);
     assert!(words.iter().any(|w| w == "--disk-cache-size"), "{words:?}");
-    assert!(ok(&["completions", "zsh"]).starts_with("#compdef blobdrive"));
-    assert!(ok(&["completions", "fish"]).contains("complete -c blobdrive"));
-    let out = run(&["completions", "tcsh"]);
+    assert!(BD
+        .ok(&["completions", "zsh"])
+        .starts_with("#compdef blobdrive"));
+    assert!(BD
+        .ok(&["completions", "fish"])
+        .contains("complete -c blobdrive"));
+    let out = BD.cmd(&["completions", "tcsh"]).output();
     assert_eq!(
         out.status.code(),
         Some(2),

@@ -18,11 +18,6 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn service() -> BlobService {
-    let az = Azurite::shared();
-    BlobService::new(Account::from_connection_string(&az.connection_string()).unwrap())
-}
-
 /// A fresh container with one new page blob of `size` bytes.
 async fn fresh_blob(svc: &BlobService, tag: &str, size: u64) -> BlobClient {
     let container = svc.container(&unique_container(tag));
@@ -43,7 +38,7 @@ fn pattern(len: usize, seed: u8) -> Bytes {
 #[test]
 fn containers_create_exist_and_refuse_duplicates() {
     rt().block_on(async {
-        let svc = service();
+        let svc = Azurite::shared().service();
         let c = svc.container(&unique_container("cont"));
         assert!(!c.exists().await.unwrap());
         assert!(c.create().await.unwrap());
@@ -58,7 +53,7 @@ fn containers_create_exist_and_refuse_duplicates() {
 #[test]
 fn create_never_replaces_and_properties_report_the_page_blob() {
     rt().block_on(async {
-        let svc = service();
+        let svc = Azurite::shared().service();
         let blob = fresh_blob(&svc, "create", 4 * MIB + 512).await;
         let p = blob.properties().await.unwrap();
         assert_eq!(p.content_length, 4 * MIB + 512);
@@ -80,7 +75,7 @@ fn create_never_replaces_and_properties_report_the_page_blob() {
 #[test]
 fn put_read_clear_and_page_ranges() {
     rt().block_on(async {
-        let svc = service();
+        let svc = Azurite::shared().service();
         let blob = fresh_blob(&svc, "pages", 16 * MIB).await;
         let a = pattern(4 * 1024 * 1024, 1);
         blob.put_pages(0, a.clone(), None).await.unwrap();
@@ -138,7 +133,7 @@ fn put_read_clear_and_page_ranges() {
 #[test]
 fn a_scattered_read_fills_its_parts_in_order_with_one_get() {
     rt().block_on(async {
-        let svc = service();
+        let svc = Azurite::shared().service();
         let blob = fresh_blob(&svc, "scatter", 20 * MIB).await;
         let data = pattern(16 * MIB as usize, 7);
         for (i, run) in data.chunks(4 * MIB as usize).enumerate() {
@@ -173,7 +168,7 @@ fn a_scattered_read_fills_its_parts_in_order_with_one_get() {
 #[test]
 fn segmented_page_ranges_equal_one_query_and_merge_at_edges() {
     rt().block_on(async {
-        let svc = service();
+        let svc = Azurite::shared().service();
         let blob = fresh_blob(&svc, "segments", 64 * MIB).await;
         // Runs that straddle the 4 MiB segment edges, and scattered small ones.
         blob.put_pages(4 * MIB - 1024, pattern(2048, 1), None)
@@ -218,7 +213,7 @@ fn segmented_page_ranges_equal_one_query_and_merge_at_edges() {
 #[test]
 fn an_acquire_or_break_on_an_old_etag_is_refused_once_the_sequence_number_rose() {
     rt().block_on(async {
-        let svc = service();
+        let svc = Azurite::shared().service();
         let blob = fresh_blob(&svc, "leaseetag", 4 * MIB).await;
         let id = "44444444-4444-4444-8444-444444444444";
         let etag = blob.properties().await.unwrap().etag.unwrap();
@@ -271,7 +266,7 @@ fn an_acquire_or_break_on_an_old_etag_is_refused_once_the_sequence_number_rose()
 #[test]
 fn leases_fence_writers() {
     rt().block_on(async {
-        let svc = service();
+        let svc = Azurite::shared().service();
         let blob = fresh_blob(&svc, "lease", 4 * MIB).await;
         let id = "11111111-1111-4111-8111-111111111111";
         assert_eq!(blob.acquire_lease(id, None).await.unwrap(), id);
@@ -335,7 +330,7 @@ fn leases_fence_writers() {
 #[test]
 fn snapshots_list_read_copy_and_delete() {
     rt().block_on(async {
-        let svc = service();
+        let svc = Azurite::shared().service();
         let blob = fresh_blob(&svc, "snap", 4 * MIB).await;
         let v1 = pattern(4096, 1);
         blob.put_pages(0, v1.clone(), None).await.unwrap();
@@ -403,7 +398,7 @@ fn snapshots_list_read_copy_and_delete() {
 #[test]
 fn metadata_round_trips_and_needs_the_lease() {
     rt().block_on(async {
-        let svc = service();
+        let svc = Azurite::shared().service();
         let blob = fresh_blob(&svc, "meta", MIB).await;
         blob.set_metadata(&[("owner", "ops"), ("purpose", "test")], None)
             .await
@@ -427,7 +422,7 @@ fn metadata_round_trips_and_needs_the_lease() {
 #[test]
 fn errors_name_the_problem() {
     rt().block_on(async {
-        let svc = service();
+        let svc = Azurite::shared().service();
         let missing = svc.blob(&unique_container("nocont"), "disk.vhd");
         let err = missing.create_page_blob(MIB).await.unwrap_err();
         assert_eq!(err.code(), Some("ContainerNotFound"));

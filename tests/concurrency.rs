@@ -11,30 +11,26 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use common::azurite::{unique_container, Azurite};
-use common::mount::{ok, require_root, run_dir, Mp};
+use common::azurite::Azurite;
+use common::bd::Harness;
+use common::mount::require_root;
 use faultproxy::{Config, Proxy};
 
 /// Reads issued at once by one fio job.
 const DEPTH: usize = 32;
 
+const BD: Harness = Harness::new("concurrency-run");
+
 /// A 64 MiB drive full of data (so no read is a hole), written straight to Azurite.
 fn written_drive(tag: &str) -> String {
-    let run = run_dir("concurrency-run");
-    let az = Azurite::shared().connection_string();
-    let spec = format!("{}/disk.vhd", unique_container(tag));
-    ok(
-        &run,
-        &az,
-        &["create", &spec, "--size", "64MiB", "--create-container"],
-    );
-    let mp = Mp::new(&run, &az);
-    ok(&run, &az, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let spec = BD.new_drive(tag, "64MiB");
+    let mp = BD.mp();
+    BD.mount(&spec, &mp, &["--mode", "raw"]);
     common::util::sh_ok(&format!(
         "dd if=/dev/urandom of={} bs=1M count=64 conv=notrunc,fsync status=none",
         mp.disk()
     ));
-    ok(&run, &az, &["unmount", mp.s()]);
+    BD.unmount(&mp);
     spec
 }
 
@@ -89,20 +85,20 @@ fn most_in_flight(proxy: &Proxy, target: &str) -> u64 {
 #[test]
 fn reads_at_queue_depth_32_are_in_flight_together_on_the_raw_file_and_the_loop_device() {
     require_root();
-    let run = run_dir("concurrency-run");
     let spec = written_drive("qd");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
+    let through = |args: &[&str]| BD.cmd(args).cs(&cs).ok();
 
-    let mp = Mp::new(&run, &cs);
-    ok(&run, &cs, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = BD.mp_through(&cs);
+    through(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let raw = most_in_flight(&proxy, &mp.disk());
-    ok(&run, &cs, &["unmount", mp.s()]);
+    through(&["unmount", mp.s()]);
 
-    let dev = ok(&run, &cs, &["mount", &spec, mp.s(), "--mode", "block"]);
+    let dev = through(&["mount", &spec, mp.s(), "--mode", "block"]);
     let dev = dev.lines().last().unwrap().trim().to_string();
     let block = most_in_flight(&proxy, &dev);
-    ok(&run, &cs, &["unmount", mp.s()]);
+    through(&["unmount", mp.s()]);
 
     eprintln!(
         "most requests in flight at queue depth {DEPTH}: raw file {raw}, loop device {block}"

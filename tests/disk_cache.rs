@@ -11,35 +11,20 @@ mod faultproxy;
 
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::azurite::{unique_container, Azurite};
-use common::mount::{bd, ok, require_root, run_dir, Mp};
-use common::util::{json, private_dir, sh_ok};
+use common::azurite::Azurite;
+use common::bd::Harness;
+use common::mount::{require_root, Mp};
+use common::util::{json, private_dir, sh_ok, wait_for_exit};
 
 const MIB: u64 = 1 << 20;
 
-fn az() -> String {
-    Azurite::shared().connection_string()
-}
-
-fn run() -> PathBuf {
-    run_dir("disk-cache-run")
-}
-
-fn new_drive(tag: &str, size: &str) -> String {
-    let spec = format!("{}/disk.vhd", unique_container(tag));
-    ok(
-        &run(),
-        &az(),
-        &["create", &spec, "--size", size, "--create-container"],
-    );
-    spec
-}
+const BD: Harness = Harness::new("disk-cache-run");
 
 /// A directory to hold disk caches: root's, 0700, new for each test.
 fn cache_parent(tag: &str) -> PathBuf {
-    let d = run().join(format!("caches-{tag}"));
+    let d = BD.run_dir().join(format!("caches-{tag}"));
     let _ = std::fs::remove_dir_all(&d);
     private_dir(&d);
     d
@@ -63,13 +48,7 @@ fn pattern(seed: u64, len: u64) -> Vec<u8> {
 }
 
 fn mount_raw(spec: &str, mp: &Mp, extra: &[&str]) {
-    let mut args = vec!["mount", spec, mp.s(), "--mode", "raw"];
-    args.extend_from_slice(extra);
-    ok(&run(), &az(), &args);
-}
-
-fn unmount(mp: &Mp) {
-    ok(&run(), &az(), &["unmount", mp.s()]);
+    BD.mount(spec, mp, &[&["--mode", "raw"], extra].concat());
 }
 
 /// Writes `data` at `offset` (a multiple of 64 KiB) and fsyncs, in pieces of one
@@ -111,15 +90,11 @@ fn n(v: &serde_json::Value, k: &str) -> u64 {
 #[test]
 fn a_remount_after_a_clean_unmount_reads_from_the_disk_cache() {
     require_root();
-    let spec = new_drive("dc-warm", "256MiB");
+    let spec = BD.new_drive("dc-warm", "256MiB");
     let caches = cache_parent("warm");
     let dc = caches.to_str().unwrap();
-    let mp = Mp::new(&run(), &az());
-    ok(
-        &run(),
-        &az(),
-        &["mount", &spec, mp.s(), "--mkfs", "ext4", "--disk-cache", dc],
-    );
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mkfs", "ext4", "--disk-cache", dc]);
     sh_ok(&format!(
         "head -c {1} /dev/urandom > '{0}/f' && sync '{0}/f' && sha256sum '{0}/f' | cut -d' ' -f1 > '{0}/f.sum'",
         mp.s(),
@@ -129,12 +104,12 @@ fn a_remount_after_a_clean_unmount_reads_from_the_disk_cache() {
     let first = disk_stats(&mp);
     assert_eq!(first["on"], true, "{first}");
     assert_eq!(first["warm_start"], false, "{first}");
-    unmount(&mp);
+    BD.unmount(&mp);
     assert!(
         drive_dir(&caches).join("index").exists(),
         "a clean unmount leaves the index"
     );
-    ok(&run(), &az(), &["mount", &spec, mp.s(), "--disk-cache", dc]);
+    BD.ok(&["mount", &spec, mp.s(), "--disk-cache", dc]);
     assert!(
         !drive_dir(&caches).join("index").exists(),
         "a mount takes the index away while it runs"
@@ -150,12 +125,12 @@ fn a_remount_after_a_clean_unmount_reads_from_the_disk_cache() {
         "{from_service} bytes of a 64 MiB file came from the service: {stats}"
     );
     assert!(n(d, "hit_bytes") * 20 >= 19 * 64 * MIB, "{d}");
-    let human = ok(&run(), &az(), &["stats", mp.s()]);
+    let human = BD.ok(&["stats", mp.s()]);
     assert!(
         human.contains("disk cache:     on, started warm"),
         "{human}"
     );
-    unmount(&mp);
+    BD.unmount(&mp);
 }
 
 /// Another writer between two mounts: the cache is emptied, and every byte
@@ -163,20 +138,20 @@ fn a_remount_after_a_clean_unmount_reads_from_the_disk_cache() {
 #[test]
 fn another_writer_between_mounts_empties_the_cache() {
     require_root();
-    let spec = new_drive("dc-other", "64MiB");
+    let spec = BD.new_drive("dc-other", "64MiB");
     let caches = cache_parent("other");
     let dc = caches.to_str().unwrap();
-    let mp = Mp::new(&run(), &az());
+    let mp = BD.mp();
     let a = pattern(1, 8 * MIB);
     mount_raw(&spec, &mp, &["--disk-cache", dc]);
     write_disk(&mp, 0, &a);
     assert_eq!(read_disk(&mp, 0, 8 * MIB), a);
-    unmount(&mp);
+    BD.unmount(&mp);
     // Another writer, without the cache, rewrites the middle.
     let b = pattern(2, 2 * MIB);
     mount_raw(&spec, &mp, &[]);
     write_disk(&mp, 3 * MIB, &b);
-    unmount(&mp);
+    BD.unmount(&mp);
     mount_raw(&spec, &mp, &["--disk-cache", dc]);
     let d = disk_stats(&mp);
     assert_eq!(d["warm_start"], false, "{d}");
@@ -184,7 +159,7 @@ fn another_writer_between_mounts_empties_the_cache() {
     want[3 * MIB as usize..5 * MIB as usize].copy_from_slice(&b);
     assert!(read_disk(&mp, 0, 8 * MIB) == want, "stale bytes served");
     assert_eq!(n(&disk_stats(&mp), "hits"), 0);
-    unmount(&mp);
+    BD.unmount(&mp);
 }
 
 /// A mount SIGKILLed with its cache full, its lease broken and the drive
@@ -192,38 +167,31 @@ fn another_writer_between_mounts_empties_the_cache() {
 #[test]
 fn a_killed_mount_a_lease_break_and_another_writer_leave_nothing_stale() {
     require_root();
-    let spec = new_drive("dc-kill", "64MiB");
+    let spec = BD.new_drive("dc-kill", "64MiB");
     let caches = cache_parent("kill");
     let dc = caches.to_str().unwrap();
-    let mp = Mp::new(&run(), &az());
+    let mp = BD.mp();
     let a = pattern(3, 4 * MIB);
     mount_raw(&spec, &mp, &["--disk-cache", dc]);
     write_disk(&mp, 0, &a);
     assert_eq!(read_disk(&mp, 0, 4 * MIB), a);
     let pid = mp.pid();
     sh_ok(&format!("kill -KILL {pid}"));
-    let start = Instant::now();
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "daemon survived SIGKILL"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_exit(pid, "the daemon to end on SIGKILL", Duration::from_secs(20));
     // Cleans up after the dead daemon, then fails: the lease is still held.
-    let out = bd(&run(), &az(), &["unmount", mp.s()]);
+    let out = BD.cmd(&["unmount", mp.s()]).output();
     assert!(!out.status.success());
-    ok(&run(), &az(), &["lease", "break", &spec, "--yes"]);
+    BD.ok(&["lease", "break", &spec, "--yes"]);
     let b = pattern(4, MIB);
     mount_raw(&spec, &mp, &[]);
     write_disk(&mp, MIB, &b);
-    unmount(&mp);
+    BD.unmount(&mp);
     mount_raw(&spec, &mp, &["--disk-cache", dc]);
     assert_eq!(disk_stats(&mp)["warm_start"], false);
     let mut want = a.clone();
     want[MIB as usize..2 * MIB as usize].copy_from_slice(&b);
     assert!(read_disk(&mp, 0, 4 * MIB) == want, "stale bytes served");
-    unmount(&mp);
+    BD.unmount(&mp);
 }
 
 /// Read-only mounts: a snapshot's cache is warm on its next mount; a live blob
@@ -235,20 +203,20 @@ fn a_killed_mount_a_lease_break_and_another_writer_leave_nothing_stale() {
 #[test]
 fn read_only_mounts_keep_their_cache_only_for_a_blob_that_did_not_change() {
     require_root();
-    let spec = new_drive("dc-ro", "64MiB");
+    let spec = BD.new_drive("dc-ro", "64MiB");
     let caches = cache_parent("ro");
     let dc = caches.to_str().unwrap();
     let a = pattern(9, 4 * MIB);
-    let writer = Mp::new(&run(), &az());
+    let writer = BD.mp();
     mount_raw(&spec, &writer, &[]);
     write_disk(&writer, 0, &a);
-    unmount(&writer);
-    let snap = json(&ok(&run(), &az(), &["snapshot", "create", &spec, "--json"]));
+    BD.unmount(&writer);
+    let snap = json(&BD.ok(&["snapshot", "create", &spec, "--json"]));
     let at = format!(
         "{spec}@{}",
         snap["snapshot"].as_str().expect("snapshot time")
     );
-    let mp = Mp::new(&run(), &az());
+    let mp = BD.mp();
     // The snapshot: cold, then warm.
     for warm in [false, true] {
         mount_raw(&at, &mp, &["--disk-cache", dc]);
@@ -258,7 +226,7 @@ fn read_only_mounts_keep_their_cache_only_for_a_blob_that_did_not_change() {
         if warm {
             assert_eq!(n(&d, "hit_bytes"), 4 * MIB, "{d}");
         }
-        unmount(&mp);
+        BD.unmount(&mp);
     }
     // The live blob, read-only: never warm; unchanged while mounted, it is
     // kept for a writable mount, which starts warm.
@@ -266,11 +234,11 @@ fn read_only_mounts_keep_their_cache_only_for_a_blob_that_did_not_change() {
         mount_raw(&spec, &mp, &["--read-only", "--disk-cache", dc]);
         assert!(read_disk(&mp, 0, 4 * MIB) == a);
         assert_eq!(disk_stats(&mp)["warm_start"], false);
-        unmount(&mp);
+        BD.unmount(&mp);
     }
     mount_raw(&spec, &mp, &["--disk-cache", dc]);
     assert_eq!(disk_stats(&mp)["warm_start"], true);
-    unmount(&mp);
+    BD.unmount(&mp);
     // Changed while mounted read-only: not kept, and the next mount reads the
     // new bytes.
     mount_raw(&spec, &mp, &["--read-only", "--disk-cache", dc]);
@@ -278,12 +246,12 @@ fn read_only_mounts_keep_their_cache_only_for_a_blob_that_did_not_change() {
     let b = pattern(10, MIB);
     mount_raw(&spec, &writer, &[]);
     write_disk(&writer, 0, &b);
-    unmount(&writer);
-    unmount(&mp);
+    BD.unmount(&writer);
+    BD.unmount(&mp);
     mount_raw(&spec, &mp, &["--read-only", "--disk-cache", dc]);
     assert_eq!(disk_stats(&mp)["warm_start"], false);
     assert!(read_disk(&mp, 0, MIB) == b, "stale bytes served");
-    unmount(&mp);
+    BD.unmount(&mp);
 }
 
 /// The lease broken while the drive is mounted, and the blob written by someone
@@ -293,32 +261,32 @@ fn read_only_mounts_keep_their_cache_only_for_a_blob_that_did_not_change() {
 #[test]
 fn a_lease_broken_and_the_blob_written_while_mounted_keeps_nothing_stale() {
     require_root();
-    let spec = new_drive("dc-break", "64MiB");
+    let spec = BD.new_drive("dc-break", "64MiB");
     let caches = cache_parent("break");
     let dc = caches.to_str().unwrap();
-    let mp = Mp::new(&run(), &az());
+    let mp = BD.mp();
     let a = pattern(11, 4 * MIB);
     mount_raw(&spec, &mp, &["--disk-cache", dc]);
     write_disk(&mp, 0, &a);
     assert!(read_disk(&mp, 0, 4 * MIB) == a);
-    common::mount::break_lease_from_elsewhere(&az(), &spec);
+    common::mount::break_lease_from_elsewhere(&BD.cs(), &spec);
     // Another writer, straight to the blob (no lease is needed once it is broken).
     let b = pattern(12, MIB);
     common::util::rt()
-        .block_on(common::azurite::blob_client(&az(), &spec).put_pages(
+        .block_on(common::azurite::blob_client(&BD.cs(), &spec).put_pages(
             2 * MIB,
             b.clone().into(),
             None,
         ))
         .unwrap();
     // The unmount may fail (the lease is gone); either way nothing is kept.
-    let _ = bd(&run(), &az(), &["unmount", mp.s()]);
+    let _ = BD.cmd(&["unmount", mp.s()]).output();
     mount_raw(&spec, &mp, &["--disk-cache", dc]);
     assert_eq!(disk_stats(&mp)["warm_start"], false);
     let mut want = a.clone();
     want[2 * MIB as usize..3 * MIB as usize].copy_from_slice(&b);
     assert!(read_disk(&mp, 0, 4 * MIB) == want, "stale bytes served");
-    unmount(&mp);
+    BD.unmount(&mp);
 }
 
 /// Bytes of the cache's data file changed behind its back: the blocks they are
@@ -326,14 +294,14 @@ fn a_lease_broken_and_the_blob_written_while_mounted_keeps_nothing_stale() {
 #[test]
 fn a_corrupted_cache_block_is_read_from_the_blob() {
     require_root();
-    let spec = new_drive("dc-crc", "64MiB");
+    let spec = BD.new_drive("dc-crc", "64MiB");
     let caches = cache_parent("crc");
     let dc = caches.to_str().unwrap();
-    let mp = Mp::new(&run(), &az());
+    let mp = BD.mp();
     let a = pattern(5, 4 * MIB);
     mount_raw(&spec, &mp, &["--disk-cache", dc]);
     write_disk(&mp, 0, &a);
-    unmount(&mp);
+    BD.unmount(&mp);
     // The 4 MiB written are in the first four slots (1 MiB each) of the data
     // file: flip one byte in each.
     let data = drive_dir(&caches).join("data");
@@ -355,7 +323,7 @@ fn a_corrupted_cache_block_is_read_from_the_blob() {
     assert_eq!(d["warm_start"], true, "{d}");
     assert_eq!(n(&d, "checksum_failures"), 4, "{d}");
     assert_eq!(n(&d, "hits"), 4 * 16 - 4, "{d}");
-    unmount(&mp);
+    BD.unmount(&mp);
 }
 
 /// A cache of 8 MiB under 32 MiB of reads: it never holds or takes more, the
@@ -363,10 +331,10 @@ fn a_corrupted_cache_block_is_read_from_the_blob() {
 #[test]
 fn the_size_limit_holds() {
     require_root();
-    let spec = new_drive("dc-limit", "64MiB");
+    let spec = BD.new_drive("dc-limit", "64MiB");
     let caches = cache_parent("limit");
     let dc = caches.to_str().unwrap();
-    let mp = Mp::new(&run(), &az());
+    let mp = BD.mp();
     let a = pattern(6, 32 * MIB);
     mount_raw(
         &spec,
@@ -388,7 +356,7 @@ fn the_size_limit_holds() {
         meta.len() <= 8 * MIB && meta.blocks() * 512 <= 8 * MIB,
         "{meta:?}"
     );
-    unmount(&mp);
+    BD.unmount(&mp);
     // It holds the last 8 MiB written.
     mount_raw(
         &spec,
@@ -400,7 +368,7 @@ fn the_size_limit_holds() {
     assert_eq!(n(&d, "hit_bytes"), 8 * MIB, "{d}");
     assert!(read_disk(&mp, 0, 32 * MIB) == a);
     assert!(n(&disk_stats(&mp), "bytes") <= 8 * MIB);
-    unmount(&mp);
+    BD.unmount(&mp);
 }
 
 /// The cache's filesystem fills up (a 4 MiB tmpfs under a 64 MiB limit), and
@@ -409,9 +377,9 @@ fn the_size_limit_holds() {
 #[test]
 fn a_full_cache_disk_or_a_removed_directory_turns_the_tier_off() {
     require_root();
-    let spec = new_drive("dc-full", "64MiB");
+    let spec = BD.new_drive("dc-full", "64MiB");
     let (small, _tmpfs) = small_cache_fs("full", "4m");
-    let mp = Mp::new(&run(), &az());
+    let mp = BD.mp();
     let dc = small.to_str().unwrap();
     mount_raw(
         &spec,
@@ -424,16 +392,17 @@ fn a_full_cache_disk_or_a_removed_directory_turns_the_tier_off() {
     let d = disk_stats(&mp);
     assert_eq!(d["on"], false, "{d}");
     assert!(d["off_reason"].as_str().unwrap().contains("full"), "{d}");
-    let human = ok(&run(), &az(), &["stats", mp.s()]);
+    let human = BD.ok(&["stats", mp.s()]);
     assert!(
         human.contains("disk cache:     off (its filesystem is full"),
         "{human}"
     );
     // One warning, in the mount's log (which goes with the mount).
     let id = blobdrive::mount::record::id_for(mp.path());
-    let log = std::fs::read_to_string(run().join("mounts").join(format!("{id}.log"))).unwrap();
+    let log =
+        std::fs::read_to_string(BD.run_dir().join("mounts").join(format!("{id}.log"))).unwrap();
     assert_eq!(log.matches("turned off").count(), 1, "{log}");
-    unmount(&mp);
+    BD.unmount(&mp);
 
     // A removed directory.
     let caches = cache_parent("removed");
@@ -448,7 +417,7 @@ fn a_full_cache_disk_or_a_removed_directory_turns_the_tier_off() {
     assert_eq!(d["on"], false, "{d}");
     assert!(d["off_reason"].as_str().unwrap().contains("removed"), "{d}");
     assert!(read_disk(&mp, 4 * MIB, 4 * MIB) == b);
-    unmount(&mp);
+    BD.unmount(&mp);
 }
 
 /// A tmpfs of `size` (mount(8)'s words, `4m`) mounted as a cache directory,
@@ -477,10 +446,10 @@ impl Drop for UnmountOnDrop {
 #[test]
 fn a_remount_starts_warm_whether_its_own_file_or_a_smaller_limit_shrank_the_room() {
     require_root();
-    let spec = new_drive("dc-shrink", "64MiB");
+    let spec = BD.new_drive("dc-shrink", "64MiB");
     let (small, _tmpfs) = small_cache_fs("shrink", "48m");
     let dc = small.to_str().unwrap();
-    let mp = Mp::new(&run(), &az());
+    let mp = BD.mp();
     let a = pattern(9, 16 * MIB);
     mount_raw(&spec, &mp, &["--disk-cache", dc]);
     let limit = n(&disk_stats(&mp), "size_limit");
@@ -491,7 +460,7 @@ fn a_remount_starts_warm_whether_its_own_file_or_a_smaller_limit_shrank_the_room
     for (i, piece) in a.chunks(MIB as usize).enumerate() {
         write_disk(&mp, i as u64 * MIB, piece);
     }
-    unmount(&mp);
+    BD.unmount(&mp);
     for _ in 0..2 {
         mount_raw(&spec, &mp, &["--disk-cache", dc]);
         let d = disk_stats(&mp);
@@ -499,7 +468,7 @@ fn a_remount_starts_warm_whether_its_own_file_or_a_smaller_limit_shrank_the_room
         // a little of the room); without its own file counted, half as much.
         assert!(n(&d, "size_limit") + 2 * MIB >= limit, "{limit}: {d}");
         assert_eq!(d["warm_start"], true, "{d}");
-        unmount(&mp);
+        BD.unmount(&mp);
     }
     // Half of what it holds: the newest 8 MiB written are kept and served.
     mount_raw(
@@ -512,7 +481,7 @@ fn a_remount_starts_warm_whether_its_own_file_or_a_smaller_limit_shrank_the_room
     assert!(read_disk(&mp, 8 * MIB, 8 * MIB) == a[8 * MIB as usize..]);
     assert_eq!(n(&disk_stats(&mp), "hit_bytes"), 8 * MIB);
     assert!(read_disk(&mp, 0, 16 * MIB) == a);
-    unmount(&mp);
+    BD.unmount(&mp);
 }
 
 /// A cache directory another user could change, or a link, is refused before
@@ -520,13 +489,13 @@ fn a_remount_starts_warm_whether_its_own_file_or_a_smaller_limit_shrank_the_room
 #[test]
 fn a_cache_directory_others_could_change_is_refused() {
     require_root();
-    let spec = new_drive("dc-perm", "64MiB");
-    let mp = Mp::new(&run(), &az());
+    let spec = BD.new_drive("dc-perm", "64MiB");
+    let mp = BD.mp();
     let theirs = cache_parent("theirs");
     std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
     let open = cache_parent("open");
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let link = run().join("caches-link");
+    let link = BD.run_dir().join("caches-link");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(cache_parent("target"), &link).unwrap();
     for (dir, says) in [
@@ -534,10 +503,8 @@ fn a_cache_directory_others_could_change_is_refused() {
         (&open, "writable by no one else"),
         (&link, "not a directory"),
     ] {
-        let err = common::mount::fails(
-            &run(),
-            &az(),
-            &[
+        let err = BD
+            .cmd(&[
                 "mount",
                 &spec,
                 mp.s(),
@@ -545,21 +512,19 @@ fn a_cache_directory_others_could_change_is_refused() {
                 "raw",
                 "--disk-cache",
                 dir.to_str().unwrap(),
-            ],
-        );
+            ])
+            .fails_in_one_line();
         assert!(err.contains(says), "{err}");
     }
-    let out = bd(
-        &run(),
-        &az(),
-        &["mount", &spec, mp.s(), "--disk-cache-size", "1GiB"],
-    );
+    let out = BD
+        .cmd(&["mount", &spec, mp.s(), "--disk-cache-size", "1GiB"])
+        .output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("--disk-cache <DIR>"),
         "{err}"
     );
-    let listed = json(&ok(&run(), &az(), &["list", "--json"]));
+    let listed = json(&BD.ok(&["list", "--json"]));
     assert!(!listed.to_string().contains(mp.s()), "nothing mounted");
 }
 
@@ -570,25 +535,23 @@ fn a_cache_directory_others_could_change_is_refused() {
 #[test]
 fn a_cache_filled_through_one_endpoint_is_not_served_through_another() {
     require_root();
-    let spec = new_drive("dc-endpoint", "16MiB");
+    let spec = BD.new_drive("dc-endpoint", "16MiB");
     let caches = cache_parent("endpoint");
     let dc = caches.to_str().unwrap();
-    let mp = Mp::new(&run(), &az());
+    let mp = BD.mp();
     mount_raw(&spec, &mp, &["--disk-cache", dc]);
     write_disk(&mp, 0, &pattern(5, 4 * MIB));
-    unmount(&mp);
+    BD.unmount(&mp);
     let proxy = faultproxy::Proxy::start(faultproxy::Config::clean(Azurite::shared().port));
     let elsewhere = proxy.connection_string();
-    ok(
-        &run(),
-        &elsewhere,
-        &["mount", &spec, mp.s(), "--mode", "raw", "--disk-cache", dc],
-    );
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw", "--disk-cache", dc])
+        .cs(&elsewhere)
+        .ok();
     let d = disk_stats(&mp);
     assert_eq!(d["on"], true, "{d}");
     assert_eq!(d["warm_start"], false, "{d}");
     assert_eq!(read_disk(&mp, 0, 4 * MIB), pattern(5, 4 * MIB));
-    ok(&run(), &elsewhere, &["unmount", mp.s()]);
+    BD.cmd(&["unmount", mp.s()]).cs(&elsewhere).ok();
     let dirs = std::fs::read_dir(&caches).unwrap().count();
     assert_eq!(dirs, 2, "one cache per endpoint");
 }

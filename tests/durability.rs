@@ -7,64 +7,22 @@
 mod common;
 mod faultproxy;
 
-use common::util::{json, rt, sh, sh_ok, stdout_of_success};
+use common::util::{json, rt, sh, sh_ok, stdout_of_success, wait_for};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
-use blobdrive::azure::BlobClient;
 use common::azurite::{unique_container, Azurite};
+use common::bd::{Harness, Via};
 use common::mount::{proc_status_kib, require_root, Mp};
 use faultproxy::{Config, Hold, Proxy};
 
-fn run_dir() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("durability-run");
-    crate::common::util::private_dir(&d);
-    d
-}
-
-fn az() -> String {
-    Azurite::shared().connection_string()
-}
-
-fn bd_cmd(cs: &str, env: &[(&str, &str)], args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
-    c.args(args)
-        .env("AZURE_STORAGE_CONNECTION_STRING", cs)
-        .env("BLOBDRIVE_RUN_DIR", run_dir());
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c
-}
-
-fn bd(cs: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
-    bd_cmd(cs, env, args).output().expect("run blobdrive")
-}
-
-fn ok(cs: &str, env: &[(&str, &str)], args: &[&str]) -> String {
-    stdout_of_success(&args, bd(cs, env, args))
-}
-
-fn blob_of(spec: &str) -> BlobClient {
-    common::azurite::blob_client(&az(), spec)
-}
-
-fn new_drive(tag: &str, size: &str) -> String {
-    let spec = format!("{}/disk.vhd", unique_container(tag));
-    ok(
-        &az(),
-        &[],
-        &["create", &spec, "--size", size, "--create-container"],
-    );
-    spec
-}
+const BD: Harness = Harness::new("durability-run");
 
 fn read_blob(spec: &str, offset: u64, len: u64) -> Vec<u8> {
-    rt().block_on(blob_of(spec).read(offset, len))
+    rt().block_on(BD.blob(spec).read(offset, len))
         .unwrap()
         .to_vec()
 }
@@ -83,13 +41,21 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Waits (bounded) until `cond` holds.
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// A proxy that holds the first request whose head contains `needle` for
+/// `delay_secs` and then forwards it, and the way to the account through it with
+/// a request timeout of `timeout_secs`.
+fn held(needle: &str, delay_secs: u64, timeout_secs: &str) -> (Proxy, Via) {
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        needle,
+        1,
+        Duration::from_secs(delay_secs),
+    ));
+    let via = BD.via(
+        &proxy.connection_string(),
+        &[("BLOBDRIVE_REQUEST_TIMEOUT_SECS", timeout_secs)],
+    );
+    (proxy, via)
 }
 
 /// A proxy that holds the first Put Page for the disk's first bytes for `delay`
@@ -112,12 +78,11 @@ fn holding_the_first_write_at_zero(delay: Duration) -> Proxy {
 #[test]
 fn an_abandoned_put_page_that_lands_late_changes_nothing() {
     require_root();
-    let spec = new_drive("late", "16MiB");
+    let spec = BD.new_drive("late", "16MiB");
     let proxy = holding_the_first_write_at_zero(Duration::from_secs(8));
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = Mp::new(&run_dir(), &cs);
-    ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = BD.via(&cs, &env).mount(&spec, &["--mode", "raw"]);
     let a = [b'A'; 512];
     let b = [b'B'; 512];
     pwrite_fsync(&mp.disk(), 0, &a);
@@ -125,7 +90,7 @@ fn an_abandoned_put_page_that_lands_late_changes_nothing() {
     wait_for("the held request to land", Duration::from_secs(30), || {
         !proxy.late_commits().is_empty()
     });
-    ok(&cs, &env, &["unmount", mp.s()]);
+    BD.via(&cs, &env).unmount(&mp);
     let late = proxy.late_commits();
     let got = read_blob(&spec, 0, 512);
     assert!(
@@ -162,10 +127,9 @@ fn spawn_block_writer(path: &str, blocks: u64) -> std::process::Child {
 #[test]
 fn unmount_refuses_while_the_raw_disk_is_open_and_loses_nothing() {
     require_root();
-    let spec = new_drive("busyraw", "64MiB");
-    let cs = az();
-    let mp = Mp::new(&run_dir(), &cs);
-    ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let spec = BD.new_drive("busyraw", "64MiB");
+    let cs = BD.cs();
+    let mp = BD.via(&cs, &[]).mount(&spec, &["--mode", "raw"]);
     let blocks = 2048;
     let mut writer = spawn_block_writer(&mp.disk(), blocks);
     let mut out = std::io::BufReader::new(writer.stdout.take().unwrap());
@@ -175,7 +139,7 @@ fn unmount_refuses_while_the_raw_disk_is_open_and_loses_nothing() {
         line.clear();
     }
     // Every block was acknowledged and the file is still open: unmount is refused.
-    let refused = bd(&cs, &[], &["unmount", mp.s()]);
+    let refused = BD.cmd(&["unmount", mp.s()]).cs(&cs).output();
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(
         !refused.status.success(),
@@ -186,7 +150,7 @@ fn unmount_refuses_while_the_raw_disk_is_open_and_loses_nothing() {
     assert_eq!(std::fs::metadata(mp.disk()).unwrap().len(), 64 << 20);
     drop(writer.stdin.take());
     assert!(writer.wait().unwrap().success());
-    ok(&cs, &[], &["unmount", mp.s()]);
+    BD.via(&cs, &[]).unmount(&mp);
     let blob = read_blob(&spec, 0, blocks * 4096);
     for i in 0..blocks as usize {
         let want = format!("{i:08}").repeat(512);
@@ -200,23 +164,21 @@ fn unmount_refuses_while_the_raw_disk_is_open_and_loses_nothing() {
 #[test]
 fn writers_and_fsync_wait_through_a_40s_outage_at_default_settings() {
     require_root();
-    let spec = new_drive("outage", "256MiB");
+    let spec = BD.new_drive("outage", "256MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run_dir(), &cs);
-    ok(
-        &cs,
-        &[],
-        &[
-            "mount",
-            &spec,
-            mp.s(),
-            "--mode",
-            "raw",
-            "--cache-size",
-            "32MiB",
-        ],
-    );
+    let mp = BD.mp_through(&cs);
+    BD.cmd(&[
+        "mount",
+        &spec,
+        mp.s(),
+        "--mode",
+        "raw",
+        "--cache-size",
+        "32MiB",
+    ])
+    .cs(&cs)
+    .ok();
     let src = tempfile::NamedTempFile::new().unwrap();
     let srcp = src.path().to_str().unwrap().to_string();
     sh_ok(&format!("head -c 160M /dev/urandom > '{srcp}'"));
@@ -251,7 +213,7 @@ fn writers_and_fsync_wait_through_a_40s_outage_at_default_settings() {
         "stats do not show the stall: {during}"
     );
     assert!(during["last_error"].is_string(), "{during}");
-    ok(&cs, &[], &["unmount", mp.s()]);
+    BD.via(&cs, &[]).unmount(&mp);
     let want = sh_ok(&format!("sha256sum < '{srcp}'"));
     let blob = read_blob(&spec, 0, 160 << 20);
     let got_file = tempfile::NamedTempFile::new().unwrap();
@@ -263,22 +225,17 @@ fn writers_and_fsync_wait_through_a_40s_outage_at_default_settings() {
 #[test]
 fn unmount_waits_out_an_outage_and_loses_no_unsynced_file() {
     require_root();
-    let spec = new_drive("umoutage", "256MiB");
+    let spec = BD.new_drive("umoutage", "256MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run_dir(), &cs);
-    ok(&cs, &[], &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let mp = BD.via(&cs, &[]).mount(&spec, &["--mkfs", "ext4"]);
     let sum = sh_ok(&format!(
         "head -c 20M /dev/urandom > '{0}/r3.bin' && sha256sum < '{0}/r3.bin'",
         mp.s()
     ));
     proxy.paused.store(true, SeqCst);
     let started = Instant::now();
-    let unmount = bd_cmd(&cs, &[], &["unmount", mp.s()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let unmount = BD.cmd(&["unmount", mp.s()]).cs(&cs).spawn_piped();
     std::thread::sleep(Duration::from_secs(40));
     proxy.paused.store(false, SeqCst);
     let out = unmount.wait_with_output().unwrap();
@@ -294,15 +251,16 @@ fn unmount_waits_out_an_outage_and_loses_no_unsynced_file() {
         "unmount said nothing while it waited: {text}"
     );
     // Everything is on the blob: the file is whole and the filesystem clean.
-    let dev = ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "block"])
+    let dev = BD
+        .ok(&["mount", &spec, mp.s(), "--mode", "block"])
         .trim()
         .to_string();
     sh_ok(&format!("e2fsck -fn {dev}"));
-    ok(&az(), &[], &["unmount", mp.s()]);
-    let mp2 = Mp::new(&run_dir(), &az());
-    ok(&az(), &[], &["mount", &spec, mp2.s(), "--read-only"]);
+    BD.ok(&["unmount", mp.s()]);
+    let mp2 = BD.mp();
+    BD.ok(&["mount", &spec, mp2.s(), "--read-only"]);
     let again = sh_ok(&format!("sha256sum < '{}/r3.bin'", mp2.s()));
-    ok(&az(), &[], &["unmount", mp2.s()]);
+    BD.ok(&["unmount", mp2.s()]);
     assert_eq!(sum, again);
 }
 
@@ -314,15 +272,18 @@ fn unmount_waits_out_an_outage_and_loses_no_unsynced_file() {
 #[test]
 fn a_plain_umount_during_an_outage_waits_for_the_service_and_loses_nothing() {
     require_root();
-    let spec = new_drive("umountoutage", "64MiB");
+    let spec = BD.new_drive("umountoutage", "64MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run_dir(), &cs);
+    let mp = BD.mp_through(&cs);
     let short = [
         ("BLOBDRIVE_IO_TIMEOUT_SECS", "3"),
         ("BLOBDRIVE_RETRY_BUDGET_SECS", "1"),
     ];
-    ok(&cs, &short, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    BD.cmd(&["mount", &spec, mp.s(), "--mkfs", "ext4"])
+        .cs(&cs)
+        .envs(&short)
+        .ok();
     let pid = mp.pid() as u32;
     let sum = sh_ok(&format!(
         "head -c 12M /dev/urandom > '{0}/r.bin' && sha256sum < '{0}/r.bin'",
@@ -335,9 +296,7 @@ fn a_plain_umount_during_an_outage_waits_for_the_service_and_loses_nothing() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let lease = |state: &str| {
-        json(&ok(&az(), &[], &["lease", "status", &spec, "--json"]))["state"] == state
-    };
+    let lease = |state: &str| json(&BD.ok(&["lease", "status", &spec, "--json"]))["state"] == state;
     // Well past the I/O timeout: umount still waits, and so does the daemon,
     // holding the lease.
     std::thread::sleep(Duration::from_secs(10));
@@ -359,17 +318,13 @@ fn a_plain_umount_during_an_outage_waits_for_the_service_and_loses_nothing() {
     // the file.
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("image.raw");
-    ok(
-        &az(),
-        &[],
-        &[
-            "download",
-            &spec,
-            image.to_str().unwrap(),
-            "--format",
-            "raw",
-        ],
-    );
+    BD.ok(&[
+        "download",
+        &spec,
+        image.to_str().unwrap(),
+        "--format",
+        "raw",
+    ]);
     sh_ok(&format!("e2fsck -fn '{}'", image.display()));
     let got = sh_ok(&format!(
         "debugfs -R 'cat /r.bin' '{}' 2>/dev/null | sha256sum",
@@ -381,22 +336,20 @@ fn a_plain_umount_during_an_outage_waits_for_the_service_and_loses_nothing() {
 #[test]
 fn memory_stays_within_the_cache_size_under_scattered_512_byte_writes() {
     require_root();
-    let spec = new_drive("memory", "1GiB");
-    let cs = az();
-    let mp = Mp::new(&run_dir(), &cs);
-    ok(
-        &cs,
-        &[],
-        &[
-            "mount",
-            &spec,
-            mp.s(),
-            "--mode",
-            "raw",
-            "--cache-size",
-            "64MiB",
-        ],
-    );
+    let spec = BD.new_drive("memory", "1GiB");
+    let cs = BD.cs();
+    let mp = BD.mp_through(&cs);
+    BD.cmd(&[
+        "mount",
+        &spec,
+        mp.s(),
+        "--mode",
+        "raw",
+        "--cache-size",
+        "64MiB",
+    ])
+    .cs(&cs)
+    .ok();
     // One 512-byte O_DIRECT write every 64 KiB over the whole disk, then fsync.
     sh_ok(&format!(
         "python3 -c \"import mmap, os\n\
@@ -412,7 +365,7 @@ os.fsync(fd)\"",
         "daemon memory: peak {hwm} MiB, now {} MiB",
         proc_status_kib(pid as u64, "VmRSS") / 1024
     );
-    ok(&cs, &[], &["unmount", mp.s()]);
+    BD.via(&cs, &[]).unmount(&mp);
     assert!(
         hwm <= 64 + 150,
         "the daemon's peak resident memory was {hwm} MiB with --cache-size 64MiB"
@@ -425,18 +378,21 @@ os.fsync(fd)\"",
 #[test]
 fn unmount_after_the_lease_was_lost_says_what_was_dropped_and_fails() {
     require_root();
-    let spec = new_drive("lostlease", "64MiB");
-    let cs = az();
-    let mp = Mp::new(&run_dir(), &cs);
+    let spec = BD.new_drive("lostlease", "64MiB");
+    let cs = BD.cs();
+    let mp = BD.mp_through(&cs);
     // Through the loop device, which holds the disk file open: written, never
     // synced, so still only in the cache when the lease goes.
-    let dev = ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "block"]);
+    let dev = BD
+        .cmd(&["mount", &spec, mp.s(), "--mode", "block"])
+        .cs(&cs)
+        .ok();
     sh_ok(&format!(
         "head -c 512 /dev/urandom | dd of='{}' conv=notrunc status=none",
         dev.trim()
     ));
     common::mount::break_lease_from_elsewhere(&cs, &spec);
-    let out = bd(&cs, &[], &["unmount", mp.s()]);
+    let out = BD.cmd(&["unmount", mp.s()]).cs(&cs).output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
@@ -451,7 +407,7 @@ fn unmount_after_the_lease_was_lost_says_what_was_dropped_and_fails() {
 #[test]
 fn a_lease_that_cannot_be_released_fails_the_unmount_and_says_so() {
     require_root();
-    let spec = new_drive("norelease", "64MiB");
+    let spec = BD.new_drive("norelease", "64MiB");
     let proxy = Proxy::start(Config::holding(
         Azurite::shared().port,
         "x-ms-lease-action: release",
@@ -463,9 +419,8 @@ fn a_lease_that_cannot_be_released_fails_the_unmount_and_says_so() {
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "1"),
         ("BLOBDRIVE_RETRY_BUDGET_SECS", "3"),
     ];
-    let mp = Mp::new(&run_dir(), &cs);
-    ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
-    let out = bd(&cs, &env, &["unmount", mp.s()]);
+    let mp = BD.via(&cs, &env).mount(&spec, &["--mode", "raw"]);
+    let out = BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("lease break"), "{err}");
@@ -474,11 +429,10 @@ fn a_lease_that_cannot_be_released_fails_the_unmount_and_says_so() {
 #[test]
 fn a_write_across_the_end_lands_its_inside_part_and_read_only_close_does_not_flush() {
     require_root();
-    let spec = new_drive("edge", "16MiB");
+    let spec = BD.new_drive("edge", "16MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run_dir(), &cs);
-    ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = BD.via(&cs, &[]).mount(&spec, &["--mode", "raw"]);
     let size = 16u64 << 20;
     let wrote = sh_ok(&format!(
         "python3 -c \"import os; fd = os.open('{}', os.O_WRONLY); \
@@ -501,7 +455,7 @@ fn a_write_across_the_end_lands_its_inside_part_and_read_only_close_does_not_flu
         took < Duration::from_secs(5),
         "read-only close took {took:?}"
     );
-    ok(&cs, &[], &["unmount", mp.s()]);
+    BD.via(&cs, &[]).unmount(&mp);
     assert_eq!(read_blob(&spec, size - 512, 512), vec![b'E'; 512]);
     assert_eq!(&read_blob(&spec, 2048, 5)[..], b"dirty");
 }
@@ -509,11 +463,11 @@ fn a_write_across_the_end_lands_its_inside_part_and_read_only_close_does_not_flu
 #[test]
 fn snapshot_create_finds_the_mount_by_account_too_and_freezes_only_filesystems() {
     require_root();
-    let spec = new_drive("snapacct", "16MiB");
-    let mp = Mp::new(&run_dir(), &az());
-    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let spec = BD.new_drive("snapacct", "16MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let said = |cs: &str| {
-        let out = bd(cs, &[], &["snapshot", "create", &spec]);
+        let out = BD.cmd(&["snapshot", "create", &spec]).cs(cs).output();
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         stdout_of_success(&"snapshot create", out);
         err
@@ -526,12 +480,12 @@ fn snapshot_create_finds_the_mount_by_account_too_and_freezes_only_filesystems()
         elsewhere.contains("not mounted on this machine"),
         "{elsewhere}"
     );
-    let here = said(&az());
+    let here = said(&BD.cs());
     assert!(
         here.contains("flushed") && here.contains("not frozen"),
         "{here}"
     );
-    ok(&az(), &[], &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 /// A proxy that carries out the first request whose head holds every one of
@@ -550,15 +504,14 @@ fn lost_answer(needles: &[&str]) -> Proxy {
 #[test]
 fn a_snapshot_whose_answer_was_lost_is_taken_once() {
     require_root();
-    let spec = new_drive("snaplost", "16MiB");
+    let spec = BD.new_drive("snaplost", "16MiB");
     let proxy = lost_answer(&["comp=snapshot"]);
-    let id = ok(
-        &proxy.connection_string(),
-        &[],
-        &["snapshot", "create", &spec],
-    );
+    let id = BD
+        .cmd(&["snapshot", "create", &spec])
+        .cs(&proxy.connection_string())
+        .ok();
     assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");
-    let list = json(&ok(&az(), &[], &["snapshot", "list", &spec, "--json"]));
+    let list = json(&BD.ok(&["snapshot", "list", &spec, "--json"]));
     let ids: Vec<&str> = list
         .as_array()
         .unwrap()
@@ -571,12 +524,14 @@ fn a_snapshot_whose_answer_was_lost_is_taken_once() {
 #[test]
 fn a_delete_whose_answer_was_lost_succeeds() {
     require_root();
-    let spec = new_drive("dellost", "16MiB");
+    let spec = BD.new_drive("dellost", "16MiB");
     let proxy = lost_answer(&["delete /"]);
-    ok(&proxy.connection_string(), &[], &["delete", &spec, "--yes"]);
+    BD.cmd(&["delete", &spec, "--yes"])
+        .cs(&proxy.connection_string())
+        .ok();
     assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");
     assert!(rt()
-        .block_on(blob_of(&spec).properties())
+        .block_on(BD.blob(&spec).properties())
         .unwrap_err()
         .is_not_found());
 }
@@ -587,18 +542,11 @@ fn a_delete_whose_answer_was_lost_succeeds() {
 #[test]
 fn a_delete_that_lands_after_the_name_was_used_again_deletes_nothing() {
     require_root();
-    let spec = new_drive("dellate", "16MiB");
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "delete /",
-        1,
-        Duration::from_secs(15),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    ok(&cs, &env, &["delete", &spec, "--yes"]);
-    ok(&az(), &[], &["create", &spec, "--size", "16MiB"]);
-    let blob = blob_of(&spec);
+    let spec = BD.new_drive("dellate", "16MiB");
+    let (proxy, via) = held("delete /", 15, "2");
+    via.cmd(&["delete", &spec, "--yes"]).ok();
+    BD.ok(&["create", &spec, "--size", "16MiB"]);
+    let blob = BD.blob(&spec);
     rt().block_on(blob.put_pages(0, bytes::Bytes::from(vec![b'R'; 4096]), None))
         .unwrap();
     proxy.held_lands_late_and_is_refused("delete");
@@ -617,32 +565,31 @@ fn an_upload_put_page_that_lands_late_is_refused() {
     std::fs::write(&img, vec![b'I'; 4 << 20]).unwrap();
     let spec = format!("{}/disk.vhd", unique_container("uplate"));
     // The container, made by creating a drive in it and deleting the drive.
-    ok(
-        &az(),
-        &[],
-        &["create", &spec, "--size", "4MiB", "--create-container"],
-    );
-    ok(&az(), &[], &["delete", &spec, "--yes"]);
+    BD.ok(&["create", &spec, "--size", "4MiB", "--create-container"]);
+    BD.ok(&["delete", &spec, "--yes"]);
     let proxy = holding_the_first_write_at_zero(Duration::from_secs(15));
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    ok(&cs, &env, &["upload", img.to_str().unwrap(), &spec]);
+    BD.cmd(&["upload", img.to_str().unwrap(), &spec])
+        .cs(&cs)
+        .envs(&env)
+        .ok();
     assert_eq!(read_blob(&spec, 0, 4096), vec![b'I'; 4096]);
-    let mp = Mp::new(&run_dir(), &az());
-    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     pwrite_fsync(&mp.disk(), 0, &[b'W'; 4096]);
-    ok(&az(), &[], &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     proxy.held_lands_late_and_is_refused("Put Page");
     assert_eq!(read_blob(&spec, 0, 4096), vec![b'W'; 4096]);
 }
 
 /// A drive with one snapshot, data written after it, and the snapshot's id.
 fn drive_with_a_snapshot(tag: &str) -> (String, String) {
-    let spec = new_drive(tag, "16MiB");
-    let blob = blob_of(&spec);
+    let spec = BD.new_drive(tag, "16MiB");
+    let blob = BD.blob(&spec);
     rt().block_on(blob.put_pages(0, bytes::Bytes::from(vec![b'S'; 4096]), None))
         .unwrap();
-    let id = ok(&az(), &[], &["snapshot", "create", &spec]);
+    let id = BD.ok(&["snapshot", "create", &spec]);
     rt().block_on(blob.put_pages(0, bytes::Bytes::from(vec![b'N'; 4096]), None))
         .unwrap();
     (spec, id.trim().to_string())
@@ -654,7 +601,9 @@ fn a_restore_whose_answer_was_lost_succeeds() {
     let (spec, id) = drive_with_a_snapshot("restlost");
     let proxy = lost_answer(&["x-ms-copy-source"]);
     let cs = proxy.connection_string();
-    ok(&cs, &[], &["restore", &spec, "--from", &id, "--yes"]);
+    BD.cmd(&["restore", &spec, "--from", &id, "--yes"])
+        .cs(&cs)
+        .ok();
     assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");
     assert_eq!(read_blob(&spec, 0, 4096), vec![b'S'; 4096]);
 }
@@ -667,25 +616,14 @@ fn a_restore_whose_answer_was_lost_succeeds() {
 fn a_restore_that_meets_another_writer_says_nothing_was_restored() {
     require_root();
     let (spec, id) = drive_with_a_snapshot("restrace");
-    ok(&az(), &[], &["restore", &spec, "--from", &id, "--yes"]);
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-copy-source",
-        1,
-        Duration::from_secs(1),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3")];
-    let restore = bd_cmd(&cs, &env, &["restore", &spec, "--from", &id, "--yes"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for("the copy to be held", Duration::from_secs(30), || {
-        proxy.holding.load(SeqCst) > 0
-    });
+    BD.ok(&["restore", &spec, "--from", &id, "--yes"]);
+    let (proxy, via) = held("x-ms-copy-source", 1, "3");
+    let restore = via
+        .cmd(&["restore", &spec, "--from", &id, "--yes"])
+        .spawn_piped();
+    proxy.wait_for_holding("the copy", Duration::from_secs(30));
     let theirs = vec![b'X'; 4096];
-    rt().block_on(blob_of(&spec).put_pages(0, theirs.clone().into(), None))
+    rt().block_on(BD.blob(&spec).put_pages(0, theirs.clone().into(), None))
         .unwrap();
     let out = restore.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -703,20 +641,13 @@ fn a_restore_that_meets_another_writer_says_nothing_was_restored() {
 fn a_restore_copy_that_lands_late_is_refused() {
     require_root();
     let (spec, id) = drive_with_a_snapshot("restlate");
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-copy-source",
-        1,
-        Duration::from_secs(15),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    ok(&cs, &env, &["restore", &spec, "--from", &id, "--yes"]);
+    let (proxy, via) = held("x-ms-copy-source", 15, "2");
+    via.cmd(&["restore", &spec, "--from", &id, "--yes"]).ok();
     assert_eq!(read_blob(&spec, 0, 4096), vec![b'S'; 4096]);
-    let mp = Mp::new(&run_dir(), &az());
-    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     pwrite_fsync(&mp.disk(), 8192, &[b'W'; 4096]);
-    ok(&az(), &[], &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     proxy.held_lands_late_and_is_refused("copy");
     assert_eq!(read_blob(&spec, 8192, 4096), vec![b'W'; 4096]);
 }
@@ -724,21 +655,20 @@ fn a_restore_copy_that_lands_late_is_refused() {
 #[test]
 fn a_read_only_mount_of_a_live_blob_sees_data_written_after_it_mounted() {
     require_root();
-    let spec = new_drive("rolive", "16MiB");
-    let mp = Mp::new(&run_dir(), &az());
-    ok(
-        &az(),
-        &[],
-        &["mount", &spec, mp.s(), "--mode", "raw", "--read-only"],
-    );
+    let spec = BD.new_drive("rolive", "16MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw", "--read-only"]);
     // Another host writes where the blob held nothing when the reader mounted.
-    rt().block_on(blob_of(&spec).put_pages(1 << 20, bytes::Bytes::from(vec![b'L'; 4096]), None))
-        .unwrap();
+    rt().block_on(
+        BD.blob(&spec)
+            .put_pages(1 << 20, bytes::Bytes::from(vec![b'L'; 4096]), None),
+    )
+    .unwrap();
     let got = sh_ok(&format!(
         "dd if='{}' bs=4096 skip=256 count=1 status=none | head -c 8",
         mp.disk()
     ));
-    ok(&az(), &[], &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     assert_eq!(got, "LLLLLLLL", "a hole was answered from a stale page map");
 }
 
@@ -754,7 +684,7 @@ fn fio(args: &str) {
 #[test]
 fn fio_verifies_through_faults_and_again_from_the_blob_after_remount() {
     require_root();
-    let spec = new_drive("fioverify", "128MiB");
+    let spec = BD.new_drive("fioverify", "128MiB");
     let proxy = Proxy::start(Config {
         rate: 0.03,
         seed: 5,
@@ -767,7 +697,7 @@ fn fio_verifies_through_faults_and_again_from_the_blob_after_remount() {
         ..Config::clean(Azurite::shared().port)
     });
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run_dir(), &cs);
+    let mp = BD.mp_through(&cs);
     // Raw disk: random 4 KiB direct writes with checksummed blocks, verified
     // right away (through the cache) ...
     let job = |mp: &Mp, verify_only: bool| {
@@ -778,27 +708,25 @@ fn fio_verifies_through_faults_and_again_from_the_blob_after_remount() {
             if verify_only { "--verify_only" } else { "" }
         )
     };
-    ok(
-        &cs,
-        &[],
-        &[
-            "mount",
-            &spec,
-            mp.s(),
-            "--mode",
-            "raw",
-            "--cache-size",
-            "32MiB",
-        ],
-    );
+    BD.cmd(&[
+        "mount",
+        &spec,
+        mp.s(),
+        "--mode",
+        "raw",
+        "--cache-size",
+        "32MiB",
+    ])
+    .cs(&cs)
+    .ok();
     fio(&job(&mp, false));
-    ok(&cs, &[], &["unmount", mp.s()]);
+    BD.via(&cs, &[]).unmount(&mp);
     assert!(!proxy.injected().is_empty(), "no fault was injected");
     // ... and again from the blob itself, through a fresh mount and cold cache
     // (writable: fio opens the file of a write job for writing, also to verify).
-    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     fio(&job(&mp, true));
-    ok(&az(), &[], &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     // A filesystem on it: files written and verified by fio, then checked again
     // after a remount.
     let fsjob = |dir: &str, verify_only: bool| {
@@ -808,12 +736,14 @@ fn fio_verifies_through_faults_and_again_from_the_blob_after_remount() {
             if verify_only { "--verify_only" } else { "" }
         )
     };
-    ok(&cs, &[], &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    BD.cmd(&["mount", &spec, mp.s(), "--mkfs", "ext4"])
+        .cs(&cs)
+        .ok();
     fio(&fsjob(mp.s(), false));
-    ok(&cs, &[], &["unmount", mp.s()]);
-    ok(&az(), &[], &["mount", &spec, mp.s()]);
+    BD.via(&cs, &[]).unmount(&mp);
+    BD.ok(&["mount", &spec, mp.s()]);
     fio(&fsjob(mp.s(), true));
-    ok(&az(), &[], &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 /// Short timeouts, so that a last try and a lease release give up soon.
@@ -835,17 +765,17 @@ struct Stuck {
 }
 
 fn stuck_block_mount(tag: &str, mib: u32) -> Stuck {
-    let spec = new_drive(tag, "64MiB");
+    let spec = BD.new_drive(tag, "64MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run_dir(), &cs);
-    let dev = ok(
-        &cs,
-        &SHORT_TIMEOUTS,
-        &["mount", &spec, mp.s(), "--mode", "block"],
-    )
-    .trim()
-    .to_string();
+    let mp = BD.mp_through(&cs);
+    let dev = BD
+        .cmd(&["mount", &spec, mp.s(), "--mode", "block"])
+        .cs(&cs)
+        .envs(&SHORT_TIMEOUTS)
+        .ok()
+        .trim()
+        .to_string();
     proxy.paused.store(true, SeqCst);
     sh_ok(&format!(
         "timeout 60 dd if=/dev/urandom of={dev} bs=1M count={mib} oflag=direct status=none"
@@ -866,9 +796,9 @@ impl Stuck {
     fn resume_and_free_the_lease(&self) {
         self.proxy.paused.store(false, SeqCst);
         std::thread::sleep(Duration::from_millis(500));
-        let info = json(&ok(&az(), &[], &["info", &self.spec, "--json"]));
+        let info = json(&BD.ok(&["info", &self.spec, "--json"]));
         if info["lease_state"] == "leased" {
-            ok(&az(), &[], &["lease", "break", &self.spec, "--yes"]);
+            BD.ok(&["lease", "break", &self.spec, "--yes"]);
         }
     }
 }
@@ -876,7 +806,11 @@ impl Stuck {
 /// A plain `unmount` of `mp` started in the background, checked to be still
 /// waiting (for a service that does not answer) six seconds later.
 fn waiting_unmount(cs: &str, env: &[(&str, &str)], mp: &Mp) -> std::process::Child {
-    let mut waiting = bd_cmd(cs, env, &["unmount", mp.s()])
+    let mut waiting = BD
+        .cmd(&["unmount", mp.s()])
+        .cs(cs)
+        .envs(env)
+        .command()
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -896,12 +830,20 @@ fn unmount_discard_dirty_takes_down_a_drive_the_service_will_not_take_data_for()
     let st = stuck_block_mount("discard", 4);
     let (cs, mp, env) = (&st.cs, &st.mp, &SHORT_TIMEOUTS);
     // Without --yes it refuses and changes nothing.
-    let refused = bd(cs, env, &["unmount", mp.s(), "--discard-dirty"]);
+    let refused = BD
+        .cmd(&["unmount", mp.s(), "--discard-dirty"])
+        .cs(cs)
+        .envs(env)
+        .output();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--yes"));
     assert!(sh_ok("losetup -a").contains(&st.dev));
     let started = Instant::now();
-    let out = bd(cs, env, &["unmount", mp.s(), "--discard-dirty", "--yes"]);
+    let out = BD
+        .cmd(&["unmount", mp.s(), "--discard-dirty", "--yes"])
+        .cs(cs)
+        .envs(env)
+        .output();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     // Data was lost: non-zero, naming how much; the lease cannot be released while
     // the service does not answer, and it says so and how to break it.
@@ -919,7 +861,7 @@ fn unmount_discard_dirty_takes_down_a_drive_the_service_will_not_take_data_for()
     // (By backing file: another test running alongside may already have been
     // given the same loop device number.)
     assert!(!sh_ok("losetup -a").contains(mp.s()));
-    let listed = json(&ok(cs, &[], &["list", "--json"]));
+    let listed = json(&BD.cmd(&["list", "--json"]).cs(cs).ok());
     assert!(
         !listed.to_string().contains(mp.s()),
         "still listed: {listed}"
@@ -939,7 +881,11 @@ fn unmount_discard_dirty_stops_an_unmount_that_waits_for_the_service() {
     let mut waiting = waiting_unmount(cs, env, mp);
     waiting.kill().unwrap();
     let _ = waiting.wait();
-    let out = bd(cs, env, &["unmount", mp.s(), "--discard-dirty", "--yes"]);
+    let out = BD
+        .cmd(&["unmount", mp.s(), "--discard-dirty", "--yes"])
+        .cs(cs)
+        .envs(env)
+        .output();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("dropped 2 MiB"), "{err}");
@@ -959,12 +905,11 @@ fn unmount_discard_dirty_stops_an_unmount_that_waits_for_the_service() {
 #[test]
 fn unmount_discard_dirty_ends_an_ext4_unmount_whose_last_sync_waits_for_the_service() {
     require_root();
-    let spec = new_drive("discard-fs", "64MiB");
+    let spec = BD.new_drive("discard-fs", "64MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
     let env = &SHORT_TIMEOUTS;
-    let mp = Mp::new(&run_dir(), &cs);
-    ok(&cs, env, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let mp = BD.via(&cs, env).mount(&spec, &["--mkfs", "ext4"]);
     sh_ok(&format!(
         "dd if=/dev/urandom of={}/f bs=1M count=3 conv=fsync status=none",
         mp.s()
@@ -976,11 +921,11 @@ fn unmount_discard_dirty_ends_an_ext4_unmount_whose_last_sync_waits_for_the_serv
         mp.s()
     ));
     let mut waiting = waiting_unmount(&cs, env, &mp);
-    let mut discard = bd_cmd(&cs, env, &["unmount", mp.s(), "--discard-dirty", "--yes"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut discard = BD
+        .cmd(&["unmount", mp.s(), "--discard-dirty", "--yes"])
+        .cs(&cs)
+        .envs(env)
+        .spawn_piped();
     let deadline = Instant::now() + Duration::from_secs(90);
     while discard.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
@@ -1007,18 +952,18 @@ fn unmount_discard_dirty_ends_an_ext4_unmount_whose_last_sync_waits_for_the_serv
     assert!(!sh_ok("losetup -a").contains(mp.s()));
     proxy.paused.store(false, SeqCst);
     std::thread::sleep(Duration::from_millis(500));
-    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    let info = json(&BD.ok(&["info", &spec, "--json"]));
     if info["lease_state"] == "leased" {
-        ok(&az(), &[], &["lease", "break", &spec, "--yes"]);
+        BD.ok(&["lease", "break", &spec, "--yes"]);
     }
 }
 
 #[test]
 fn the_raw_disk_can_be_memory_mapped_and_msync_puts_it_on_the_blob() {
     require_root();
-    let spec = new_drive("mmap", "16MiB");
-    let mp = Mp::new(&run_dir(), &az());
-    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let spec = BD.new_drive("mmap", "16MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     // A shared mapping, written through and flushed with msync; then read back
     // through a second mapping before unmount.
     let read_back = sh_ok(&format!(
@@ -1033,7 +978,7 @@ print(r[8192:8192 + 11].decode())\"",
         mp.disk()
     ));
     assert_eq!(read_back.trim(), "mapped page");
-    ok(&az(), &[], &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     assert_eq!(&read_blob(&spec, (4 << 20) + 8192, 11)[..], b"mapped page");
 }
 
@@ -1044,24 +989,16 @@ print(r[8192:8192 + 11].decode())\"",
 #[test]
 fn an_abandoned_lease_acquire_that_lands_after_unmount_takes_nothing() {
     require_root();
-    let spec = new_drive("lateacq", "16MiB");
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-lease-action: acquire",
-        1,
-        Duration::from_secs(15),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = Mp::new(&run_dir(), &cs);
-    ok(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
-    ok(&cs, &env, &["unmount", mp.s()]);
+    let spec = BD.new_drive("lateacq", "16MiB");
+    let (proxy, via) = held("x-ms-lease-action: acquire", 15, "2");
+    let mp = via.mount(&spec, &["--mode", "raw"]);
+    via.unmount(&mp);
     proxy.held_lands_late_and_is_refused("acquire");
-    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_ne!(info["lease_state"], "leased", "{info}");
-    let mp = Mp::new(&run_dir(), &az());
-    ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
-    ok(&az(), &[], &["unmount", mp.s()]);
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 /// `lease break` of a dead host's lease: its Break Lease is held in the network
@@ -1074,32 +1011,25 @@ fn an_abandoned_lease_acquire_that_lands_after_unmount_takes_nothing() {
 fn an_abandoned_lease_break_that_lands_after_a_new_mount_breaks_nothing() {
     require_root();
     for period in [None, Some("2")] {
-        let spec = new_drive("latebrk", "16MiB");
+        let spec = BD.new_drive("latebrk", "16MiB");
         let dead = "0badf00d-0000-4000-8000-000000000000";
-        rt().block_on(blob_of(&spec).acquire_lease(dead, None))
+        rt().block_on(BD.blob(&spec).acquire_lease(dead, None))
             .unwrap();
-        let proxy = Proxy::start(Config::holding(
-            Azurite::shared().port,
-            "x-ms-lease-action: break",
-            1,
-            Duration::from_secs(15),
-        ));
-        let cs = proxy.connection_string();
-        let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
+        let (proxy, via) = held("x-ms-lease-action: break", 15, "2");
         let mut args = vec!["lease", "break", &spec, "--yes"];
         if let Some(p) = period {
             args.extend(["--period", p]);
         }
-        let said = ok(&cs, &env, &args);
+        let said = via.cmd(&args).ok();
         assert!(said.contains("lease broken;"), "{period:?}: {said}");
-        let mp = Mp::new(&run_dir(), &az());
-        ok(&az(), &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+        let mp = BD.mp();
+        BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
         proxy.held_lands_late_and_is_refused("break");
-        let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+        let info = json(&BD.ok(&["info", &spec, "--json"]));
         assert_eq!(info["lease_state"], "leased", "{period:?}: {info}");
         let data = [0x5au8; 4096];
         pwrite_fsync(&mp.disk(), 0, &data);
-        ok(&az(), &[], &["unmount", mp.s()]);
+        BD.ok(&["unmount", mp.s()]);
         assert_eq!(read_blob(&spec, 0, 4096), data);
     }
 }
@@ -1111,32 +1041,19 @@ fn an_abandoned_lease_break_that_lands_after_a_new_mount_breaks_nothing() {
 #[test]
 fn a_lease_break_that_meets_a_late_write_of_the_dead_host_reads_again_and_breaks() {
     require_root();
-    let spec = new_drive("brkrace", "16MiB");
+    let spec = BD.new_drive("brkrace", "16MiB");
     let dead = "0badf00d-0000-4000-8000-000000000001";
-    let blob = blob_of(&spec);
+    let blob = BD.blob(&spec);
     rt().block_on(blob.acquire_lease(dead, None)).unwrap();
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-lease-action: break",
-        1,
-        Duration::from_secs(1),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3")];
-    let breaker = bd_cmd(&cs, &env, &["lease", "break", &spec, "--yes"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for("the break to be held", Duration::from_secs(30), || {
-        proxy.holding.load(SeqCst) > 0
-    });
+    let (proxy, via) = held("x-ms-lease-action: break", 1, "3");
+    let breaker = via.cmd(&["lease", "break", &spec, "--yes"]).spawn_piped();
+    proxy.wait_for_holding("the break", Duration::from_secs(30));
     rt().block_on(blob.put_pages(0, bytes::Bytes::from(vec![b'D'; 4096]), Some(dead)))
         .unwrap();
     let out = breaker.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
     assert_eq!(proxy.late_commits()[0].status, Some(412));
-    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_eq!(info["lease_state"], "broken", "{info}");
 }
 
@@ -1147,26 +1064,15 @@ fn a_lease_break_that_meets_a_late_write_of_the_dead_host_reads_again_and_breaks
 #[test]
 fn a_drive_written_while_its_lease_is_being_taken_is_read_again() {
     require_root();
-    let spec = new_drive("raceacq", "16MiB");
-    let proxy = Proxy::start(Config::holding(
-        Azurite::shared().port,
-        "x-ms-lease-action: acquire",
-        1,
-        Duration::from_secs(1),
-    ));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3")];
-    let mp = Mp::new(&run_dir(), &cs);
-    let mount = bd_cmd(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for("the acquire to be held", Duration::from_secs(30), || {
-        proxy.holding.load(SeqCst) > 0
-    });
+    let spec = BD.new_drive("raceacq", "16MiB");
+    let (proxy, via) = held("x-ms-lease-action: acquire", 1, "3");
+    let mp = via.mp();
+    let mount = via
+        .cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
+        .spawn_piped();
+    proxy.wait_for_holding("the acquire", Duration::from_secs(30));
     let theirs = vec![0x3c; 4096];
-    rt().block_on(blob_of(&spec).put_pages(8192, theirs.clone().into(), None))
+    rt().block_on(BD.blob(&spec).put_pages(8192, theirs.clone().into(), None))
         .unwrap();
     let out = mount.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -1181,19 +1087,18 @@ fn a_drive_written_while_its_lease_is_being_taken_is_read_again() {
         got == theirs,
         "the mount shows the drive as it was before the write"
     );
-    ok(&cs, &env, &["unmount", mp.s()]);
+    via.unmount(&mp);
 }
 
 #[test]
 fn a_lease_release_whose_answer_was_lost_is_a_clean_unmount() {
     require_root();
-    let spec = new_drive("rellost", "16MiB");
+    let spec = BD.new_drive("rellost", "16MiB");
     let proxy = lost_answer(&["x-ms-lease-action: release"]);
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run_dir(), &cs);
-    ok(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
-    ok(&cs, &[], &["unmount", mp.s()]);
+    let mp = BD.via(&cs, &[]).mount(&spec, &["--mode", "raw"]);
+    BD.via(&cs, &[]).unmount(&mp);
     assert_eq!(proxy.late_commits().len(), 1, "the answer was not lost");
-    let info = json(&ok(&az(), &[], &["info", &spec, "--json"]));
+    let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_ne!(info["lease_state"], "leased", "{info}");
 }

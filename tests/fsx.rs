@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::azurite::{unique_container, Azurite};
-use common::mount::{ok, ok_env, require_root, run_dir, Mp};
+use common::azurite::Azurite;
+use common::bd::Harness;
+use common::mount::require_root;
 use common::sdk;
 use common::util::{env_u64, sh};
 use faultproxy::{Config, Hold, Proxy};
@@ -42,6 +43,8 @@ sendfile = 1
 posix_fadvise = 1
 copy_file_range = 2
 ";
+
+const BD: Harness = Harness::new("fsx-run");
 
 /// The raw disk file of a `--mode raw` mount, as a block device: fsx never
 /// changes its size.
@@ -134,16 +137,6 @@ fn artifacts(tag: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("fsx-{tag}"))
 }
 
-fn new_drive(run: &Path, tag: &str, size: &str) -> String {
-    let spec = format!("{}/disk.vhd", unique_container(tag));
-    ok(
-        run,
-        &Azurite::shared().connection_string(),
-        &["create", &spec, "--size", size, "--create-container"],
-    );
-    spec
-}
-
 /// What the proxy did to the run's requests, for the test's output.
 fn report(proxy: &Proxy, what: &str) {
     let mut kinds = std::collections::BTreeMap::new();
@@ -166,10 +159,9 @@ fn seed(default: u64) -> u64 {
 #[test]
 fn fsx_on_the_raw_disk_through_faults_and_late_commits_leaves_its_image_on_the_blob() {
     require_root();
-    let run = run_dir("fsx-run");
     let seed = seed(3);
     let ops = ops();
-    let spec = new_drive(&run, "fsxraw", "64MiB");
+    let spec = BD.new_drive("fsxraw", "64MiB");
     // Short timeouts, so that stalls and late commits cost seconds: any request
     // may be refused, cut or stalled; two Put Page calls are held past the
     // client's timeout and carried out after it sent them again.
@@ -183,25 +175,23 @@ fn fsx_on_the_raw_disk_through_faults_and_late_commits_leaves_its_image_on_the_b
     });
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = Mp::new(&run, &cs);
+    let mp = BD.mp_through(&cs);
     // A cache half the disk's size: fsx's writes are evicted and read back.
-    ok_env(
-        &run,
-        &cs,
-        &env,
-        &[
-            "mount",
-            &spec,
-            mp.s(),
-            "--mode",
-            "raw",
-            "--cache-size",
-            "32MiB",
-        ],
-    );
+    BD.cmd(&[
+        "mount",
+        &spec,
+        mp.s(),
+        "--mode",
+        "raw",
+        "--cache-size",
+        "32MiB",
+    ])
+    .cs(&cs)
+    .envs(&env)
+    .ok();
     let dir = artifacts("raw");
     fsx(&raw_config(), Path::new(&mp.disk()), ops, seed, &dir);
-    ok_env(&run, &cs, &env, &["unmount", mp.s()]);
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).ok();
     proxy.wait_for_held();
     report(&proxy, "fsx run");
     assert!(!proxy.injected().is_empty(), "no fault was injected");
@@ -218,7 +208,7 @@ fn fsx_on_the_raw_disk_through_faults_and_late_commits_leaves_its_image_on_the_b
     fsx(&raw_config(), &reference, ops, seed, &dir.join("local"));
     // Read by Microsoft's SDK: a whole fixed VHD, free, holding fsx's bytes.
     let got = dir.join("blob.raw");
-    let seen = sdk::read_blob(&Azurite::shared().connection_string(), &spec, &got);
+    let seen = sdk::read_blob(&BD.cs(), &spec, &got);
     assert_eq!(seen["blob_type"], "PageBlob", "{seen}");
     assert_eq!(seen["lease_state"], "available", "{seen}");
     assert_eq!(seen["footer_problems"], serde_json::json!([]), "{seen}");
@@ -279,14 +269,12 @@ impl Drop for Outages {
 #[test]
 fn fsx_on_a_file_in_ext4_at_default_settings_through_faults_and_outages_survives_remount() {
     require_root();
-    let run = run_dir("fsx-run");
     let seed = seed(5);
     let ops = ops();
-    let az = Azurite::shared().connection_string();
-    let spec = new_drive(&run, "fsxext4", "128MiB");
-    let mp = Mp::new(&run, &az);
-    ok(&run, &az, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
-    ok(&run, &az, &["unmount", mp.s()]);
+    let spec = BD.new_drive("fsxext4", "128MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    BD.ok(&["unmount", mp.s()]);
     // The shipped retry and timeout settings: faults that answer at once, the
     // service gone for 3 s every 10 s (from 1 s in), and two Put Page calls carried out 25 s
     // late, after the client gave up on them (its timeout is 20 s) and sent them
@@ -299,12 +287,10 @@ fn fsx_on_a_file_in_ext4_at_default_settings_through_faults_and_outages_survives
         ..Config::clean(Azurite::shared().port)
     });
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run, &cs);
-    ok(
-        &run,
-        &cs,
-        &["mount", &spec, mp.s(), "--cache-size", "32MiB"],
-    );
+    let mp = BD.mp_through(&cs);
+    BD.cmd(&["mount", &spec, mp.s(), "--cache-size", "32MiB"])
+        .cs(&cs)
+        .ok();
     let dir = artifacts("ext4");
     let outages = Outages::start(&proxy);
     fsx(
@@ -315,7 +301,7 @@ fn fsx_on_a_file_in_ext4_at_default_settings_through_faults_and_outages_survives
         &dir,
     );
     let outages = outages.finish();
-    ok(&run, &cs, &["unmount", mp.s()]);
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).ok();
     proxy.wait_for_held();
     report(&proxy, "fsx run");
     assert!(!proxy.injected().is_empty(), "no fault was injected");
@@ -329,17 +315,17 @@ fn fsx_on_a_file_in_ext4_at_default_settings_through_faults_and_outages_survives
     // the same fsx run leaves in a local file.
     let local = dir.join("local");
     fsx(&file_config(), &local.join("fsx.file"), ops, seed, &local);
-    let mp = Mp::new(&run, &az);
-    ok(&run, &az, &["mount", &spec, mp.s(), "--read-only"]);
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--read-only"]);
     assert_same_bytes(
         &Path::new(mp.s()).join("fsx.file"),
         &local.join("fsx.file"),
         "the file after remount",
     );
-    ok(&run, &az, &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     // And the filesystem around it is whole, read by Microsoft's SDK.
     let image = dir.join("blob.raw");
-    let seen = sdk::read_blob(&az, &spec, &image);
+    let seen = sdk::read_blob(&BD.cs(), &spec, &image);
     assert_eq!(seen["lease_state"], "available", "{seen}");
     assert_eq!(seen["footer_problems"], serde_json::json!([]), "{seen}");
     let fsck = Command::new("e2fsck")

@@ -11,13 +11,15 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::azurite::{unique_container, Azurite};
-use common::mount::{bd, ok, require_root, run_dir, Mp};
-use common::util::json;
+use common::bd::Harness;
+use common::mount::require_root;
+use common::util::{json, wait_for, wait_for_some};
 
 const MIB: u64 = 1 << 20;
+
+const BD: Harness = Harness::new("metrics-run");
 
 fn tool(name: &str) -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -135,23 +137,21 @@ impl Prometheus {
         done: impl Fn(&[serde_json::Value]) -> bool,
     ) -> serde_json::Value {
         let encoded = encode(promql);
-        let start = Instant::now();
-        loop {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+        wait_for_some(
+            &format!("Prometheus to have such a result for {promql}"),
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            || {
+                TcpStream::connect(("127.0.0.1", self.port)).ok()?;
                 let (status, body) = get(self.port, &format!("/api/v1/query?query={encoded}"));
-                if status.contains(" 200 ") {
-                    let v = json(&body);
-                    if v["data"]["result"].as_array().is_some_and(|r| done(r)) {
-                        return v["data"]["result"].clone();
-                    }
-                }
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "Prometheus has no such result for {promql}"
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
+                let v = json(status.contains(" 200 ").then_some(&body)?);
+                let result = &v["data"]["result"];
+                result
+                    .as_array()
+                    .is_some_and(|r| done(r))
+                    .then(|| result.clone())
+            },
+        )
     }
 }
 
@@ -179,34 +179,23 @@ impl Drop for Prometheus {
 #[test]
 fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
     require_root();
-    let run = run_dir("metrics-run");
-    let az = Azurite::shared().connection_string();
-    let spec = format!("{}/disk.vhd", unique_container("metrics"));
-    ok(
-        &run,
-        &az,
-        &["create", &spec, "--size", "64MiB", "--create-container"],
-    );
-    let mp = Mp::new(&run, &az);
+    let spec = BD.new_drive("metrics", "64MiB");
+    let mp = BD.mp();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let caches = run.join("disk-caches");
+    let caches = BD.run_dir().join("disk-caches");
     common::util::private_dir(&caches);
-    ok(
-        &run,
-        &az,
-        &[
-            "mount",
-            &spec,
-            mp.s(),
-            "--mode",
-            "raw",
-            "--metrics",
-            &addr,
-            "--disk-cache",
-            caches.to_str().unwrap(),
-        ],
-    );
+    BD.ok(&[
+        "mount",
+        &spec,
+        mp.s(),
+        "--mode",
+        "raw",
+        "--metrics",
+        &addr,
+        "--disk-cache",
+        caches.to_str().unwrap(),
+    ]);
     let drive = spec.as_str();
     let before = scrape(port);
     let at = |text: &str, name: &str| value(text, name, &[("drive", drive)]);
@@ -383,18 +372,15 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
         assert!(status.contains(" 200 "), "{q}: {status} {body}");
     }
     drop(prom);
-    ok(&run, &az, &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     // The port is free again once the daemon is gone. `unmount` returns when its
     // main thread has exited; the socket closes when the last of its threads has
     // (one finishing a FUSE request can take a moment).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while let Err(e) = TcpListener::bind(&addr) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the metrics port is not released: {e}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    wait_for(
+        &format!("the metrics port {addr} to be released"),
+        Duration::from_secs(10),
+        || TcpListener::bind(&addr).is_ok(),
+    );
 }
 
 /// An address in use fails the mount with one line, leaving nothing mounted and
@@ -402,28 +388,20 @@ fn metrics_move_with_io_pass_promtool_and_are_scraped_by_prometheus() {
 #[test]
 fn a_metrics_address_in_use_fails_the_mount_with_one_line() {
     require_root();
-    let run = run_dir("metrics-run");
-    let az = Azurite::shared().connection_string();
-    let spec = format!("{}/disk.vhd", unique_container("metricsbusy"));
-    ok(
-        &run,
-        &az,
-        &["create", &spec, "--size", "64MiB", "--create-container"],
-    );
+    let spec = BD.new_drive("metricsbusy", "64MiB");
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let mp = Mp::new(&run, &az);
-    let out = bd(&run, &az, &["mount", &spec, mp.s(), "--metrics", &addr]);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
+    let mp = BD.mp();
+    let err = BD
+        .cmd(&["mount", &spec, mp.s(), "--metrics", &addr])
+        .fails_in_one_line();
     assert!(
         err.contains(&format!("cannot serve metrics on {addr}")),
         "{err}"
     );
-    let lease = json(&ok(&run, &az, &["lease", "status", &spec, "--json"]));
+    let lease = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(lease["state"], "available");
-    let list = ok(&run, &az, &["list", "--json"]);
+    let list = BD.ok(&["list", "--json"]);
     assert!(!list.contains(mp.s()), "{list}");
 }
 
@@ -434,15 +412,8 @@ fn a_metrics_address_in_use_fails_the_mount_with_one_line() {
 #[test]
 fn the_lease_alert_names_only_a_writable_mount_that_lost_its_lease() {
     require_root();
-    let run = run_dir("metrics-run");
-    let az = Azurite::shared().connection_string();
-    let spec = format!("{}/disk.vhd", unique_container("metricslease"));
-    ok(
-        &run,
-        &az,
-        &["create", &spec, "--size", "64MiB", "--create-container"],
-    );
-    let (writer, reader) = (Mp::new(&run, &az), Mp::new(&run, &az));
+    let spec = BD.new_drive("metricslease", "64MiB");
+    let (writer, reader) = (BD.mp(), BD.mp());
     let (wport, rport) = (free_port(), free_port());
     for (mp, port, ro) in [
         (&writer, wport, None),
@@ -451,7 +422,7 @@ fn the_lease_alert_names_only_a_writable_mount_that_lost_its_lease() {
         let addr = format!("127.0.0.1:{port}");
         let mut args = vec!["mount", &spec, mp.s(), "--mode", "raw", "--metrics", &addr];
         args.extend(ro);
-        ok(&run, &az, &args);
+        BD.ok(&args);
     }
     let info = |port: u16, read_only: &str| {
         value(
@@ -484,7 +455,7 @@ fn the_lease_alert_names_only_a_writable_mount_that_lost_its_lease() {
         serde_json::json!([]),
         "{alert}"
     );
-    common::mount::break_lease_from_elsewhere(&az, &spec);
+    common::mount::break_lease_from_elsewhere(&BD.cs(), &spec);
     // The lease keeper's next renewal (within 10 s) finds it gone: the alert
     // fires for the writable mount alone, and that renewal is counted.
     let fired = prom.query(alert);
@@ -516,10 +487,10 @@ fn the_lease_alert_names_only_a_writable_mount_that_lost_its_lease() {
     drop(disk);
     let eio = value(&scrape(wport), "blobdrive_io_errors_total", &drive);
     assert!(eio >= 1.0, "{eio}");
-    ok(&run, &az, &["unmount", reader.s()]);
+    BD.ok(&["unmount", reader.s()]);
     // Its lease is gone; whether its unmount says so depends on whether the
     // failed write left anything dirty.
-    let _ = bd(&run, &az, &["unmount", writer.s()]);
+    let _ = BD.cmd(&["unmount", writer.s()]).output();
 }
 
 /// The alert rules shipped in contrib/ pass `promtool check rules`, and

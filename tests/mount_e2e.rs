@@ -3,107 +3,19 @@
 
 mod common;
 
-use common::util::{json, rt, sh, sh_ok, stdout_of_success};
-use std::path::{Path, PathBuf};
+use common::util::{json, rt, sh, sh_ok, wait_for_exit};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use blobdrive::azure::{Account, BlobClient, BlobService};
-use common::azurite::{unique_container, Azurite};
+use common::bd::{Bd, Harness};
 use common::mount::{proc_status_kib, require_root, Mp};
 
 const MIB: u64 = 1024 * 1024;
 
-/// A private run directory for this test binary, so tests never touch real mounts.
-fn run_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-run");
-        crate::common::util::private_dir(&d);
-        d
-    })
-    .clone()
-}
-
-fn bd_cmd(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
-    c.args(args)
-        .env(
-            "AZURE_STORAGE_CONNECTION_STRING",
-            Azurite::shared().connection_string(),
-        )
-        .env("BLOBDRIVE_RUN_DIR", run_dir())
-        .env("BLOBDRIVE_RETRY_BUDGET_SECS", "10");
-    c
-}
-
-fn bd(args: &[&str]) -> Output {
-    bd_cmd(args).output().expect("run blobdrive")
-}
-
-fn ok(args: &[&str]) -> String {
-    stdout_of_success(&args, bd(args))
-}
-
-fn fails(args: &[&str], needle: &str) -> String {
-    let out = bd(args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{args:?} should fail");
-    assert!(
-        err.contains(needle),
-        "{args:?}: expected '{needle}' in: {err}"
-    );
-    err
-}
-
-fn service() -> BlobService {
-    BlobService::new(
-        Account::from_connection_string(&Azurite::shared().connection_string()).unwrap(),
-    )
-}
-
-/// A new drive in a new container; returns its BLOB spec.
-fn new_drive(tag: &str, size: &str) -> String {
-    let c = unique_container(tag);
-    let spec = format!("{c}/disk.vhd");
-    ok(&["create", &spec, "--size", size, "--create-container"]);
-    spec
-}
-
-fn blob_of(spec: &str) -> BlobClient {
-    let (c, n) = spec.split_once('/').unwrap();
-    service().blob(c, n)
-}
-
-/// An empty mountpoint of this binary's run directory, unmounted (if still
-/// mounted) and removed on drop.
-fn new_mp() -> Mp {
-    Mp::new(&run_dir(), &Azurite::shared().connection_string())
-}
-
-/// Nothing of a failed mount may remain: no record, no FUSE or fs mount, no lease,
-/// no loop device over our run directory.
-fn assert_nothing_left(mp: &Mp, spec: &str) {
-    let list = json(&ok(&["list", "--json"]));
-    assert!(
-        !list
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|m| m["mountpoint"] == mp.s()),
-        "record left: {list}"
-    );
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(mp.s()), "mount left at {}", mp.s());
-    let loops = sh_ok("losetup -a");
-    let id = blobdrive::mount::record::id_for(mp.path());
-    assert!(
-        !loops.contains(mp.s()) && !loops.contains(&format!("{id}.fuse")),
-        "loop device left: {loops}"
-    );
-    let st = json(&ok(&["lease", "status", spec, "--json"]));
-    assert_ne!(st["state"], "leased", "lease left on {spec}");
-}
+/// A private run directory for this test binary, so tests never touch real
+/// mounts; a retry budget of 10 s, so a failure is one in bounded time.
+const BD: Harness = Harness::new("e2e-run").env(&[("BLOBDRIVE_RETRY_BUDGET_SECS", "10")]);
 
 /// Writes a tree of files of many sizes with random content; returns `sha256sum`
 /// output of all of them (relative paths).
@@ -149,9 +61,9 @@ fn released_writeback(dev: &str) -> Option<(String, String)> {
 #[test]
 fn filesystem_mode_survives_unmount_and_remount() {
     require_root();
-    let spec = new_drive("fs", "512MiB");
-    let mp = new_mp();
-    let out = ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let spec = BD.new_drive("fs", "512MiB");
+    let mp = BD.mp();
+    let out = BD.ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     assert!(out.contains("ext4") && out.contains("/dev/loop"), "{out}");
     let sums = write_tree(mp.path());
     let me = mp.listed();
@@ -183,9 +95,9 @@ fn filesystem_mode_survives_unmount_and_remount() {
     }
     assert_eq!(st["lease_state"], "held");
     assert!(st["bytes_uploaded"].as_u64().unwrap() >= 150 * MIB);
-    let lease = json(&ok(&["lease", "status", &spec, "--json"]));
+    let lease = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(lease["state"], "leased");
-    let out = ok(&["unmount", mp.s()]);
+    let out = BD.ok(&["unmount", mp.s()]);
     assert!(out.contains("unmounted"), "{out}");
     // The loop device let go by itself (autoclear) and has its defaults back.
     if let Some(settings) = released_writeback(&dev) {
@@ -196,11 +108,11 @@ fn filesystem_mode_survives_unmount_and_remount() {
         );
     }
     // Everything is in the blob and the lease is free.
-    let lease = json(&ok(&["lease", "status", &spec, "--json"]));
+    let lease = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(lease["state"], "available");
-    assert_nothing_left(&mp, &spec);
+    BD.assert_nothing_left(mp.path(), &spec);
     // Remount (the existing ext4 is found; --mkfs is not needed) and verify.
-    let out = ok(&["mount", &spec, mp.s()]);
+    let out = BD.ok(&["mount", &spec, mp.s()]);
     assert!(out.contains("ext4"), "{out}");
     // Mounting reads what ext4 reads to mount, not read-ahead grown on its
     // superblock and group descriptors read over and over (which fetched all the
@@ -213,37 +125,37 @@ fn filesystem_mode_survives_unmount_and_remount() {
     ));
     assert_eq!(sums, again);
     // The filesystem is clean after its unmount.
-    ok(&["unmount", mp.s()]);
-    let out = ok(&["mount", &spec, mp.s(), "--mode", "block"]);
+    BD.ok(&["unmount", mp.s()]);
+    let out = BD.ok(&["mount", &spec, mp.s(), "--mode", "block"]);
     let dev = out.trim().to_string();
     sh_ok(&format!("e2fsck -fn {dev}"));
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 #[test]
 fn blank_disk_is_refused_without_mkfs_and_leaves_nothing_behind() {
     require_root();
-    let spec = new_drive("blank", "64MiB");
-    let mp = new_mp();
-    fails(&["mount", &spec, mp.s()], "--mkfs ext4");
-    assert_nothing_left(&mp, &spec);
+    let spec = BD.new_drive("blank", "64MiB");
+    let mp = BD.mp();
+    BD.cmd(&["mount", &spec, mp.s()]).fails_with("--mkfs ext4");
+    BD.assert_nothing_left(mp.path(), &spec);
     // xfs works as well (xfs needs at least 300 MiB).
-    let spec = new_drive("xfs", "320MiB");
-    ok(&["mount", &spec, mp.s(), "--mkfs", "xfs"]);
+    let spec = BD.new_drive("xfs", "320MiB");
+    BD.ok(&["mount", &spec, mp.s(), "--mkfs", "xfs"]);
     sh_ok(&format!("echo hello > '{0}/x' && sync -f '{0}'", mp.s()));
-    ok(&["unmount", mp.s()]);
-    let out = ok(&["mount", &spec, mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
+    let out = BD.ok(&["mount", &spec, mp.s()]);
     assert!(out.contains("xfs"), "{out}");
     assert_eq!(sh_ok(&format!("cat '{}/x'", mp.s())), "hello\n");
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 #[test]
 fn raw_mode_coalesces_writes_and_reads_holes_for_free() {
     require_root();
-    let spec = new_drive("raw", "256MiB");
-    let mp = new_mp();
-    let out = ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    let spec = BD.new_drive("raw", "256MiB");
+    let mp = BD.mp();
+    let out = BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let disk = out.trim().to_string();
     assert_eq!(disk, format!("{}/disk", mp.s()));
     // Exactly the disk's size; the footer is not part of it.
@@ -294,17 +206,18 @@ fn raw_mode_coalesces_writes_and_reads_holes_for_free() {
     sh_ok(&format!(
         "printf 'hello' | dd of='{disk}' bs=1 seek=1000003 conv=notrunc,fsync status=none"
     ));
-    ok(&["unmount", mp.s()]);
-    let data = rt().block_on(blob_of(&spec).read(1000003, 5)).unwrap();
+    BD.ok(&["unmount", mp.s()]);
+    let data = rt().block_on(BD.blob(&spec).read(1000003, 5)).unwrap();
     assert_eq!(&data[..], b"hello");
 }
 
 #[test]
 fn block_mode_exposes_a_loop_device_of_the_disk_size() {
     require_root();
-    let spec = new_drive("block", "96MiB");
-    let mp = new_mp();
-    let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
+    let spec = BD.new_drive("block", "96MiB");
+    let mp = BD.mp();
+    let dev = BD
+        .ok(&["mount", &spec, mp.s(), "--mode", "block"])
         .trim()
         .to_string();
     assert!(dev.starts_with("/dev/loop"), "{dev}");
@@ -330,7 +243,7 @@ fn block_mode_exposes_a_loop_device_of_the_disk_size() {
     let before = mp.stats()["clear_requests"].as_u64().unwrap();
     sh_ok(&format!("blkdiscard -o {} -l {} {dev}", 32 * MIB, 16 * MIB));
     assert!(mp.stats()["clear_requests"].as_u64().unwrap() > before);
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     assert!(!sh_ok("losetup -a").contains(mp.s()));
     if let Some(settings) = released_writeback(&dev) {
         assert_eq!(
@@ -340,13 +253,14 @@ fn block_mode_exposes_a_loop_device_of_the_disk_size() {
         );
     }
     // A read-only mount writes nothing back: no limit is set.
-    let ro = ok(&["mount", &spec, mp.s(), "--mode", "block", "--read-only"])
+    let ro = BD
+        .ok(&["mount", &spec, mp.s(), "--mode", "block", "--read-only"])
         .trim()
         .to_string();
     let ro_bdi = format!("/sys/block/{}/bdi", ro.trim_start_matches("/dev/"));
     assert_eq!(sh_ok(&format!("cat {ro_bdi}/strict_limit")).trim(), "0");
-    ok(&["unmount", mp.s()]);
-    let blob = blob_of(&spec);
+    BD.ok(&["unmount", mp.s()]);
+    let blob = BD.blob(&spec);
     let data = rt().block_on(blob.read(2048 * 512, 10)).unwrap();
     assert_eq!(&data[..], b"block-data");
     let ranges = rt().block_on(blob.page_ranges(None)).unwrap();
@@ -361,32 +275,31 @@ fn block_mode_exposes_a_loop_device_of_the_disk_size() {
 #[test]
 fn one_writer_many_readers_and_snapshot_mounts() {
     require_root();
-    let spec = new_drive("lease", "64MiB");
-    let writer = new_mp();
-    ok(&["mount", &spec, writer.s(), "--mode", "raw"]);
+    let spec = BD.new_drive("lease", "64MiB");
+    let writer = BD.mp();
+    BD.ok(&["mount", &spec, writer.s(), "--mode", "raw"]);
     let disk = format!("{}/disk", writer.s());
     sh_ok(&format!(
         "printf 'version-1' | dd of='{disk}' conv=notrunc,fsync status=none"
     ));
     // A second writable mount, anywhere, is refused and leaves nothing behind.
-    let second = new_mp();
-    fails(&["mount", &spec, second.s(), "--mode", "raw"], "in use");
-    let list = json(&ok(&["list", "--json"]));
+    let second = BD.mp();
+    BD.cmd(&["mount", &spec, second.s(), "--mode", "raw"])
+        .fails_with("in use");
+    let list = json(&BD.ok(&["list", "--json"]));
     assert!(!list
         .as_array()
         .unwrap()
         .iter()
         .any(|m| m["mountpoint"] == second.s()));
     // The same mountpoint cannot be used twice.
-    fails(
-        &["mount", &spec, writer.s(), "--mode", "raw"],
-        "already a mount point",
-    );
+    BD.cmd(&["mount", &spec, writer.s(), "--mode", "raw"])
+        .fails_with("already a mount point");
     // Read-only mounts take no lease and run beside the writer.
-    let r1 = new_mp();
-    let r2 = new_mp();
-    ok(&["mount", &spec, r1.s(), "--mode", "raw", "--read-only"]);
-    ok(&["mount", &spec, r2.s(), "--mode", "raw", "--read-only"]);
+    let r1 = BD.mp();
+    let r2 = BD.mp();
+    BD.ok(&["mount", &spec, r1.s(), "--mode", "raw", "--read-only"]);
+    BD.ok(&["mount", &spec, r2.s(), "--mode", "raw", "--read-only"]);
     assert_eq!(sh_ok(&format!("head -c 9 '{}/disk'", r1.s())), "version-1");
     assert_eq!(r1.stats()["lease_state"], "none");
     let out = sh(&format!(
@@ -395,15 +308,15 @@ fn one_writer_many_readers_and_snapshot_mounts() {
     ));
     assert!(!out.status.success(), "read-only mounts refuse writes");
     // Snapshots mount read-only, several at once, while the writer goes on.
-    let snap = rt().block_on(blob_of(&spec).create_snapshot()).unwrap();
+    let snap = rt().block_on(BD.blob(&spec).create_snapshot()).unwrap();
     sh_ok(&format!(
         "printf 'version-2' | dd of='{disk}' conv=notrunc,fsync status=none"
     ));
     let at = format!("{spec}@{snap}");
-    let s1 = new_mp();
-    let s2 = new_mp();
-    ok(&["mount", &at, s1.s(), "--mode", "raw"]);
-    ok(&["mount", &at, s2.s(), "--mode", "raw"]);
+    let s1 = BD.mp();
+    let s2 = BD.mp();
+    BD.ok(&["mount", &at, s1.s(), "--mode", "raw"]);
+    BD.ok(&["mount", &at, s2.s(), "--mode", "raw"]);
     assert_eq!(sh_ok(&format!("head -c 9 '{}/disk'", s1.s())), "version-1");
     assert_eq!(sh_ok(&format!("head -c 9 '{}/disk'", s2.s())), "version-1");
     assert_eq!(sh_ok(&format!("head -c 9 '{disk}'")), "version-2");
@@ -411,16 +324,16 @@ fn one_writer_many_readers_and_snapshot_mounts() {
     assert_eq!(snap_entry["snapshot"], snap.as_str());
     assert_eq!(snap_entry["read_only"], true);
     for m in [&s1, &s2, &r1, &r2, &writer] {
-        ok(&["unmount", m.s()]);
+        BD.ok(&["unmount", m.s()]);
     }
 }
 
 #[test]
 fn lease_broken_under_a_mounted_drive_fences_all_writes() {
     require_root();
-    let spec = new_drive("fence", "64MiB");
-    let mp = new_mp();
-    ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    let spec = BD.new_drive("fence", "64MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let disk = format!("{}/disk", mp.s());
     sh_ok(&format!(
         "printf 'before' | dd of='{disk}' conv=notrunc,fsync status=none"
@@ -429,7 +342,7 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
     for yes in [None, Some("--yes")] {
         let mut args = vec!["lease", "break", &spec];
         args.extend(yes);
-        let out = bd(&args);
+        let out = BD.cmd(&args).output();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{err}");
         assert!(
@@ -439,8 +352,8 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
         );
     }
     assert_eq!(mp.stats()["lease_state"], "held");
-    common::mount::break_lease_from_elsewhere(&Azurite::shared().connection_string(), &spec);
-    let blob = blob_of(&spec);
+    common::mount::break_lease_from_elsewhere(&BD.cs(), &spec);
+    let blob = BD.blob(&spec);
     let etag = rt().block_on(blob.properties()).unwrap().etag;
     // The first write after the break fails at flush time; every later one at once.
     let out = sh(&format!(
@@ -463,12 +376,10 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
     );
     assert_eq!(&rt().block_on(blob.read(0, 6)).unwrap()[..], b"before");
     // Unmount still ends the mount, but fails saying what was lost.
-    fails(
-        &["unmount", mp.s()],
-        "512 bytes written to the drive but not yet on the blob were dropped",
-    );
+    BD.cmd(&["unmount", mp.s()])
+        .fails_with("512 bytes written to the drive but not yet on the blob were dropped");
     assert!(!sh(&format!("mountpoint -q '{}'", mp.s())).status.success());
-    let log = std::fs::read_dir(run_dir().join("mounts"))
+    let log = std::fs::read_dir(BD.run_dir().join("mounts"))
         .unwrap()
         .flatten()
         .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
@@ -480,19 +391,19 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
 #[test]
 fn fstrim_frees_the_space_of_deleted_files() {
     require_root();
-    let spec = new_drive("trim", "256MiB");
-    let mp = new_mp();
-    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let spec = BD.new_drive("trim", "256MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     sh_ok(&format!(
         "head -c 100M /dev/urandom > '{0}/big' && sync -f '{0}'",
         mp.s()
     ));
-    ok(&["unmount", mp.s()]);
-    let before = json(&ok(&["info", &spec, "--json"]))["allocated_bytes"]
+    BD.ok(&["unmount", mp.s()]);
+    let before = json(&BD.ok(&["info", &spec, "--json"]))["allocated_bytes"]
         .as_u64()
         .unwrap();
     assert!(before >= 100 * MIB);
-    ok(&["mount", &spec, mp.s()]);
+    BD.ok(&["mount", &spec, mp.s()]);
     // `sync -f`: this filesystem only. A plain `sync` waits for every filesystem
     // on the machine, a drive of another test waiting out an outage too, and
     // holds each one's superblock lock while it waits, so that test's unmount
@@ -503,8 +414,8 @@ fn fstrim_frees_the_space_of_deleted_files() {
         mp.s()
     ));
     assert!(mp.stats()["clear_requests"].as_u64().unwrap() > 0);
-    ok(&["unmount", mp.s()]);
-    let after = json(&ok(&["info", &spec, "--json"]))["allocated_bytes"]
+    BD.ok(&["unmount", mp.s()]);
+    let after = json(&BD.ok(&["info", &spec, "--json"]))["allocated_bytes"]
         .as_u64()
         .unwrap();
     assert!(after < before - 90 * MIB, "allocated {before} -> {after}");
@@ -513,9 +424,9 @@ fn fstrim_frees_the_space_of_deleted_files() {
 #[test]
 fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
     require_root();
-    let spec = new_drive("busy", "64MiB");
-    let mp = new_mp();
-    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let spec = BD.new_drive("busy", "64MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     sh_ok(&format!("echo keep > '{}/f'", mp.s()));
     let mut holder = Command::new("bash")
         .arg("-c")
@@ -524,7 +435,7 @@ fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    fails(&["unmount", mp.s()], "busy");
+    BD.cmd(&["unmount", mp.s()]).fails_with("busy");
     assert_eq!(
         sh_ok(&format!("cat '{}/f'", mp.s())),
         "keep\n",
@@ -535,16 +446,11 @@ fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
     // SIGTERM to the daemon unmounts like `unmount` does.
     let pid = mp.pid();
     sh_ok(&format!("kill -TERM {pid}"));
-    for _ in 0..200 {
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_nothing_left(&mp, &spec);
-    ok(&["mount", &spec, mp.s()]);
+    wait_for_exit(pid, "the daemon to end on SIGTERM", Duration::from_secs(10));
+    BD.assert_nothing_left(mp.path(), &spec);
+    BD.ok(&["mount", &spec, mp.s()]);
     assert_eq!(sh_ok(&format!("cat '{}/f'", mp.s())), "keep\n");
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 /// Output into a pipe whose reader is gone (`| head` once it has read its fill)
@@ -553,10 +459,10 @@ fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
 #[test]
 fn output_into_a_closed_pipe_is_a_quiet_exit_and_the_command_finishes() {
     require_root();
-    let spec = new_drive("epipe", "64MiB");
-    let mp = new_mp();
+    let spec = BD.new_drive("epipe", "64MiB");
+    let mp = BD.mp();
     let quiet = |args: &[&str]| {
-        let out = common::util::output_into_closed_pipe(&mut bd_cmd(args));
+        let out = common::util::output_into_closed_pipe(&mut BD.cmd(args).command());
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         assert!(
             out.status.success() && !err.contains("panicked"),
@@ -585,7 +491,12 @@ fn output_into_a_closed_pipe_is_a_quiet_exit_and_the_command_finishes() {
         .write(true)
         .open("/dev/full")
         .unwrap();
-    let out = bd_cmd(&["info", &spec]).stdout(full).output().unwrap();
+    let out = BD
+        .cmd(&["info", &spec])
+        .command()
+        .stdout(full)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -593,7 +504,8 @@ fn output_into_a_closed_pipe_is_a_quiet_exit_and_the_command_finishes() {
         "{err}"
     );
     // A failure still says why, on standard error.
-    let out = common::util::output_into_closed_pipe(&mut bd_cmd(&["stats", "/nonexistent"]));
+    let out =
+        common::util::output_into_closed_pipe(&mut BD.cmd(&["stats", "/nonexistent"]).command());
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing is mounted"));
     // Written, not synced: the unmount puts it on the blob.
@@ -602,17 +514,17 @@ fn output_into_a_closed_pipe_is_a_quiet_exit_and_the_command_finishes() {
         mp.disk()
     ));
     quiet(&["unmount", mp.s()]);
-    assert_nothing_left(&mp, &spec);
-    let head = rt().block_on(blob_of(&spec).read(0, 4)).unwrap();
+    BD.assert_nothing_left(mp.path(), &spec);
+    let head = rt().block_on(BD.blob(&spec).read(0, 4)).unwrap();
     assert_eq!(&head[..], b"kept");
 }
 
 #[test]
 fn dead_daemon_is_cleaned_up_and_the_lease_named() {
     require_root();
-    let spec = new_drive("dead", "64MiB");
-    let mp = new_mp();
-    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let spec = BD.new_drive("dead", "64MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     sh_ok(&format!(
         "echo durable > '{0}/f' && sync -f '{0}/f'",
         mp.s()
@@ -620,17 +532,20 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
     let pid = mp.pid();
     sh_ok(&format!("kill -KILL {pid}"));
     std::thread::sleep(Duration::from_millis(300));
-    fails(&["mount", &spec, new_mp().s()], "lease break");
+    BD.cmd(&["mount", &spec, BD.mp().s()])
+        .fails_with("lease break");
     // Its lease is not broken from here while its mount is not cleaned up.
-    let err = fails(&["lease", "break", &spec, "--yes"], "is dead");
+    let err = BD
+        .cmd(&["lease", "break", &spec, "--yes"])
+        .fails_with("is dead");
     assert!(
         err.contains(&format!("blobdrive unmount {}", mp.s())),
         "{err}"
     );
     // It cleans up, then fails so scripts notice: the lease is still held.
     let id = blobdrive::mount::record::id_for(mp.path());
-    let log = run_dir().join("mounts").join(format!("{id}.log"));
-    let out = bd(&["unmount", mp.s()]);
+    let log = BD.run_dir().join("mounts").join(format!("{id}.log"));
+    let out = BD.cmd(&["unmount", mp.s()]).output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -644,46 +559,42 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
         .unwrap()
         .contains(mp.s()));
     assert!(!sh_ok("losetup -a").contains(&format!("{id}.fuse")));
-    ok(&["lease", "break", &spec, "--yes"]);
-    ok(&["mount", &spec, mp.s()]);
+    BD.ok(&["lease", "break", &spec, "--yes"]);
+    BD.ok(&["mount", &spec, mp.s()]);
     assert_eq!(sh_ok(&format!("cat '{}/f'", mp.s())), "durable\n");
-    ok(&["unmount", mp.s()]);
-    let out = ok(&["mount", &spec, mp.s(), "--mode", "block"]);
+    BD.ok(&["unmount", mp.s()]);
+    let out = BD.ok(&["mount", &spec, mp.s(), "--mode", "block"]);
     sh_ok(&format!("e2fsck -fn {}", out.trim()));
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 #[test]
 fn mount_refuses_bad_input_cleanly() {
     require_root();
-    let spec = new_drive("badmount", "64MiB");
-    let mp = new_mp();
-    fails(
-        &["mount", &spec, "/nonexistent/blobdrive/mp"],
-        "does not exist",
-    );
+    let spec = BD.new_drive("badmount", "64MiB");
+    let mp = BD.mp();
+    BD.cmd(&["mount", &spec, "/nonexistent/blobdrive/mp"])
+        .fails_with("does not exist");
     std::fs::write(mp.path().join("x"), b"x").unwrap();
-    fails(&["mount", &spec, mp.s()], "not empty");
+    BD.cmd(&["mount", &spec, mp.s()]).fails_with("not empty");
     std::fs::remove_file(mp.path().join("x")).unwrap();
-    fails(
-        &["mount", &format!("{spec}x"), mp.s(), "--mode", "raw"],
-        "does not exist",
-    );
-    fails(
-        &["mount", &spec, mp.s(), "--read-only", "--mkfs", "ext4"],
-        "writable",
-    );
-    fails(&["mount", &spec, mp.s(), "--cache-size", "1M"], "too small");
-    fails(&["unmount", mp.s()], "nothing is mounted");
-    assert_nothing_left(&mp, &spec);
+    BD.cmd(&["mount", &format!("{spec}x"), mp.s(), "--mode", "raw"])
+        .fails_with("does not exist");
+    BD.cmd(&["mount", &spec, mp.s(), "--read-only", "--mkfs", "ext4"])
+        .fails_with("writable");
+    BD.cmd(&["mount", &spec, mp.s(), "--cache-size", "1M"])
+        .fails_with("too small");
+    BD.cmd(&["unmount", mp.s()])
+        .fails_with("nothing is mounted");
+    BD.assert_nothing_left(mp.path(), &spec);
 }
 
 #[test]
 fn memory_stays_bounded_and_parallel_io_progresses() {
     require_root();
-    let spec = new_drive("mem", "512MiB");
-    let mp = new_mp();
-    ok(&[
+    let spec = BD.new_drive("mem", "512MiB");
+    let mp = BD.mp();
+    BD.ok(&[
         "mount",
         &spec,
         mp.s(),
@@ -711,14 +622,14 @@ fn memory_stays_bounded_and_parallel_io_progresses() {
     );
     let st = mp.stats();
     assert!(st["cached_bytes"].as_u64().unwrap() <= 64 * MIB);
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 #[test]
 fn a_sparse_terabyte_drive_mounts_with_few_page_range_calls() {
     require_root();
-    let spec = new_drive("tera", "1TiB");
-    let blob = blob_of(&spec);
+    let spec = BD.new_drive("tera", "1TiB");
+    let blob = BD.blob(&spec);
     rt().block_on(async {
         for off in [0u64, 300 << 30, 700 << 30, (1 << 40) - MIB] {
             blob.put_pages(off, bytes::Bytes::from(vec![0xabu8; 65536]), None)
@@ -726,8 +637,8 @@ fn a_sparse_terabyte_drive_mounts_with_few_page_range_calls() {
                 .unwrap();
         }
     });
-    let mp = new_mp();
-    ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let st = mp.stats();
     let calls = st["page_range_requests"].as_u64().unwrap();
     assert!(
@@ -740,15 +651,15 @@ fn a_sparse_terabyte_drive_mounts_with_few_page_range_calls() {
         "dd if='{disk}' bs=64K skip=$((300 * 16384)) count=1 status=none | od -An -tx1 | head -1"
     ));
     assert!(got.trim().starts_with("ab ab"), "{got}");
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 #[test]
 fn consistent_snapshot_of_a_drive_being_written() {
     require_root();
-    let spec = new_drive("consistent", "256MiB");
-    let mp = new_mp();
-    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let spec = BD.new_drive("consistent", "256MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     // A writer keeps creating, appending and deleting files while the snapshot is taken.
     let mut writer = Command::new("bash")
         .arg("-c")
@@ -759,7 +670,7 @@ fn consistent_snapshot_of_a_drive_being_written() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let snap = json(&ok(&["snapshot", "create", &spec, "--json"]))["snapshot"]
+    let snap = json(&BD.ok(&["snapshot", "create", &spec, "--json"]))["snapshot"]
         .as_str()
         .unwrap()
         .to_string();
@@ -769,29 +680,31 @@ fn consistent_snapshot_of_a_drive_being_written() {
     );
     // The snapshot mounts read-only and its filesystem is clean.
     let at = format!("{spec}@{snap}");
-    let smp = new_mp();
-    let dev = ok(&["mount", &at, smp.s(), "--mode", "block"])
+    let smp = BD.mp();
+    let dev = BD
+        .ok(&["mount", &at, smp.s(), "--mode", "block"])
         .trim()
         .to_string();
     sh_ok(&format!("e2fsck -fn {dev}"));
     // A mounted snapshot is not deleted from under its mount.
-    fails(&["snapshot", "delete", &at], "unmount it");
-    ok(&["unmount", smp.s()]);
-    let fmp = new_mp();
-    ok(&["mount", &at, fmp.s()]);
+    BD.cmd(&["snapshot", "delete", &at])
+        .fails_with("unmount it");
+    BD.ok(&["unmount", smp.s()]);
+    let fmp = BD.mp();
+    BD.ok(&["mount", &at, fmp.s()]);
     assert!(Path::new(&format!("{}/log", fmp.s())).exists());
-    ok(&["unmount", fmp.s()]);
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", fmp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 #[test]
 fn mkfs_over_another_filesystem_is_ignored_and_said_by_mount() {
     require_root();
-    let spec = new_drive("mkfsother", "320MiB");
-    let mp = new_mp();
-    ok(&["mount", &spec, mp.s(), "--mkfs", "xfs"]);
-    ok(&["unmount", mp.s()]);
-    let out = bd(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let spec = BD.new_drive("mkfsother", "320MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mkfs", "xfs"]);
+    BD.ok(&["unmount", mp.s()]);
+    let out = BD.cmd(&["mount", &spec, mp.s(), "--mkfs", "ext4"]).output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
@@ -799,17 +712,17 @@ fn mkfs_over_another_filesystem_is_ignored_and_said_by_mount() {
         "{err}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("(xfs"));
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 #[test]
 fn xattrs_are_refused_quietly_and_a_clean_unmount_leaves_no_log() {
     require_root();
-    let spec = new_drive("xattr", "16MiB");
-    let mp = new_mp();
-    ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    let spec = BD.new_drive("xattr", "16MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let id = blobdrive::mount::record::id_for(mp.path());
-    let log = run_dir().join("mounts").join(format!("{id}.log"));
+    let log = BD.run_dir().join("mounts").join(format!("{id}.log"));
     // The kernel answers "not supported" after the first ENOSYS, without asking.
     let script = std::env::temp_dir().join(format!("bd-xattr-{id}.py"));
     std::fs::write(
@@ -838,7 +751,7 @@ for call in calls:
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains("Not Implemented"), "{text}");
     assert!(!text.contains('\x1b'), "colour in the log file: {text:?}");
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     assert!(!log.exists(), "a clean unmount left its log behind");
 }
 
@@ -869,9 +782,9 @@ fn run_as_nobody(program: &str) -> String {
 #[test]
 fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
     require_root();
-    let spec = new_drive("nosuid", "64MiB");
-    let mp = new_mp();
-    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let spec = BD.new_drive("nosuid", "64MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     let opts = mount_options(mp.s());
     assert!(
         opts.contains(&"nosuid".to_string()) && opts.contains(&"nodev".to_string()),
@@ -882,8 +795,8 @@ fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
         "cp /usr/bin/id '{m}/id' && chown 0:0 '{m}/id' && chmod 4755 '{m}/id' && mknod -m 666 '{m}/null' c 1 3",
         m = mp.s()
     ));
-    ok(&["unmount", mp.s()]);
-    ok(&["mount", &spec, mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
+    BD.ok(&["mount", &spec, mp.s()]);
     assert_eq!(
         run_as_nobody(&format!("{}/id", mp.s())),
         "65534",
@@ -894,9 +807,9 @@ fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
         !dev.status.success(),
         "a device node from the blob could be opened"
     );
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     // Opted in: the flags are off, and the setuid bit works.
-    ok(&["mount", &spec, mp.s(), "--suid", "--dev"]);
+    BD.ok(&["mount", &spec, mp.s(), "--suid", "--dev"]);
     let opts = mount_options(mp.s());
     assert!(
         !opts.contains(&"nosuid".to_string()) && !opts.contains(&"nodev".to_string()),
@@ -904,7 +817,7 @@ fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
     );
     assert_eq!(run_as_nobody(&format!("{}/id", mp.s())), "0");
     sh_ok(&format!("echo x > '{}/null'", mp.s()));
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 #[test]
@@ -914,31 +827,31 @@ fn only_ext4_and_xfs_are_mounted_and_other_filesystems_are_left_untouched() {
         ("minix", "a", "mkfs.minix"),
         ("ext2", "an", "mkfs.ext2 -q -F"),
     ] {
-        let spec = new_drive(&format!("fstype-{fs}"), "16MiB");
-        let mp = new_mp();
-        let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
+        let spec = BD.new_drive(&format!("fstype-{fs}"), "16MiB");
+        let mp = BD.mp();
+        let dev = BD
+            .ok(&["mount", &spec, mp.s(), "--mode", "block"])
             .trim()
             .to_string();
         sh_ok(&format!("{mkfs} {dev} >/dev/null"));
-        ok(&["unmount", mp.s()]);
+        BD.ok(&["unmount", mp.s()]);
         let before = fingerprint(&spec);
-        let err = fails(
-            &["mount", &spec, mp.s()],
-            &format!("holds {a} {fs} filesystem; blobdrive mounts only ext4 and xfs"),
-        );
+        let err = BD.cmd(&["mount", &spec, mp.s()]).fails_with(&format!(
+            "holds {a} {fs} filesystem; blobdrive mounts only ext4 and xfs"
+        ));
         assert_eq!(
             err.lines().filter(|l| l.contains("error")).count(),
             1,
             "{err}"
         );
         assert_eq!(fingerprint(&spec), before, "the refused {fs} drive changed");
-        assert_nothing_left(&mp, &spec);
+        BD.assert_nothing_left(mp.path(), &spec);
     }
 }
 
 /// The blob's ETag and content.
 fn fingerprint(spec: &str) -> (Option<String>, Vec<u8>) {
-    let b = blob_of(spec);
+    let b = BD.blob(spec);
     rt().block_on(async {
         let p = b.properties().await.unwrap();
         (p.etag, b.read(0, p.content_length).await.unwrap().to_vec())
@@ -947,15 +860,7 @@ fn fingerprint(spec: &str) -> (Option<String>, Vec<u8>) {
 
 /// `blobdrive ARGS` with the test account and `run` as its run directory.
 fn bd_in(run: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_blobdrive"))
-        .args(args)
-        .env(
-            "AZURE_STORAGE_CONNECTION_STRING",
-            Azurite::shared().connection_string(),
-        )
-        .env("BLOBDRIVE_RUN_DIR", run)
-        .output()
-        .expect("run blobdrive")
+    Bd::new(args).cs(&BD.cs()).run_dir(run).output()
 }
 
 fn mode_of(p: &Path) -> u32 {
@@ -966,9 +871,9 @@ fn mode_of(p: &Path) -> u32 {
 #[test]
 fn a_run_directory_another_user_could_write_to_is_refused() {
     require_root();
-    let spec = new_drive("rundir", "16MiB");
+    let spec = BD.new_drive("rundir", "16MiB");
     let scratch = tempfile::tempdir().unwrap();
-    let mp = new_mp();
+    let mp = BD.mp();
     let refused = |run: &Path, why: &str| {
         for args in [vec!["list"], vec!["mount", &spec, mp.s(), "--mode", "raw"]] {
             let out = bd_in(run, &args);
@@ -1023,15 +928,16 @@ fn a_run_directory_another_user_could_write_to_is_refused() {
 #[test]
 fn the_control_socket_serves_root_only_and_bounds_its_lines() {
     require_root();
-    let spec = new_drive("ctlsock", "16MiB");
+    let spec = BD.new_drive("ctlsock", "16MiB");
     // A run directory of its own: the test opens it to others for a moment, and
     // the shared one would then be refused to the tests running beside it.
     let scratch = tempfile::tempdir().unwrap();
     let own_run = scratch.path().join("run");
     common::util::private_dir(&own_run);
-    let cs = Azurite::shared().connection_string();
+    let cs = BD.cs();
     let mp = Mp::new(&own_run, &cs);
-    common::mount::ok(&own_run, &cs, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let own = |args: &[&str]| Bd::new(args).cs(&cs).run_dir(&own_run).ok();
+    own(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let id = blobdrive::mount::record::id_for(&std::fs::canonicalize(mp.path()).unwrap());
     let sock = own_run.join("mounts").join(format!("{id}.sock"));
     assert_eq!(mode_of(&sock), 0o600);
@@ -1081,7 +987,7 @@ fn the_control_socket_serves_root_only_and_bounds_its_lines() {
     let answer = client(false, &long);
     assert!(answer.contains("too long"), "{answer}");
     assert!(mp.stats()["dirty_bytes"].is_u64());
-    common::mount::ok(&own_run, &cs, &["unmount", mp.s()]);
+    own(&["unmount", mp.s()]);
 }
 
 #[test]
@@ -1091,10 +997,7 @@ fn a_fifo_or_a_symlink_as_credentials_file_is_refused_at_once() {
     let good = scratch.path().join("good.env");
     std::fs::write(
         &good,
-        format!(
-            "AZURE_STORAGE_CONNECTION_STRING={}\n",
-            Azurite::shared().connection_string()
-        ),
+        format!("AZURE_STORAGE_CONNECTION_STRING={}\n", BD.cs()),
     )
     .unwrap();
     sh_ok(&format!("chmod 600 '{}'", good.display()));
@@ -1102,8 +1005,8 @@ fn a_fifo_or_a_symlink_as_credentials_file_is_refused_at_once() {
     std::os::unix::fs::symlink(&good, &link).unwrap();
     let fifo = scratch.path().join("fifo.env");
     sh_ok(&format!("mkfifo -m 600 '{}'", fifo.display()));
-    let spec = new_drive("credfifo", "16MiB");
-    let mp = new_mp();
+    let spec = BD.new_drive("credfifo", "16MiB");
+    let mp = BD.mp();
     for f in [&fifo, &link] {
         // Under a timeout: a FIFO once hung the mount (and a boot) for ever.
         let out = sh(&format!(

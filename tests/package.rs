@@ -22,17 +22,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Instant;
 
-use common::azurite::{unique_container, Azurite};
-use common::mount::{bd, cleanup_unmount, ok, require_root, run_dir};
+use common::bd::Harness;
+use common::mount::{cleanup_unmount, require_root};
 use common::util::{bash_completion_command, json, output_text as text};
 
-fn run() -> PathBuf {
-    run_dir("package-run")
-}
-
-fn az() -> String {
-    Azurite::shared().connection_string()
-}
+const BD: Harness = Harness::new("package-run");
 
 /// Unmounts the drive at its mountpoint through the daemon's control socket
 /// (which reaches a daemon in another mount namespace) if it is still mounted
@@ -42,8 +36,8 @@ struct Unmount(PathBuf);
 impl Drop for Unmount {
     fn drop(&mut self) {
         let id = blobdrive::mount::record::id_for(&self.0);
-        if run().join(format!("mounts/{id}.json")).exists() {
-            let _ = bd(&run(), &az(), &cleanup_unmount(self.0.to_str().unwrap()));
+        if BD.run_dir().join(format!("mounts/{id}.json")).exists() {
+            let _ = BD.cmd(&cleanup_unmount(self.0.to_str().unwrap())).output();
         }
     }
 }
@@ -95,7 +89,7 @@ export DEBIAN_FRONTEND=noninteractive
 trap 'dpkg --purge blobdrive >/dev/null 2>&1 || true' EXIT
 "#,
         ov = scratch.join("overlay").display(),
-        run = run().display(),
+        run = BD.run_dir().display(),
     );
     Command::new("unshare")
         .args(["-m", "--propagation", "private", "bash", "-c"])
@@ -109,17 +103,12 @@ trap 'dpkg --purge blobdrive >/dev/null 2>&1 || true' EXIT
 /// A drive, the credentials file for it and an fstab line mounting it at `mnt`
 /// in `s`: the drive's name and the fstab's path.
 fn drive_in_fstab(s: &Path, mnt: &Path) -> (String, PathBuf) {
-    let spec = format!("{}/disk.vhd", unique_container("package"));
-    ok(
-        &run(),
-        &az(),
-        &["create", &spec, "--size", "64MiB", "--create-container"],
-    );
+    let spec = BD.new_drive("package", "64MiB");
     std::fs::create_dir(mnt).unwrap();
     let creds = s.join("acct.env");
     std::fs::write(
         &creds,
-        format!("AZURE_STORAGE_CONNECTION_STRING={}\n", az()),
+        format!("AZURE_STORAGE_CONNECTION_STRING={}\n", BD.cs()),
     )
     .unwrap();
     std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
@@ -273,7 +262,7 @@ fn the_package_installs_mounts_from_fstab_unmounts_and_purges_to_nothing() {
     // Debian keeps system users on purge (files with its uid may remain).
     assert!(o.contains("USER-KEPT"), "{t}");
     // The plain umount put everything on the blob and freed the lease.
-    let lease = json(&ok(&run(), &az(), &["lease", "status", &spec, "--json"]));
+    let lease = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(lease["state"], "available", "{t}");
     eprintln!(
         "package built and checked in {:.0?}, installed, used and purged in {:.0?}",

@@ -5,84 +5,21 @@
 mod common;
 mod faultproxy;
 
-use common::util::{json, rt, sh, sh_ok, stdout_of_success};
+use common::util::{json, rt, sh, sh_ok, wait_for_exit};
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use blobdrive::azure::BlobClient;
 use bytes::Bytes;
-use common::azurite::{unique_container, Azurite, DEV_KEY};
+use common::azurite::{fingerprint, unique_container, Azurite, DEV_KEY};
+use common::bd::{isolated_cs, Harness};
 use common::mount::{require_root, Mp};
 use faultproxy::{Config, Fault, Proxy};
 
-fn run_dir() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("reliability-run");
-    crate::common::util::private_dir(&d);
-    d
-}
-
-/// `blobdrive` with a given connection string and extra environment.
-fn bd_with(cs: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
-    c.args(args)
-        .env("AZURE_STORAGE_CONNECTION_STRING", cs)
-        .env("BLOBDRIVE_RUN_DIR", run_dir());
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("run blobdrive")
-}
-
-fn az() -> String {
-    Azurite::isolated().connection_string()
-}
-
-fn ok_with(cs: &str, env: &[(&str, &str)], args: &[&str]) -> String {
-    stdout_of_success(&args, bd_with(cs, env, args))
-}
-
-fn ok(args: &[&str]) -> String {
-    ok_with(&az(), &[], args)
-}
-
-/// Fails with one line naming the problem.
-fn fails_with(cs: &str, env: &[(&str, &str)], args: &[&str], needle: &str) -> String {
-    let out = bd_with(cs, env, args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{args:?} should fail");
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("blobdrive: error:"))
-        .collect();
-    assert_eq!(lines.len(), 1, "one error line expected: {err}");
-    assert!(
-        lines[0].contains(needle),
-        "{args:?}: expected '{needle}' in: {err}"
-    );
-    err
-}
-
-fn blob_of(spec: &str) -> BlobClient {
-    common::azurite::blob_client(&az(), spec)
-}
-
-fn new_drive(tag: &str, size: &str) -> String {
-    let spec = format!("{}/disk.vhd", unique_container(tag));
-    ok(&["create", &spec, "--size", size, "--create-container"]);
-    spec
-}
-
-/// ETag and full content.
-fn fingerprint(spec: &str) -> (Option<String>, Vec<u8>) {
-    let b = blob_of(spec);
-    rt().block_on(async {
-        let p = b.properties().await.unwrap();
-        (p.etag, b.read(0, p.content_length).await.unwrap().to_vec())
-    })
-}
+/// This binary's own emulator (tests here stop and slow it) and run directory.
+const BD: Harness = Harness::new("reliability-run").account(isolated_cs);
 
 fn write_files(root: &str, n: usize) -> String {
     sh_ok(&format!(
@@ -97,7 +34,7 @@ fn write_files(root: &str, n: usize) -> String {
 #[test]
 fn five_percent_faults_lose_and_corrupt_nothing() {
     require_root();
-    let spec = new_drive("faults", "512MiB");
+    let spec = BD.new_drive("faults", "512MiB");
     let proxy = Proxy::start(Config {
         upstream_port: Azurite::isolated().port,
         rate: 0.05,
@@ -109,18 +46,21 @@ fn five_percent_faults_lose_and_corrupt_nothing() {
     });
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = Mp::new(&run_dir(), &cs);
-    ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let mp = Mp::new(&BD.run_dir(), &cs);
+    BD.cmd(&["mount", &spec, mp.s(), "--mkfs", "ext4"])
+        .cs(&cs)
+        .envs(&env)
+        .ok();
     let sums = write_files(mp.s(), 40);
-    let stats = json(&ok_with(&cs, &[], &["stats", mp.s(), "--json"]));
-    ok_with(&cs, &env, &["unmount", mp.s()]);
-    ok_with(&cs, &env, &["mount", &spec, mp.s()]);
+    let stats = json(&BD.cmd(&["stats", mp.s(), "--json"]).cs(&cs).ok());
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).ok();
+    BD.cmd(&["mount", &spec, mp.s()]).cs(&cs).envs(&env).ok();
     let again = sh_ok(&format!(
         "cd '{}' && find w -type f | sort | xargs sha256sum",
         mp.s()
     ));
     assert_eq!(sums, again, "data changed under faults");
-    ok_with(&cs, &env, &["unmount", mp.s()]);
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).ok();
     let injected = proxy.injected();
     let kinds: HashSet<String> = injected.iter().map(|f| format!("{f:?}")).collect();
     assert!(
@@ -139,18 +79,19 @@ fn five_percent_faults_lose_and_corrupt_nothing() {
         "stats show no retries: {stats}"
     );
     // The filesystem is consistent too.
-    let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
+    let dev = BD
+        .ok(&["mount", &spec, mp.s(), "--mode", "block"])
         .trim()
         .to_string();
     sh_ok(&format!("e2fsck -fn {dev}"));
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     assert!(kinds.contains(&format!("{:?}", Fault::ResetAfter)) || injected.len() < 12);
 }
 
 #[test]
 fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
     require_root();
-    let spec = new_drive("gone", "64MiB");
+    let spec = BD.new_drive("gone", "64MiB");
     let proxy = Proxy::start(Config {
         upstream_port: Azurite::isolated().port,
         rate: 0.0,
@@ -167,8 +108,11 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "1"),
         ("BLOBDRIVE_IO_TIMEOUT_SECS", "20"),
     ];
-    let mp = Mp::new(&run_dir(), &cs);
-    ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = Mp::new(&BD.run_dir(), &cs);
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
+        .cs(&cs)
+        .envs(&env)
+        .ok();
     let disk = format!("{}/disk", mp.s());
     sh_ok(&format!(
         "printf 'safe-1' | dd of='{disk}' conv=notrunc,fsync status=none"
@@ -214,7 +158,7 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
         panic!("an fsync past the I/O timeout did not fail after one try: {waits:?}");
     }
     // The daemon is still up and says what happened.
-    let st = json(&ok_with(&cs, &[], &["stats", mp.s(), "--json"]));
+    let st = json(&BD.cmd(&["stats", mp.s(), "--json"]).cs(&cs).ok());
     assert!(
         st["dirty_bytes"].as_u64().unwrap() > 0,
         "unwritten data is kept: {st}"
@@ -225,8 +169,8 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
     sh_ok(&format!(
         "python3 -c \"import os; fd = os.open('{disk}', os.O_WRONLY); os.fsync(fd)\""
     ));
-    ok_with(&cs, &env, &["unmount", mp.s()]);
-    let b = blob_of(&spec);
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).ok();
+    let b = BD.blob(&spec);
     assert_eq!(&rt().block_on(b.read(0, 6)).unwrap()[..], b"safe-1");
     assert_eq!(&rt().block_on(b.read(4096, 6)).unwrap()[..], b"risky!");
     for i in 0..3u64 {
@@ -241,9 +185,9 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
 #[test]
 fn sigkill_mid_workload_recovers_every_fsynced_file() {
     require_root();
-    let spec = new_drive("crash", "256MiB");
-    let mp = Mp::new(&run_dir(), &az());
-    ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    let spec = BD.new_drive("crash", "256MiB");
+    let mp = Mp::new(&BD.run_dir(), &BD.cs());
+    BD.ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
     let journal = tempfile::NamedTempFile::new().unwrap();
     let jp = journal.path().to_str().unwrap().to_string();
     // Each file is recorded (with its checksum) only after fsync returned.
@@ -263,43 +207,49 @@ fn sigkill_mid_workload_recovers_every_fsynced_file() {
     let _ = writer.wait();
     std::thread::sleep(Duration::from_millis(200));
     // A new mount names the lease and how to break it; unmount cleans up.
-    let other = Mp::new(&run_dir(), &az());
-    fails_with(&az(), &[], &["mount", &spec, other.s()], "lease break");
+    let other = Mp::new(&BD.run_dir(), &BD.cs());
+    BD.cmd(&["mount", &spec, other.s()])
+        .fails_with_error(&["lease break"]);
     // It fails (the lease is still held) after cleaning up, naming the way out.
-    let out = bd_with(&az(), &[], &["unmount", mp.s()]);
+    let out = BD.cmd(&["unmount", mp.s()]).output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("lease break"), "{err}");
     assert!(!std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .contains(mp.s()));
-    ok(&["lease", "break", &spec, "--yes"]);
+    BD.ok(&["lease", "break", &spec, "--yes"]);
     // Journal recovery on mount; every fsync'd file intact.
-    ok(&["mount", &spec, mp.s()]);
+    BD.ok(&["mount", &spec, mp.s()]);
     let recorded = std::fs::read_to_string(&jp).unwrap();
     assert!(
         recorded.lines().count() > 3,
         "the workload did too little: {recorded}"
     );
     sh_ok(&format!("cd '{}' && sha256sum -c --quiet '{jp}'", mp.s()));
-    ok(&["unmount", mp.s()]);
-    let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
+    BD.ok(&["unmount", mp.s()]);
+    let dev = BD
+        .ok(&["mount", &spec, mp.s(), "--mode", "block"])
         .trim()
         .to_string();
     sh_ok(&format!("e2fsck -fn {dev}"));
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 #[test]
 fn racing_mounts_have_exactly_one_winner() {
     require_root();
-    let spec = new_drive("race", "64MiB");
-    let mps: Vec<Mp> = (0..6).map(|_| Mp::new(&run_dir(), &az())).collect();
+    let spec = BD.new_drive("race", "64MiB");
+    let mps: Vec<Mp> = (0..6).map(|_| Mp::new(&BD.run_dir(), &BD.cs())).collect();
     let handles: Vec<_> = mps
         .iter()
         .map(|m| {
-            let (cs, spec, mp) = (az(), spec.clone(), m.s().to_string());
-            std::thread::spawn(move || bd_with(&cs, &[], &["mount", &spec, &mp, "--mode", "raw"]))
+            let (cs, spec, mp) = (BD.cs(), spec.clone(), m.s().to_string());
+            std::thread::spawn(move || {
+                BD.cmd(&["mount", &spec, &mp, "--mode", "raw"])
+                    .cs(&cs)
+                    .output()
+            })
         })
         .collect();
     let results: Vec<Output> = handles.into_iter().map(|h| h.join().unwrap()).collect();
@@ -322,8 +272,8 @@ fn racing_mounts_have_exactly_one_winner() {
         }
     }
     // Many mounts racing for one mountpoint: one wins, the rest leave it alone.
-    let spec2 = new_drive("race2", "64MiB");
-    let spot = Mp::new(&run_dir(), &az());
+    let spec2 = BD.new_drive("race2", "64MiB");
+    let spot = Mp::new(&BD.run_dir(), &BD.cs());
     let handles: Vec<_> = (0..4)
         .map(|i| {
             let spec = if i % 2 == 0 {
@@ -331,13 +281,11 @@ fn racing_mounts_have_exactly_one_winner() {
             } else {
                 spec2.clone()
             };
-            let (cs, mp) = (az(), spot.s().to_string());
+            let (cs, mp) = (BD.cs(), spot.s().to_string());
             std::thread::spawn(move || {
-                bd_with(
-                    &cs,
-                    &[],
-                    &["mount", &spec, &mp, "--mode", "raw", "--read-only"],
-                )
+                BD.cmd(&["mount", &spec, &mp, "--mode", "raw", "--read-only"])
+                    .cs(&cs)
+                    .output()
             })
         })
         .collect();
@@ -348,9 +296,9 @@ fn racing_mounts_have_exactly_one_winner() {
         "the winner still serves"
     );
     for m in mps.iter().chain(std::iter::once(&spot)) {
-        let _ = bd_with(&az(), &[], &["unmount", m.s()]);
+        let _ = BD.cmd(&["unmount", m.s()]).output();
     }
-    let lease = json(&ok(&["lease", "status", &spec, "--json"]));
+    let lease = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(lease["state"], "available");
 }
 
@@ -378,56 +326,42 @@ fn sas_cs(sas: &str) -> String {
 #[test]
 fn bad_input_matrix_leaves_blobs_unchanged() {
     require_root();
-    let spec = new_drive("matrix", "64MiB");
-    let before = fingerprint(&spec);
-    let mp = Mp::new(&run_dir(), &az());
+    let spec = BD.new_drive("matrix", "64MiB");
+    let before = fingerprint(&BD.blob(&spec));
+    let mp = Mp::new(&BD.run_dir(), &BD.cs());
     // Wrong account key.
-    let wrong = az().replace(DEV_KEY, &"A".repeat(88));
-    fails_with(&wrong, &[], &["mount", &spec, mp.s()], "account key or SAS");
+    let wrong = BD.cs().replace(DEV_KEY, &"A".repeat(88));
+    BD.cmd(&["mount", &spec, mp.s()])
+        .cs(&wrong)
+        .fails_with_error(&["account key or SAS"]);
     // A SAS that works for reading mounts read-only but not writable; an expired one
     // mounts nothing.
     let ro = sas_cs(&account_sas("rl", "2099-01-01T00:00:00Z"));
-    ok_with(&ro, &[], &["info", &spec]);
-    fails_with(
-        &ro,
-        &[],
-        &["mount", &spec, mp.s(), "--mode", "raw"],
-        "account key or SAS",
-    );
-    ok_with(
-        &ro,
-        &[],
-        &["mount", &spec, mp.s(), "--mode", "raw", "--read-only"],
-    );
-    ok_with(&ro, &[], &["unmount", mp.s()]);
+    BD.cmd(&["info", &spec]).cs(&ro).ok();
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
+        .cs(&ro)
+        .fails_with_error(&["account key or SAS"]);
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw", "--read-only"])
+        .cs(&ro)
+        .ok();
+    BD.cmd(&["unmount", mp.s()]).cs(&ro).ok();
     let expired = sas_cs(&account_sas("rwdlacup", "2001-01-01T00:00:00Z"));
-    fails_with(
-        &expired,
-        &[],
-        &["mount", &spec, mp.s(), "--mode", "raw", "--read-only"],
-        "account key or SAS",
-    );
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw", "--read-only"])
+        .cs(&expired)
+        .fails_with_error(&["account key or SAS"]);
     // Missing container and blob.
-    fails_with(
-        &az(),
-        &[],
-        &[
-            "mount",
-            &format!("{}/d.vhd", unique_container("none")),
-            mp.s(),
-        ],
-        "container",
-    );
-    fails_with(
-        &az(),
-        &[],
-        &["mount", &format!("{spec}.missing"), mp.s()],
-        "does not exist",
-    );
+    BD.cmd(&[
+        "mount",
+        &format!("{}/d.vhd", unique_container("none")),
+        mp.s(),
+    ])
+    .fails_with_error(&["container"]);
+    BD.cmd(&["mount", &format!("{spec}.missing"), mp.s()])
+        .fails_with_error(&["does not exist"]);
     // Not root.
     let out = sh(&format!(
         "setpriv --reuid=65534 --regid=65534 --clear-groups env AZURE_STORAGE_CONNECTION_STRING='{}' '{}' mount {spec} '{}'",
-        az(),
+        BD.cs(),
         env!("CARGO_BIN_EXE_blobdrive"),
         mp.s()
     ));
@@ -440,8 +374,8 @@ fn bad_input_matrix_leaves_blobs_unchanged() {
     // No /dev/fuse (a private mount namespace with an empty /dev).
     let out = sh(&format!(
         "unshare -m bash -c \"mount -t tmpfs none /dev && AZURE_STORAGE_CONNECTION_STRING='{}' BLOBDRIVE_RUN_DIR='{}' '{}' mount {spec} '{}'\"",
-        az(),
-        run_dir().display(),
+        BD.cs(),
+        BD.run_dir().display(),
         env!("CARGO_BIN_EXE_blobdrive"),
         mp.s()
     ));
@@ -461,19 +395,16 @@ fn bad_input_matrix_leaves_blobs_unchanged() {
         "AccountName=devstoreaccount1;AccountKey={DEV_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1"
     );
     let started = Instant::now();
-    fails_with(
-        &dead,
-        &[],
-        &["mount", &spec, mp.s()],
-        "no answer from the storage service",
-    );
+    BD.cmd(&["mount", &spec, mp.s()])
+        .cs(&dead)
+        .fails_with_error(&["no answer from the storage service"]);
     assert!(started.elapsed() < Duration::from_secs(30));
     assert_eq!(
-        fingerprint(&spec),
+        fingerprint(&BD.blob(&spec)),
         before,
         "a refused mount changed the blob"
     );
-    let list = json(&ok(&["list", "--json"]));
+    let list = json(&BD.ok(&["list", "--json"]));
     assert!(!list
         .as_array()
         .unwrap()
@@ -484,12 +415,12 @@ fn bad_input_matrix_leaves_blobs_unchanged() {
 #[test]
 fn secrets_never_reach_logs_outputs_or_the_command_line() {
     require_root();
-    let spec = new_drive("secret", "64MiB");
+    let spec = BD.new_drive("secret", "64MiB");
     let sas = account_sas("rwdlacup", "2099-01-01T00:00:00Z");
     let sig = sas.rsplit("sig=").next().unwrap().to_string();
     let cs = sas_cs(&sas);
     let env = [("BLOBDRIVE_LOG", "trace")];
-    let mp = Mp::new(&run_dir(), &cs);
+    let mp = Mp::new(&BD.run_dir(), &cs);
     let mut seen = String::new();
     for args in [
         vec!["-vvv", "info", &spec],
@@ -497,7 +428,7 @@ fn secrets_never_reach_logs_outputs_or_the_command_line() {
         vec!["list", "--json"],
         vec!["stats", mp.s(), "--json"],
     ] {
-        let out = bd_with(&cs, &env, &args);
+        let out = BD.cmd(&args).cs(&cs).envs(&env).output();
         assert!(
             out.status.success(),
             "{args:?}: {}",
@@ -510,9 +441,9 @@ fn secrets_never_reach_logs_outputs_or_the_command_line() {
     let pid = mp.pid();
     seen.push_str(&std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap());
     seen.push_str(&sh_ok("ps -eo args"));
-    ok_with(&cs, &[], &["unmount", mp.s()]);
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).ok();
     // The daemon's log, written at the most verbose level.
-    for e in std::fs::read_dir(run_dir().join("mounts"))
+    for e in std::fs::read_dir(BD.run_dir().join("mounts"))
         .unwrap()
         .flatten()
     {
@@ -522,8 +453,12 @@ fn secrets_never_reach_logs_outputs_or_the_command_line() {
     }
     // An error message with a wrong key.
     let wrong_key = "B".repeat(86) + "==";
-    let wrong = az().replace(DEV_KEY, &wrong_key);
-    let out = bd_with(&wrong, &env, &["-vvv", "info", &spec]);
+    let wrong = BD.cs().replace(DEV_KEY, &wrong_key);
+    let out = BD
+        .cmd(&["-vvv", "info", &spec])
+        .cs(&wrong)
+        .envs(&env)
+        .output();
     seen.push_str(&String::from_utf8_lossy(&out.stderr));
     assert!(
         seen.contains("TRACE") || seen.contains("DEBUG"),
@@ -562,7 +497,7 @@ fn read_direct(disk: &str, offset: u64, len: u64) -> Vec<u8> {
 #[test]
 fn a_failed_discard_whose_clear_lands_late_never_leaves_cache_and_blob_apart() {
     require_root();
-    let spec = new_drive("lateclear", "16MiB");
+    let spec = BD.new_drive("lateclear", "16MiB");
     // Every Clear Pages is held past the client's request timeout and carried out
     // ten seconds later: each attempt is abandoned, the discard fails with EIO.
     let proxy = Proxy::start(Config::holding(
@@ -577,8 +512,11 @@ fn a_failed_discard_whose_clear_lands_late_never_leaves_cache_and_blob_apart() {
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "1"),
         ("BLOBDRIVE_IO_TIMEOUT_SECS", "3"),
     ];
-    let mp = Mp::new(&run_dir(), &cs);
-    ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = Mp::new(&BD.run_dir(), &cs);
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
+        .cs(&cs)
+        .envs(&env)
+        .ok();
     let disk = format!("{}/disk", mp.s());
     sh_ok(&format!(
         "python3 -c \"import os; fd = os.open('{disk}', os.O_WRONLY); os.pwrite(fd, b'\\x55' * 65536, 0); os.fsync(fd)\""
@@ -597,7 +535,7 @@ fn a_failed_discard_whose_clear_lands_late_never_leaves_cache_and_blob_apart() {
     let late = proxy.late_commits();
     assert!(!late.is_empty(), "no Clear Pages was held");
     let blob = rt()
-        .block_on(blob_of(&spec).read(0, 65536))
+        .block_on(BD.blob(&spec).read(0, 65536))
         .unwrap()
         .to_vec();
     let served = read_direct(&disk, 0, 65536);
@@ -613,7 +551,7 @@ fn a_failed_discard_whose_clear_lands_late_never_leaves_cache_and_blob_apart() {
         "a Clear Pages given up on was carried out: {:?}",
         late.iter().map(|l| l.status).collect::<Vec<_>>()
     );
-    ok_with(&cs, &env, &["unmount", mp.s()]);
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).ok();
 }
 
 #[test]
@@ -621,11 +559,13 @@ fn unmount_after_a_daemon_stopped_by_itself_with_losses_says_what_was_lost() {
     // A daemon that stops by itself (SIGTERM, a plain umount) removes its record
     // whatever the outcome; `unmount` must not take "record gone" for a clean stop.
     require_root();
-    let spec = new_drive("selfstop", "16MiB");
+    let spec = BD.new_drive("selfstop", "16MiB");
     let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run_dir(), &cs);
-    ok_with(&cs, &[], &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = Mp::new(&BD.run_dir(), &cs);
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
+        .cs(&cs)
+        .ok();
     let pid = mp.pid() as i32;
     // Written while the service does not answer (the close waits to flush it);
     // meanwhile another host breaks the lease: it can never reach the blob.
@@ -641,7 +581,7 @@ fn unmount_after_a_daemon_stopped_by_itself_with_losses_says_what_was_lost() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_secs(1));
-    rt().block_on(blob_of(&spec).break_lease(Some(0))).unwrap();
+    rt().block_on(BD.blob(&spec).break_lease(Some(0))).unwrap();
     proxy
         .paused
         .store(false, std::sync::atomic::Ordering::SeqCst);
@@ -649,15 +589,8 @@ fn unmount_after_a_daemon_stopped_by_itself_with_losses_says_what_was_lost() {
     assert!(!closed.success(), "the close flushed without the lease");
     // SAFETY: kill(2) on the daemon's pid, read from its own mount record.
     unsafe { libc::kill(pid, libc::SIGTERM) };
-    let start = Instant::now();
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the daemon did not stop"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = bd_with(&cs, &[], &["unmount", mp.s()]);
+    wait_for_exit(pid as u64, "the daemon to stop", Duration::from_secs(60));
+    let out = BD.cmd(&["unmount", mp.s()]).cs(&cs).output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
@@ -669,7 +602,7 @@ fn unmount_after_a_daemon_stopped_by_itself_with_losses_says_what_was_lost() {
         "{err}"
     );
     // Said once: a second unmount finds nothing mounted.
-    let again = bd_with(&cs, &[], &["unmount", mp.s()]);
+    let again = BD.cmd(&["unmount", mp.s()]).cs(&cs).output();
     assert!(String::from_utf8_lossy(&again.stderr).contains("nothing is mounted"));
 }
 
@@ -694,10 +627,10 @@ fn abort_fuse_connection(path: &str) {
 #[test]
 fn a_fuse_connection_aborted_under_a_busy_drive_still_writes_back_and_frees_the_lease() {
     require_root();
-    let spec = new_drive("fuseabort", "16MiB");
-    let cs = az();
-    let mp = Mp::new(&run_dir(), &cs);
-    ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    let spec = BD.new_drive("fuseabort", "16MiB");
+    let cs = BD.cs();
+    let mp = Mp::new(&BD.run_dir(), &cs);
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let pid = mp.pid() as i32;
     // A process writes (no fsync: the data is only in the daemon's cache) and
     // keeps `disk` open, so a normal unmount would be refused as busy.
@@ -722,17 +655,14 @@ fn a_fuse_connection_aborted_under_a_busy_drive_still_writes_back_and_frees_the_
     .unwrap();
     assert_eq!(line, "written\n");
     abort_fuse_connection(mp.s());
-    let start = Instant::now();
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the daemon did not stop after its FUSE connection was aborted"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_exit(
+        pid as u64,
+        "the daemon to stop after its FUSE connection was aborted",
+        Duration::from_secs(60),
+    );
     let _ = holder.kill();
     let _ = holder.wait();
-    let blob = blob_of(&spec);
+    let blob = BD.blob(&spec);
     let got = rt().block_on(blob.read(0, 8192)).unwrap().to_vec();
     assert!(
         got == b"cached!!".repeat(1024),
@@ -744,7 +674,7 @@ fn a_fuse_connection_aborted_under_a_busy_drive_still_writes_back_and_frees_the_
         .block_on(blob.acquire_lease("00000000-0000-0000-0000-0000000000ab", Some(15)))
         .expect("the lease is still held");
     rt().block_on(blob.release_lease(&id)).unwrap();
-    let list = ok_with(&cs, &[], &["list", "--json"]);
+    let list = BD.cmd(&["list", "--json"]).cs(&cs).ok();
     assert!(!list.contains(mp.s()), "the mount is still listed: {list}");
     assert!(!Path::new(&format!("{}/disk", mp.s())).exists());
 }
@@ -752,16 +682,14 @@ fn a_fuse_connection_aborted_under_a_busy_drive_still_writes_back_and_frees_the_
 #[test]
 fn cached_reads_are_answered_while_sixteen_writers_wait_out_an_outage_in_block_mode() {
     require_root();
-    let spec = new_drive("waitingwriters", "256MiB");
+    let spec = BD.new_drive("waitingwriters", "256MiB");
     let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run_dir(), &cs);
+    let mp = Mp::new(&BD.run_dir(), &cs);
     // 32 MiB of cache: writes wait for room past 16 MiB of dirty data. In block
     // mode the loop device sends many writes at once (it held every FUSE thread).
-    let disk = ok_with(
-        &cs,
-        &[],
-        &[
+    let disk = BD
+        .cmd(&[
             "mount",
             &spec,
             mp.s(),
@@ -769,10 +697,11 @@ fn cached_reads_are_answered_while_sixteen_writers_wait_out_an_outage_in_block_m
             "block",
             "--cache-size",
             "32MiB",
-        ],
-    )
-    .trim()
-    .to_string();
+        ])
+        .cs(&cs)
+        .ok()
+        .trim()
+        .to_string();
     assert!(disk.starts_with("/dev/loop"), "{disk}");
     // A region read once, so the cache holds it.
     sh_ok(&format!(
@@ -808,12 +737,12 @@ print(sorted(took)[2], max(took))\"; \
     sh_ok(&format!(
         "/usr/bin/python3 -c \"import os; fd = os.open('{disk}', os.O_WRONLY); os.fsync(fd)\""
     ));
-    let written = rt().block_on(blob_of(&spec).read(100 << 20, 4096)).unwrap();
+    let written = rt().block_on(BD.blob(&spec).read(100 << 20, 4096)).unwrap();
     assert!(
         written.iter().any(|&b| b != 0),
         "the writers' data is not on the blob"
     );
-    ok_with(&cs, &[], &["unmount", mp.s()]);
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).ok();
     let lines: Vec<&str> = out.lines().collect();
     let waiting: u64 = lines
         .iter()
@@ -843,10 +772,10 @@ fn a_mounted_drive_survives_endless_answers_within_its_memory() {
     // read of the drive fails (retried, then the outage rules, then EIO), the
     // daemon stays up and small, and serves again once the endpoint behaves.
     require_root();
-    let spec = new_drive("endless", "64MiB");
+    let spec = BD.new_drive("endless", "64MiB");
     // Data the drive knows is written but has not cached: reads go to the service.
     let data = Bytes::from(vec![0x5au8; 1 << 20]);
-    rt().block_on(blob_of(&spec).put_pages(16 << 20, data, None))
+    rt().block_on(BD.blob(&spec).put_pages(16 << 20, data, None))
         .unwrap();
     let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
     let cs = proxy.connection_string();
@@ -855,8 +784,11 @@ fn a_mounted_drive_survives_endless_answers_within_its_memory() {
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2"),
         ("BLOBDRIVE_IO_TIMEOUT_SECS", "6"),
     ];
-    let mp = Mp::new(&run_dir(), &cs);
-    ok_with(&cs, &env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = Mp::new(&BD.run_dir(), &cs);
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
+        .cs(&cs)
+        .envs(&env)
+        .ok();
     let pid = mp.pid();
     let disk = mp.disk();
     proxy
@@ -887,7 +819,7 @@ fn a_mounted_drive_survives_endless_answers_within_its_memory() {
         got.trim(),
         "5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a 5a"
     );
-    ok_with(&cs, &env, &["unmount", mp.s()]);
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).ok();
 }
 
 /// One round past the I/O timeout on the raw `disk`: `pieces` writes of 4 KiB a
@@ -965,18 +897,21 @@ fn a_silent_service_past_the_io_timeout_fails_each_io_after_one_try_at_the_defau
 fn silent_outage(env: &[(&str, &str)], limits: (f64, f64, f64), rounds: u64) {
     let (io_timeout, request_timeout, budget) = limits;
     require_root();
-    let spec = new_drive("silent", "64MiB");
+    let spec = BD.new_drive("silent", "64MiB");
     // Bytes the drive has not cached, where the reads below go: they need the
     // service (a hole would be answered with zeros at once).
     for i in 0..3u64 {
         let data = Bytes::from(vec![0x5au8; 4 << 20]);
-        rt().block_on(blob_of(&spec).put_pages((50 + 4 * i) << 20, data, None))
+        rt().block_on(BD.blob(&spec).put_pages((50 + 4 * i) << 20, data, None))
             .unwrap();
     }
     let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run_dir(), &cs);
-    ok_with(&cs, env, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = Mp::new(&BD.run_dir(), &cs);
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
+        .cs(&cs)
+        .envs(env)
+        .ok();
     let disk = format!("{}/disk", mp.s());
     let (r, ..) = write_round(&disk, 0, 1, "safe");
     assert_eq!(r, "ok");
@@ -1056,8 +991,8 @@ fn silent_outage(env: &[(&str, &str)], limits: (f64, f64, f64), rounds: u64) {
     // Back again: the next fsync sends everything kept.
     let (r, ..) = write_round(&disk, 63 << 20, 1, "next");
     assert_eq!(r, "ok", "an fsync after the outage failed");
-    ok_with(&cs, env, &["unmount", mp.s()]);
-    let b = blob_of(&spec);
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(env).ok();
+    let b = BD.blob(&spec);
     let expect = |offset: u64, tag: &str, k: u64| {
         let got = rt().block_on(b.read(offset + k * (1 << 20), 16)).unwrap();
         let want = format!("{tag}{k:03}");
@@ -1126,13 +1061,14 @@ fn kernel_lines_since(before: &Option<Vec<String>>, name: &str) -> Vec<String> {
 /// inode tables in the background after mounting, and did so during a test's
 /// outage, which past the I/O timeout made ext4 abort its journal).
 fn mkfs_ext4_whole(spec: &str, mp: &Mp) {
-    let dev = ok(&["mount", spec, mp.s(), "--mode", "block"])
+    let dev = BD
+        .ok(&["mount", spec, mp.s(), "--mode", "block"])
         .trim()
         .to_string();
     sh_ok(&format!(
         "mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,nodiscard {dev}"
     ));
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 /// Issue 46: after a silent outage past the I/O timeout, the first write once
@@ -1142,7 +1078,7 @@ fn mkfs_ext4_whole(spec: &str, mp: &Mp) {
 #[test]
 fn after_a_silent_outage_past_the_io_timeout_ext4_writes_and_syncs_at_once() {
     require_root();
-    let spec = new_drive("silentfs", "128MiB");
+    let spec = BD.new_drive("silentfs", "128MiB");
     let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
     let cs = proxy.connection_string();
     let env = [
@@ -1150,16 +1086,16 @@ fn after_a_silent_outage_past_the_io_timeout_ext4_writes_and_syncs_at_once() {
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3"),
         ("BLOBDRIVE_IO_TIMEOUT_SECS", "8"),
     ];
-    let mp = Mp::new(&run_dir(), &cs);
+    let mp = Mp::new(&BD.run_dir(), &cs);
     mkfs_ext4_whole(&spec, &mp);
     // Bytes on the blob in ext4's free space, which the drive has not cached: a
     // read of them needs the service.
     for i in 0..2u64 {
         let data = Bytes::from(vec![0x5au8; 4 << 20]);
-        rt().block_on(blob_of(&spec).put_pages((100 + 4 * i) << 20, data, None))
+        rt().block_on(BD.blob(&spec).put_pages((100 + 4 * i) << 20, data, None))
             .unwrap();
     }
-    ok_with(&cs, &env, &["mount", &spec, mp.s()]);
+    BD.cmd(&["mount", &spec, mp.s()]).cs(&cs).envs(&env).ok();
     let dev = mp.listed()["device"].as_str().unwrap().to_string();
     let name = dev.trim_start_matches("/dev/").to_string();
     sh_ok(&format!(
@@ -1224,12 +1160,13 @@ fn after_a_silent_outage_past_the_io_timeout_ext4_writes_and_syncs_at_once() {
         new_errors.is_empty(),
         "the kernel logged errors after the outage: {new_errors:?}"
     );
-    ok_with(&cs, &env, &["unmount", mp.s()]);
-    let dev = ok(&["mount", &spec, mp.s(), "--mode", "block"])
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).ok();
+    let dev = BD
+        .ok(&["mount", &spec, mp.s(), "--mode", "block"])
         .trim()
         .to_string();
     sh_ok(&format!("e2fsck -fn {dev}"));
-    ok(&["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 /// Issue 46: ext4's journal commit, issued as a silent outage begins and still
@@ -1241,7 +1178,7 @@ fn after_a_silent_outage_past_the_io_timeout_ext4_writes_and_syncs_at_once() {
 #[test]
 fn an_ext4_commit_under_way_as_the_service_returns_past_the_io_timeout_succeeds() {
     require_root();
-    let spec = new_drive("straddle", "128MiB");
+    let spec = BD.new_drive("straddle", "128MiB");
     let proxy = Proxy::start(Config::clean(Azurite::isolated().port));
     let cs = proxy.connection_string();
     let env = [
@@ -1249,9 +1186,9 @@ fn an_ext4_commit_under_way_as_the_service_returns_past_the_io_timeout_succeeds(
         ("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3"),
         ("BLOBDRIVE_IO_TIMEOUT_SECS", "8"),
     ];
-    let mp = Mp::new(&run_dir(), &cs);
+    let mp = Mp::new(&BD.run_dir(), &cs);
     mkfs_ext4_whole(&spec, &mp);
-    ok_with(&cs, &env, &["mount", &spec, mp.s()]);
+    BD.cmd(&["mount", &spec, mp.s()]).cs(&cs).envs(&env).ok();
     sh_ok(&format!(
         "head -c 1M /dev/urandom > '{0}/before' && sync -f '{0}/before'",
         mp.s()
@@ -1302,5 +1239,5 @@ fn an_ext4_commit_under_way_as_the_service_returns_past_the_io_timeout_succeeds(
     assert!(kernel.is_empty(), "the kernel logged errors: {kernel:?}");
     assert!(after.status.success(), "a later write failed: {after:?}");
     assert!(writable(&options), "ext4 went read-only: {options}");
-    ok_with(&cs, &env, &["unmount", mp.s()]);
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).envs(&env).ok();
 }

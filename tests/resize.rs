@@ -10,39 +10,23 @@ mod faultproxy;
 
 use std::process::Command;
 
-use blobdrive::azure::BlobClient;
 use blobdrive::resize::{self, STEPS};
 use bytes::Bytes;
 use common::azurite::{unique_container, Azurite};
-use common::mount::ok_env;
-use common::mount::{ok, require_root, run_dir, Mp};
+use common::bd::Harness;
+use common::mount::{require_root, Mp};
 use common::util::{json, rt};
 use faultproxy::{Config, Proxy};
 
 const MIB: u64 = 1 << 20;
 
-fn az() -> String {
-    Azurite::shared().connection_string()
-}
-
-fn run() -> std::path::PathBuf {
-    run_dir("resize-run")
-}
-
-fn blob_of(spec: &str) -> BlobClient {
-    common::azurite::blob_client(&az(), spec)
-}
+const BD: Harness = Harness::new("resize-run");
 
 /// A 4 MiB drive with a pattern in its first and last MiB.
 fn drive_with_data(tag: &str) -> (String, Vec<u8>) {
-    let spec = format!("{}/disk.vhd", unique_container(tag));
-    ok(
-        &run(),
-        &az(),
-        &["create", &spec, "--size", "4MiB", "--create-container"],
-    );
+    let spec = BD.new_drive(tag, "4MiB");
     let data: Vec<u8> = (0..MIB).map(|i| (i * 13 % 251) as u8 + 1).collect();
-    let blob = blob_of(&spec);
+    let blob = BD.blob(&spec);
     rt().block_on(async {
         blob.put_pages(0, Bytes::from(data.clone()), None)
             .await
@@ -55,15 +39,10 @@ fn drive_with_data(tag: &str) -> (String, Vec<u8>) {
 }
 
 fn etag(spec: &str) -> String {
-    json(&ok(&run(), &az(), &["info", spec, "--json"]))["etag"]
+    json(&BD.ok(&["info", spec, "--json"]))["etag"]
         .as_str()
         .unwrap()
         .to_string()
-}
-
-/// The one error line of a command that must fail.
-fn fails(args: &[&str]) -> String {
-    common::mount::fails(&run(), &az(), args)
 }
 
 /// The grown drive holds its data, zeros after it (the old footer's page too),
@@ -73,8 +52,8 @@ fn check_grown(spec: &str, data: &[u8], size: u64) {
     let raw = dir.path().join("disk.raw");
     let vhd = dir.path().join("disk.vhd");
     let (raw_s, vhd_s) = (raw.to_str().unwrap(), vhd.to_str().unwrap());
-    ok(&run(), &az(), &["download", spec, raw_s, "--format", "raw"]);
-    ok(&run(), &az(), &["download", spec, vhd_s, "--format", "vhd"]);
+    BD.ok(&["download", spec, raw_s, "--format", "raw"]);
+    BD.ok(&["download", spec, vhd_s, "--format", "vhd"]);
     let bytes = std::fs::read(&raw).unwrap();
     assert_eq!(bytes.len() as u64, size);
     assert_eq!(&bytes[..MIB as usize], data);
@@ -90,7 +69,7 @@ fn check_grown(spec: &str, data: &[u8], size: u64) {
     assert!(out.status.success(), "{out:?}");
     let info = json(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(info["virtual-size"], size, "{info}");
-    let shown = json(&ok(&run(), &az(), &["info", spec, "--json"]));
+    let shown = json(&BD.ok(&["info", spec, "--json"]));
     assert_eq!(shown["size_bytes"], size, "{shown}");
     assert_eq!(shown["lease_state"], "available", "{shown}");
 }
@@ -98,18 +77,18 @@ fn check_grown(spec: &str, data: &[u8], size: u64) {
 #[test]
 fn an_offline_grow_keeps_the_data_and_reads_zeros_after_it() {
     let (spec, data) = drive_with_data("grow");
-    let snap = json(&ok(&run(), &az(), &["snapshot", "create", &spec, "--json"]));
+    let snap = json(&BD.ok(&["snapshot", "create", &spec, "--json"]));
     let snap = snap["snapshot"].as_str().unwrap().to_string();
-    let out = ok(&run(), &az(), &["resize", &spec, "--size", "12MiB"]);
+    let out = BD.ok(&["resize", &spec, "--size", "12MiB"]);
     assert!(out.contains("from 4 MiB to 12 MiB"), "{out}");
     check_grown(&spec, &data, 12 * MIB);
     // The snapshot keeps its own size.
     let at = format!("{spec}@{snap}");
-    let shown = json(&ok(&run(), &az(), &["info", &at, "--json"]));
+    let shown = json(&BD.ok(&["info", &at, "--json"]));
     assert_eq!(shown["size_bytes"], 4 * MIB, "{shown}");
     // Again to the same size: nothing to do, nothing written.
     let before = etag(&spec);
-    let out = ok(&run(), &az(), &["resize", &spec, "--size", "12MiB"]);
+    let out = BD.ok(&["resize", &spec, "--size", "12MiB"]);
     assert!(out.contains("already"), "{out}");
     assert_eq!(etag(&spec), before);
 }
@@ -119,10 +98,10 @@ fn a_resize_stopped_after_any_step_is_reported_refused_and_completed_by_running_
     require_root();
     for stop_after in 1..STEPS.len() {
         let (spec, data) = drive_with_data(&format!("crash{stop_after}"));
-        let blob = blob_of(&spec);
+        let blob = BD.blob(&spec);
         rt().block_on(resize::grow_steps(&blob, 8 * MIB, stop_after))
             .unwrap();
-        let err = fails(&["info", &spec]);
+        let err = BD.cmd(&["info", &spec]).fails_in_one_line();
         assert!(
             err.contains("resize incomplete")
                 && err.contains(&format!("blobdrive resize {spec} --size {}", 8 * MIB)),
@@ -131,14 +110,18 @@ fn a_resize_stopped_after_any_step_is_reported_refused_and_completed_by_running_
         );
         if stop_after == 2 {
             // The grown blob has no footer at its end yet: mount refuses, saying why.
-            let mp = Mp::new(&run(), &az());
-            let err = fails(&["mount", &spec, mp.s(), "--mode", "raw"]);
+            let mp = BD.mp();
+            let err = BD
+                .cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
+                .fails_in_one_line();
             assert!(err.contains("resize incomplete"), "{err}");
             // Another size is refused until this one is completed.
-            let err = fails(&["resize", &spec, "--size", "16MiB"]);
+            let err = BD
+                .cmd(&["resize", &spec, "--size", "16MiB"])
+                .fails_in_one_line();
             assert!(err.contains("resize incomplete"), "{err}");
         }
-        ok(&run(), &az(), &["resize", &spec, "--size", "8MiB"]);
+        BD.ok(&["resize", &spec, "--size", "8MiB"]);
         check_grown(&spec, &data, 8 * MIB);
     }
 }
@@ -148,27 +131,35 @@ fn shrinking_a_drive_leased_elsewhere_or_a_snapshot_is_refused_and_nothing_chang
     require_root();
     let (spec, _) = drive_with_data("refused");
     let before = etag(&spec);
-    let err = fails(&["resize", &spec, "--size", "2MiB"]);
+    let err = BD
+        .cmd(&["resize", &spec, "--size", "2MiB"])
+        .fails_in_one_line();
     assert!(
         err.contains("shrinking") && err.contains("cut off data"),
         "{err}"
     );
-    let err = fails(&["resize", &spec, "--size", "5000KiB"]);
+    let err = BD
+        .cmd(&["resize", &spec, "--size", "5000KiB"])
+        .fails_in_one_line();
     assert!(err.contains("whole number of MiB"), "{err}");
     assert_eq!(etag(&spec), before);
     // Leased by another client (a mount elsewhere).
-    let blob = blob_of(&spec);
+    let blob = BD.blob(&spec);
     let lease = rt()
         .block_on(blob.acquire_lease("11111111-2222-3333-4444-555555555555", None))
         .unwrap();
-    let err = fails(&["resize", &spec, "--size", "8MiB"]);
+    let err = BD
+        .cmd(&["resize", &spec, "--size", "8MiB"])
+        .fails_in_one_line();
     assert!(err.contains("in use"), "{err}");
     rt().block_on(blob.release_lease(&lease)).unwrap();
     assert_eq!(etag(&spec), before);
     // A snapshot.
-    let snap = json(&ok(&run(), &az(), &["snapshot", "create", &spec, "--json"]));
+    let snap = json(&BD.ok(&["snapshot", "create", &spec, "--json"]));
     let at = format!("{spec}@{}", snap["snapshot"].as_str().unwrap());
-    let err = fails(&["resize", &at, "--size", "8MiB"]);
+    let err = BD
+        .cmd(&["resize", &at, "--size", "8MiB"])
+        .fails_in_one_line();
     assert!(err.contains("snapshots keep their size"), "{err}");
 }
 
@@ -189,21 +180,16 @@ fn a_clear_of_the_old_footer_that_lands_late_is_refused() {
     ));
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    ok_env(&run(), &cs, &env, &["resize", &spec, "--size", "8MiB"]);
+    BD.cmd(&["resize", &spec, "--size", "8MiB"])
+        .cs(&cs)
+        .envs(&env)
+        .ok();
     // The drive is in use again: the old footer's page, now disk, gets data.
-    let blob = blob_of(&spec);
+    let blob = BD.blob(&spec);
     let data = Bytes::from(vec![0x5a; 512]);
     rt().block_on(blob.put_pages(4 * MIB, data.clone(), None))
         .unwrap();
-    let start = std::time::Instant::now();
-    while proxy.late_commits().is_empty() {
-        assert!(
-            start.elapsed().as_secs() < 30,
-            "the held clear never landed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let late = proxy.late_commits();
+    let late = proxy.wait_for_late_commit(std::time::Duration::from_secs(30));
     assert_eq!(late[0].status, Some(412), "{late:?}");
     let got = rt().block_on(blob.read(4 * MIB, 512)).unwrap();
     assert_eq!(
@@ -226,7 +212,10 @@ fn an_acquire_that_lands_after_the_resize_ended_takes_nothing() {
     ));
     let cs = proxy.connection_string();
     let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    ok_env(&run(), &cs, &env, &["resize", &spec, "--size", "8MiB"]);
+    BD.cmd(&["resize", &spec, "--size", "8MiB"])
+        .cs(&cs)
+        .envs(&env)
+        .ok();
     proxy.held_lands_late_and_is_refused("acquire");
     check_grown(&spec, &data, 8 * MIB);
 }
@@ -254,24 +243,22 @@ fn a_footer_write_that_lands_after_a_grow_is_refused() {
         let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
         if held_at == 4 {
             // The container, made by creating a drive in it and deleting the drive.
-            ok(
-                &run(),
-                &az(),
-                &["create", &spec, "--size", "4MiB", "--create-container"],
-            );
-            ok(&run(), &az(), &["delete", &spec, "--yes"]);
-            ok_env(&run(), &cs, &env, &["create", &spec, "--size", "4MiB"]);
+            BD.ok(&["create", &spec, "--size", "4MiB", "--create-container"]);
+            BD.ok(&["delete", &spec, "--yes"]);
+            BD.cmd(&["create", &spec, "--size", "4MiB"])
+                .cs(&cs)
+                .envs(&env)
+                .ok();
         } else {
-            ok(
-                &run(),
-                &az(),
-                &["create", &spec, "--size", "4MiB", "--create-container"],
-            );
-            ok_env(&run(), &cs, &env, &["resize", &spec, "--size", "8MiB"]);
+            BD.ok(&["create", &spec, "--size", "4MiB", "--create-container"]);
+            BD.cmd(&["resize", &spec, "--size", "8MiB"])
+                .cs(&cs)
+                .envs(&env)
+                .ok();
         }
-        ok(&run(), &az(), &["resize", &spec, "--size", "16MiB"]);
-        let mp = Mp::new(&run(), &az());
-        ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "raw"]);
+        BD.ok(&["resize", &spec, "--size", "16MiB"]);
+        let mp = BD.mp();
+        BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
         let ours = vec![0x6b; 512];
         {
             use std::os::unix::fs::FileExt;
@@ -282,10 +269,10 @@ fn a_footer_write_that_lands_after_a_grow_is_refused() {
             f.write_all_at(&ours, held_at * MIB).unwrap();
             f.sync_all().unwrap();
         }
-        ok(&run(), &az(), &["unmount", mp.s()]);
+        BD.ok(&["unmount", mp.s()]);
         proxy.held_lands_late_and_is_refused(&format!("{tag}: footer"));
         let got = rt()
-            .block_on(blob_of(&spec).read(held_at * MIB, 512))
+            .block_on(BD.blob(&spec).read(held_at * MIB, 512))
             .unwrap();
         assert_eq!(
             got, ours,
@@ -310,20 +297,15 @@ fn df_mib(mp: &Mp) -> u64 {
 fn a_filesystem_grown_offline_is_filled_by_the_next_mount_and_a_restore_names_the_sizes() {
     require_root();
     for (fs, from, to) in [("ext4", 64u64, 128u64), ("xfs", 320, 400)] {
-        let spec = format!("{}/disk.vhd", unique_container(&format!("offline-{fs}")));
         let size = |mib: u64| format!("{mib}MiB");
-        ok(
-            &run(),
-            &az(),
-            &["create", &spec, "--size", &size(from), "--create-container"],
-        );
-        let mp = Mp::new(&run(), &az());
-        ok(&run(), &az(), &["mount", &spec, mp.s(), "--mkfs", fs]);
+        let spec = BD.new_drive(&format!("offline-{fs}"), &size(from));
+        let mp = BD.mp();
+        BD.ok(&["mount", &spec, mp.s(), "--mkfs", fs]);
         std::fs::write(mp.path().join("kept"), b"kept\n").unwrap();
-        ok(&run(), &az(), &["unmount", mp.s()]);
-        let snap = json(&ok(&run(), &az(), &["snapshot", "create", &spec, "--json"]));
+        BD.ok(&["unmount", mp.s()]);
+        let snap = json(&BD.ok(&["snapshot", "create", &spec, "--json"]));
         let snap = snap["snapshot"].as_str().unwrap().to_string();
-        let out = ok(&run(), &az(), &["resize", &spec, "--size", &size(to)]);
+        let out = BD.ok(&["resize", &spec, "--size", &size(to)]);
         assert!(
             out.contains(&format!("the {fs} filesystem on it is still {from} MiB"))
                 && out.contains("the next writable `blobdrive mount`"),
@@ -331,7 +313,7 @@ fn a_filesystem_grown_offline_is_filled_by_the_next_mount_and_a_restore_names_th
         );
         // Read-only: nothing is grown, and it says how.
         let said = |args: &[&str]| {
-            let out = common::mount::bd(&run(), &az(), args);
+            let out = BD.cmd(args).output();
             let err = String::from_utf8_lossy(&out.stderr).to_string();
             assert!(out.status.success(), "{args:?}: {err}");
             err
@@ -345,7 +327,7 @@ fn a_filesystem_grown_offline_is_filled_by_the_next_mount_and_a_restore_names_th
         );
         let small = df_mib(&mp);
         assert!(small <= from, "{fs}: {small}");
-        ok(&run(), &az(), &["unmount", mp.s()]);
+        BD.ok(&["unmount", mp.s()]);
         // Writable: grown to fill the disk, the data kept.
         let err = said(&["mount", &spec, mp.s()]);
         assert!(
@@ -361,13 +343,13 @@ fn a_filesystem_grown_offline_is_filled_by_the_next_mount_and_a_restore_names_th
             "{fs}: {small} -> {grown}"
         );
         assert_eq!(std::fs::read(mp.path().join("kept")).unwrap(), b"kept\n");
-        ok(&run(), &az(), &["unmount", mp.s()]);
+        BD.ok(&["unmount", mp.s()]);
         // Once only.
         let err = said(&["mount", &spec, mp.s()]);
         assert!(!err.contains("filesystem was"), "{err}");
-        ok(&run(), &az(), &["unmount", mp.s()]);
+        BD.ok(&["unmount", mp.s()]);
         // Back to the snapshot from before the grow: the sizes are said.
-        let out = ok(&run(), &az(), &["restore", &spec, "--from", &snap, "--yes"]);
+        let out = BD.ok(&["restore", &spec, "--from", &snap, "--yes"]);
         assert!(
             out.contains(&format!("is {from} MiB again"))
                 && out.contains(&format!("it was {to} MiB")),

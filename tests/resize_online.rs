@@ -10,49 +10,24 @@ mod common;
 mod faultproxy;
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use blobdrive::azure::BlobClient;
-use common::azurite::{unique_container, Azurite};
-use common::mount::{ok, ok_env, require_root, run_dir, Mp};
+use common::azurite::Azurite;
+use common::bd::Harness;
+use common::mount::require_root;
 use common::util::{json, rt, sh_ok};
 use faultproxy::{Config, Proxy};
 
 const MIB: u64 = 1 << 20;
 
-fn az() -> String {
-    Azurite::shared().connection_string()
-}
-
-fn run() -> PathBuf {
-    run_dir("resize-online-run")
-}
-
-fn blob_of(spec: &str) -> BlobClient {
-    common::azurite::blob_client(&az(), spec)
-}
-
-fn new_drive(tag: &str, size: &str) -> String {
-    let spec = format!("{}/disk.vhd", unique_container(tag));
-    ok(
-        &run(),
-        &az(),
-        &["create", &spec, "--size", size, "--create-container"],
-    );
-    spec
-}
-
-/// The one error line of a command that must fail.
-fn fails(args: &[&str]) -> String {
-    common::mount::fails(&run(), &az(), args)
-}
+const BD: Harness = Harness::new("resize-online-run");
 
 fn info_size(spec: &str) -> u64 {
-    json(&ok(&run(), &az(), &["info", spec, "--json"]))["size_bytes"]
+    json(&BD.ok(&["info", spec, "--json"]))["size_bytes"]
         .as_u64()
         .unwrap()
 }
@@ -153,23 +128,25 @@ fn check_written(dir: &Path, n: u64) {
 /// device) is then taken and checked the same.
 fn grow_in_place_while_writing(fstype: &str, from: u64, to: u64) {
     require_root();
-    let spec = new_drive(&format!("online-{fstype}"), &format!("{from}MiB"));
-    let mp = Mp::new(&run(), &az());
-    ok(&run(), &az(), &["mount", &spec, mp.s(), "--mkfs", fstype]);
+    let spec = BD.new_drive(&format!("online-{fstype}"), &format!("{from}MiB"));
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mkfs", fstype]);
     let fs_before = statvfs_size(mp.path());
     let in_place = fstype != "ext4" || has_cap_sys_resource();
     let size = format!("{to}MiB");
     let writer = Writer::start(mp.path());
     std::thread::sleep(Duration::from_secs(2));
     if in_place {
-        let out = ok(&run(), &az(), &["resize", mp.s(), "--size", &size]);
+        let out = BD.ok(&["resize", mp.s(), "--size", &size]);
         assert!(
             out.contains(&format!("grew {spec} from {from} MiB to {to} MiB"))
                 && out.contains(&format!("the {fstype} filesystem at {}", mp.s())),
             "{out}"
         );
     } else {
-        let err = fails(&["resize", mp.s(), "--size", &size]);
+        let err = BD
+            .cmd(&["resize", mp.s(), "--size", &size])
+            .fails_in_one_line();
         assert!(
             err.contains("CAP_SYS_RESOURCE")
                 && err.contains("nothing was changed")
@@ -187,14 +164,15 @@ fn grow_in_place_while_writing(fstype: &str, from: u64, to: u64) {
             from * MIB,
             "the refusal changed the drive"
         );
-        ok(&run(), &az(), &["unmount", mp.s()]);
-        ok(&run(), &az(), &["resize", &spec, "--size", &size]);
-        let dev = ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "block"])
+        BD.ok(&["unmount", mp.s()]);
+        BD.ok(&["resize", &spec, "--size", &size]);
+        let dev = BD
+            .ok(&["mount", &spec, mp.s(), "--mode", "block"])
             .trim()
             .to_string();
         sh_ok(&format!("e2fsck -f -p {dev} && resize2fs {dev}"));
-        ok(&run(), &az(), &["unmount", mp.s()]);
-        ok(&run(), &az(), &["mount", &spec, mp.s()]);
+        BD.ok(&["unmount", mp.s()]);
+        BD.ok(&["mount", &spec, mp.s()]);
     }
     let fs_after = statvfs_size(mp.path());
     assert!(
@@ -213,20 +191,21 @@ fn grow_in_place_while_writing(fstype: &str, from: u64, to: u64) {
     assert_eq!(mp.listed()["disk_size"], to * MIB);
     assert_eq!(info_size(&spec), to * MIB);
     check_written(mp.path(), n);
-    ok(&run(), &az(), &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     // Clean on the blob, then every file again from a fresh mount.
-    let dev = ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "block"])
+    let dev = BD
+        .ok(&["mount", &spec, mp.s(), "--mode", "block"])
         .trim()
         .to_string();
     match fstype {
         "ext4" => sh_ok(&format!("e2fsck -fn {dev}")),
         _ => sh_ok(&format!("xfs_repair -n {dev}")),
     };
-    ok(&run(), &az(), &["unmount", mp.s()]);
-    ok(&run(), &az(), &["mount", &spec, mp.s(), "--read-only"]);
+    BD.ok(&["unmount", mp.s()]);
+    BD.ok(&["mount", &spec, mp.s(), "--read-only"]);
     check_written(mp.path(), n);
     assert_eq!(sh_ok(&format!("sha256sum < '{}'", big.display())), big_sum);
-    ok(&run(), &az(), &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
 }
 
 /// Whether this process has CAP_SYS_RESOURCE (bit 24 of CapEff), as the daemon
@@ -278,19 +257,15 @@ fn read_at(path: &str, offset: u64, len: usize) -> Vec<u8> {
 #[test]
 fn a_mounted_raw_file_grows_and_a_read_only_mount_of_it_keeps_its_size() {
     require_root();
-    let spec = new_drive("online-raw", "8MiB");
-    let mp = Mp::new(&run(), &az());
-    ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let spec = BD.new_drive("online-raw", "8MiB");
+    let mp = BD.mp();
+    BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     let old_end = pattern(1);
     write_at(&mp.disk(), 8 * MIB - old_end.len() as u64, &old_end);
-    let ro = Mp::new(&run(), &az());
-    ok(
-        &run(),
-        &az(),
-        &["mount", &spec, ro.s(), "--mode", "raw", "--read-only"],
-    );
+    let ro = BD.mp();
+    BD.ok(&["mount", &spec, ro.s(), "--mode", "raw", "--read-only"]);
     // Named by the blob: the mount here does it.
-    let out = ok(&run(), &az(), &["resize", &spec, "--size", "16MiB"]);
+    let out = BD.ok(&["resize", &spec, "--size", "16MiB"]);
     assert!(out.contains("grew") && out.contains("16 MiB"), "{out}");
     assert_eq!(std::fs::metadata(mp.disk()).unwrap().len(), 16 * MIB);
     let new = pattern(2);
@@ -308,35 +283,41 @@ fn a_mounted_raw_file_grows_and_a_read_only_mount_of_it_keeps_its_size() {
         read_at(&ro.disk(), 8 * MIB - old_end.len() as u64, old_end.len()),
         old_end
     );
-    let err = fails(&["resize", ro.s(), "--size", "32MiB"]);
+    let err = BD
+        .cmd(&["resize", ro.s(), "--size", "32MiB"])
+        .fails_in_one_line();
     assert!(err.contains("read-only"), "{err}");
     // `stats` says the disk's size as served now.
-    let text = ok(&run(), &az(), &["stats", mp.s()]);
+    let text = BD.ok(&["stats", mp.s()]);
     assert!(
         text.contains("disk:           16 MiB (16777216 bytes)"),
         "{text}"
     );
     // A shrink is refused in sizes a reader takes in, and the bytes.
-    let err = fails(&["resize", mp.s(), "--size", "12MiB"]);
+    let err = BD
+        .cmd(&["resize", mp.s(), "--size", "12MiB"])
+        .fails_in_one_line();
     assert!(
         err.contains("is 16 MiB (16777216 bytes); shrinking it to 12 MiB (12582912 bytes)"),
         "{err}"
     );
     assert_eq!(std::fs::metadata(mp.disk()).unwrap().len(), 16 * MIB);
     // A snapshot's mount is named as the snapshot it is.
-    let snap = json(&ok(&run(), &az(), &["snapshot", "create", &spec, "--json"]));
+    let snap = json(&BD.ok(&["snapshot", "create", &spec, "--json"]));
     let at = format!("{spec}@{}", snap["snapshot"].as_str().unwrap());
-    let smp = Mp::new(&run(), &az());
-    ok(&run(), &az(), &["mount", &at, smp.s(), "--mode", "raw"]);
-    let err = fails(&["resize", smp.s(), "--size", "32MiB"]);
+    let smp = BD.mp();
+    BD.ok(&["mount", &at, smp.s(), "--mode", "raw"]);
+    let err = BD
+        .cmd(&["resize", smp.s(), "--size", "32MiB"])
+        .fails_in_one_line();
     assert!(
         err.contains(&format!("{at} (mounted at {})", smp.s()))
             && err.contains("snapshots keep their size"),
         "{err}"
     );
-    ok(&run(), &az(), &["unmount", smp.s()]);
-    ok(&run(), &az(), &["unmount", ro.s()]);
-    ok(&run(), &az(), &["unmount", mp.s()]);
+    BD.ok(&["unmount", smp.s()]);
+    BD.ok(&["unmount", ro.s()]);
+    BD.ok(&["unmount", mp.s()]);
     // On the blob: the footer for 16 MiB, and the data.
     assert_eq!(info_size(&spec), 16 * MIB);
     assert!(on_blob(&spec, 12 * MIB, new.len()) == new);
@@ -346,12 +327,13 @@ fn a_mounted_raw_file_grows_and_a_read_only_mount_of_it_keeps_its_size() {
 #[test]
 fn a_mounted_block_device_grows() {
     require_root();
-    let spec = new_drive("online-block", "8MiB");
-    let mp = Mp::new(&run(), &az());
-    let dev = ok(&run(), &az(), &["mount", &spec, mp.s(), "--mode", "block"])
+    let spec = BD.new_drive("online-block", "8MiB");
+    let mp = BD.mp();
+    let dev = BD
+        .ok(&["mount", &spec, mp.s(), "--mode", "block"])
         .trim()
         .to_string();
-    let out = ok(&run(), &az(), &["resize", mp.s(), "--size", "24MiB"]);
+    let out = BD.ok(&["resize", mp.s(), "--size", "24MiB"]);
     assert!(
         out.contains(&format!("{dev} is {} bytes", 24 * MIB)) && out.contains("yourself"),
         "{out}"
@@ -364,44 +346,53 @@ fn a_mounted_block_device_grows() {
     write_at(&dev, 20 * MIB, &data);
     assert_eq!(read_at(&dev, 20 * MIB, data.len()), data);
     // The same size again: nothing more to do, and said so.
-    let out = ok(&run(), &az(), &["resize", mp.s(), "--size", "24MiB"]);
+    let out = BD.ok(&["resize", mp.s(), "--size", "24MiB"]);
     assert!(out.contains("was already 24 MiB"), "{out}");
-    ok(&run(), &az(), &["unmount", mp.s()]);
+    BD.ok(&["unmount", mp.s()]);
     assert!(on_blob(&spec, 20 * MIB, data.len()) == data);
-}
-
-/// A raw mount of `spec` reached through a proxy that holds the first request
-/// whose head contains `needle` for `delay` and then forwards it, with a 2 s
-/// request timeout, so the daemon gives up on it long before it lands.
-fn raw_mount_behind_a_hold(spec: &str, needle: &str, delay: Duration) -> (Proxy, String, Mp) {
-    let proxy = Proxy::start(Config::holding(Azurite::shared().port, needle, 1, delay));
-    let cs = proxy.connection_string();
-    let env = [("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")];
-    let mp = Mp::new(&run(), &cs);
-    ok_env(&run(), &cs, &env, &["mount", spec, mp.s(), "--mode", "raw"]);
-    (proxy, cs, mp)
-}
-
-/// The status the service gave the held request once it was forwarded.
-fn late_status(proxy: &Proxy) -> Option<u16> {
-    let start = Instant::now();
-    while proxy.late_commits().is_empty() {
-        assert!(
-            start.elapsed().as_secs() < 40,
-            "the held request never landed"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let late = proxy.late_commits();
-    eprintln!("{late:?}");
-    late[0].status
 }
 
 /// The bytes at `offset` on the blob once the drive is unmounted.
 fn on_blob(spec: &str, offset: u64, len: usize) -> Vec<u8> {
-    rt().block_on(blob_of(spec).read(offset, len as u64))
+    rt().block_on(BD.blob(spec).read(offset, len as u64))
         .unwrap()
         .to_vec()
+}
+
+/// A new 8 MiB drive, mounted raw through a proxy that holds the first request
+/// whose head contains `needle` for `delay` and then forwards it, with a 2 s
+/// request timeout, so the daemon gives up on it long before it lands. The drive
+/// is resized to each of `sizes` and `data` written at `offset` through the
+/// mount; then the held request must land and be refused (412), and once
+/// unmounted the blob must hold `data` (else `lost`): the drive's spec.
+fn held_past_resizes_and_a_write(
+    tag: &str,
+    (needle, delay): (&str, Duration),
+    sizes: &[&str],
+    (offset, data): (u64, &[u8]),
+    lost: &str,
+) -> String {
+    let spec = BD.new_drive(tag, "8MiB");
+    let proxy = Proxy::start(Config::holding(Azurite::shared().port, needle, 1, delay));
+    let cs = proxy.connection_string();
+    let through = |args: &[&str]| {
+        BD.cmd(args)
+            .cs(&cs)
+            .env("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")
+            .ok()
+    };
+    let mp = BD.mp_through(&cs);
+    through(&["mount", &spec, mp.s(), "--mode", "raw"]);
+    for size in sizes {
+        through(&["resize", mp.s(), "--size", size]);
+    }
+    write_at(&mp.disk(), offset, data);
+    let late = proxy.wait_for_late_commit(Duration::from_secs(40));
+    eprintln!("{late:?}");
+    assert_eq!(late[0].status, Some(412), "{late:?}");
+    through(&["unmount", mp.s()]);
+    assert!(on_blob(&spec, offset, data.len()) == data, "{lost}");
+    spec
 }
 
 /// Setting the blob's length is the one step a mounted drive's lease does not
@@ -413,17 +404,14 @@ fn on_blob(spec: &str, offset: u64, len: usize) -> Vec<u8> {
 #[test]
 fn a_length_change_that_lands_after_a_later_resize_is_refused() {
     require_root();
-    let spec = new_drive("late-grow", "8MiB");
-    let (proxy, cs, mp) =
-        raw_mount_behind_a_hold(&spec, "x-ms-blob-content-length", Duration::from_secs(12));
-    ok(&run(), &cs, &["resize", mp.s(), "--size", "16MiB"]);
-    ok(&run(), &cs, &["resize", mp.s(), "--size", "32MiB"]);
-    let data = pattern(4);
-    write_at(&mp.disk(), 30 * MIB, &data);
-    assert_eq!(late_status(&proxy), Some(412));
-    ok(&run(), &cs, &["unmount", mp.s()]);
+    let spec = held_past_resizes_and_a_write(
+        "late-grow",
+        ("x-ms-blob-content-length", Duration::from_secs(12)),
+        &["16MiB", "32MiB"],
+        (30 * MIB, &pattern(4)),
+        "a late length change cut off data written after the drive grew",
+    );
     assert_eq!(info_size(&spec), 32 * MIB);
-    assert!(on_blob(&spec, 30 * MIB, data.len()) == data);
 }
 
 /// The old footer's page becomes disk when the drive grows. Its clear, held by a
@@ -434,17 +422,12 @@ fn a_length_change_that_lands_after_a_later_resize_is_refused() {
 #[test]
 fn a_clear_of_the_old_footer_that_lands_late_on_a_mounted_drive_is_refused() {
     require_root();
-    let spec = new_drive("late-clear-online", "8MiB");
-    let (proxy, cs, mp) =
-        raw_mount_behind_a_hold(&spec, "x-ms-page-write: clear", Duration::from_secs(10));
-    ok(&run(), &cs, &["resize", mp.s(), "--size", "16MiB"]);
-    let data = pattern(5);
-    write_at(&mp.disk(), 8 * MIB, &data);
-    assert_eq!(late_status(&proxy), Some(412));
-    ok(&run(), &cs, &["unmount", mp.s()]);
-    assert!(
-        on_blob(&spec, 8 * MIB, data.len()) == data,
-        "a late clear zeroed data written after the resize"
+    held_past_resizes_and_a_write(
+        "late-clear-online",
+        ("x-ms-page-write: clear", Duration::from_secs(10)),
+        &["16MiB"],
+        (8 * MIB, &pattern(5)),
+        "a late clear zeroed data written after the resize",
     );
 }
 
@@ -456,18 +439,12 @@ fn a_clear_of_the_old_footer_that_lands_late_on_a_mounted_drive_is_refused() {
 #[test]
 fn a_footer_write_that_lands_after_a_further_grow_on_a_mounted_drive_is_refused() {
     require_root();
-    let spec = new_drive("late-footer-online", "8MiB");
-    let (proxy, cs, mp) =
-        raw_mount_behind_a_hold(&spec, "x-ms-page-write: update", Duration::from_secs(12));
-    ok(&run(), &cs, &["resize", mp.s(), "--size", "16MiB"]);
-    ok(&run(), &cs, &["resize", mp.s(), "--size", "32MiB"]);
-    let data = pattern(6);
-    write_at(&mp.disk(), 16 * MIB, &data);
-    assert_eq!(late_status(&proxy), Some(412));
-    ok(&run(), &cs, &["unmount", mp.s()]);
-    assert!(
-        on_blob(&spec, 16 * MIB, data.len()) == data,
-        "a late footer write landed on data written after the drive grew"
+    held_past_resizes_and_a_write(
+        "late-footer-online",
+        ("x-ms-page-write: update", Duration::from_secs(12)),
+        &["16MiB", "32MiB"],
+        (16 * MIB, &pattern(6)),
+        "a late footer write landed on data written after the drive grew",
     );
 }
 
@@ -476,16 +453,18 @@ fn a_footer_write_that_lands_after_a_further_grow_on_a_mounted_drive_is_refused(
 #[test]
 fn a_long_resize_of_a_mounted_drive_says_what_it_is_doing() {
     require_root();
-    let spec = new_drive("slow-grow", "8MiB");
+    let spec = BD.new_drive("slow-grow", "8MiB");
     let proxy = Proxy::start(Config::clean(Azurite::shared().port));
     let cs = proxy.connection_string();
-    let mp = Mp::new(&run(), &cs);
-    ok(&run(), &cs, &["mount", &spec, mp.s(), "--mode", "raw"]);
+    let mp = BD.mp_through(&cs);
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
+        .cs(&cs)
+        .ok();
     proxy.paused.store(true, Ordering::SeqCst);
-    let resize = std::process::Command::new(env!("CARGO_BIN_EXE_blobdrive"))
-        .args(["resize", mp.s(), "--size", "16MiB"])
-        .env("AZURE_STORAGE_CONNECTION_STRING", &cs)
-        .env("BLOBDRIVE_RUN_DIR", run())
+    let resize = BD
+        .cmd(&["resize", mp.s(), "--size", "16MiB"])
+        .cs(&cs)
+        .command()
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -501,6 +480,6 @@ fn a_long_resize_of_a_mounted_drive_says_what_it_is_doing() {
         "{err}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("grew"));
-    ok(&run(), &cs, &["unmount", mp.s()]);
+    BD.cmd(&["unmount", mp.s()]).cs(&cs).ok();
     assert_eq!(info_size(&spec), 16 * MIB);
 }

@@ -22,14 +22,13 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
-use std::path::PathBuf;
-use std::process::{Command, Output};
 use std::sync::atomic::Ordering::SeqCst;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use blobdrive::azure::{Account, BlobClient, BlobService};
+use blobdrive::azure::BlobClient;
 use common::azurite::{unique_container, Azurite};
-use common::util::{env_u64, json, rt, stdout_of_success};
+use common::bd::{isolated_cs, Bd, Harness};
+use common::util::{env_u64, json, rt, wait_for_exit};
 use faultproxy::{Config, Hold, Proxy};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -37,11 +36,7 @@ use rand::{Rng, RngCore, SeedableRng};
 const SECTOR: u64 = 512;
 const SIZE: u64 = 32 << 20;
 
-fn run_dir() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("torture-run");
-    crate::common::util::private_dir(&d);
-    d
-}
+const BD: Harness = Harness::new("torture-run").account(isolated_cs);
 
 /// The drive as the test believes it is.
 struct Model {
@@ -109,19 +104,17 @@ struct Drive {
 }
 
 impl Drive {
-    fn bd(&self, cs: &str, args: &[&str]) -> Output {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
-        c.args(args)
-            .env("AZURE_STORAGE_CONNECTION_STRING", cs)
-            .env("BLOBDRIVE_RUN_DIR", run_dir());
+    /// blobdrive with `args` and this run's environment, through the proxy.
+    fn bd(&self, args: &[&str]) -> Bd {
+        let mut bd = BD.cmd(args).cs(&self.proxy.connection_string());
         for (k, v) in &self.env {
-            c.env(k, v);
+            bd = bd.env(k, v);
         }
-        c.output().unwrap()
+        bd
     }
 
     fn ok(&self, args: &[&str]) -> String {
-        stdout_of_success(&args, self.bd(&self.proxy.connection_string(), args))
+        self.bd(args).ok()
     }
 
     fn mp(&self) -> &str {
@@ -190,17 +183,14 @@ impl Drive {
         // SAFETY: kill(2) on the daemon's pid, read from its own mount record.
         unsafe { libc::kill(pid, libc::SIGKILL) };
         self.disk = None;
-        let start = Instant::now();
-        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "daemon survived SIGKILL"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_exit(
+            pid as u64,
+            "the daemon to end on SIGKILL",
+            Duration::from_secs(20),
+        );
         let mp = self.mp().to_string();
         // Cleans up after the dead daemon, then fails: its lease is still held.
-        let out = self.bd(&self.proxy.connection_string(), &["unmount", &mp]);
+        let out = self.bd(&["unmount", &mp]).output();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success(),
@@ -230,7 +220,7 @@ impl Drop for Drive {
             // mount at this mountpoint, kept in the test's run directory).
             let mp = std::fs::canonicalize(self.mp()).unwrap_or_else(|_| self.mp().into());
             let id = blobdrive::mount::record::id_for(&mp);
-            let log = run_dir().join("mounts").join(format!("{id}.log"));
+            let log = BD.run_dir().join("mounts").join(format!("{id}.log"));
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             eprintln!("--- last lines of the daemon's log ({}):", log.display());
@@ -240,7 +230,7 @@ impl Drop for Drive {
         }
         self.disk = None;
         let mp = self.mp().to_string();
-        let _ = self.bd(&Azurite::isolated().connection_string(), &["unmount", &mp]);
+        let _ = self.bd(&["unmount", &mp]).cs(&BD.cs()).output();
     }
 }
 
@@ -296,12 +286,9 @@ fn torture_with(
         "torture {tag}: seed {seed} ({ops} operations; BLOBDRIVE_TORTURE_SEED={seed} {faults} replay it)"
     );
     let mut rng = StdRng::seed_from_u64(seed);
-    let az = Azurite::isolated().connection_string();
     let spec = format!("{}/disk.vhd", unique_container(tag));
-    let svc = BlobService::new(Account::from_connection_string(&az).unwrap());
-    let (c, n) = spec.split_once('/').unwrap();
     let mut d = Drive {
-        blob: svc.blob(c, n),
+        blob: BD.blob(&spec),
         spec: spec.clone(),
         proxy,
         env,
@@ -312,13 +299,9 @@ fn torture_with(
         disk: None,
         mount_args,
     };
-    stdout_of_success(
-        &"create",
-        d.bd(
-            &az,
-            &["create", &spec, "--size", "32MiB", "--create-container"],
-        ),
-    );
+    d.bd(&["create", &spec, "--size", "32MiB", "--create-container"])
+        .cs(&BD.cs())
+        .ok();
     let mut m = Model::new();
     d.mount();
     let mut counts: HashMap<&str, u64> = HashMap::new();
@@ -456,7 +439,7 @@ fn random_io_with_a_disk_cache_matches_a_byte_model() {
         kinds: faultproxy::ALL_AND_LATE,
         ..Config::clean(Azurite::isolated().port)
     });
-    let caches = run_dir().join("disk-caches");
+    let caches = BD.run_dir().join("disk-caches");
     let _ = std::fs::remove_dir_all(&caches);
     crate::common::util::private_dir(&caches);
     let env = vec![("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2".to_string())];

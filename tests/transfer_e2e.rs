@@ -3,76 +3,18 @@
 
 mod common;
 
-use common::util::{json, rt, sh_ok, stdout_of_success};
+use common::util::{json, rt, sh_ok};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
-use blobdrive::azure::{Account, BlobClient, BlobService};
 use bytes::Bytes;
-use common::azurite::{unique_container, Azurite};
+use common::bd::Harness;
 use serde_json::Value;
 
 const MIB: u64 = 1024 * 1024;
 
-fn run_dir() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("transfer-run");
-    crate::common::util::private_dir(&d);
-    d
-}
-
-fn cmd(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
-    c.args(args)
-        .env(
-            "AZURE_STORAGE_CONNECTION_STRING",
-            Azurite::shared().connection_string(),
-        )
-        .env("BLOBDRIVE_RUN_DIR", run_dir())
-        .env("BLOBDRIVE_RETRY_BUDGET_SECS", "10");
-    c
-}
-
-fn bd(args: &[&str]) -> Output {
-    cmd(args).output().expect("run blobdrive")
-}
-
-fn ok(args: &[&str]) -> String {
-    stdout_of_success(&args, bd(args))
-}
-
-fn fails(args: &[&str], needle: &str) {
-    fails_with(args, needle);
-}
-
-/// As [`fails`], returning stderr.
-fn fails_with(args: &[&str], needle: &str) -> String {
-    let out = bd(args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{args:?} should fail");
-    assert!(
-        err.contains(needle),
-        "{args:?}: expected '{needle}' in: {err}"
-    );
-    err
-}
-
-fn container(tag: &str) -> String {
-    let c = unique_container(tag);
-    let svc = BlobService::new(
-        Account::from_connection_string(&Azurite::shared().connection_string()).unwrap(),
-    );
-    rt().block_on(svc.container(&c).create()).unwrap();
-    c
-}
-
-fn blob_of(spec: &str) -> BlobClient {
-    let svc = BlobService::new(
-        Account::from_connection_string(&Azurite::shared().connection_string()).unwrap(),
-    );
-    let (c, n) = spec.split_once('/').unwrap();
-    svc.blob(c, n)
-}
+const BD: Harness = Harness::new("transfer-run").env(&[("BLOBDRIVE_RETRY_BUDGET_SECS", "10")]);
 
 /// A sparse image of `size` with 1 MiB of random data at each of `at` (MiB offsets).
 fn sparse_image(path: &Path, size: &str, at: &[u64]) {
@@ -99,17 +41,17 @@ fn sparse_images_round_trip_sending_only_data() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("disk.img");
     sparse_image(&img, "1G", &[0, 5, 200, 513, 1023]);
-    let spec = format!("{}/round.vhd", container("round"));
-    let up = json(&ok(&["upload", img.to_str().unwrap(), &spec, "--json"]));
+    let spec = format!("{}/round.vhd", BD.new_container("round"));
+    let up = json(&BD.ok(&["upload", img.to_str().unwrap(), &spec, "--json"]));
     assert_eq!(up["image_bytes"], 1024 * MIB);
     let sent = up["bytes_transferred"].as_u64().unwrap();
     assert!((5 * MIB..=5 * MIB + 4096).contains(&sent), "sent {sent}");
-    let info = json(&ok(&["info", &spec, "--json"]));
+    let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_eq!(info["size_bytes"], 1024 * MIB);
     assert!(info["allocated_bytes"].as_u64().unwrap() <= 5 * MIB + 4096);
     // Raw download: byte-identical, holes stay holes, only data fetched.
     let back = dir.path().join("back.img");
-    let down = json(&ok(&["download", &spec, back.to_str().unwrap(), "--json"]));
+    let down = json(&BD.ok(&["download", &spec, back.to_str().unwrap(), "--json"]));
     assert!(down["bytes_transferred"].as_u64().unwrap() <= 5 * MIB + 4096);
     sh_ok(&format!("cmp '{}' '{}'", img.display(), back.display()));
     assert!(
@@ -117,13 +59,11 @@ fn sparse_images_round_trip_sending_only_data() {
         "download is not sparse"
     );
     // No half-done file is left when the target exists.
-    fails(
-        &["download", &spec, back.to_str().unwrap()],
-        "already exists",
-    );
+    BD.cmd(&["download", &spec, back.to_str().unwrap()])
+        .fails_with("already exists");
     // VHD download keeps the footer and qemu-img reads it.
     let vhd = dir.path().join("back.vhd");
-    ok(&["download", &spec, vhd.to_str().unwrap()]);
+    BD.ok(&["download", &spec, vhd.to_str().unwrap()]);
     let qi: Value = serde_json::from_str(&sh_ok(&format!(
         "qemu-img info -f vpc --output=json '{}'",
         vhd.display()
@@ -136,30 +76,34 @@ fn sparse_images_round_trip_sending_only_data() {
         img.display()
     ));
     // Existing blobs are never replaced without --overwrite.
-    let etag = json(&ok(&["info", &spec, "--json"]))["etag"].clone();
-    fails(&["upload", img.to_str().unwrap(), &spec], "--overwrite");
-    assert_eq!(json(&ok(&["info", &spec, "--json"]))["etag"], etag);
+    let etag = json(&BD.ok(&["info", &spec, "--json"]))["etag"].clone();
+    BD.cmd(&["upload", img.to_str().unwrap(), &spec])
+        .fails_with("--overwrite");
+    assert_eq!(json(&BD.ok(&["info", &spec, "--json"]))["etag"], etag);
     sparse_image(&img, "3M", &[1]);
-    ok(&["upload", img.to_str().unwrap(), &spec, "--overwrite"]);
-    assert_eq!(json(&ok(&["info", &spec, "--json"]))["size_bytes"], 3 * MIB);
+    BD.ok(&["upload", img.to_str().unwrap(), &spec, "--overwrite"]);
+    assert_eq!(
+        json(&BD.ok(&["info", &spec, "--json"]))["size_bytes"],
+        3 * MIB
+    );
 }
 
 #[test]
 fn raw_images_round_up_and_vhds_from_qemu_upload() {
     let dir = tempfile::tempdir().unwrap();
-    let c = container("shapes");
+    let c = BD.new_container("shapes");
     let odd = dir.path().join("odd.img");
     sh_ok(&format!(
         "head -c 1500000 /dev/urandom > '{}'",
         odd.display()
     ));
-    ok(&["upload", odd.to_str().unwrap(), &format!("{c}/odd.vhd")]);
+    BD.ok(&["upload", odd.to_str().unwrap(), &format!("{c}/odd.vhd")]);
     assert_eq!(
-        json(&ok(&["info", &format!("{c}/odd.vhd"), "--json"]))["size_bytes"],
+        json(&BD.ok(&["info", &format!("{c}/odd.vhd"), "--json"]))["size_bytes"],
         2 * MIB
     );
     let back = dir.path().join("odd.back");
-    ok(&[
+    BD.ok(&[
         "download",
         &format!("{c}/odd.vhd"),
         back.to_str().unwrap(),
@@ -180,11 +124,11 @@ fn raw_images_round_up_and_vhds_from_qemu_upload() {
         raw.display(),
         vhd.display()
     ));
-    ok(&["upload", vhd.to_str().unwrap(), &format!("{c}/q.vhd")]);
-    let info = json(&ok(&["info", &format!("{c}/q.vhd"), "--json"]));
+    BD.ok(&["upload", vhd.to_str().unwrap(), &format!("{c}/q.vhd")]);
+    let info = json(&BD.ok(&["info", &format!("{c}/q.vhd"), "--json"]));
     assert_eq!(info["size_bytes"], 64 * MIB);
     let back = dir.path().join("q.back");
-    ok(&[
+    BD.ok(&[
         "download",
         &format!("{c}/q.vhd"),
         back.to_str().unwrap(),
@@ -198,7 +142,7 @@ fn raw_images_round_up_and_vhds_from_qemu_upload() {
         .tempdir()
         .unwrap();
     let m = mnt.path().to_str().unwrap();
-    ok(&[
+    BD.ok(&[
         "mount",
         &format!("{c}/q.vhd"),
         m,
@@ -212,7 +156,7 @@ fn raw_images_round_up_and_vhds_from_qemu_upload() {
         .status()
         .unwrap()
         .success();
-    ok(&["unmount", m]);
+    BD.ok(&["unmount", m]);
     assert!(same, "the mounted qemu-made VHD differs from its source");
     // Dynamic VHDs are refused by name; nothing is created.
     let dynamic = dir.path().join("d.vhd");
@@ -220,11 +164,10 @@ fn raw_images_round_up_and_vhds_from_qemu_upload() {
         "qemu-img create -q -f vpc -o subformat=dynamic '{}' 64M",
         dynamic.display()
     ));
-    fails(
-        &["upload", dynamic.to_str().unwrap(), &format!("{c}/d.vhd")],
-        "qemu-img convert",
-    );
-    fails(&["info", &format!("{c}/d.vhd")], "does not exist");
+    BD.cmd(&["upload", dynamic.to_str().unwrap(), &format!("{c}/d.vhd")])
+        .fails_with("qemu-img convert");
+    BD.cmd(&["info", &format!("{c}/d.vhd")])
+        .fails_with("does not exist");
 }
 
 #[test]
@@ -232,8 +175,10 @@ fn an_interrupted_upload_resumes_without_resending() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("big.img");
     sh_ok(&format!("head -c 512M /dev/urandom > '{}'", img.display()));
-    let spec = format!("{}/resume.vhd", container("resume"));
-    let mut child = cmd(&["upload", img.to_str().unwrap(), &spec])
+    let spec = format!("{}/resume.vhd", BD.new_container("resume"));
+    let mut child = BD
+        .cmd(&["upload", img.to_str().unwrap(), &spec])
+        .command()
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -244,9 +189,9 @@ fn an_interrupted_upload_resumes_without_resending() {
     assert!(first.starts_with("upload:"), "{first}");
     child.kill().unwrap();
     child.wait().unwrap();
-    fails(&["info", &spec], "not a VHD");
+    BD.cmd(&["info", &spec]).fails_with("not a VHD");
     let done = rt()
-        .block_on(blob_of(&spec).page_ranges(None))
+        .block_on(BD.blob(&spec).page_ranges(None))
         .unwrap()
         .iter()
         .map(|r| r.len())
@@ -267,60 +212,48 @@ fn an_interrupted_upload_resumes_without_resending() {
         "progress said {pct}% but only {done} bytes were on the blob: {first}"
     );
     // Without --resume the unfinished blob is not replaced.
-    fails(&["upload", img.to_str().unwrap(), &spec], "--resume");
-    let r = json(&ok(&[
-        "upload",
-        img.to_str().unwrap(),
-        &spec,
-        "--resume",
-        "--json",
-    ]));
+    BD.cmd(&["upload", img.to_str().unwrap(), &spec])
+        .fails_with("--resume");
+    let r = json(&BD.ok(&["upload", img.to_str().unwrap(), &spec, "--resume", "--json"]));
     let sent = r["bytes_transferred"].as_u64().unwrap();
     assert!(sent < 512 * MIB, "resume re-sent everything");
     assert!(r["skipped_bytes"].as_u64().unwrap() > 0);
     let back = dir.path().join("back.img");
-    ok(&["download", &spec, back.to_str().unwrap(), "--format", "raw"]);
+    BD.ok(&["download", &spec, back.to_str().unwrap(), "--format", "raw"]);
     sh_ok(&format!("cmp '{}' '{}'", img.display(), back.display()));
     // Resuming a finished upload from the same file says so and sends nothing.
-    let out = ok(&["upload", img.to_str().unwrap(), &spec, "--resume"]);
+    let out = BD.ok(&["upload", img.to_str().unwrap(), &spec, "--resume"]);
     assert!(out.contains("already complete"), "{out}");
-    let r = json(&ok(&[
-        "upload",
-        img.to_str().unwrap(),
-        &spec,
-        "--resume",
-        "--json",
-    ]));
+    let r = json(&BD.ok(&["upload", img.to_str().unwrap(), &spec, "--resume", "--json"]));
     assert_eq!(r["already_complete"], true);
     assert_eq!(r["bytes_transferred"], 0);
     // ...but not once the drive was written to since...
     let mut head = vec![0u8; 4096];
     std::io::Read::read_exact(&mut std::fs::File::open(&img).unwrap(), &mut head).unwrap();
-    rt().block_on(blob_of(&spec).put_pages(0, Bytes::from(vec![0xabu8; 4096]), None))
+    rt().block_on(
+        BD.blob(&spec)
+            .put_pages(0, Bytes::from(vec![0xabu8; 4096]), None),
+    )
+    .unwrap();
+    BD.cmd(&["upload", img.to_str().unwrap(), &spec, "--resume"])
+        .fails_with("changed since");
+    rt().block_on(BD.blob(&spec).put_pages(0, Bytes::from(head), None))
         .unwrap();
-    fails(
-        &["upload", img.to_str().unwrap(), &spec, "--resume"],
-        "changed since",
-    );
-    rt().block_on(blob_of(&spec).put_pages(0, Bytes::from(head), None))
-        .unwrap();
-    ok(&["upload", img.to_str().unwrap(), &spec, "--resume"]);
+    BD.ok(&["upload", img.to_str().unwrap(), &spec, "--resume"]);
     // ...or lost some of the file's data.
-    rt().block_on(blob_of(&spec).clear_pages(64 * MIB, MIB, None))
+    rt().block_on(BD.blob(&spec).clear_pages(64 * MIB, MIB, None))
         .unwrap();
-    fails(
-        &["upload", img.to_str().unwrap(), &spec, "--resume"],
-        "changed since",
-    );
+    BD.cmd(&["upload", img.to_str().unwrap(), &spec, "--resume"])
+        .fails_with("changed since");
     // A drive blobdrive did not upload is not "resumed", and a changed source is refused.
-    let made = format!("{}/made.vhd", container("made"));
-    ok(&["create", &made, "--size", "512MiB"]);
-    fails(
-        &["upload", img.to_str().unwrap(), &made, "--resume"],
-        "not an unfinished upload",
-    );
-    let spec2 = format!("{}/changed.vhd", container("changed"));
-    let mut child = cmd(&["upload", img.to_str().unwrap(), &spec2])
+    let made = format!("{}/made.vhd", BD.new_container("made"));
+    BD.ok(&["create", &made, "--size", "512MiB"]);
+    BD.cmd(&["upload", img.to_str().unwrap(), &made, "--resume"])
+        .fails_with("not an unfinished upload");
+    let spec2 = format!("{}/changed.vhd", BD.new_container("changed"));
+    let mut child = BD
+        .cmd(&["upload", img.to_str().unwrap(), &spec2])
+        .command()
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -333,10 +266,8 @@ fn an_interrupted_upload_resumes_without_resending() {
         "printf 'changed' | dd of='{}' conv=notrunc status=none",
         img.display()
     ));
-    fails(
-        &["upload", img.to_str().unwrap(), &spec2, "--resume"],
-        "changed since",
-    );
+    BD.cmd(&["upload", img.to_str().unwrap(), &spec2, "--resume"])
+        .fails_with("changed since");
 }
 
 #[test]
@@ -344,16 +275,16 @@ fn incremental_download_equals_a_full_one() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("base.img");
     sparse_image(&img, "256M", &[0, 10, 100, 200]);
-    let spec = format!("{}/inc.vhd", container("inc"));
-    ok(&["upload", img.to_str().unwrap(), &spec]);
-    let a = json(&ok(&["snapshot", "create", &spec, "--json"]))["snapshot"]
+    let spec = format!("{}/inc.vhd", BD.new_container("inc"));
+    BD.ok(&["upload", img.to_str().unwrap(), &spec]);
+    let a = json(&BD.ok(&["snapshot", "create", &spec, "--json"]))["snapshot"]
         .as_str()
         .unwrap()
         .to_string();
     let copy = dir.path().join("copy.vhd");
-    ok(&["download", &format!("{spec}@{a}"), copy.to_str().unwrap()]);
+    BD.ok(&["download", &format!("{spec}@{a}"), copy.to_str().unwrap()]);
     // Change the drive: new data, overwritten data, and a cleared range.
-    let blob = blob_of(&spec);
+    let blob = BD.blob(&spec);
     rt().block_on(async {
         blob.put_pages(50 * MIB, Bytes::from(vec![7u8; MIB as usize]), None)
             .await
@@ -363,14 +294,14 @@ fn incremental_download_equals_a_full_one() {
             .unwrap();
         blob.clear_pages(100 * MIB, MIB, None).await.unwrap();
     });
-    let b = json(&ok(&["snapshot", "create", &spec, "--json"]))["snapshot"]
+    let b = json(&BD.ok(&["snapshot", "create", &spec, "--json"]))["snapshot"]
         .as_str()
         .unwrap()
         .to_string();
     let full = dir.path().join("full.vhd");
-    ok(&["download", &format!("{spec}@{b}"), full.to_str().unwrap()]);
+    BD.ok(&["download", &format!("{spec}@{b}"), full.to_str().unwrap()]);
     // --since takes the snapshot as `snapshot create` prints it, too.
-    let r = json(&ok(&[
+    let r = json(&BD.ok(&[
         "download",
         &format!("{spec}@{b}"),
         copy.to_str().unwrap(),
@@ -384,18 +315,16 @@ fn incremental_download_equals_a_full_one() {
     // The cleared range became a hole again.
     assert!(allocated_on_disk(&copy) < 8 * MIB);
     // Wrong sizes and formats are refused.
-    fails(
-        &[
-            "download",
-            &format!("{spec}@{b}"),
-            copy.to_str().unwrap(),
-            "--since",
-            &a,
-            "--format",
-            "raw",
-        ],
-        "right file",
-    );
+    BD.cmd(&[
+        "download",
+        &format!("{spec}@{b}"),
+        copy.to_str().unwrap(),
+        "--since",
+        &a,
+        "--format",
+        "raw",
+    ])
+    .fails_with("right file");
 }
 
 #[test]
@@ -403,16 +332,16 @@ fn snapshots_list_prune_delete_and_restore() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v1.img");
     sparse_image(&img, "8M", &[1]);
-    let spec = format!("{}/snaps.vhd", container("snaps"));
-    ok(&["upload", img.to_str().unwrap(), &spec]);
-    let blob = blob_of(&spec);
+    let spec = format!("{}/snaps.vhd", BD.new_container("snaps"));
+    BD.ok(&["upload", img.to_str().unwrap(), &spec]);
+    let blob = BD.blob(&spec);
     let v1 = rt().block_on(blob.read(MIB, 4096)).unwrap();
     let mut ids = Vec::new();
     for _ in 0..4 {
-        ids.push(ok(&["snapshot", "create", &spec]).trim().to_string());
+        ids.push(BD.ok(&["snapshot", "create", &spec]).trim().to_string());
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let list = json(&ok(&["snapshot", "list", &spec, "--json"]));
+    let list = json(&BD.ok(&["snapshot", "list", &spec, "--json"]));
     let listed: Vec<String> = list
         .as_array()
         .unwrap()
@@ -422,61 +351,62 @@ fn snapshots_list_prune_delete_and_restore() {
     assert_eq!(listed, ids, "oldest first");
     assert_eq!(list[0]["allocated_bytes"], MIB + 512);
     assert!(list[0]["time"].is_string());
-    assert_eq!(json(&ok(&["info", &spec, "--json"]))["snapshots"], 4);
+    assert_eq!(json(&BD.ok(&["info", &spec, "--json"]))["snapshots"], 4);
     // Prune: dry run changes nothing; then the newest two stay.
-    let out = ok(&["snapshot", "prune", &spec, "--keep", "2", "--dry-run"]);
+    let out = BD.ok(&["snapshot", "prune", &spec, "--keep", "2", "--dry-run"]);
     assert!(
         out.contains(&ids[0]) && out.contains(&ids[1]) && !out.contains(&ids[2]),
         "{out}"
     );
     assert_eq!(
-        json(&ok(&["snapshot", "list", &spec, "--json"]))
+        json(&BD.ok(&["snapshot", "list", &spec, "--json"]))
             .as_array()
             .unwrap()
             .len(),
         4
     );
-    ok(&["snapshot", "prune", &spec, "--keep", "2"]);
-    let left: Vec<String> = json(&ok(&["snapshot", "list", &spec, "--json"]))
+    BD.ok(&["snapshot", "prune", &spec, "--keep", "2"]);
+    let left: Vec<String> = json(&BD.ok(&["snapshot", "list", &spec, "--json"]))
         .as_array()
         .unwrap()
         .iter()
         .map(|s| s["snapshot"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(left, ids[2..].to_vec());
-    ok(&["snapshot", "delete", &format!("{spec}@{}", ids[2])]);
-    fails(&["snapshot", "delete", &spec], "BLOB@SNAPSHOT");
+    BD.ok(&["snapshot", "delete", &format!("{spec}@{}", ids[2])]);
+    BD.cmd(&["snapshot", "delete", &spec])
+        .fails_with("BLOB@SNAPSHOT");
     // Restore: the drive reads as the snapshot again.
     rt().block_on(blob.put_pages(MIB, Bytes::from(vec![0x55u8; 4096]), None))
         .unwrap();
-    fails(&["restore", &spec, "--from", &ids[3]], "--yes");
+    BD.cmd(&["restore", &spec, "--from", &ids[3]])
+        .fails_with("--yes");
     let lease = "77777777-7777-4777-8777-777777777777";
     rt().block_on(blob.acquire_lease(lease, None)).unwrap();
-    fails(&["restore", &spec, "--from", &ids[3], "--yes"], "in use");
+    BD.cmd(&["restore", &spec, "--from", &ids[3], "--yes"])
+        .fails_with("in use");
     rt().block_on(blob.release_lease(lease)).unwrap();
-    ok(&["restore", &spec, "--from", &ids[3], "--yes"]);
+    BD.ok(&["restore", &spec, "--from", &ids[3], "--yes"]);
     assert_eq!(rt().block_on(blob.read(MIB, 4096)).unwrap(), v1);
     // Azurite shares a restored snapshot's pages with its drive (later writes to the
     // drive show in the snapshot), so the printed form is tried on a refusal here and
     // on a real restore by `restore_takes_the_snapshot_as_printed`.
     let printed = format!("{spec}@{}", ids[3]);
-    let err = fails_with(&["restore", &spec, "--from", &printed], "--yes");
+    let err = BD
+        .cmd(&["restore", &spec, "--from", &printed])
+        .fails_with("--yes");
     assert!(err.contains(&format!("replaced by {printed}")), "{err}");
     let other = format!("{}/other.vhd", spec.split_once('/').unwrap().0);
-    fails(
-        &["restore", &other, "--from", &printed, "--yes"],
-        &format!("is a snapshot of {spec}, not of {other}"),
-    );
-    fails(
-        &[
-            "restore",
-            &spec,
-            "--from",
-            "2001-01-01T00:00:00.0000000Z",
-            "--yes",
-        ],
-        "does not exist",
-    );
+    BD.cmd(&["restore", &other, "--from", &printed, "--yes"])
+        .fails_with(&format!("is a snapshot of {spec}, not of {other}"));
+    BD.cmd(&[
+        "restore",
+        &spec,
+        "--from",
+        "2001-01-01T00:00:00.0000000Z",
+        "--yes",
+    ])
+    .fails_with("does not exist");
 }
 
 #[test]
@@ -484,11 +414,11 @@ fn restore_takes_the_snapshot_as_printed() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("p.img");
     sparse_image(&img, "4M", &[1]);
-    let spec = format!("{}/printed.vhd", container("printed"));
-    ok(&["upload", img.to_str().unwrap(), &spec]);
-    let blob = blob_of(&spec);
+    let spec = format!("{}/printed.vhd", BD.new_container("printed"));
+    BD.ok(&["upload", img.to_str().unwrap(), &spec]);
+    let blob = BD.blob(&spec);
     let v1 = rt().block_on(blob.read(MIB, 4096)).unwrap();
-    let out = bd(&["snapshot", "create", &spec]);
+    let out = BD.cmd(&["snapshot", "create", &spec]).output();
     assert!(out.status.success());
     let hint = String::from_utf8_lossy(&out.stderr).to_string();
     // "...; name it as BLOB@SNAPSHOT": what the user copies.
@@ -503,7 +433,7 @@ fn restore_takes_the_snapshot_as_printed() {
     );
     rt().block_on(blob.put_pages(MIB, Bytes::from(vec![0x56u8; 4096]), None))
         .unwrap();
-    let done = ok(&["restore", &spec, "--from", &printed, "--yes"]);
+    let done = BD.ok(&["restore", &spec, "--from", &printed, "--yes"]);
     assert_eq!(done.trim(), format!("restored {spec} from {printed}"));
     assert_eq!(rt().block_on(blob.read(MIB, 4096)).unwrap(), v1);
 }
@@ -519,7 +449,7 @@ impl Mounted {
             .unwrap();
         let mut all = vec!["mount", args[0], dir.path().to_str().unwrap()];
         all.extend_from_slice(&args[1..]);
-        ok(&all);
+        BD.ok(&all);
         Mounted(dir)
     }
 
@@ -530,7 +460,7 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        let out = bd(&["unmount", self.path()]);
+        let out = BD.cmd(&["unmount", self.path()]).output();
         if !std::thread::panicking() {
             assert!(
                 out.status.success(),
@@ -546,19 +476,19 @@ fn prune_skips_mounted_snapshots_and_download_warns_about_a_writable_mount() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("m.img");
     sparse_image(&img, "8M", &[1]);
-    let spec = format!("{}/mounted.vhd", container("mounted"));
-    ok(&["upload", img.to_str().unwrap(), &spec]);
+    let spec = format!("{}/mounted.vhd", BD.new_container("mounted"));
+    BD.ok(&["upload", img.to_str().unwrap(), &spec]);
     let ids: Vec<String> = (0..3)
         .map(|_| {
             std::thread::sleep(std::time::Duration::from_millis(20));
-            ok(&["snapshot", "create", &spec]).trim().to_string()
+            BD.ok(&["snapshot", "create", &spec]).trim().to_string()
         })
         .collect();
     let oldest = format!("{spec}@{}", ids[0]);
     {
         let m = Mounted::new(&[&oldest, "--mode", "raw"]);
         // The dry run lists what it would delete and names the mounted one it skips.
-        let out = ok(&["snapshot", "prune", &spec, "--keep", "1", "--dry-run"]);
+        let out = BD.ok(&["snapshot", "prune", &spec, "--keep", "1", "--dry-run"]);
         assert!(
             out.contains(&format!("would delete {spec}@{}", ids[1])),
             "{out}"
@@ -569,17 +499,18 @@ fn prune_skips_mounted_snapshots_and_download_warns_about_a_writable_mount() {
         );
         assert!(!out.contains(&format!("would delete {oldest}")), "{out}");
         // The real prune does the same, and deleting the mounted one is refused.
-        let out = ok(&["snapshot", "prune", &spec, "--keep", "1"]);
+        let out = BD.ok(&["snapshot", "prune", &spec, "--keep", "1"]);
         assert!(out.contains(&format!("deleted {spec}@{}", ids[1])), "{out}");
         assert!(out.contains(&format!("skipping {oldest}")), "{out}");
-        let left: Vec<String> = json(&ok(&["snapshot", "list", &spec, "--json"]))
+        let left: Vec<String> = json(&BD.ok(&["snapshot", "list", &spec, "--json"]))
             .as_array()
             .unwrap()
             .iter()
             .map(|s| s["snapshot"].as_str().unwrap().to_string())
             .collect();
         assert_eq!(left, vec![ids[0].clone(), ids[2].clone()]);
-        fails(&["snapshot", "delete", &oldest], "unmount it");
+        BD.cmd(&["snapshot", "delete", &oldest])
+            .fails_with("unmount it");
     }
     // A download of a drive mounted writable warns and points at snapshot create;
     // one of a snapshot, or of a drive not mounted, does not.
@@ -587,7 +518,9 @@ fn prune_skips_mounted_snapshots_and_download_warns_about_a_writable_mount() {
     let copy = dir.path().join("live.img");
     {
         let _m = Mounted::new(&[&spec, "--mode", "raw"]);
-        let out = bd(&["download", &spec, copy.to_str().unwrap()]);
+        let out = BD
+            .cmd(&["download", &spec, copy.to_str().unwrap()])
+            .output();
         assert!(out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -595,11 +528,13 @@ fn prune_skips_mounted_snapshots_and_download_warns_about_a_writable_mount() {
             "{err}"
         );
         let snap = dir.path().join("snap.img");
-        let out = bd(&[
-            "download",
-            &format!("{spec}@{}", ids[2]),
-            snap.to_str().unwrap(),
-        ]);
+        let out = BD
+            .cmd(&[
+                "download",
+                &format!("{spec}@{}", ids[2]),
+                snap.to_str().unwrap(),
+            ])
+            .output();
         assert!(out.status.success());
         assert!(
             !String::from_utf8_lossy(&out.stderr).contains(warning),
@@ -607,7 +542,9 @@ fn prune_skips_mounted_snapshots_and_download_warns_about_a_writable_mount() {
         );
     }
     std::fs::remove_file(&copy).unwrap();
-    let out = bd(&["download", &spec, copy.to_str().unwrap()]);
+    let out = BD
+        .cmd(&["download", &spec, copy.to_str().unwrap()])
+        .output();
     assert!(out.status.success());
     assert!(
         !String::from_utf8_lossy(&out.stderr).contains(warning),

@@ -82,6 +82,11 @@ impl Azurite {
         format!("http://127.0.0.1:{}/{DEV_ACCOUNT}", self.port)
     }
 
+    /// A client of the emulator's account.
+    pub fn service(&self) -> blobdrive::azure::BlobService {
+        service(&self.connection_string())
+    }
+
     pub fn connection_string(&self) -> String {
         format!(
             "DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};AccountKey={DEV_KEY};BlobEndpoint={};",
@@ -185,16 +190,29 @@ fn log_tail(state: &Path) -> String {
     }
 }
 
-/// A container name unique to this test run, valid for Azure: lower-case letters,
-/// digits and single hyphens, 3 to 63 characters, e.g. `t-snapshot-list-3f9c0a...`.
-/// A client of the blob `container/name` in the account `cs` reaches.
-pub fn blob_client(cs: &str, spec: &str) -> blobdrive::azure::BlobClient {
+/// A client of the account `cs` reaches.
+pub fn service(cs: &str) -> blobdrive::azure::BlobService {
     use blobdrive::azure::{Account, BlobService};
-    let svc = BlobService::new(Account::from_connection_string(cs).unwrap());
-    let (c, n) = spec.split_once('/').unwrap();
-    svc.blob(c, n)
+    BlobService::new(Account::from_connection_string(cs).unwrap())
 }
 
+/// A client of the blob `container/name` in the account `cs` reaches.
+pub fn blob_client(cs: &str, spec: &str) -> blobdrive::azure::BlobClient {
+    let (c, n) = spec.split_once('/').unwrap();
+    service(cs).blob(c, n)
+}
+
+/// ETag and full content of `blob`: what "unchanged" means.
+pub fn fingerprint(blob: &blobdrive::azure::BlobClient) -> (Option<String>, Vec<u8>) {
+    super::util::rt().block_on(async {
+        let p = blob.properties().await.unwrap();
+        let data = blob.read(0, p.content_length).await.unwrap();
+        (p.etag, data.to_vec())
+    })
+}
+
+/// A container name unique to this test run, valid for Azure: lower-case letters,
+/// digits and single hyphens, 3 to 63 characters, e.g. `t-snapshot-list-3f9c0a...`.
 pub fn unique_container(tag: &str) -> String {
     let mut clean = String::new();
     for c in tag.chars() {

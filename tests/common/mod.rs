@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod azurite;
+pub mod bd;
 pub mod entra;
 pub mod mount;
 pub mod sdk;

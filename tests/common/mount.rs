@@ -1,10 +1,8 @@
 //! Running the blobdrive binary against a connection string and mounting drives
 //! that are unmounted when the test ends, whatever happens.
 
+use super::bd::Bd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-use super::util::stdout_of_success;
 
 /// Mount tests need root (FUSE, loop devices, mount) and /dev/fuse.
 pub fn require_root() {
@@ -25,42 +23,6 @@ pub fn run_dir(name: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
     super::util::private_dir(&d);
     d
-}
-
-/// blobdrive with `args`, reaching the account through `cs`.
-pub fn bd(run: &Path, cs: &str, args: &[&str]) -> Output {
-    bd_env(run, cs, &[], args)
-}
-
-/// blobdrive with `args` and the extra environment `env` (timeouts, say).
-pub fn bd_env(run: &Path, cs: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_blobdrive"))
-        .args(args)
-        .env("AZURE_STORAGE_CONNECTION_STRING", cs)
-        .env("BLOBDRIVE_RUN_DIR", run)
-        .envs(env.iter().copied())
-        .output()
-        .expect("run blobdrive")
-}
-
-/// blobdrive with `args`, which must succeed: its standard output.
-pub fn ok(run: &Path, cs: &str, args: &[&str]) -> String {
-    stdout_of_success(&args, bd(run, cs, args))
-}
-
-/// [`ok`] with the extra environment `env`.
-pub fn ok_env(run: &Path, cs: &str, env: &[(&str, &str)], args: &[&str]) -> String {
-    stdout_of_success(&args, bd_env(run, cs, env, args))
-}
-
-/// blobdrive with `args`, which must fail with one line on standard error: that
-/// line.
-pub fn fails(run: &Path, cs: &str, args: &[&str]) -> String {
-    let out = bd(run, cs, args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{args:?} succeeded: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: one line, not: {err}");
-    err
 }
 
 /// The `unmount` a test's cleanup runs. After a failed assertion the service may
@@ -94,6 +56,11 @@ impl Mp {
         }
     }
 
+    /// blobdrive with `args` through this mount's account and run directory.
+    fn bd(&self, args: &[&str]) -> Bd {
+        Bd::new(args).cs(&self.cs).run_dir(&self.run)
+    }
+
     pub fn s(&self) -> &str {
         self.dir.path().to_str().unwrap()
     }
@@ -108,7 +75,7 @@ impl Mp {
 
     /// This mount's entry in `list --json`.
     pub fn listed(&self) -> serde_json::Value {
-        let list = super::util::json(&ok(&self.run, &self.cs, &["list", "--json"]));
+        let list = super::util::json(&self.bd(&["list", "--json"]).ok());
         list.as_array()
             .unwrap()
             .iter()
@@ -124,7 +91,7 @@ impl Mp {
 
     /// `stats --json` of this mount.
     pub fn stats(&self) -> serde_json::Value {
-        super::util::json(&ok(&self.run, &self.cs, &["stats", self.s(), "--json"]))
+        super::util::json(&self.bd(&["stats", self.s(), "--json"]).ok())
     }
 }
 
@@ -140,7 +107,7 @@ pub fn proc_status_kib(pid: u64, field: &str) -> u64 {
 
 impl Drop for Mp {
     fn drop(&mut self) {
-        let _ = bd(&self.run, &self.cs, &cleanup_unmount(self.s()));
+        let _ = self.bd(&cleanup_unmount(self.s())).output();
     }
 }
 
@@ -153,5 +120,8 @@ pub fn break_lease_from_elsewhere(cs: &str, spec: &str) -> String {
         .prefix("blobdrive-test-elsewhere.")
         .tempdir()
         .unwrap();
-    ok(elsewhere.path(), cs, &["lease", "break", spec, "--yes"])
+    Bd::new(&["lease", "break", spec, "--yes"])
+        .cs(cs)
+        .run_dir(elsewhere.path())
+        .ok()
 }

@@ -1,6 +1,7 @@
 //! Small helpers every end-to-end test binary uses.
 
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 /// A current-thread runtime for the library calls a test makes directly.
 pub fn rt() -> tokio::runtime::Runtime {
@@ -97,4 +98,49 @@ pub fn bash_completion_command(script: &std::path::Path, words: &[&str]) -> Stri
 pub fn bash_completions(script: &std::path::Path, words: &[&str]) -> Vec<String> {
     let out = sh_ok(&bash_completion_command(script, words));
     out.lines().map(str::to_string).collect()
+}
+
+/// Waits until `cond` holds, asking every 100 ms; fails the test, naming `what`,
+/// once `limit` has passed without it.
+pub fn wait_for(what: &str, limit: Duration, cond: impl FnMut() -> bool) {
+    wait_for_every(what, limit, Duration::from_millis(100), cond)
+}
+
+/// [`wait_for`], asking every `every` (a condition that costs a command or a
+/// request).
+pub fn wait_for_every(
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut cond: impl FnMut() -> bool,
+) {
+    wait_for_some(what, limit, every, || cond().then_some(()))
+}
+
+/// The first value `found` gives, asking every `every`; fails the test, naming
+/// `what`, once `limit` has passed without one.
+pub fn wait_for_some<T>(
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut found: impl FnMut() -> Option<T>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = found() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(every);
+    }
+}
+
+/// Waits until process `pid` is gone, failing the test, naming `what`, after
+/// `limit`.
+pub fn wait_for_exit(pid: u64, what: &str, limit: Duration) {
+    let proc = format!("/proc/{pid}");
+    wait_for(what, limit, || !std::path::Path::new(&proc).exists());
 }

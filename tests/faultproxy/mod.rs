@@ -219,14 +219,26 @@ impl Proxy {
     /// Waits (a minute at most) until every request held back has been carried
     /// out: the late commits are all counted then.
     pub fn wait_for_held(&self) {
-        let start = std::time::Instant::now();
-        while self.holding.load(Relaxed) > 0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "a held request never went out"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        crate::common::util::wait_for(
+            "the held requests to go out",
+            Duration::from_secs(60),
+            || self.holding.load(Relaxed) == 0,
+        );
+    }
+
+    /// Waits (`limit` at most) until a request is being held.
+    pub fn wait_for_holding(&self, what: &str, limit: Duration) {
+        crate::common::util::wait_for(&format!("{what} to be held"), limit, || {
+            self.holding.load(Relaxed) > 0
+        });
+    }
+
+    /// The late commits, once there is one (within `limit`).
+    pub fn wait_for_late_commit(&self, limit: Duration) -> Vec<LateCommit> {
+        crate::common::util::wait_for("the held request to land", limit, || {
+            !self.late_commits().is_empty()
+        });
+        self.late_commits()
     }
 
     /// For a scenario that holds one request (`what`) until it is over: checks
