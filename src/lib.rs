@@ -18,6 +18,7 @@ pub mod drive;
 pub mod fuse;
 pub mod mount;
 pub mod pool;
+pub mod privsep;
 pub mod resize;
 pub mod size;
 pub mod snapshot;
