@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::sdk::python;
+use common::sdk::{csi_stubs, python};
 use common::util::stdout_of_success;
 
 /// A `blobdrive csi` started for one question, stopped when dropped.
@@ -29,16 +29,7 @@ impl Drop for Driver {
 /// socket in `dir` (the question touches no storage account, so the account
 /// named is the emulator's, not running).
 fn plugin_info(dir: &Path) -> (String, String) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(python())
-        .args(["-m", "grpc_tools.protoc", "-I"])
-        .arg(root.join("proto/csi"))
-        .arg(format!("--python_out={}", dir.display()))
-        .arg(format!("--grpc_python_out={}", dir.display()))
-        .arg(root.join("proto/csi/csi.proto"))
-        .output()
-        .expect("run grpc_tools.protoc");
-    stdout_of_success(&"grpc_tools.protoc", out);
+    csi_stubs(dir);
     let socket = dir.join("csi.sock");
     let _driver = Driver(
         Command::new(env!("CARGO_BIN_EXE_blobdrive"))
@@ -58,7 +49,7 @@ fn plugin_info(dir: &Path) -> (String, String) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let out = Command::new(python())
-        .arg(root.join("tests/fixtures/csi/call.py"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/csi/call.py"))
         .arg(dir)
         .arg(&socket)
         .args(["Identity", "GetPluginInfo", "{}"])
