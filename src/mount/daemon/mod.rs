@@ -44,7 +44,7 @@ use crate::azure::{Account, BlobClient, BlobService};
 use crate::blobref::BlobRef;
 use crate::device::cache::Cache;
 use crate::device::diskcache::files::BlobState;
-use crate::device::remote::RemoteBackend;
+use crate::device::stack::Stack;
 use control::serve;
 use handles::{AttachedLoop, FsMount, MadeDir, RecordClaim, UtabEntry};
 use setup::{limit_malloc_arenas, setup};
@@ -58,7 +58,7 @@ struct Mounted {
     target: String,
     lease: Option<String>,
     fenced: Arc<AtomicBool>,
-    cache: Option<Arc<Cache<RemoteBackend>>>,
+    cache: Option<Arc<Cache<Stack>>>,
     flusher: Option<JoinHandle<()>>,
     session: Option<BackgroundSession>,
     fuse_dir: PathBuf,
@@ -94,7 +94,7 @@ struct Mounted {
     unmounting_fs: Arc<AtomicBool>,
     /// libmount's entry naming `umount.blobdrive` for the user's directory.
     utab: Option<UtabEntry>,
-    /// With a disk cache (`--disk-cache`, held by the cache's backend): the blob
+    /// With a disk cache (`--disk-cache`, a layer of the cache's stack): the blob
     /// as the mount found it once it alone could write it. A clean unmount
     /// leaves the disk cache for the next mount only if the blob is then as the
     /// mount's own writes left it.

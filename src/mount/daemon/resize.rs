@@ -83,7 +83,7 @@ impl Mounted {
         let from = match self.rt.block_on(resize::plan(&self.blob, size))? {
             Plan::Unchanged(_) => before,
             Plan::Grow(growth) => {
-                let fence = cache.backend().write_fence();
+                let fence = cache.backend().remote().write_fence();
                 for step in STEPS {
                     set(phase, doing(step));
                     let run = || {

@@ -21,6 +21,7 @@ use crate::device::diskcache::files::{self, BlobState};
 use crate::device::diskcache::DiskCache;
 use crate::device::remote::{self, RemoteBackend};
 use crate::device::sparse::SparseMap;
+use crate::device::stack::Stack;
 use crate::drive::Drive;
 use crate::fuse::{DiskFs, StatsFn};
 use crate::mount::record::{self, MountRecord};
@@ -230,21 +231,23 @@ fn written_ranges(m: &Mounted, size: u64) -> Result<Vec<PageRange>, MountError> 
 
 /// The cache over the blob (with the disk tier when asked), its read-ahead and
 /// flush threads, and the lease keeper.
-fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<RemoteBackend>>, MountError> {
+fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<Stack>>, MountError> {
     let size = drive.disk_size();
     let ranges = written_ranges(m, size)?;
-    let mut backend = RemoteBackend::new(
+    let remote = RemoteBackend::new(
         m.blob.clone(),
         m.lease.clone(),
         m.rt.handle().clone(),
         remote::io_timeout_from_env(),
     );
-    if let Some(dir) = m.req.disk_cache.clone() {
-        backend = backend.with_disk_cache(open_disk_cache(m, &dir, drive)?);
-    }
-    m.fenced = backend.fence();
+    let disk = match m.req.disk_cache.clone() {
+        Some(dir) => Some(open_disk_cache(m, &dir, drive)?),
+        None => None,
+    };
+    m.fenced = remote.fence();
+    // The one place the layers below the memory cache are put together.
     let cache = Arc::new(Cache::new(
-        backend,
+        Stack::new(remote, disk),
         size,
         SparseMap::from_ranges(&ranges),
         CacheConfig::with_capacity(m.req.cache_size),
@@ -281,10 +284,7 @@ fn make_fuse_dir(dir: &Path) -> Result<MadeDir, MountError> {
 }
 
 /// Serves the cache as the file `disk` in a FUSE mount at `m.fuse_dir`.
-fn start_fuse(
-    m: &mut Mounted,
-    cache: &Arc<Cache<RemoteBackend>>,
-) -> Result<BackgroundSession, MountError> {
+fn start_fuse(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> Result<BackgroundSession, MountError> {
     let svc = m.blob.service().clone();
     let stats_cache = cache.clone();
     let fenced = m.fenced.clone();
