@@ -220,9 +220,10 @@ impl Response {
 }
 
 impl BlobService {
-    /// A client for `account` with the retry policy from the environment.
+    /// A client for `account` with the default retry policy (the command line
+    /// passes the one the environment asks for to [`Self::with_policy`]).
     pub fn new(account: Account) -> BlobService {
-        BlobService::with_policy(account, RetryPolicy::from_env())
+        BlobService::with_policy(account, RetryPolicy::default())
     }
 
     pub fn with_policy(account: Account, policy: RetryPolicy) -> BlobService {

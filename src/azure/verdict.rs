@@ -75,7 +75,7 @@ impl Answer {
     pub fn outcome_unknown(&self) -> bool {
         match self {
             Answer::Unanswered => true,
-            Answer::Status(s) => !s.ok && is_retryable_status(s.status) && !s.throttled,
+            Answer::Status(s) => is_retryable_status(s.status) && !s.throttled,
             Answer::Unsent | Answer::Unsendable | Answer::Certificate => false,
         }
     }

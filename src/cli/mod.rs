@@ -14,6 +14,7 @@ mod list;
 mod manpages;
 mod mount;
 mod resize;
+mod settings;
 mod snapshot;
 mod stats;
 mod transfer;

@@ -271,6 +271,7 @@ fn mount(
         metrics: args.metrics.clone(),
         disk_cache,
         disk_cache_size,
+        io: ctx.io.clone(),
     };
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.

@@ -30,20 +30,13 @@ use crate::azure::ops::fence::SEQUENCE_REFUSED;
 use crate::azure::{AzureError, BlobClient, WriteFence};
 
 /// How long I/O waits through an outage unless `BLOBDRIVE_IO_TIMEOUT_SECS` says
-/// otherwise: as long as a SCSI disk's command timeout is commonly set on cloud VMs.
+/// otherwise (read by the command line, passed in as [`RemoteBackend::new`]'s
+/// `io_timeout`): as long as a SCSI disk's command timeout is commonly set on
+/// cloud VMs.
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(300);
 /// Pause between two operations that found the service unreachable (each already
 /// retried with backoff inside the client).
 const OUTAGE_PAUSE: Duration = Duration::from_secs(1);
-
-/// The I/O timeout from `BLOBDRIVE_IO_TIMEOUT_SECS`, or [`DEFAULT_IO_TIMEOUT`].
-pub fn io_timeout_from_env() -> Duration {
-    std::env::var("BLOBDRIVE_IO_TIMEOUT_SECS")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|v| *v > 0.0)
-        .map_or(DEFAULT_IO_TIMEOUT, Duration::from_secs_f64)
-}
 
 /// Put Page calls in flight at once, over all concurrent flush units: enough to
 /// fill a link, few enough to stay far below the per-blob request rate.

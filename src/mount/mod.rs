@@ -71,6 +71,29 @@ pub struct MountRequest {
     /// size, at most half the space free in the directory's filesystem.
     #[serde(default)]
     pub disk_cache_size: Option<u64>,
+    /// How long and how often I/O tries the service, as the command line read
+    /// them from its environment.
+    #[serde(default)]
+    pub io: IoSettings,
+}
+
+/// How long and how often a mount's I/O tries the storage service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IoSettings {
+    /// Each request's retries (`BLOBDRIVE_RETRY_BUDGET_SECS`,
+    /// `BLOBDRIVE_REQUEST_TIMEOUT_SECS`, `BLOBDRIVE_MAX_ATTEMPTS`).
+    pub retry: crate::azure::RetryPolicy,
+    /// How long one I/O waits through an outage (`BLOBDRIVE_IO_TIMEOUT_SECS`).
+    pub io_timeout: std::time::Duration,
+}
+
+impl Default for IoSettings {
+    fn default() -> Self {
+        IoSettings {
+            retry: crate::azure::RetryPolicy::default(),
+            io_timeout: crate::device::remote::DEFAULT_IO_TIMEOUT,
+        }
+    }
 }
 
 /// The filesystem types blobdrive mounts. A drive is bytes from the network that

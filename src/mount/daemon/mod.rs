@@ -157,7 +157,7 @@ pub fn run(
         .thread_name("blobdrive-io")
         .build()
         .map_err(|e| MountError::System(format!("cannot start the I/O runtime: {e}")))?;
-    let svc = BlobService::new(blob_ref.account(&account));
+    let svc = BlobService::with_policy(blob_ref.account(&account), req.io.retry.clone());
     let blob = blob_ref.client(&svc);
     let id = record::id_for(&req.mountpoint);
     let (_, socket_path, log_path, run_fuse_dir) = record::paths(&id);

@@ -19,7 +19,7 @@ use crate::azure::{BlobProperties, PageRange, SegmentPlan};
 use crate::device::cache::{Cache, CacheConfig, READAHEAD_RUNS};
 use crate::device::diskcache::files::{self, BlobState};
 use crate::device::diskcache::DiskCache;
-use crate::device::remote::{self, RemoteBackend};
+use crate::device::remote::RemoteBackend;
 use crate::device::sparse::SparseMap;
 use crate::device::stack::Stack;
 use crate::drive::Drive;
@@ -238,7 +238,7 @@ fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<Stack>>, Moun
         m.blob.clone(),
         m.lease.clone(),
         m.rt.handle().clone(),
-        remote::io_timeout_from_env(),
+        m.req.io.io_timeout,
     );
     let disk = match m.req.disk_cache.clone() {
         Some(dir) => Some(open_disk_cache(m, &dir, drive)?),
