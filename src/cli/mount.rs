@@ -475,7 +475,7 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
     {
         Ok(a) => a,
         Err(e) => {
-            report(Err(format!("{e:#}")));
+            report(Err(super::error_text(&e)));
             return Err(e);
         }
     };

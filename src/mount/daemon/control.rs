@@ -178,7 +178,7 @@ fn start_control_thread(
             }
         })
         .map(drop)
-        .map_err(|e| MountError::System(format!("cannot start the control thread: {e}")))
+        .map_err(|e| MountError::with_source("cannot start the control thread", e))
 }
 
 impl Mounted {

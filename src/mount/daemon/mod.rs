@@ -148,7 +148,7 @@ pub fn run(
         Ok(b) => b,
         Err(e) => {
             ready(Err(e.to_string()));
-            return Err(MountError::System(e.to_string()));
+            return Err(MountError::system(e.to_string()));
         }
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -156,7 +156,7 @@ pub fn run(
         .enable_all()
         .thread_name("blobdrive-io")
         .build()
-        .map_err(|e| MountError::System(format!("cannot start the I/O runtime: {e}")))?;
+        .map_err(|e| MountError::with_source("cannot start the I/O runtime", e))?;
     let svc = BlobService::with_policy(blob_ref.account(&account), req.io.retry.clone());
     let blob = blob_ref.client(&svc);
     let id = record::id_for(&req.mountpoint);
@@ -213,7 +213,7 @@ pub fn run(
     let metrics_listener = match req.metrics.as_deref().map(super::metrics::bind) {
         Some(Err(msg)) => {
             ready(Err(msg.clone()));
-            return Err(MountError::System(msg));
+            return Err(MountError::system(msg));
         }
         Some(Ok(l)) => Some(l),
         None => None,
