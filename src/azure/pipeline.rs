@@ -190,6 +190,16 @@ impl Request {
         }
     }
 
+    /// What the retry rules need to know of this request under `policy`.
+    fn rules(&self, policy: &RetryPolicy) -> Rules {
+        Rules {
+            fenced: self.fence.is_some(),
+            gone_after_unknown_is_done: self.gone_after_unknown_is_done,
+            own_attempts: self.max_attempts.is_some(),
+            budget: policy.budget,
+        }
+    }
+
     pub(super) fn header(&mut self, name: &str, value: impl Into<String>) {
         self.headers.push((name.to_string(), value.into()));
     }
@@ -331,12 +341,7 @@ impl BlobService {
         mut sink: Option<&mut Scatter<'_, '_>>,
     ) -> Result<Response, AzureError> {
         let policy = &self.inner.policy;
-        let rules = Rules {
-            fenced: req.fence.is_some(),
-            gone_after_unknown_is_done: req.gone_after_unknown_is_done,
-            own_attempts: req.max_attempts.is_some(),
-            budget: policy.budget,
-        };
+        let rules = req.rules(policy);
         let started = Instant::now();
         // The end of the one try this request belongs to, if it does (see `one_try`).
         let deadline = ONE_TRY.try_with(|d| *d).ok();
@@ -370,52 +375,17 @@ impl BlobService {
             }
             let attempt = tries.sent;
             match verdict {
-                Verdict::Done { after_unanswered } => {
-                    self.inner.gate.succeeded();
-                    let mut resp = self.answered(&req, answer, attempt, "ok");
-                    resp.after_unanswered = after_unanswered;
-                    return Ok(resp);
-                }
-                Verdict::Gone => {
-                    return Ok(self.answered(
-                        &req,
-                        answer,
-                        attempt,
-                        "gone: an earlier attempt did it",
-                    ))
-                }
-                Verdict::Final { noted } => {
-                    let err = self.error_of(&req, answer, attempt, started);
-                    debug!(op = %req.op, target = %req.target, attempt, "failed: {err}");
-                    if noted {
-                        self.inner.stats.attempt_ended(Some(err.to_string()));
-                    }
-                    ClientStats::add(&self.inner.stats.failed_requests, 1);
-                    return Err(err);
+                Verdict::Done { .. } | Verdict::Gone => {
+                    return Ok(self.answered(&req, answer, verdict, attempt))
                 }
                 Verdict::RenewToken => {
                     let err = self.error_of(&req, answer, attempt, started);
                     self.renew_token(&req, err).await?;
                 }
-                Verdict::Retry { after, .. } => {
-                    let failure = self.failed_attempt(&req, answer, attempt, started);
-                    ClientStats::add(&self.inner.stats.retries, 1);
-                    debug!(op = %req.op, target = %req.target, attempt, ?after, "retrying after: {failure}");
-                    tokio::time::sleep(after).await;
-                }
-                Verdict::LastChance { .. } => {
-                    let failure = self.failed_attempt(&req, answer, attempt, started);
-                    debug!(op = %req.op, target = %req.target, attempt, "trying once more on a new connection: {failure}");
-                    ClientStats::add(&self.inner.stats.retries, 1);
-                }
-                Verdict::GiveUp { .. } => {
-                    let failure = self.failed_attempt(&req, answer, attempt, started);
-                    // The error itself is what callers report (the daemon logs its
-                    // own warnings where it waits): logging it here too printed it
-                    // twice.
-                    debug!(op = %req.op, target = %req.target, attempts = attempt, "giving up: {failure}");
-                    ClientStats::add(&self.inner.stats.failed_requests, 1);
-                    return Err(failure);
+                _ => {
+                    if let Some(pause) = self.failed(&req, answer, verdict, attempt, started)? {
+                        tokio::time::sleep(pause).await;
+                    }
                 }
             }
         }
@@ -458,21 +428,66 @@ impl BlobService {
         })
     }
 
-    /// The response of an attempt the rules found to be the request's result.
+    /// The response of an attempt the rules found to be the request's result
+    /// (`verdict`: done, or gone).
     fn answered(
         &self,
         req: &Request,
         answer: Result<Response, Failure>,
+        verdict: Verdict,
         attempt: u32,
-        why: &str,
     ) -> Response {
-        let resp = match answer {
-            Ok(resp) => resp,
-            Err(_) => unreachable!("the rules find a result only in an answer"),
+        let Ok(mut resp) = answer else {
+            unreachable!("the rules find a result only in an answer")
         };
         self.inner.stats.attempt_ended(None);
-        debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "{why}");
+        if let Verdict::Done { after_unanswered } = verdict {
+            self.inner.gate.succeeded();
+            resp.after_unanswered = after_unanswered;
+            debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
+        } else {
+            debug!(op = %req.op, target = %req.target, attempt, "gone: an earlier attempt did it");
+        }
         resp
+    }
+
+    /// Carries out a `verdict` on a failed attempt: the request's error if it
+    /// is final or the tries are spent, else the pause before the next attempt
+    /// (`None`: at once).
+    fn failed(
+        &self,
+        req: &Request,
+        answer: Result<Response, Failure>,
+        verdict: Verdict,
+        attempt: u32,
+        started: Instant,
+    ) -> Result<Option<Duration>, AzureError> {
+        let failure = self.error_of(req, answer, attempt, started);
+        let (op, target) = (req.op, &req.target);
+        let noted = !matches!(verdict, Verdict::Final { noted: false });
+        if noted {
+            self.inner.stats.attempt_ended(Some(failure.to_string()));
+        }
+        match verdict {
+            Verdict::Retry { after, .. } => {
+                ClientStats::add(&self.inner.stats.retries, 1);
+                debug!(%op, %target, attempt, ?after, "retrying after: {failure}");
+                Ok(Some(after))
+            }
+            Verdict::LastChance { .. } => {
+                debug!(%op, %target, attempt, "trying once more on a new connection: {failure}");
+                ClientStats::add(&self.inner.stats.retries, 1);
+                Ok(None)
+            }
+            // Final, or the tries are spent. The error itself is what callers
+            // report (the daemon logs its own warnings where it waits): logging
+            // it here too printed it twice.
+            _ => {
+                debug!(%op, %target, attempts = attempt, "failed: {failure}");
+                ClientStats::add(&self.inner.stats.failed_requests, 1);
+                Err(failure)
+            }
+        }
     }
 
     /// The error an attempt that was not the request's result stands for.
@@ -514,20 +529,6 @@ impl BlobService {
                 elapsed: started.elapsed(),
             },
         }
-    }
-
-    /// [`Self::error_of`] an attempt the rules found worth another, noted as the
-    /// latest failed one.
-    fn failed_attempt(
-        &self,
-        req: &Request,
-        answer: Result<Response, Failure>,
-        attempts: u32,
-        started: Instant,
-    ) -> AzureError {
-        let failure = self.error_of(req, answer, attempts, started);
-        self.inner.stats.attempt_ended(Some(failure.to_string()));
-        failure
     }
 
     /// After the service refused the token (`err`): has the credential renew it,
