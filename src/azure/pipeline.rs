@@ -479,11 +479,15 @@ impl BlobService {
                 ClientStats::add(&self.inner.stats.retries, 1);
                 Ok(None)
             }
-            // Final, or the tries are spent. The error itself is what callers
-            // report (the daemon logs its own warnings where it waits): logging
-            // it here too printed it twice.
+            // The tries are spent, or the failure is final. The error itself is
+            // what callers report (the daemon logs its own warnings where it
+            // waits): logging it here too, above debug, printed it twice.
             _ => {
-                debug!(%op, %target, attempts = attempt, "failed: {failure}");
+                let end = match verdict {
+                    Verdict::GiveUp { .. } => "giving up",
+                    _ => "failed",
+                };
+                debug!(%op, %target, attempts = attempt, "{end}: {failure}");
                 ClientStats::add(&self.inner.stats.failed_requests, 1);
                 Err(failure)
             }
