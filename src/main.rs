@@ -36,7 +36,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line: the whole cause chain joined with ": ", any control
             // character a service slipped into it shown, not acted on.
-            let line = blobdrive::azure::text::escape_controls(&format!("{e:#}"));
+            let line = blobdrive::azure::text::escape_controls(&cli::error_text(&e));
             eprintln!("blobdrive: error: {line}");
             ExitCode::FAILURE
         }

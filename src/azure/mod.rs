@@ -2,7 +2,8 @@
 //!
 //! No FUSE, no disks: accounts ([`account`]), how requests are authorised ([`auth`]:
 //! Shared Key, SAS, Entra ID tokens), the HTTP client and its TLS trust ([`http`]),
-//! the request pipeline with its retries ([`pipeline`], [`retry`]) and where
+//! the request pipeline with its retries ([`pipeline`]; [`retry`], the limits;
+//! `verdict`, the rules of what to do after each attempt) and where
 //! a read's body lands ([`scatter`]),
 //! one async function per operation grouped by what it acts on ([`ops`]), typed errors
 //! ([`error`]) and the XML bodies ([`xml`]).
@@ -19,6 +20,7 @@ pub mod retry;
 pub mod scatter;
 pub mod stats;
 pub mod text;
+mod verdict;
 pub mod xml;
 
 pub use account::{Account, Credential};

@@ -23,9 +23,12 @@ use super::gate::Gate;
 use super::http::{describe, Transport};
 use super::ops::fence::SEQUENCE_REFUSED;
 use super::ops::{BlobClient, ContainerClient, WriteFence};
-use super::retry::{is_retryable_status, RetryPolicy};
+use super::retry::RetryPolicy;
 use super::scatter::Scatter;
 use super::stats::{ClientStats, Outcome, StatsSnapshot};
+use super::verdict::{
+    attempt_timeout, verdict, Answer, Clock, Fence, Rules, Status, Tries, Verdict,
+};
 use super::xml;
 
 /// REST API version sent with every request (accepted by Azure and Azurite 3.35).
@@ -98,8 +101,6 @@ pub(super) struct Request {
     pub(super) gone_after_unknown_is_done: bool,
 }
 
-/// Within one try, an attempt is sent only with at least this much of it left.
-const MIN_ATTEMPT: Duration = Duration::from_millis(200);
 /// The most of an error answer's body that is read: enough for Azure's error XML
 /// (a code and a message); the rest of a longer one is never read.
 const ERROR_BODY_MAX: usize = 8 << 10;
@@ -189,6 +190,16 @@ impl Request {
         }
     }
 
+    /// What the retry rules need to know of this request under `policy`.
+    fn rules(&self, policy: &RetryPolicy) -> Rules {
+        Rules {
+            fenced: self.fence.is_some(),
+            gone_after_unknown_is_done: self.gone_after_unknown_is_done,
+            own_attempts: self.max_attempts.is_some(),
+            budget: policy.budget,
+        }
+    }
+
     pub(super) fn header(&mut self, name: &str, value: impl Into<String>) {
         self.headers.push((name.to_string(), value.into()));
     }
@@ -219,9 +230,10 @@ impl Response {
 }
 
 impl BlobService {
-    /// A client for `account` with the retry policy from the environment.
+    /// A client for `account` with the default retry policy (the command line
+    /// passes the one the environment asks for to [`Self::with_policy`]).
     pub fn new(account: Account) -> BlobService {
-        BlobService::with_policy(account, RetryPolicy::from_env())
+        BlobService::with_policy(account, RetryPolicy::default())
     }
 
     pub fn with_policy(account: Account, policy: RetryPolicy) -> BlobService {
@@ -320,222 +332,223 @@ impl BlobService {
     /// [`Self::execute`], with a successful response's body streamed into `sink`
     /// instead of collected (`Response::streamed` says how much came), which saves
     /// a copy and a fresh allocation per large read. Every attempt starts over.
+    ///
+    /// What to do after each attempt is [`verdict`]'s to decide (the retry rules,
+    /// with a table test each); this loop only carries it out.
     pub(super) async fn execute_into(
         &self,
         req: Request,
         mut sink: Option<&mut Scatter<'_, '_>>,
     ) -> Result<Response, AzureError> {
         let policy = &self.inner.policy;
-        let mut max_attempts = req.max_attempts.unwrap_or(policy.max_attempts).max(1);
+        let rules = req.rules(policy);
         let started = Instant::now();
         // The end of the one try this request belongs to, if it does (see `one_try`).
         let deadline = ONE_TRY.try_with(|d| *d).ok();
-        let mut attempt = 0u32;
-        // Whether an attempt went unanswered (it may have been carried out).
-        let mut unknown = false;
-        // Whether a refused token already made the credential renew it.
-        let mut renewed = false;
-        // Whether the last attempt got no answer: the next one then goes on a new
-        // connection (see `Inner::fresh_http`). Within one try, the first does too.
-        let mut unanswered = deadline.is_some();
-        // Whether an attempt went on a new connection, and so surely reached for
-        // the service rather than a connection the pool kept.
-        let mut fresh_tried = false;
-        // The one attempt past the budget (below) runs with the full request timeout.
-        let mut last_chance = false;
+        let allowed = req.max_attempts.unwrap_or(policy.max_attempts);
+        let mut tries = Tries::new(allowed, deadline.is_some());
         loop {
-            attempt += 1;
-            let fresh = unanswered;
-            fresh_tried |= fresh;
+            let fresh = tries.begin();
             let carried = match &req.fence {
                 Some(f) => Some(f.number().await?),
                 None => None,
             };
-            let Some(timeout) = attempt_timeout(policy, started, deadline, last_chance) else {
-                return Err(self.out_of_time(&req, attempt - 1, started));
+            let clock = Clock::now(started, deadline);
+            let Some(timeout) = attempt_timeout(policy, &clock, tries.last_chance) else {
+                return Err(self.out_of_time(&req, tries.sent - 1, started));
             };
-            let mut hinted = None;
             let window = self.inner.gate.enter().await;
             let sent_at = Instant::now();
             let answer = self
                 .attempt(&req, carried, timeout, fresh, sink.as_deref_mut())
                 .await;
-            let outcome = match &answer {
-                Ok(resp) => Some(Outcome::of_status(
-                    resp.status,
-                    req.ok.contains(&resp.status),
-                )),
-                Err(Failure::Transport(_)) | Err(Failure::Certificate(_)) => {
-                    Some(Outcome::NoAnswer)
-                }
-                // Never sent.
-                Err(Failure::Unsent(_)) | Err(Failure::Unsendable(_)) => None,
-            };
-            if let Some(outcome) = outcome {
-                self.inner
-                    .stats
-                    .record_attempt(req.op, outcome, sent_at.elapsed());
+            self.count_attempt(&req, &answer, sent_at);
+            let seen = self.seen(&req, &answer);
+            if matches!(seen, Answer::Status(s) if s.throttled) {
+                self.inner.gate.throttled(window);
             }
-            unanswered = matches!(answer, Err(Failure::Transport(_)));
-            let failure = match answer {
-                Ok(resp) if resp.status == 404 && req.gone_after_unknown_is_done && unknown => {
-                    self.inner.stats.attempt_ended(None);
-                    debug!(op = %req.op, target = %req.target, attempt, "gone: an earlier attempt did it");
-                    return Ok(resp);
-                }
-                Ok(mut resp) if req.ok.contains(&resp.status) => {
-                    self.inner.gate.succeeded();
-                    self.inner.stats.attempt_ended(None);
-                    debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
-                    resp.after_unanswered = unknown;
-                    return Ok(resp);
-                }
-                Ok(resp) if !renewed && token_refused(&resp) => {
-                    // A token that expired or was revoked early: renew it once and
-                    // try again, outside the attempt count (the request was
-                    // refused, so it surely did nothing).
-                    let err = self.service_error(&req, &resp);
-                    let Some(renewal) = self.inner.auth.renew() else {
-                        ClientStats::add(&self.inner.stats.failed_requests, 1);
-                        return Err(err);
-                    };
-                    renewed = true;
-                    debug!(op = %req.op, target = %req.target, status = resp.status, "token refused: renewing it and trying again");
-                    if let Err(e) = renewal.await {
-                        debug!("renewal after 401 failed: {e}");
-                    }
-                    max_attempts += 1;
-                    self.inner.stats.attempt_ended(Some(err.to_string()));
-                    continue;
-                }
-                Ok(resp) if (300..400).contains(&resp.status) => {
-                    // Never followed: final, whatever the operation.
-                    let err = AzureError::Protocol {
-                        op: req.op,
-                        target: req.target.clone(),
-                        detail: super::http::redirect_message(
-                            resp.status,
-                            resp.header("location").as_deref(),
-                        ),
-                    };
-                    self.inner.stats.attempt_ended(Some(err.to_string()));
-                    ClientStats::add(&self.inner.stats.failed_requests, 1);
-                    return Err(err);
-                }
-                Ok(resp) => {
-                    let err = self.service_error(&req, &resp);
-                    if err.is_throttled() {
-                        self.inner.gate.throttled(window);
-                    }
-                    let refused = err.code() == Some(SEQUENCE_REFUSED);
-                    if let (Some(f), Some(n), true) = (&req.fence, carried, refused) {
-                        // Surely not written: send again with the number as it is now.
-                        f.refused(n);
-                    } else if !is_retryable_status(resp.status) {
-                        debug!(op = %req.op, target = %req.target, status = resp.status, code = ?err.code(), "failed");
-                        ClientStats::add(&self.inner.stats.failed_requests, 1);
-                        return Err(err);
-                    } else if err.outcome_unknown() {
-                        // A server error may come after the work was done.
-                        unknown = true;
-                        if let (Some(f), Some(n)) = (&req.fence, carried) {
-                            f.abandoned(n);
-                        }
-                    }
-                    // Otherwise throttled (503 ServerBusy): refused before it ran,
-                    // so it is sent again as it is, after the `Retry-After` pause.
-                    hinted = retry_after(&resp);
-                    err
-                }
-                // Not sent: nothing to fence; a token may come, so try again.
-                Err(Failure::Unsent(e)) => AzureError::NotAuthorized {
-                    op: req.op,
-                    target: req.target.clone(),
-                    detail: e.0,
-                },
-                // Final: no retry makes a certificate trusted. Refused in the
-                // handshake, before any of the request was sent.
-                Err(Failure::Certificate(reason)) => {
-                    let err = AzureError::Certificate {
-                        op: req.op,
-                        target: req.target.clone(),
-                        detail: super::http::certificate_message(&req.url, &reason),
-                    };
-                    self.inner.stats.attempt_ended(Some(err.to_string()));
-                    ClientStats::add(&self.inner.stats.failed_requests, 1);
-                    return Err(err);
-                }
-                Err(Failure::Unsendable(reason)) => {
-                    ClientStats::add(&self.inner.stats.failed_requests, 1);
-                    return Err(AzureError::Invalid {
-                        op: req.op,
-                        target: req.target.clone(),
-                        reason,
-                    });
-                }
-                Err(Failure::Transport(detail)) => {
-                    unknown = true;
-                    if let (Some(f), Some(n)) = (&req.fence, carried) {
-                        f.abandoned(n);
-                    }
-                    AzureError::Unreachable {
-                        op: req.op,
-                        target: req.target.clone(),
-                        endpoint: self.inner.account.endpoint_for_messages(),
-                        detail,
-                        attempts: attempt,
-                        elapsed: started.elapsed(),
-                    }
-                }
-            };
-            self.inner.stats.attempt_ended(Some(failure.to_string()));
-            // A busy service's `Retry-After` is a floor for the backoff.
-            let delay = policy.backoff(attempt).max(hinted.unwrap_or_default());
-            let spent = match deadline {
-                // One try: over once an attempt got no answer, or at the deadline.
-                Some(d) => attempt >= max_attempts || unanswered || Instant::now() + delay >= d,
-                None => attempt >= max_attempts || started.elapsed() + delay >= policy.budget,
-            };
-            if spent && unanswered && !fresh_tried && req.max_attempts.is_none() {
-                // Every attempt went unanswered on a connection the pool kept, which
-                // an outage may have left dead while the service is back: one more
-                // on a new connection, at once, before giving up. So "one try" (a
-                // mount's I/O past its I/O timeout gets one operation) is one that
-                // reached for the service, and the first I/O after an outage does
-                // not fail on a dead connection. Not for a request whose caller
-                // set its attempts (a snapshot: it retries, idempotently, itself).
-                debug!(op = %req.op, target = %req.target, attempt, "trying once more on a new connection: {failure}");
-                ClientStats::add(&self.inner.stats.retries, 1);
-                last_chance = true;
-                continue;
+            let clock = Clock::now(started, deadline);
+            let verdict = verdict(&rules, &seen, &tries, &clock, policy.backoff(tries.sent));
+            tries.note(&seen, &verdict);
+            if let (Some(f), Some(n)) = (&req.fence, carried) {
+                tell_fence(f, n, verdict.fence());
             }
-            if spent {
-                // The error itself is what callers report (the daemon logs its own
-                // warnings where it waits): logging it here too printed it twice.
-                debug!(op = %req.op, target = %req.target, attempts = attempt, "giving up: {failure}");
-                ClientStats::add(&self.inner.stats.failed_requests, 1);
-                return Err(match failure {
-                    AzureError::Unreachable {
-                        op,
-                        target,
-                        endpoint,
-                        detail,
-                        ..
-                    } => AzureError::Unreachable {
-                        op,
-                        target,
-                        endpoint,
-                        detail,
-                        attempts: attempt,
-                        elapsed: started.elapsed(),
-                    },
-                    other => other,
-                });
+            let attempt = tries.sent;
+            match verdict {
+                Verdict::Done { .. } | Verdict::Gone => {
+                    return Ok(self.answered(&req, answer, verdict, attempt))
+                }
+                Verdict::RenewToken => {
+                    let err = self.error_of(&req, answer, attempt, started);
+                    self.renew_token(&req, err).await?;
+                }
+                _ => {
+                    if let Some(pause) = self.failed(&req, answer, verdict, attempt, started)? {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
             }
-            ClientStats::add(&self.inner.stats.retries, 1);
-            debug!(op = %req.op, target = %req.target, attempt, ?delay, "retrying after: {failure}");
-            tokio::time::sleep(delay).await;
         }
+    }
+
+    /// Counts an attempt sent at `sent_at` by how it ended (one never sent is
+    /// not counted).
+    fn count_attempt(&self, req: &Request, answer: &Result<Response, Failure>, sent_at: Instant) {
+        let outcome = match answer {
+            Ok(resp) => Outcome::of_status(resp.status, req.ok.contains(&resp.status)),
+            Err(Failure::Transport(_)) | Err(Failure::Certificate(_)) => Outcome::NoAnswer,
+            Err(Failure::Unsent(_)) | Err(Failure::Unsendable(_)) => return,
+        };
+        self.inner
+            .stats
+            .record_attempt(req.op, outcome, sent_at.elapsed());
+    }
+
+    /// What the retry rules need to know of an attempt's `answer`.
+    fn seen(&self, req: &Request, answer: &Result<Response, Failure>) -> Answer {
+        let resp = match answer {
+            Ok(resp) => resp,
+            Err(Failure::Unsent(_)) => return Answer::Unsent,
+            Err(Failure::Unsendable(_)) => return Answer::Unsendable,
+            Err(Failure::Certificate(_)) => return Answer::Certificate,
+            Err(Failure::Transport(_)) => return Answer::Unanswered,
+        };
+        let ok = req.ok.contains(&resp.status);
+        // A success's body is data, not an error to read a code from.
+        let err = (!ok).then(|| self.service_error(req, resp));
+        Answer::Status(Status {
+            status: resp.status,
+            ok,
+            token_refused: token_refused(resp),
+            sequence_refused: err
+                .as_ref()
+                .is_some_and(|e| e.code() == Some(SEQUENCE_REFUSED)),
+            throttled: err.as_ref().is_some_and(AzureError::is_throttled),
+            retry_after: retry_after(resp),
+        })
+    }
+
+    /// The response of an attempt the rules found to be the request's result
+    /// (`verdict`: done, or gone).
+    fn answered(
+        &self,
+        req: &Request,
+        answer: Result<Response, Failure>,
+        verdict: Verdict,
+        attempt: u32,
+    ) -> Response {
+        let Ok(mut resp) = answer else {
+            unreachable!("the rules find a result only in an answer")
+        };
+        self.inner.stats.attempt_ended(None);
+        if let Verdict::Done { after_unanswered } = verdict {
+            self.inner.gate.succeeded();
+            resp.after_unanswered = after_unanswered;
+            debug!(op = %req.op, target = %req.target, status = resp.status, attempt, "ok");
+        } else {
+            debug!(op = %req.op, target = %req.target, attempt, "gone: an earlier attempt did it");
+        }
+        resp
+    }
+
+    /// Carries out a `verdict` on a failed attempt: the request's error if it
+    /// is final or the tries are spent, else the pause before the next attempt
+    /// (`None`: at once).
+    fn failed(
+        &self,
+        req: &Request,
+        answer: Result<Response, Failure>,
+        verdict: Verdict,
+        attempt: u32,
+        started: Instant,
+    ) -> Result<Option<Duration>, AzureError> {
+        let failure = self.error_of(req, answer, attempt, started);
+        let (op, target) = (req.op, &req.target);
+        let noted = !matches!(verdict, Verdict::Final { noted: false });
+        if noted {
+            self.inner.stats.attempt_ended(Some(failure.to_string()));
+        }
+        match verdict {
+            Verdict::Retry { after, .. } => {
+                ClientStats::add(&self.inner.stats.retries, 1);
+                debug!(%op, %target, attempt, ?after, "retrying after: {failure}");
+                Ok(Some(after))
+            }
+            Verdict::LastChance { .. } => {
+                debug!(%op, %target, attempt, "trying once more on a new connection: {failure}");
+                ClientStats::add(&self.inner.stats.retries, 1);
+                Ok(None)
+            }
+            // The tries are spent, or the failure is final. The error itself is
+            // what callers report (the daemon logs its own warnings where it
+            // waits): logging it here too, above debug, printed it twice.
+            _ => {
+                let end = match verdict {
+                    Verdict::GiveUp { .. } => "giving up",
+                    _ => "failed",
+                };
+                debug!(%op, %target, attempts = attempt, "{end}: {failure}");
+                ClientStats::add(&self.inner.stats.failed_requests, 1);
+                Err(failure)
+            }
+        }
+    }
+
+    /// The error an attempt that was not the request's result stands for.
+    fn error_of(
+        &self,
+        req: &Request,
+        answer: Result<Response, Failure>,
+        attempts: u32,
+        started: Instant,
+    ) -> AzureError {
+        let (op, target) = (req.op, req.target.clone());
+        match answer {
+            Ok(resp) if (300..400).contains(&resp.status) => AzureError::Protocol {
+                op,
+                target,
+                detail: super::http::redirect_message(
+                    resp.status,
+                    resp.header("location").as_deref(),
+                ),
+            },
+            Ok(resp) => self.service_error(req, &resp),
+            Err(Failure::Unsent(e)) => AzureError::NotAuthorized {
+                op,
+                target,
+                detail: e.0,
+            },
+            Err(Failure::Unsendable(reason)) => AzureError::Invalid { op, target, reason },
+            Err(Failure::Certificate(reason)) => AzureError::Certificate {
+                op,
+                target,
+                detail: super::http::certificate_message(&req.url, &reason),
+            },
+            Err(Failure::Transport(detail)) => AzureError::Unreachable {
+                op,
+                target,
+                endpoint: self.inner.account.endpoint_for_messages(),
+                detail,
+                attempts,
+                elapsed: started.elapsed(),
+            },
+        }
+    }
+
+    /// After the service refused the token (`err`): has the credential renew it,
+    /// so the request is sent again at once; `err` if the credential has no token
+    /// to renew.
+    async fn renew_token(&self, req: &Request, err: AzureError) -> Result<(), AzureError> {
+        let Some(renewal) = self.inner.auth.renew() else {
+            ClientStats::add(&self.inner.stats.failed_requests, 1);
+            return Err(err);
+        };
+        debug!(op = %req.op, target = %req.target, "token refused: renewing it and trying again: {err}");
+        if let Err(e) = renewal.await {
+            debug!("renewal after 401 failed: {e}");
+        }
+        self.inner.stats.attempt_ended(Some(err.to_string()));
+        Ok(())
     }
 
     /// One signed attempt. `Err` says why no answer came, free of URLs.
@@ -666,34 +679,6 @@ impl BlobService {
     }
 }
 
-/// How long the next attempt of a request that started at `started` may take:
-/// the request timeout, shortened to what is left of the budget but never below
-/// what a single small request needs (so the bound holds without spurious
-/// timeouts), or in full for the last chance on a new connection; within one
-/// try, to its deadline however little is left, and `None` once too little is.
-fn attempt_timeout(
-    policy: &RetryPolicy,
-    started: Instant,
-    deadline: Option<Instant>,
-    last_chance: bool,
-) -> Option<Duration> {
-    match deadline {
-        Some(d) => {
-            let left = d.saturating_duration_since(Instant::now());
-            (left >= MIN_ATTEMPT).then(|| policy.request_timeout.min(left))
-        }
-        None if last_chance => Some(policy.request_timeout),
-        None => {
-            let remaining = policy.budget.saturating_sub(started.elapsed());
-            Some(
-                policy
-                    .request_timeout
-                    .min(remaining.max(Duration::from_secs(2))),
-            )
-        }
-    }
-}
-
 /// The delay a `Retry-After: SECONDS` header asks for (at most a minute).
 fn retry_after(resp: &Response) -> Option<Duration> {
     let secs: u64 = resp.header("retry-after")?.trim().parse().ok()?;
@@ -708,6 +693,16 @@ fn token_refused(resp: &Response) -> bool {
         || (resp.status == 403
             && resp.header("x-ms-error-code").as_deref() == Some("AuthenticationFailed")
             && String::from_utf8_lossy(&resp.body).contains("Lifetime validation failed"))
+}
+
+/// Tells the write fence `f` what the rules found of an attempt that carried
+/// `carried`.
+fn tell_fence(f: &WriteFence, carried: u64, fence: Fence) {
+    match fence {
+        Fence::Unchanged => {}
+        Fence::Refused => f.refused(carried),
+        Fence::Abandoned => f.abandoned(carried),
+    }
 }
 
 /// Why an attempt got no answer.

@@ -7,9 +7,13 @@
 use std::time::Duration;
 
 use rand::Rng;
+use serde::{Deserialize, Serialize};
 
-/// Retry limits for one logical operation.
-#[derive(Debug, Clone)]
+/// Retry limits for one logical operation. The command line reads them from the
+/// environment (`BLOBDRIVE_RETRY_BUDGET_SECS`, `BLOBDRIVE_REQUEST_TIMEOUT_SECS`,
+/// `BLOBDRIVE_MAX_ATTEMPTS`) and passes them in; a mount's daemon gets them in its
+/// request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RetryPolicy {
     /// Attempts in total, the first included.
     pub max_attempts: u32,
@@ -39,35 +43,6 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The default policy, with `BLOBDRIVE_RETRY_BUDGET_SECS`,
-    /// `BLOBDRIVE_REQUEST_TIMEOUT_SECS` and `BLOBDRIVE_MAX_ATTEMPTS` applied when set
-    /// (tests of failure paths use short budgets; operators on slow links long ones).
-    pub fn from_env() -> RetryPolicy {
-        let mut p = RetryPolicy::default();
-        let secs = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .filter(|v| *v > 0.0)
-                .map(Duration::from_secs_f64)
-        };
-        if let Some(d) = secs("BLOBDRIVE_RETRY_BUDGET_SECS") {
-            p.budget = d;
-        }
-        if let Some(d) = secs("BLOBDRIVE_REQUEST_TIMEOUT_SECS") {
-            p.request_timeout = d;
-            p.connect_timeout = p.connect_timeout.min(d);
-        }
-        if let Some(n) = std::env::var("BLOBDRIVE_MAX_ATTEMPTS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .filter(|n| *n > 0)
-        {
-            p.max_attempts = n;
-        }
-        p
-    }
-
     /// Backoff before attempt `attempt + 1` (attempt counts from 1): a random delay
     /// below an exponentially growing ceiling, so many clients do not retry in step.
     pub fn backoff(&self, attempt: u32) -> Duration {

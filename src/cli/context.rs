@@ -4,8 +4,10 @@ use anyhow::{bail, Context as _, Result};
 use blobdrive::azure::auth::bearer::may_carry_token;
 use blobdrive::azure::{Account, BlobClient, BlobService, Credential};
 use blobdrive::blobref::BlobRef;
+use blobdrive::mount::IoSettings;
 
 use super::auth::{self, AuthChoice, EntraSession};
+use super::settings;
 
 /// The parsed global options.
 pub struct Context {
@@ -17,6 +19,8 @@ pub struct Context {
     pub account: Option<Account>,
     /// `--auth`.
     pub auth: AuthChoice,
+    /// The retry policy and I/O timeout from the environment, read once here.
+    pub io: IoSettings,
     entra: EntraSession,
 }
 
@@ -47,6 +51,7 @@ impl Context {
         Ok(Context {
             account,
             auth,
+            io: settings::io_settings(),
             entra: EntraSession::default(),
         })
     }
@@ -73,13 +78,13 @@ impl Context {
         };
         let account = auth::apply(self.auth, account, &self.entra)?;
         check_transport(&account)?;
-        Ok(BlobService::new(account))
+        Ok(BlobService::with_policy(account, self.io.retry.clone()))
     }
 
     /// Parses a BLOB argument and makes a client for it.
     pub fn blob(&self, spec: &str) -> Result<(BlobRef, BlobClient)> {
         let r = BlobRef::parse(spec)?;
-        let svc = BlobService::new(self.account_for(&r)?);
+        let svc = BlobService::with_policy(self.account_for(&r)?, self.io.retry.clone());
         let client = r.client(&svc);
         Ok((r, client))
     }

@@ -126,7 +126,7 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
     match mount::run(args, connection_string.as_deref(), auth, say) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{HELPER_NAME}: {e:#}");
+            eprintln!("{HELPER_NAME}: {}", super::error_text(&e));
             ExitCode::from(EXIT_MOUNT_FAILED)
         }
     }

@@ -14,6 +14,7 @@ mod list;
 mod manpages;
 mod mount;
 mod resize;
+mod settings;
 mod snapshot;
 mod stats;
 mod transfer;
@@ -198,5 +199,49 @@ impl Cli {
             Command::Daemon => mount::run_daemon(&ctx),
             Command::Completions(_) | Command::Manpages(_) => unreachable!("handled above"),
         }
+    }
+}
+
+/// `e` and its causes joined with ": ", as anyhow's `{:#}` prints them, but
+/// without a cause the text before it already ends with: an error that shows
+/// its source in its own message, as `MountError::System` does, would
+/// otherwise say it twice.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let said = cause.to_string();
+        if text.is_empty() {
+            text = said;
+        } else if !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod error_text_tests {
+    use super::error_text;
+    use anyhow::Context as _;
+    use blobdrive::mount::MountError;
+
+    #[test]
+    fn a_cause_the_message_already_shows_is_said_once() {
+        let denied = || std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let e = Err::<(), _>(MountError::with_source("cannot create /r/x", denied()))
+            .context("mount failed")
+            .unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "mount failed: cannot create /r/x: permission denied: permission denied"
+        );
+        assert_eq!(
+            error_text(&e),
+            "mount failed: cannot create /r/x: permission denied"
+        );
+        // Causes not shown by the message before them are all said.
+        let e = anyhow::Error::new(denied()).context("cannot open /r/y");
+        assert_eq!(error_text(&e), "cannot open /r/y: permission denied");
     }
 }

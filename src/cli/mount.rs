@@ -271,6 +271,7 @@ fn mount(
         metrics: args.metrics.clone(),
         disk_cache,
         disk_cache_size,
+        io: ctx.io.clone(),
     };
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.
@@ -474,7 +475,7 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
     {
         Ok(a) => a,
         Err(e) => {
-            report(Err(format!("{e:#}")));
+            report(Err(super::error_text(&e)));
             return Err(e);
         }
     };

@@ -97,7 +97,7 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
     match unmount_dir(&inv) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{UMOUNT_HELPER_NAME}: {e:#}");
+            eprintln!("{UMOUNT_HELPER_NAME}: {}", super::error_text(&e));
             ExitCode::from(EXIT_FAILED)
         }
     }

@@ -3,7 +3,9 @@
 //! [`Backend`] is what the cache talks to: whole 512-byte pages, runs of at most
 //! 4 MiB. [`remote::RemoteBackend`] is the page blob behind it (lease id on every
 //! write, fenced once the lease is lost); [`mem::MemBackend`] is an in-memory twin
-//! for tests. [`cache::Cache`] is the write-back page cache with the sparse map
+//! for tests; [`diskcache::tier::DiskTier`] puts the disk cache in front of
+//! either, and [`stack::Stack`] composes a mount's layers at start-up.
+//! [`cache::Cache`] is the write-back page cache with the sparse map
 //! ([`sparse::SparseMap`]) that makes holes free, and is what FUSE serves.
 
 pub mod blockmem;
@@ -15,6 +17,7 @@ pub mod mem;
 pub mod remote;
 pub mod sectors;
 pub mod sparse;
+pub mod stack;
 
 use bytes::Bytes;
 use thiserror::Error;
@@ -81,6 +84,13 @@ pub trait Backend: Send + Sync + 'static {
     /// On error some runs may have landed; the caller keeps all of them dirty and
     /// re-sends the same bytes to the same ranges later.
     fn write_runs(&self, runs: Vec<(u64, Bytes)>) -> Result<(), DeviceError>;
+    /// [`Self::write_runs`] with one result per run, in order, so that a layer
+    /// above (the disk tier) keeps what landed of a write that failed in part.
+    /// This default answers for all the runs at once.
+    fn write_each(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
+        let n = runs.len();
+        vec![self.write_runs(runs); n]
+    }
     /// Deallocates whole pages (they read as zeros afterwards).
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError>;
     /// Fills `blocks` (cache blocks, consecutive from `offset`) straight from a
@@ -110,6 +120,19 @@ pub trait Backend: Send + Sync + 'static {
     fn probe(&self) -> Result<(), DeviceError> {
         Ok(())
     }
+}
+
+/// The error to report of several runs': a lost lease outranks any other.
+fn first_error(results: Vec<Result<(), DeviceError>>) -> Result<(), DeviceError> {
+    let mut first = None;
+    for r in results {
+        if let Err(e) = r {
+            if matches!(e, DeviceError::LeaseLost(_)) || first.is_none() {
+                first = Some(e);
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
 }
 
 /// [`Backend::read_scattered`] through one buffer: [`Backend::read`] into it, then

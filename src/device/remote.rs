@@ -24,27 +24,19 @@ use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tracing::{error, warn};
 
-use super::diskcache::DiskCache;
 use super::health::{Health, HealthSnapshot, Pending};
-use super::{Backend, DeviceError, MAX_GET};
+use super::{first_error, Backend, DeviceError, MAX_GET};
 use crate::azure::ops::fence::SEQUENCE_REFUSED;
 use crate::azure::{AzureError, BlobClient, WriteFence};
 
 /// How long I/O waits through an outage unless `BLOBDRIVE_IO_TIMEOUT_SECS` says
-/// otherwise: as long as a SCSI disk's command timeout is commonly set on cloud VMs.
+/// otherwise (read by the command line, passed in as [`RemoteBackend::new`]'s
+/// `io_timeout`): as long as a SCSI disk's command timeout is commonly set on
+/// cloud VMs.
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(300);
 /// Pause between two operations that found the service unreachable (each already
 /// retried with backoff inside the client).
 const OUTAGE_PAUSE: Duration = Duration::from_secs(1);
-
-/// The I/O timeout from `BLOBDRIVE_IO_TIMEOUT_SECS`, or [`DEFAULT_IO_TIMEOUT`].
-pub fn io_timeout_from_env() -> Duration {
-    std::env::var("BLOBDRIVE_IO_TIMEOUT_SECS")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|v| *v > 0.0)
-        .map_or(DEFAULT_IO_TIMEOUT, Duration::from_secs_f64)
-}
 
 /// Put Page calls in flight at once, over all concurrent flush units: enough to
 /// fill a link, few enough to stay far below the per-blob request rate.
@@ -62,9 +54,6 @@ pub struct RemoteBackend {
     fenced: Arc<AtomicBool>,
     puts: Arc<Semaphore>,
     patience: Arc<Patience>,
-    /// The disk cache under the memory cache, if the mount has one: reads look
-    /// there before the blob, and what the blob answered or took goes there.
-    tier: Option<Arc<DiskCache>>,
 }
 
 /// How long an operation goes on through an outage.
@@ -103,19 +92,7 @@ impl RemoteBackend {
                 give_up: AtomicBool::new(false),
                 health: Arc::new(Health::default()),
             }),
-            tier: None,
         }
-    }
-
-    /// Puts `tier` under this backend (before the cache takes it).
-    pub fn with_disk_cache(mut self, tier: Arc<DiskCache>) -> RemoteBackend {
-        self.tier = Some(tier);
-        self
-    }
-
-    /// The disk cache, if the mount has one.
-    pub fn disk_cache(&self) -> Option<&Arc<DiskCache>> {
-        self.tier.as_ref()
     }
 
     /// Shared flag: set once the lease is lost.
@@ -388,48 +365,48 @@ pub fn map_error(fenced: &AtomicBool, e: AzureError) -> DeviceError {
 
 impl Backend for RemoteBackend {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
-        match &self.tier {
-            Some(t) => t.read(offset, buf, |o, b| self.read_blob(o, b)),
-            None => self.read_blob(offset, buf),
-        }
+        self.read_scattered(offset, &mut [buf])
     }
 
-    /// Without a disk cache, straight from the blob into the parts. With one,
-    /// through a buffer: the disk cache keeps what is fetched, from one buffer.
+    /// Bodies stream straight into `parts`. Reads longer than [`MAX_GET`] go out
+    /// as parallel ranged GETs of at most that, each waited for by its own thread.
     fn read_scattered(&self, offset: u64, parts: &mut [&mut [u8]]) -> Result<(), DeviceError> {
-        match &self.tier {
-            Some(_) => super::read_through_buffer(self, offset, parts),
-            None => self.read_blob_scattered(offset, parts),
+        let issued = Instant::now();
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        if total as u64 <= MAX_GET {
+            return self.read_run(issued, offset, parts);
         }
+        let mut groups = ranged_gets(offset, parts, MAX_GET);
+        let results: Vec<Result<(), DeviceError>> = std::thread::scope(|s| {
+            let tasks: Vec<_> = groups
+                .iter_mut()
+                .map(|(at, group)| {
+                    let at = *at;
+                    s.spawn(move || self.read_run(issued, at, group))
+                })
+                .collect();
+            tasks
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err(DeviceError::Io("read thread failed".into())))
+                })
+                .collect()
+        });
+        results.into_iter().collect()
     }
 
     fn reads_scattered(&self) -> bool {
-        self.tier.is_none()
-    }
-
-    fn has_local(&self) -> bool {
-        self.tier.as_ref().is_some_and(|t| t.is_on())
-    }
-
-    fn read_local(&self, offset: u64, blocks: &mut [&mut [u8]]) -> bool {
-        self.tier
-            .as_ref()
-            .is_some_and(|t| t.read_held(offset, blocks))
+        true
     }
 
     fn write_runs(&self, runs: Vec<(u64, Bytes)>) -> Result<(), DeviceError> {
-        let Some(t) = &self.tier else {
-            return first_error(self.write_blob(runs));
-        };
-        for (o, d) in &runs {
-            t.change_begins(*o, o + d.len() as u64);
-        }
-        let kept: Vec<(u64, Bytes)> = runs.clone();
-        let results = self.write_blob(runs);
-        for ((o, d), r) in kept.iter().zip(&results) {
-            t.change_ends(*o, o + d.len() as u64, r.is_ok().then_some(&d[..]));
-        }
-        first_error(results)
+        first_error(self.write_each(runs))
+    }
+
+    /// Sends `runs` in parallel.
+    fn write_each(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
+        self.write_blob(runs)
     }
 
     /// The data is left as it is: a flush that waited for another one (the
@@ -454,13 +431,7 @@ impl Backend for RemoteBackend {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
-        let Some(t) = &self.tier else {
-            return self.discard_blob(offset, len);
-        };
-        t.change_begins(offset, offset + len);
-        let r = self.discard_blob(offset, len);
-        t.change_ends(offset, offset + len, None);
-        r
+        self.discard_blob(offset, len)
     }
 }
 
@@ -487,52 +458,7 @@ fn ranged_gets<'a>(
     groups
 }
 
-/// The error to report of several runs': a lost lease outranks any other.
-fn first_error(results: Vec<Result<(), DeviceError>>) -> Result<(), DeviceError> {
-    let mut first = None;
-    for r in results {
-        if let Err(e) = r {
-            if matches!(e, DeviceError::LeaseLost(_)) || first.is_none() {
-                first = Some(e);
-            }
-        }
-    }
-    first.map_or(Ok(()), Err)
-}
-
 impl RemoteBackend {
-    fn read_blob(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
-        self.read_blob_scattered(offset, &mut [buf])
-    }
-
-    /// Bodies stream straight into `parts`. Reads longer than [`MAX_GET`] go out
-    /// as parallel ranged GETs of at most that, each waited for by its own thread.
-    fn read_blob_scattered(&self, offset: u64, parts: &mut [&mut [u8]]) -> Result<(), DeviceError> {
-        let issued = Instant::now();
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        if total as u64 <= MAX_GET {
-            return self.read_run(issued, offset, parts);
-        }
-        let mut groups = ranged_gets(offset, parts, MAX_GET);
-        let results: Vec<Result<(), DeviceError>> = std::thread::scope(|s| {
-            let tasks: Vec<_> = groups
-                .iter_mut()
-                .map(|(at, group)| {
-                    let at = *at;
-                    s.spawn(move || self.read_run(issued, at, group))
-                })
-                .collect();
-            tasks
-                .into_iter()
-                .map(|t| {
-                    t.join()
-                        .unwrap_or_else(|_| Err(DeviceError::Io("read thread failed".into())))
-                })
-                .collect()
-        });
-        results.into_iter().collect()
-    }
-
     /// Sends `runs` in parallel; one result per run, in order.
     fn write_blob(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
         let lease = match self.check_writable() {

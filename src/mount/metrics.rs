@@ -29,7 +29,7 @@ use crate::azure::stats::{Outcome, LATENCY_BUCKETS};
 use crate::azure::BlobService;
 use crate::device::cache::Cache;
 use crate::device::diskcache::DiskCacheStats;
-use crate::device::remote::RemoteBackend;
+use crate::device::stack::Stack;
 use crate::mount::process_metrics::ProcessFigures;
 
 /// Longest request head read from a scraper, and how long it may take.
@@ -55,7 +55,7 @@ pub struct MountInfo {
 pub struct Sources {
     pub info: MountInfo,
     pub service: BlobService,
-    pub cache: Option<Arc<Cache<RemoteBackend>>>,
+    pub cache: Option<Arc<Cache<Stack>>>,
     /// Whether the mount holds its lease now (false once lost, and for read-only
     /// mounts, which take none).
     pub lease_held: Arc<dyn Fn() -> bool + Send + Sync>,
@@ -208,12 +208,9 @@ fn service(enc: &mut DescriptorEncoder, svc: &BlobService) -> Result<(), std::fm
 }
 
 /// The memory cache's figures and what the drive's users did through it.
-fn cache_figures(
-    enc: &mut DescriptorEncoder,
-    cache: &Cache<RemoteBackend>,
-) -> Result<(), std::fmt::Error> {
+fn cache_figures(enc: &mut DescriptorEncoder, cache: &Cache<Stack>) -> Result<(), std::fmt::Error> {
     let c = cache.snapshot();
-    let h = cache.backend().health();
+    let h = cache.backend().remote().health();
     for (name, help, v) in [
         ("cache_hits", "Reads answered from the memory cache.", c.cache_hits),
         ("cache_misses", "Reads that had to fetch from the storage service.", c.cache_misses),

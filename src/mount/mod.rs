@@ -71,6 +71,29 @@ pub struct MountRequest {
     /// size, at most half the space free in the directory's filesystem.
     #[serde(default)]
     pub disk_cache_size: Option<u64>,
+    /// How long and how often I/O tries the service, as the command line read
+    /// them from its environment.
+    #[serde(default)]
+    pub io: IoSettings,
+}
+
+/// How long and how often a mount's I/O tries the storage service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IoSettings {
+    /// Each request's retries (`BLOBDRIVE_RETRY_BUDGET_SECS`,
+    /// `BLOBDRIVE_REQUEST_TIMEOUT_SECS`, `BLOBDRIVE_MAX_ATTEMPTS`).
+    pub retry: crate::azure::RetryPolicy,
+    /// How long one I/O waits through an outage (`BLOBDRIVE_IO_TIMEOUT_SECS`).
+    pub io_timeout: std::time::Duration,
+}
+
+impl Default for IoSettings {
+    fn default() -> Self {
+        IoSettings {
+            retry: crate::azure::RetryPolicy::default(),
+            io_timeout: crate::device::remote::DEFAULT_IO_TIMEOUT,
+        }
+    }
 }
 
 /// The filesystem types blobdrive mounts. A drive is bytes from the network that
@@ -129,13 +152,72 @@ pub enum MountError {
     Drive(#[from] crate::drive::DriveError),
     #[error(transparent)]
     Azure(#[from] crate::azure::AzureError),
-    #[error("{0}")]
-    System(String),
+    /// Something the system was asked to do failed (a file, a process, a
+    /// thread, a mount): what, and the error the system gave, kept as the
+    /// source.
+    ///
+    /// Shown as "what: source", as every message here always was (logs and
+    /// the control socket print errors with `{}`, not the whole chain); the
+    /// command line prints chains without a cause the message already ends
+    /// with, so anyhow's `{:#}` does not say it twice.
+    #[error("{what}{}", cause_text(.source.as_deref()))]
+    System {
+        what: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    },
     /// The filesystem is in use; everything stays mounted.
     #[error("{0} is busy (files open or a process inside it); close them and try again. The drive stays mounted and safe.")]
     Busy(String),
     #[error("{0}")]
     Data(String),
+}
+
+impl MountError {
+    /// A failure of the system described by `what` alone.
+    pub fn system(what: impl Into<String>) -> MountError {
+        MountError::System {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// A failure of the system while doing `what`, for the reason `source`.
+    pub fn with_source(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> MountError {
+        MountError::System {
+            what: what.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+/// ": " and the cause's message, if there is a cause.
+fn cause_text(source: Option<&(dyn std::error::Error + Send + Sync + 'static)>) -> String {
+    source.map(|e| format!(": {e}")).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::MountError;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_system_failure_says_what_and_why_and_keeps_the_why_as_its_source() {
+        let e =
+            MountError::with_source("cannot create /r/x", std::io::Error::from_raw_os_error(13));
+        assert_eq!(
+            e.to_string(),
+            "cannot create /r/x: Permission denied (os error 13)"
+        );
+        let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(io.and_then(std::io::Error::raw_os_error), Some(13));
+        let e = MountError::system("the drive is not set up");
+        assert_eq!(e.to_string(), "the drive is not set up");
+        assert!(e.source().is_none());
+    }
 }
 
 #[cfg(test)]

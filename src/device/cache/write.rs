@@ -18,6 +18,22 @@ use crate::device::{Backend, DeviceError, SECTOR};
 
 use super::{Cache, BLOCK, ROOM_PATIENCE, SETTLE};
 
+/// The start of each sector that a write of `offset..end` covers only in part:
+/// its first and its last, or one sector for a write within one.
+fn partly_covered_sectors(offset: u64, end: u64) -> Vec<u64> {
+    let mut v = Vec::new();
+    if offset % SECTOR != 0 {
+        v.push(offset / SECTOR * SECTOR);
+    }
+    if end % SECTOR != 0 {
+        let s = end / SECTOR * SECTOR;
+        if v.last() != Some(&s) {
+            v.push(s);
+        }
+    }
+    v
+}
+
 impl<B: Backend> Cache<B> {
     /// Writes `data` at `offset` into the cache; durable only after [`Cache::flush`].
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
@@ -36,19 +52,7 @@ impl<B: Backend> Cache<B> {
         let end = offset + len;
         // Sectors only partly covered need their old bytes: fetch those (at most two
         // sectors) unless cached or a hole. Whole-sector writes never read.
-        let edges: Vec<u64> = {
-            let mut v = Vec::new();
-            if offset % SECTOR != 0 {
-                v.push(offset / SECTOR * SECTOR);
-            }
-            if end % SECTOR != 0 {
-                let s = end / SECTOR * SECTOR;
-                if v.last() != Some(&s) {
-                    v.push(s);
-                }
-            }
-            v
-        };
+        let edges = partly_covered_sectors(offset, end);
         // Old bytes of partly covered sectors, fetched unless cached or a hole. No
         // flush or discard may land between that fetch and its use (the fetched bytes
         // could then predate data written and evicted since): holding the flush lock

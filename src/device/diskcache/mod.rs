@@ -20,6 +20,7 @@
 mod direct;
 pub mod files;
 pub mod index;
+pub mod tier;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -638,7 +639,7 @@ mod tests {
 
     /// A private directory for one test's caches (root's, 0700: the tests run as
     /// root, as the daemon does).
-    fn parent(name: &str) -> PathBuf {
+    pub(super) fn parent(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("bd-diskcache-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir(&d).unwrap();
@@ -646,7 +647,7 @@ mod tests {
         d
     }
 
-    fn state(etag: &str) -> BlobState {
+    pub(super) fn state(etag: &str) -> BlobState {
         BlobState {
             etag: etag.into(),
             content_length: 64 << 20,

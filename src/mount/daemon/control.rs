@@ -17,7 +17,7 @@ use super::stats::{lease_state, StatsValues};
 use super::teardown::finished;
 use super::Mounted;
 use crate::device::cache::Cache;
-use crate::device::remote::RemoteBackend;
+use crate::device::stack::Stack;
 use crate::mount::{record, MountError};
 use crate::size::human as human_bytes;
 
@@ -48,7 +48,7 @@ impl Mounted {
         };
         Box::new(move || {
             let dirty = cache.dirty_bytes();
-            let h = cache.backend().health();
+            let h = cache.backend().remote().health();
             if h.stalled >= Duration::from_secs(2) {
                 format!(
                     "waiting for the storage service, which has not answered for {} s ({}); {} not yet written, kept in memory",
@@ -178,7 +178,7 @@ fn start_control_thread(
             }
         })
         .map(drop)
-        .map_err(|e| MountError::System(format!("cannot start the control thread: {e}")))
+        .map_err(|e| MountError::with_source("cannot start the control thread", e))
 }
 
 impl Mounted {
@@ -270,7 +270,7 @@ impl Mounted {
                 self.discard.store(false, Ordering::SeqCst);
                 if !self.fuse_gone.load(Ordering::SeqCst) {
                     if let Some(c) = &self.cache {
-                        c.backend().resume_waiting();
+                        c.backend().remote().resume_waiting();
                     }
                 }
                 reply.send(&format!("error {e}"));
@@ -331,7 +331,7 @@ impl Mounted {
             human_bytes(dirty)
         );
         if let Some(c) = &self.cache {
-            let h = c.backend().health();
+            let h = c.backend().remote().health();
             if h.stalled >= Duration::from_secs(2) {
                 line.push_str(&format!(
                     "; the storage service has not answered for {} s ({})",
@@ -459,7 +459,7 @@ struct Discard {
     requested: Arc<AtomicBool>,
     fuse_gone: Arc<AtomicBool>,
     unmounting_fs: Arc<AtomicBool>,
-    cache: Option<Arc<Cache<RemoteBackend>>>,
+    cache: Option<Arc<Cache<Stack>>>,
 }
 
 impl Discard {
@@ -471,7 +471,7 @@ impl Discard {
         self.requested.store(true, Ordering::SeqCst);
         if self.fuse_gone.load(Ordering::SeqCst) || self.unmounting_fs.load(Ordering::SeqCst) {
             if let Some(c) = &self.cache {
-                c.backend().stop_waiting();
+                c.backend().remote().stop_waiting();
             }
         }
     }

@@ -44,7 +44,7 @@ use crate::azure::{Account, BlobClient, BlobService};
 use crate::blobref::BlobRef;
 use crate::device::cache::Cache;
 use crate::device::diskcache::files::BlobState;
-use crate::device::remote::RemoteBackend;
+use crate::device::stack::Stack;
 use control::serve;
 use handles::{AttachedLoop, FsMount, MadeDir, RecordClaim, UtabEntry};
 use setup::{limit_malloc_arenas, setup};
@@ -58,7 +58,7 @@ struct Mounted {
     target: String,
     lease: Option<String>,
     fenced: Arc<AtomicBool>,
-    cache: Option<Arc<Cache<RemoteBackend>>>,
+    cache: Option<Arc<Cache<Stack>>>,
     flusher: Option<JoinHandle<()>>,
     session: Option<BackgroundSession>,
     fuse_dir: PathBuf,
@@ -94,7 +94,7 @@ struct Mounted {
     unmounting_fs: Arc<AtomicBool>,
     /// libmount's entry naming `umount.blobdrive` for the user's directory.
     utab: Option<UtabEntry>,
-    /// With a disk cache (`--disk-cache`, held by the cache's backend): the blob
+    /// With a disk cache (`--disk-cache`, a layer of the cache's stack): the blob
     /// as the mount found it once it alone could write it. A clean unmount
     /// leaves the disk cache for the next mount only if the blob is then as the
     /// mount's own writes left it.
@@ -148,7 +148,7 @@ pub fn run(
         Ok(b) => b,
         Err(e) => {
             ready(Err(e.to_string()));
-            return Err(MountError::System(e.to_string()));
+            return Err(MountError::system(e.to_string()));
         }
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -156,8 +156,8 @@ pub fn run(
         .enable_all()
         .thread_name("blobdrive-io")
         .build()
-        .map_err(|e| MountError::System(format!("cannot start the I/O runtime: {e}")))?;
-    let svc = BlobService::new(blob_ref.account(&account));
+        .map_err(|e| MountError::with_source("cannot start the I/O runtime", e))?;
+    let svc = BlobService::with_policy(blob_ref.account(&account), req.io.retry.clone());
     let blob = blob_ref.client(&svc);
     let id = record::id_for(&req.mountpoint);
     let (_, socket_path, log_path, run_fuse_dir) = record::paths(&id);
@@ -213,7 +213,7 @@ pub fn run(
     let metrics_listener = match req.metrics.as_deref().map(super::metrics::bind) {
         Some(Err(msg)) => {
             ready(Err(msg.clone()));
-            return Err(MountError::System(msg));
+            return Err(MountError::system(msg));
         }
         Some(Ok(l)) => Some(l),
         None => None,

@@ -45,16 +45,16 @@ impl Mounted {
     /// says what grew.
     pub(super) fn resize(&mut self, size: u64, phase: &Phase) -> Result<String, MountError> {
         if self.req.read_only {
-            return Err(MountError::System(format!(
+            return Err(MountError::system(format!(
                 "the mount at {} is read-only: resize the drive where it is mounted writable, or while it is not mounted",
                 self.req.mountpoint.display()
             )));
         }
         let (Some(cache), Some(lease)) = (self.cache.clone(), self.lease.clone()) else {
-            return Err(MountError::System("the drive is not set up".into()));
+            return Err(MountError::system("the drive is not set up"));
         };
         if cache.is_fenced() {
-            return Err(MountError::System(format!(
+            return Err(MountError::system(format!(
                 "the lease on {} was lost: nothing is written to it any more",
                 self.target
             )));
@@ -65,7 +65,7 @@ impl Mounted {
             // Refused before anything changes: the blob and the device would
             // grow, the filesystem not.
             let mp = self.req.mountpoint.display();
-            return Err(MountError::System(format!(
+            return Err(MountError::system(format!(
                 "growing a mounted ext4 filesystem needs the capability CAP_SYS_RESOURCE, which this daemon does not have (a container that drops it?); nothing was changed. Grow it unmounted instead: `blobdrive unmount {mp}`, `blobdrive resize {} --size {}MiB`, then e2fsck -f and resize2fs on the device of a --mode block mount",
                 self.target,
                 size >> 20
@@ -83,7 +83,7 @@ impl Mounted {
         let from = match self.rt.block_on(resize::plan(&self.blob, size))? {
             Plan::Unchanged(_) => before,
             Plan::Grow(growth) => {
-                let fence = cache.backend().write_fence();
+                let fence = cache.backend().remote().write_fence();
                 for step in STEPS {
                     set(phase, doing(step));
                     let run = || {
@@ -104,7 +104,7 @@ impl Mounted {
         };
         cache.grow(size);
         let grown = self.grow_layers(size, phase).map_err(|e| {
-            MountError::System(format!(
+            MountError::system(format!(
                 "{} grew to {}, but {e}; run the same resize again to finish",
                 self.target,
                 human(size)
@@ -144,7 +144,7 @@ impl Mounted {
             len = disk_len();
         }
         if len != size {
-            return Err(MountError::System(format!(
+            return Err(MountError::system(format!(
                 "{} still shows {len} bytes",
                 disk.display()
             )));
@@ -155,7 +155,7 @@ impl Mounted {
         set(phase, "giving the loop device its new size");
         let dev_len = dev.take_new_capacity()?;
         if dev_len != size {
-            return Err(MountError::System(format!(
+            return Err(MountError::system(format!(
                 "{dev} still has {dev_len} bytes after taking the new capacity"
             )));
         }
@@ -167,7 +167,7 @@ impl Mounted {
         let mp = &self.req.mountpoint;
         set(phase, "growing the filesystem to fill the disk");
         system::grow_fs(dev, fstype, mp).map_err(|e| {
-            MountError::System(format!("growing the {fstype} filesystem failed: {e}"))
+            MountError::with_source(format!("growing the {fstype} filesystem failed"), e)
         })?;
         Ok(format!(
             "the {fstype} filesystem at {} grew to {}",

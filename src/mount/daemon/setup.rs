@@ -19,8 +19,9 @@ use crate::azure::{BlobProperties, PageRange, SegmentPlan};
 use crate::device::cache::{Cache, CacheConfig, READAHEAD_RUNS};
 use crate::device::diskcache::files::{self, BlobState};
 use crate::device::diskcache::DiskCache;
-use crate::device::remote::{self, RemoteBackend};
+use crate::device::remote::RemoteBackend;
 use crate::device::sparse::SparseMap;
+use crate::device::stack::Stack;
 use crate::drive::Drive;
 use crate::fuse::{DiskFs, StatsFn};
 use crate::mount::record::{self, MountRecord};
@@ -83,7 +84,7 @@ fn open_and_lease(m: &mut Mounted) -> Result<Drive, MountError> {
                 return Ok(drive);
             }
             Err(e) if e.code() == Some("LeaseAlreadyPresent") => {
-                return Err(MountError::System(format!(
+                return Err(MountError::system(format!(
                     "{} is in use: another mount holds its lease (on this or another host). Mount it --read-only, or if its host is dead run `blobdrive lease break {} --yes`",
                     m.target, m.target
                 )))
@@ -97,7 +98,7 @@ fn open_and_lease(m: &mut Mounted) -> Result<Drive, MountError> {
             Err(e) if e.is_changed_since_read() => {
                 // An earlier round may have taken it with its answer lost.
                 let _ = m.rt.block_on(m.blob.release_lease(&id));
-                return Err(MountError::System(format!(
+                return Err(MountError::system(format!(
                     "{} kept changing while it was being mounted ({LEASE_ROUNDS} tries): another party is writing it. Mount it --read-only, or try again once it is done",
                     m.target
                 )));
@@ -185,11 +186,9 @@ fn claim_record(rec: &MountRecord) -> Result<RecordClaim, MountError> {
                     rec.mountpoint.display()
                 ),
             };
-            Err(MountError::System(msg))
+            Err(MountError::system(msg))
         }
-        Err(e) => Err(MountError::System(format!(
-            "cannot write the mount record: {e}"
-        ))),
+        Err(e) => Err(MountError::with_source("cannot write the mount record", e)),
     }
 }
 
@@ -230,21 +229,23 @@ fn written_ranges(m: &Mounted, size: u64) -> Result<Vec<PageRange>, MountError> 
 
 /// The cache over the blob (with the disk tier when asked), its read-ahead and
 /// flush threads, and the lease keeper.
-fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<RemoteBackend>>, MountError> {
+fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<Stack>>, MountError> {
     let size = drive.disk_size();
     let ranges = written_ranges(m, size)?;
-    let mut backend = RemoteBackend::new(
+    let remote = RemoteBackend::new(
         m.blob.clone(),
         m.lease.clone(),
         m.rt.handle().clone(),
-        remote::io_timeout_from_env(),
+        m.req.io.io_timeout,
     );
-    if let Some(dir) = m.req.disk_cache.clone() {
-        backend = backend.with_disk_cache(open_disk_cache(m, &dir, drive)?);
-    }
-    m.fenced = backend.fence();
+    let disk = match m.req.disk_cache.clone() {
+        Some(dir) => Some(open_disk_cache(m, &dir, drive)?),
+        None => None,
+    };
+    m.fenced = remote.fence();
+    // The one place the layers below the memory cache are put together.
     let cache = Arc::new(Cache::new(
-        backend,
+        Stack::new(remote, disk),
         size,
         SparseMap::from_ranges(&ranges),
         CacheConfig::with_capacity(m.req.cache_size),
@@ -254,14 +255,14 @@ fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<RemoteBackend
     m.cache = Some(cache.clone());
     cache
         .start_prefetchers(PREFETCH_WORKERS)
-        .map_err(|e| MountError::System(format!("cannot start read-ahead: {e}")))?;
+        .map_err(|e| MountError::with_source("cannot start read-ahead", e))?;
     if !m.req.read_only {
         let c = cache.clone();
         m.flusher = Some(
             std::thread::Builder::new()
                 .name("blobdrive-flush".into())
                 .spawn(move || c.run_flusher())
-                .map_err(|e| MountError::System(format!("cannot start the flusher: {e}")))?,
+                .map_err(|e| MountError::with_source("cannot start the flusher", e))?,
         );
         if let Some(id) = m.lease.clone() {
             spawn_lease_keeper(m, id);
@@ -276,15 +277,12 @@ fn make_fuse_dir(dir: &Path) -> Result<MadeDir, MountError> {
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(dir)
-        .map_err(|e| MountError::System(format!("cannot create {}: {e}", dir.display())))?;
+        .map_err(|e| MountError::with_source(format!("cannot create {}", dir.display()), e))?;
     Ok(MadeDir(dir.to_path_buf()))
 }
 
 /// Serves the cache as the file `disk` in a FUSE mount at `m.fuse_dir`.
-fn start_fuse(
-    m: &mut Mounted,
-    cache: &Arc<Cache<RemoteBackend>>,
-) -> Result<BackgroundSession, MountError> {
+fn start_fuse(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> Result<BackgroundSession, MountError> {
     let svc = m.blob.service().clone();
     let stats_cache = cache.clone();
     let fenced = m.fenced.clone();
@@ -316,10 +314,7 @@ fn start_fuse(
         system::check_same_dir(&m.fuse_dir, m.req.mountpoint_id)?;
     }
     fuser::spawn_mount(fs, &m.fuse_dir, &config).map_err(|e| {
-        MountError::System(format!(
-            "cannot mount FUSE at {}: {e}",
-            m.fuse_dir.display()
-        ))
+        MountError::with_source(format!("cannot mount FUSE at {}", m.fuse_dir.display()), e)
     })
 }
 
@@ -469,14 +464,14 @@ fn filesystem_to_mount(
         (Some(t), None) => t,
         (None, Some(wanted)) => {
             if m.req.read_only {
-                return Err(MountError::System("--mkfs needs a writable mount".into()));
+                return Err(MountError::system("--mkfs needs a writable mount"));
             }
             system::mkfs(dev, wanted)?;
             out.formatted = true;
             wanted.to_string()
         }
         (None, None) => {
-            return Err(MountError::System(format!(
+            return Err(MountError::system(format!(
                 "{} holds no filesystem: add --mkfs ext4 (or xfs) to create one, or use --mode block or --mode raw",
                 m.target
             )))
@@ -484,7 +479,7 @@ fn filesystem_to_mount(
     };
     if !crate::mount::MOUNTABLE_FS.contains(&t.as_str()) {
         // Checked before anything mounts it (no journal replay, nothing written).
-        return Err(MountError::System(format!(
+        return Err(MountError::system(format!(
             "{} holds {} {t} filesystem; blobdrive mounts only ext4 and xfs (use --mode block for the device)",
             m.target,
             crate::words::article(&t)
@@ -497,17 +492,16 @@ fn filesystem_to_mount(
 fn open_control_socket(rec: &MountRecord) -> Result<UnixListener, MountError> {
     let _ = std::fs::remove_file(&rec.socket);
     let listener = UnixListener::bind(&rec.socket).map_err(|e| {
-        MountError::System(format!("cannot listen on {}: {e}", rec.socket.display()))
+        MountError::with_source(format!("cannot listen on {}", rec.socket.display()), e)
     })?;
     // Root's alone (its directory already is): see `control::peer_uid` too.
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&rec.socket, std::fs::Permissions::from_mode(0o600)).map_err(
-            |e| MountError::System(format!("cannot restrict {}: {e}", rec.socket.display())),
+            |e| MountError::with_source(format!("cannot restrict {}", rec.socket.display()), e),
         )?;
     }
-    record::save(rec)
-        .map_err(|e| MountError::System(format!("cannot write the mount record: {e}")))?;
+    record::save(rec).map_err(|e| MountError::with_source("cannot write the mount record", e))?;
     Ok(listener)
 }
 
@@ -525,7 +519,7 @@ fn open_disk_cache(
         drive.props.clone()
     };
     let state = blob_state(&props).ok_or_else(|| {
-        MountError::System(format!(
+        MountError::system(format!(
             "--disk-cache: the storage service sent no ETag for {}, so a cache could never be proven current",
             m.target
         ))
@@ -559,7 +553,7 @@ fn open_disk_cache(
     // mount read its state: see `DiskCache::open`.
     let may_start_warm = !m.req.read_only || m.blob.snapshot().is_some();
     let tier =
-        DiskCache::open(dir, &name, limit, &state, may_start_warm).map_err(MountError::System)?;
+        DiskCache::open(dir, &name, limit, &state, may_start_warm).map_err(MountError::system)?;
     m.disk_state = Some(state);
     Ok(Arc::new(tier))
 }

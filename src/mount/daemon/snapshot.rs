@@ -12,8 +12,8 @@ impl Mounted {
     /// (fs mode), write every cached byte, snapshot, thaw (always, also on errors).
     pub(super) fn consistent_snapshot(&mut self) -> Result<String, MountError> {
         if self.req.read_only {
-            return Err(MountError::System(
-                "a read-only mount is not snapshotted through its daemon".into(),
+            return Err(MountError::system(
+                "a read-only mount is not snapshotted through its daemon",
             ));
         }
         let mp = self.req.mountpoint.to_string_lossy().to_string();

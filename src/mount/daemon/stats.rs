@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::azure::BlobService;
 use crate::device::cache::Cache;
-use crate::device::remote::RemoteBackend;
+use crate::device::stack::Stack;
 
 /// The daemon's counters as JSON, computed on each call.
 pub(super) type StatsValues = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
@@ -25,12 +25,14 @@ pub(super) fn lease_state(had_lease: bool, fenced: &AtomicBool) -> &'static str 
 
 pub(super) fn stats_value(
     svc: &BlobService,
-    cache: Option<&Cache<RemoteBackend>>,
+    cache: Option<&Cache<Stack>>,
     lease: &str,
 ) -> serde_json::Value {
     let s = svc.stats();
     let c = cache.map(|c| c.snapshot()).unwrap_or_default();
-    let h = cache.map(|c| c.backend().health()).unwrap_or_default();
+    let h = cache
+        .map(|c| c.backend().remote().health())
+        .unwrap_or_default();
     json!({
         "disk_size": cache.map_or(0, |c| c.size()),
         "put_page_requests": s.put_page_requests,

@@ -9,7 +9,7 @@ use tracing::{error, info, warn};
 
 use super::Mounted;
 use crate::device::cache::Cache;
-use crate::device::remote::RemoteBackend;
+use crate::device::stack::Stack;
 use crate::device::DeviceError;
 use crate::mount::system;
 use crate::mount::MountError;
@@ -91,7 +91,7 @@ impl Mounted {
 
     fn set_unbounded_waits(&self, on: bool) {
         if let Some(c) = &self.cache {
-            c.backend().set_wait_without_limit(on);
+            c.backend().remote().set_wait_without_limit(on);
         }
     }
 
@@ -301,13 +301,13 @@ impl Mounted {
         self.unmounting_fs.store(true, Ordering::SeqCst);
         let backend = self.cache.as_ref().map(|c| c.backend());
         if self.discard.load(Ordering::SeqCst) {
-            backend.inspect(|b| b.stop_waiting());
+            backend.inspect(|b| b.remote().stop_waiting());
         }
         let done = system::umount(&self.req.mountpoint, false);
         self.unmounting_fs.store(false, Ordering::SeqCst);
         if done.is_err() {
             // Still mounted: its I/O waits through outages again.
-            backend.inspect(|b| b.resume_waiting());
+            backend.inspect(|b| b.remote().resume_waiting());
         }
         done
     }
@@ -325,13 +325,13 @@ impl Mounted {
     /// Writes every cached byte, waiting out outages (the backend does not give up
     /// during unmount). Returns what was dropped if the lease was lost, or if
     /// `unmount --discard-dirty` asked to drop what cannot be written.
-    fn write_back(&self, cache: &Cache<RemoteBackend>) -> Option<String> {
+    fn write_back(&self, cache: &Cache<Stack>) -> Option<String> {
         let mut pause = Duration::from_secs(1);
         loop {
             if self.discard.load(Ordering::SeqCst) {
                 // One more try without waiting through an outage; what it cannot
                 // write is dropped.
-                cache.backend().stop_waiting();
+                cache.backend().remote().stop_waiting();
                 if cache.flush().is_ok() {
                     return None;
                 }
@@ -341,6 +341,7 @@ impl Mounted {
                     cache.dirty_bytes(),
                     cache
                         .backend()
+                        .remote()
                         .health()
                         .last_error
                         .as_deref()

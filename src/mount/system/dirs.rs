@@ -13,7 +13,7 @@ pub fn open_dir(path: &Path, id: Option<(u64, u64)>) -> Result<std::os::fd::Owne
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| MountError::System("path contains NUL".into()))?;
+        .map_err(|_| MountError::system("path contains NUL"))?;
     // SAFETY: `c` is a valid NUL-terminated path.
     let fd = unsafe {
         libc::open(
@@ -22,7 +22,7 @@ pub fn open_dir(path: &Path, id: Option<(u64, u64)>) -> Result<std::os::fd::Owne
         )
     };
     let changed = || {
-        MountError::System(format!(
+        MountError::system(format!(
             "{} is no longer the directory that was checked before mounting (renamed, replaced or a symlink now): nothing was mounted there",
             path.display()
         ))
@@ -32,12 +32,10 @@ pub fn open_dir(path: &Path, id: Option<(u64, u64)>) -> Result<std::os::fd::Owne
     }
     // SAFETY: `fd` was just opened and is owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let meta = std::fs::File::from(
-        fd.try_clone()
-            .map_err(|e| MountError::System(e.to_string()))?,
-    )
-    .metadata()
-    .map_err(|e| MountError::System(format!("cannot use {}: {e}", path.display())))?;
+    let cannot_use = |e| MountError::with_source(format!("cannot use {}", path.display()), e);
+    let meta = std::fs::File::from(fd.try_clone().map_err(cannot_use)?)
+        .metadata()
+        .map_err(cannot_use)?;
     if id.is_some_and(|id| id != (meta.dev(), meta.ino())) {
         return Err(changed());
     }
@@ -48,7 +46,7 @@ pub fn open_dir(path: &Path, id: Option<(u64, u64)>) -> Result<std::os::fd::Owne
 pub fn umount(path: &Path, lazy: bool) -> Result<(), MountError> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| MountError::System("path contains NUL".into()))?;
+        .map_err(|_| MountError::system("path contains NUL"))?;
     // Never through a symlink put in the mountpoint's place since it was checked.
     let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
@@ -60,10 +58,10 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), MountError> {
     match err.raw_os_error() {
         Some(libc::EBUSY) => Err(MountError::Busy(path.display().to_string())),
         Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(()), // not mounted (any more)
-        _ => Err(MountError::System(format!(
-            "cannot unmount {}: {err}",
-            path.display()
-        ))),
+        _ => Err(MountError::with_source(
+            format!("cannot unmount {}", path.display()),
+            err,
+        )),
     }
 }
 
@@ -108,9 +106,9 @@ pub(crate) fn unescape_mountinfo(s: &str) -> String {
 pub fn dir_id(path: &Path) -> Result<(u64, u64), MountError> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::symlink_metadata(path)
-        .map_err(|e| MountError::System(format!("cannot use {}: {e}", path.display())))?;
+        .map_err(|e| MountError::with_source(format!("cannot use {}", path.display()), e))?;
     if !meta.is_dir() {
-        return Err(MountError::System(format!(
+        return Err(MountError::system(format!(
             "{} is not a directory",
             path.display()
         )));

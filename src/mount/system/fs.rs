@@ -15,11 +15,11 @@ pub fn grow_fs(dev: &LoopDevice, fstype: &str, mountpoint: &Path) -> Result<(), 
     drop(open_root_of(mountpoint, dev, "growing")?);
     let mp = mountpoint
         .to_str()
-        .ok_or_else(|| MountError::System("mountpoint is not UTF-8".into()))?;
+        .ok_or_else(|| MountError::system("mountpoint is not UTF-8"))?;
     match fstype {
         "ext4" => run("resize2fs", &[dev.path()]).map(|_| ()),
         "xfs" => run("xfs_growfs", &["-d", mp]).map(|_| ()),
-        other => Err(MountError::System(format!(
+        other => Err(MountError::system(format!(
             "a {other} filesystem is not grown by blobdrive"
         ))),
     }
@@ -34,7 +34,7 @@ pub fn grow_ext4_unmounted(dev: &LoopDevice) -> Result<(), MountError> {
     let out = tool_command("e2fsck")
         .args(["-f", "-p", dev.path()])
         .output()
-        .map_err(|e| MountError::System(format!("cannot run e2fsck: {e}")))?;
+        .map_err(|e| MountError::with_source("cannot run e2fsck", e))?;
     // 0: clean; 1: errors corrected.
     if !matches!(out.status.code(), Some(0 | 1)) {
         let said = String::from_utf8_lossy(&out.stdout).to_string()
@@ -44,7 +44,7 @@ pub fn grow_ext4_unmounted(dev: &LoopDevice) -> Result<(), MountError> {
             .map(str::trim)
             .rfind(|l| !l.is_empty())
             .unwrap_or("no message");
-        return Err(MountError::System(format!(
+        return Err(MountError::system(format!(
             "e2fsck -f -p {dev} found what it repairs only when asked ({line}), so the filesystem was not grown"
         )));
     }
@@ -95,7 +95,7 @@ pub fn fs_type(dev: &LoopDevice) -> Result<Option<String>, MountError> {
     let out = tool_command("blkid")
         .args(["-p", "-o", "value", "-s", "TYPE", dev.path()])
         .output()
-        .map_err(|e| MountError::System(format!("cannot run blkid: {e}")))?;
+        .map_err(|e| MountError::with_source("cannot run blkid", e))?;
     match out.status.code() {
         Some(0) => {
             let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -103,7 +103,7 @@ pub fn fs_type(dev: &LoopDevice) -> Result<Option<String>, MountError> {
         }
         // 2: nothing found.
         Some(2) => Ok(None),
-        _ => Err(MountError::System(format!(
+        _ => Err(MountError::system(format!(
             "blkid {dev} failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ))),
@@ -116,7 +116,7 @@ pub fn mkfs(dev: &LoopDevice, fstype: &str) -> Result<(), MountError> {
     match fstype {
         "ext4" => run("mkfs.ext4", &["-q", "-F", "-E", "nodiscard", dev.path()]).map(|_| ()),
         "xfs" => run("mkfs.xfs", &["-q", "-f", "-K", dev.path()]).map(|_| ()),
-        other => Err(MountError::System(format!(
+        other => Err(MountError::system(format!(
             "--mkfs {other}: only ext4 and xfs are supported"
         ))),
     }
@@ -186,7 +186,7 @@ fn mount_at(
     let mut flags: libc::c_ulong = 0;
     for w in words {
         let (bit, on) =
-            mount_flag(w).ok_or_else(|| MountError::System(format!("unknown mount option {w}")))?;
+            mount_flag(w).ok_or_else(|| MountError::system(format!("unknown mount option {w}")))?;
         if on {
             flags |= bit;
         } else {
@@ -194,7 +194,7 @@ fn mount_at(
         }
     }
     let c = |v: &str| {
-        std::ffi::CString::new(v).map_err(|_| MountError::System("NUL in a mount argument".into()))
+        std::ffi::CString::new(v).map_err(|_| MountError::system("NUL in a mount argument"))
     };
     let (src, target) = (
         c(dev.path())?,
@@ -214,10 +214,10 @@ fn mount_at(
     if rc == 0 {
         return Ok(());
     }
-    Err(MountError::System(format!(
-        "cannot mount the {fstype} filesystem of {dev}: {}",
-        std::io::Error::last_os_error()
-    )))
+    Err(MountError::with_source(
+        format!("cannot mount the {fstype} filesystem of {dev}"),
+        std::io::Error::last_os_error(),
+    ))
 }
 
 /// Freezes the filesystem mounted at `mountpoint` (FIFREEZE through a descriptor
@@ -228,11 +228,10 @@ pub fn freeze(mountpoint: &Path, dev: &LoopDevice) -> Result<std::fs::File, Moun
     let f = open_root_of(mountpoint, dev, "freezing")?;
     // SAFETY: FIFREEZE on an open directory of the filesystem; the argument is ignored.
     if unsafe { libc::ioctl(f.as_raw_fd(), FIFREEZE, 0) } != 0 {
-        return Err(MountError::System(format!(
-            "cannot freeze {}: {}",
-            mountpoint.display(),
-            std::io::Error::last_os_error()
-        )));
+        return Err(MountError::with_source(
+            format!("cannot freeze {}", mountpoint.display()),
+            std::io::Error::last_os_error(),
+        ));
     }
     Ok(f)
 }
@@ -249,16 +248,16 @@ fn open_root_of(
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(mountpoint)
-        .map_err(|e| MountError::System(format!("cannot open {}: {e}", mountpoint.display())))?;
+        .map_err(|e| MountError::with_source(format!("cannot open {}", mountpoint.display()), e))?;
     let here = f
         .metadata()
-        .map_err(|e| MountError::System(e.to_string()))?
+        .map_err(|e| MountError::with_source(format!("cannot check {}", mountpoint.display()), e))?
         .dev();
     let device = std::fs::metadata(dev.path())
-        .map_err(|e| MountError::System(format!("cannot check {dev}: {e}")))?
+        .map_err(|e| MountError::with_source(format!("cannot check {dev}"), e))?
         .rdev();
     if here != device {
-        return Err(MountError::System(format!(
+        return Err(MountError::system(format!(
             "{} is not the filesystem of {dev} any more: not {doing} it",
             mountpoint.display()
         )));
@@ -271,10 +270,10 @@ pub fn thaw(frozen: &std::fs::File) -> Result<(), MountError> {
     use std::os::fd::AsRawFd;
     // SAFETY: FITHAW on the descriptor FIFREEZE was given.
     if unsafe { libc::ioctl(frozen.as_raw_fd(), FITHAW, 0) } != 0 {
-        return Err(MountError::System(format!(
-            "cannot thaw: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(MountError::with_source(
+            "cannot thaw",
+            std::io::Error::last_os_error(),
+        ));
     }
     Ok(())
 }

@@ -35,7 +35,7 @@ impl LoopDevice {
     pub fn attach(file: &Path, read_only: bool) -> Result<LoopDevice, MountError> {
         let f = file
             .to_str()
-            .ok_or_else(|| MountError::System("path is not UTF-8".into()))?;
+            .ok_or_else(|| MountError::system("path is not UTF-8"))?;
         let mut args = vec!["--find", "--show"];
         if read_only {
             args.push("--read-only");
@@ -167,7 +167,7 @@ impl LoopDevice {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Path::new(&backing).exists() {
             if Instant::now() > deadline {
-                return Err(MountError::System(format!(
+                return Err(MountError::system(format!(
                     "{self} is still attached 20 s after detaching it"
                 )));
             }
@@ -209,8 +209,9 @@ impl LoopDevice {
     /// Set earlier, the first close (blkid's, mkfs's) would detach it.
     pub fn set_autoclear(&self) -> Result<(), MountError> {
         use std::os::fd::AsRawFd;
-        let fail =
-            |e: std::io::Error| MountError::System(format!("cannot set autoclear on {self}: {e}"));
+        let fail = |e: std::io::Error| {
+            MountError::with_source(format!("cannot set autoclear on {self}"), e)
+        };
         let f = std::fs::File::open(&self.path).map_err(fail)?;
         // SAFETY: an all-zero loop_info64 is a valid value of this plain C struct.
         let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
@@ -231,7 +232,7 @@ impl LoopDevice {
     /// after that file grew; returns the device's size in bytes now.
     pub fn take_new_capacity(&self) -> Result<u64, MountError> {
         use std::os::fd::AsRawFd;
-        let fail = |e: std::io::Error| MountError::System(format!("cannot grow {self}: {e}"));
+        let fail = |e: std::io::Error| MountError::with_source(format!("cannot grow {self}"), e);
         let f = std::fs::File::open(&self.path).map_err(fail)?;
         // SAFETY: LOOP_SET_CAPACITY takes no argument.
         if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_SET_CAPACITY, 0) } != 0 {

@@ -56,7 +56,7 @@ pub fn run(tool: &str, args: &[&str]) -> Result<String, MountError> {
     let out = tool_command(tool)
         .args(args)
         .output()
-        .map_err(|e| MountError::System(format!("cannot run {tool}: {e}")))?;
+        .map_err(|e| MountError::with_source(format!("cannot run {tool}"), e))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
@@ -67,7 +67,7 @@ pub fn run(tool: &str, args: &[&str]) -> Result<String, MountError> {
             .map(str::trim)
             .find(|l| !l.is_empty() && !l.starts_with(&format!("{tool} 1.")))
             .unwrap_or("");
-        Err(MountError::System(format!(
+        Err(MountError::system(format!(
             "{tool} {} failed: {}",
             args.join(" "),
             if line.is_empty() { "no message" } else { line }
