@@ -99,6 +99,12 @@ pub struct Args {
     /// the drive's size, at most half the space free on DIR's filesystem].
     #[arg(long, value_name = "SIZE", requires = "disk_cache")]
     pub disk_cache_size: Option<String>,
+    /// Run the part of the daemon that talks to the storage service as USER,
+    /// walled off from the host, with a small root part doing the mounts
+    /// [default: one process, as root; the split is being built (issue 42)
+    /// and taken only in --mode raw without --disk-cache so far]
+    #[arg(long, value_name = "USER", env = "BLOBDRIVE_RUN_AS")]
+    pub run_as: Option<String>,
     /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)
     /// helper from an fstab line.
     #[arg(skip)]
@@ -271,6 +277,7 @@ fn mount(
         metrics: args.metrics.clone(),
         disk_cache,
         disk_cache_size,
+        run_as: args.run_as.clone(),
     };
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.
