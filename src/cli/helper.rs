@@ -111,6 +111,11 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
         metrics: o.metrics,
         disk_cache: o.disk_cache,
         disk_cache_size: o.disk_cache_size,
+        // No fstab option for it yet (issue 42): the environment's, as for
+        // `blobdrive mount`.
+        run_as: std::env::var("BLOBDRIVE_RUN_AS")
+            .ok()
+            .filter(|u| !u.is_empty()),
     };
     let connection_string = std::env::var("AZURE_STORAGE_CONNECTION_STRING").ok();
     let say = if inv.verbose {

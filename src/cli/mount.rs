@@ -99,6 +99,13 @@ pub struct Args {
     /// the drive's size, at most half the space free on DIR's filesystem].
     #[arg(long, value_name = "SIZE", requires = "disk_cache")]
     pub disk_cache_size: Option<String>,
+    /// Run the part of the daemon that talks to the storage service as USER,
+    /// walled off from the host, with a small root part doing the mounts.
+    /// Hidden until the split is whole (issue 42): so far only --mode raw
+    /// without --disk-cache splits; elsewhere the daemon warns and runs as one
+    /// process, as root.
+    #[arg(long, value_name = "USER", env = "BLOBDRIVE_RUN_AS", hide = true)]
+    pub run_as: Option<String>,
     /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)
     /// helper from an fstab line.
     #[arg(skip)]
@@ -272,6 +279,7 @@ fn mount(
         disk_cache,
         disk_cache_size,
         io: ctx.io.clone(),
+        run_as: args.run_as.clone(),
     };
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.

@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod notify;
 pub mod process_metrics;
 pub mod record;
+pub mod rootpart;
 pub mod superblock;
 pub mod system;
 pub mod utab;
@@ -75,6 +76,13 @@ pub struct MountRequest {
     /// them from its environment.
     #[serde(default)]
     pub io: IoSettings,
+    /// The user the network-facing part of the daemon runs as (`--run-as`),
+    /// split from a small root part (issue 42, see `mount::rootpart`). `None`:
+    /// one process, root, as before. While the split is being built it is
+    /// taken only where it works (mode raw without a disk cache); elsewhere the
+    /// daemon says so and runs as one process.
+    #[serde(default)]
+    pub run_as: Option<String>,
 }
 
 /// How long and how often a mount's I/O tries the storage service.

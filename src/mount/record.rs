@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::Mode;
+use std::os::unix::net::UnixListener;
+
+use super::{Mode, MountError};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MountRecord {
@@ -322,6 +324,47 @@ pub fn writable_mount(endpoint: &str, blob: &str) -> Option<MountRecord> {
 /// Whether the daemon of a record is still running.
 pub fn alive(r: &MountRecord) -> bool {
     super::system::pid_alive(r.pid)
+}
+
+/// Creates the mount record exclusively: no other daemon serves this mountpoint.
+pub fn claim(rec: &MountRecord) -> Result<(), MountError> {
+    match create_exclusive(rec) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let msg = match load(&rec.id) {
+                Some(old) if alive(&old) => format!(
+                    "{} is already in use by blobdrive (pid {}, {})",
+                    rec.mountpoint.display(),
+                    old.pid,
+                    old.blob
+                ),
+                _ => format!(
+                    "a previous mount at {} did not end cleanly; run `blobdrive unmount {}` first",
+                    rec.mountpoint.display(),
+                    rec.mountpoint.display()
+                ),
+            };
+            Err(MountError::system(msg))
+        }
+        Err(e) => Err(MountError::with_source("cannot write the mount record", e)),
+    }
+}
+
+/// The control socket (root's alone), then the record with everything in it.
+pub fn listen(rec: &MountRecord) -> Result<UnixListener, MountError> {
+    let _ = std::fs::remove_file(&rec.socket);
+    let listener = UnixListener::bind(&rec.socket).map_err(|e| {
+        MountError::with_source(format!("cannot listen on {}", rec.socket.display()), e)
+    })?;
+    // Root's alone (its directory already is): see `control::peer_uid` too.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&rec.socket, std::fs::Permissions::from_mode(0o600)).map_err(
+            |e| MountError::with_source(format!("cannot restrict {}", rec.socket.display()), e),
+        )?;
+    }
+    save(rec).map_err(|e| MountError::with_source("cannot write the mount record", e))?;
+    Ok(listener)
 }
 
 #[cfg(test)]

@@ -107,7 +107,11 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                rotate_log(&log, &mut since_rotation_check);
+                if m.root.is_none() {
+                    // A split daemon's log is rotated by its root part (not yet:
+                    // issue 42), which holds the run directory.
+                    rotate_log(&log, &mut since_rotation_check);
+                }
                 m.noticed_umount_begun();
                 if stop.is_none() && m.noticed_plain_umount() {
                     m.notify_stopping("the filesystem was unmounted: writing back and stopping");
@@ -254,7 +258,7 @@ impl Mounted {
                 reply.send("ok");
                 answer_waiting_unmounts(rx, "ok");
                 info!("unmounted cleanly");
-                record::remove_log(&self.record_id);
+                self.remove_log();
                 Some(Ok(()))
             }
             Ok(losses) => {
@@ -302,7 +306,7 @@ impl Mounted {
             Ok(losses) => {
                 if losses.is_empty() {
                     info!("unmounted cleanly ({why})");
-                    record::remove_log(&self.record_id);
+                    self.remove_log();
                 }
                 Some(finished(losses))
             }
@@ -341,6 +345,14 @@ impl Mounted {
             }
         }
         line
+    }
+
+    /// Removes the log of a drive that came down cleanly.
+    fn remove_log(&self) {
+        match &self.root {
+            Some(root) => root.tell(&crate::mount::rootpart::Request::RemoveLog {}),
+            None => record::remove_log(&self.record_id),
+        }
     }
 
     fn notify_stopping(&self, status: &str) {

@@ -39,6 +39,7 @@ use tracing::error;
 
 use super::notify::Notifier;
 use super::record::{self, MountRecord};
+use super::rootpart::{self, Request, RootClient, Split, WorkerStart};
 use super::{Mode, MountError, MountRequest, Ready};
 use crate::azure::{Account, BlobClient, BlobService};
 use crate::blobref::BlobRef;
@@ -73,7 +74,11 @@ struct Mounted {
     umount_begun: bool,
     /// The service manager listening on `NOTIFY_SOCKET` (a `--foreground` daemon
     /// under systemd `Type=notify`), told of readiness, status and stopping.
-    notifier: Option<Notifier>,
+    notifier: Option<Teller>,
+    /// In a split daemon (the worker of `mount::rootpart`): the channel to the
+    /// root part, which does every root operation for it. `None`: this process
+    /// is root and does them itself.
+    root: Option<RootClient>,
     /// A stop that had to wait (busy) was logged already.
     stop_refused_logged: bool,
     /// The counters `stats` shows, readable from any thread.
@@ -99,6 +104,45 @@ struct Mounted {
     /// leaves the disk cache for the next mount only if the blob is then as the
     /// mount's own writes left it.
     disk_state: Option<BlobState>,
+}
+
+/// Where the daemon's word for the service manager goes: straight to it, or
+/// (in a split daemon's worker) through the root part, the unit's main process,
+/// which alone may speak for it (`NotifyAccess=main`).
+enum Teller {
+    Direct(Notifier),
+    Root(RootClient),
+}
+
+impl Teller {
+    fn ready(&self, status: &str) {
+        match self {
+            Teller::Direct(n) => n.ready(status),
+            // The worker's `Ready` request carries the status.
+            Teller::Root(_) => {}
+        }
+    }
+
+    fn status(&self, line: &str) {
+        match self {
+            Teller::Direct(n) => n.status(line),
+            Teller::Root(r) => r.tell(&Request::Status { line: line.into() }),
+        }
+    }
+
+    fn stopping(&self, line: &str) {
+        match self {
+            Teller::Direct(n) => n.stopping(line),
+            Teller::Root(r) => r.tell(&Request::Stopping { line: line.into() }),
+        }
+    }
+
+    fn try_clone(&self) -> Option<Teller> {
+        Some(match self {
+            Teller::Direct(n) => Teller::Direct(n.try_clone()?),
+            Teller::Root(r) => Teller::Root(r.clone()),
+        })
+    }
 }
 
 impl Mounted {
@@ -144,6 +188,12 @@ pub fn run(
     ready: &mut dyn FnMut(Result<&Ready, String>),
 ) -> Result<(), MountError> {
     limit_malloc_arenas();
+    if let Some(user) = split_as(&req) {
+        return match rootpart::split(&req, &account, &user, ready) {
+            Split::Root(result) => result,
+            Split::Worker(start) => run_worker(req, account, start),
+        };
+    }
     let blob_ref = match BlobRef::parse(&req.blob) {
         Ok(b) => b,
         Err(e) => {
@@ -180,7 +230,8 @@ pub fn run(
         loop_dev: None,
         fs: None,
         umount_begun: false,
-        notifier: Notifier::from_env(),
+        notifier: Notifier::from_env().map(Teller::Direct),
+        root: None,
         stop_refused_logged: false,
         open_disk: None,
         stats: None,
@@ -242,4 +293,110 @@ pub fn run(
         n.ready(&m.status_line());
     }
     serve(&mut m, listener)
+}
+
+/// The user to run the worker of a split daemon as, where the split is built
+/// already: mode raw without a disk cache (issue 42 goes on with the rest).
+/// Elsewhere the daemon says so and runs as one process, as before.
+fn split_as(req: &MountRequest) -> Option<String> {
+    let user = req.run_as.clone()?;
+    if req.mode != Mode::Raw || req.disk_cache.is_some() {
+        tracing::warn!(
+            "--run-as {user}: the daemon does not split yet in --mode {}{} (issue 42); it runs as one process, as root",
+            req.mode,
+            if req.disk_cache.is_some() { " with --disk-cache" } else { "" }
+        );
+        return None;
+    }
+    Some(user)
+}
+
+/// The worker of a split daemon, walled already: sets the drive up on what the
+/// root part opened for it, serves it, and takes it down, asking the root part
+/// for everything that needs root. The mount's outcome goes to the root part,
+/// which tells `blobdrive mount` and the service manager.
+fn run_worker(req: MountRequest, account: Account, start: WorkerStart) -> Result<(), MountError> {
+    let WorkerStart {
+        client,
+        fuse,
+        fuse_dir,
+        control,
+        metrics,
+        record_id,
+    } = start;
+    let failed = |client: &RootClient, msg: String| {
+        client.tell(&Request::Failed {
+            message: msg.clone(),
+        });
+        MountError::system(msg)
+    };
+    let blob_ref = match BlobRef::parse(&req.blob) {
+        Ok(b) => b,
+        Err(e) => return Err(failed(&client, e.to_string())),
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .thread_name("blobdrive-io")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return Err(failed(
+                &client,
+                format!("cannot start the I/O runtime: {e}"),
+            ))
+        }
+    };
+    let svc = BlobService::new(blob_ref.account(&account));
+    let blob = blob_ref.client(&svc);
+    let mut m = Mounted {
+        req: req.clone(),
+        rt,
+        blob,
+        target: blob_ref.to_string(),
+        lease: None,
+        fenced: Arc::new(AtomicBool::new(false)),
+        cache: None,
+        flusher: None,
+        session: None,
+        fuse_dir,
+        made_dir: None,
+        loop_dev: None,
+        fs: None,
+        umount_begun: false,
+        notifier: Some(Teller::Root(client.clone())),
+        root: Some(client.clone()),
+        stop_refused_logged: false,
+        open_disk: None,
+        stats: None,
+        record_id,
+        record: None,
+        discard: Arc::new(AtomicBool::new(false)),
+        fuse_gone: Arc::new(AtomicBool::new(false)),
+        unmounting_fs: Arc::new(AtomicBool::new(false)),
+        utab: None,
+        disk_state: None,
+    };
+    let said = match setup::setup_worker(&mut m, fuse) {
+        Ok(said) => said,
+        Err(e) => {
+            let msg = e.to_string();
+            match m.teardown() {
+                Ok(losses) => losses.iter().for_each(|l| error!("{l}")),
+                Err(t) => error!("cleaning up after a failed mount: {t}"),
+            }
+            failed(&client, msg);
+            return Err(e);
+        }
+    };
+    if let Some(listener) = metrics {
+        m.serve_metrics(listener);
+    }
+    client.done(&Request::Ready {
+        status: m.status_line(),
+        warnings: said.warnings,
+        notes: said.notes,
+    })?;
+    serve(&mut m, control)
 }

@@ -2,6 +2,7 @@
 //! the written ranges, the cache with its read-ahead and flush threads and the lease
 //! keeper, FUSE, the loop device, the filesystem, and the control socket.
 
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -127,7 +128,8 @@ pub(super) fn setup(
     m: &mut Mounted,
     mut rec: MountRecord,
 ) -> Result<(Ready, UnixListener), MountError> {
-    m.record = Some(claim_record(&rec)?);
+    record::claim(&rec)?;
+    m.record = Some(RecordClaim { id: rec.id.clone() });
     let drive = open_drive(m)?;
     let cache = start_cache(m, &drive)?;
     if m.req.mode == Mode::Fs {
@@ -143,7 +145,7 @@ pub(super) fn setup(
     if m.req.mode == Mode::Fs {
         made = mount_filesystem(m)?;
     }
-    let listener = open_control_socket(&rec)?;
+    let listener = record::listen(&rec)?;
     // So that `umount DIR` (systemd's at shutdown too) waits until everything is
     // on the blob and the lease released, through `umount.blobdrive`.
     match UtabEntry::add(&m.req.mountpoint) {
@@ -166,30 +168,6 @@ pub(super) fn setup(
         notes: made.notes,
     };
     Ok((ready, listener))
-}
-
-/// Creates the mount record exclusively: no other daemon serves this mountpoint.
-fn claim_record(rec: &MountRecord) -> Result<RecordClaim, MountError> {
-    match record::create_exclusive(rec) {
-        Ok(()) => Ok(RecordClaim { id: rec.id.clone() }),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let msg = match record::load(&rec.id) {
-                Some(old) if record::alive(&old) => format!(
-                    "{} is already in use by blobdrive (pid {}, {})",
-                    rec.mountpoint.display(),
-                    old.pid,
-                    old.blob
-                ),
-                _ => format!(
-                    "a previous mount at {} did not end cleanly; run `blobdrive unmount {}` first",
-                    rec.mountpoint.display(),
-                    rec.mountpoint.display()
-                ),
-            };
-            Err(MountError::system(msg))
-        }
-        Err(e) => Err(MountError::with_source("cannot write the mount record", e)),
-    }
 }
 
 /// Reads the drive, taking its lease unless the mount is read-only.
@@ -281,8 +259,8 @@ fn make_fuse_dir(dir: &Path) -> Result<MadeDir, MountError> {
     Ok(MadeDir(dir.to_path_buf()))
 }
 
-/// Serves the cache as the file `disk` in a FUSE mount at `m.fuse_dir`.
-fn start_fuse(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> Result<BackgroundSession, MountError> {
+/// The FUSE filesystem over the cache: the files `disk` and `stats`.
+fn disk_fs(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> DiskFs<Stack> {
     let svc = m.blob.service().clone();
     let stats_cache = cache.clone();
     let fenced = m.fenced.clone();
@@ -294,6 +272,12 @@ fn start_fuse(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> Result<BackgroundSe
         Arc::new(move || serde_json::to_string_pretty(&values()).unwrap_or_default() + "\n");
     let fs = DiskFs::new(cache.clone(), stats, m.req.read_only, m.req.uid, m.req.gid);
     m.open_disk = Some(fs.open_disk_handles());
+    fs
+}
+
+/// Serves the cache as the file `disk` in a FUSE mount at `m.fuse_dir`.
+fn start_fuse(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> Result<BackgroundSession, MountError> {
+    let fs = disk_fs(m, cache);
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(format!("blobdrive:{}", m.target)),
@@ -318,6 +302,37 @@ fn start_fuse(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> Result<BackgroundSe
     })
 }
 
+/// In a split daemon's worker: serves the cache on the FUSE mount the root part
+/// made, through its `/dev/fuse` descriptor. The kernel lets root alone into
+/// the mount (`user_id=0`, no `allow_other`), so fuser's own check, which would
+/// let only the worker's user in, is off. One descriptor for every thread: a
+/// clone of it (`clone_fd`) would open `/dev/fuse`, root's alone.
+fn serve_fuse_fd(
+    m: &mut Mounted,
+    cache: &Arc<Cache<Stack>>,
+    fuse: OwnedFd,
+) -> Result<BackgroundSession, MountError> {
+    let fs = disk_fs(m, cache);
+    let mut config = Config::default();
+    config.n_threads = Some(4);
+    config.clone_fd = false;
+    fuser::Session::from_fd(fs, fuse, SessionACL::All, config.clone())
+        .and_then(|s| s.spawn())
+        .map_err(|e| {
+            MountError::with_source(format!("cannot serve FUSE at {}", m.fuse_dir.display()), e)
+        })
+}
+
+/// The worker's part of setting the drive up (see `setup` for the whole): the
+/// root part claimed the record, mounted FUSE and opened the control socket
+/// before the worker existed.
+pub(super) fn setup_worker(m: &mut Mounted, fuse: OwnedFd) -> Result<FsOutcome, MountError> {
+    let drive = open_drive(m)?;
+    let cache = start_cache(m, &drive)?;
+    m.session = Some(serve_fuse_fd(m, &cache, fuse)?);
+    Ok(FsOutcome::default())
+}
+
 /// Attaches a loop device over `disk`, set up for a disk across a network.
 fn attach_loop(m: &Mounted) -> Result<AttachedLoop, MountError> {
     let dev = LoopDevice::attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
@@ -336,11 +351,11 @@ fn attach_loop(m: &Mounted) -> Result<AttachedLoop, MountError> {
 
 /// What mounting the filesystem did besides mounting it.
 #[derive(Default)]
-struct FsOutcome {
-    formatted: bool,
-    warnings: Vec<String>,
+pub(super) struct FsOutcome {
+    pub formatted: bool,
+    pub warnings: Vec<String>,
     /// What was done that the user should hear of (a filesystem grown).
-    notes: Vec<String>,
+    pub notes: Vec<String>,
 }
 
 /// Mounts the filesystem on the loop device at the user's directory (making it
@@ -486,23 +501,6 @@ fn filesystem_to_mount(
         )));
     }
     Ok(t)
-}
-
-/// The control socket (root's alone), then the record with everything in it.
-fn open_control_socket(rec: &MountRecord) -> Result<UnixListener, MountError> {
-    let _ = std::fs::remove_file(&rec.socket);
-    let listener = UnixListener::bind(&rec.socket).map_err(|e| {
-        MountError::with_source(format!("cannot listen on {}", rec.socket.display()), e)
-    })?;
-    // Root's alone (its directory already is): see `control::peer_uid` too.
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&rec.socket, std::fs::Permissions::from_mode(0o600)).map_err(
-            |e| MountError::with_source(format!("cannot restrict {}", rec.socket.display()), e),
-        )?;
-    }
-    record::save(rec).map_err(|e| MountError::with_source("cannot write the mount record", e))?;
-    Ok(listener)
 }
 
 /// Opens the drive's disk cache in `dir`. The blob's state it is checked against

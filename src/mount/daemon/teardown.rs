@@ -11,6 +11,7 @@ use super::Mounted;
 use crate::device::cache::Cache;
 use crate::device::stack::Stack;
 use crate::device::DeviceError;
+use crate::mount::rootpart::Request;
 use crate::mount::system;
 use crate::mount::MountError;
 use crate::size::human as human_bytes;
@@ -74,10 +75,13 @@ impl Mounted {
                 );
             }
         }
-        if system::is_mountpoint(&self.fuse_dir) {
-            if let Err(e) = system::umount(&self.fuse_dir, true) {
-                warn!("cannot detach {}: {e}", self.fuse_dir.display());
-            }
+        let detached = match &self.root {
+            Some(root) => root.umount_fuse(true),
+            None if system::is_mountpoint(&self.fuse_dir) => system::umount(&self.fuse_dir, true),
+            None => Ok(()),
+        };
+        if let Err(e) = detached {
+            warn!("cannot detach {}: {e}", self.fuse_dir.display());
         }
         // Nothing is left that could refuse: the rest of the usual way down.
         self.open_disk = None;
@@ -177,7 +181,11 @@ impl Mounted {
         // The kernel refuses to unmount FUSE while any handle on `disk` is open,
         // also one opened since the check above; after it, no write can come in.
         if let Some(s) = self.session.take() {
-            if let Err(e) = system::umount(&self.fuse_dir, false) {
+            let unmounted = match &self.root {
+                Some(root) => root.umount_fuse(false),
+                None => system::umount(&self.fuse_dir, false),
+            };
+            if let Err(e) = unmounted {
                 self.session = Some(s);
                 return Err(match e {
                     MountError::Busy(_) => self.disk_busy(),
@@ -229,6 +237,13 @@ impl Mounted {
         }
         if let Some(record) = self.record.take() {
             record.release(&losses);
+        } else if let Some(root) = &self.root {
+            let finished = Request::Finished {
+                losses: losses.clone(),
+            };
+            if let Err(e) = root.done(&finished) {
+                error!("the root part could not release the mount's record: {e}");
+            }
         }
         Ok(losses)
     }
@@ -314,7 +329,10 @@ impl Mounted {
 
     fn disk_busy(&self) -> MountError {
         let disk = self.fuse_dir.join("disk");
-        let holders = system::holders(&disk);
+        let holders = match &self.root {
+            Some(root) => root.holders(),
+            None => system::holders(&disk),
+        };
         MountError::Busy(if holders.is_empty() {
             format!("{} (open)", disk.display())
         } else {

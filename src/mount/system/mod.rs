@@ -5,6 +5,7 @@
 
 mod dirs;
 mod fs;
+mod fuse;
 mod loopdev;
 mod procs;
 
@@ -14,6 +15,7 @@ pub use fs::{
     free_space, freeze, fs_size, fs_type, grow_ext4_unmounted, grow_fs, has_capability, mkfs,
     mount_fs, statvfs, thaw, CAP_SYS_RESOURCE,
 };
+pub use fuse::mount_fuse;
 pub use loopdev::{LoopDevice, LOOP_DIRTY_MAX};
 pub use procs::{holders, pid_alive, threads_running};
 

@@ -1,0 +1,368 @@
+//! The channel between the worker and the root part: a socketpair made before the
+//! fork, one request line and one answer line at a time, each a JSON object of at
+//! most [`LINE_MAX`] bytes. Whatever is not one of the requests below, exactly,
+//! is refused; a line longer than the bound ends the conversation (its framing
+//! can no longer be trusted).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::mount::MountError;
+
+/// The longest line either side reads: far above any request's size (a few
+/// status words, the warnings of a mount), far below what could hurt the
+/// reader.
+pub const LINE_MAX: usize = 64 * 1024;
+
+/// What the worker asks of the root part. None carries a path or a device: the
+/// root part decided those itself before the fork, and acts only on them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// The drive serves: tell `blobdrive mount` (and the service manager, with
+    /// `status`) and add libmount's entry for the mountpoint. The warnings and
+    /// notes are the worker's, shown to the user as they are.
+    Ready {
+        status: String,
+        #[serde(default)]
+        warnings: Vec<String>,
+        #[serde(default)]
+        notes: Vec<String>,
+    },
+    /// The mount failed (the worker undid what it did): tell `blobdrive mount`.
+    Failed { message: String },
+    /// A `STATUS=` line for the service manager.
+    Status { line: String },
+    /// `STOPPING=1` with a status line.
+    Stopping { line: String },
+    /// Unmount the FUSE mount (lazily: even while busy).
+    UmountFuse { lazy: bool },
+    /// The processes that hold the FUSE file `disk` open. (Empty braces, here
+    /// and below: serde checks for unknown fields only in a variant that has
+    /// braces, and a request with a field it does not have must be refused.)
+    Holders {},
+    /// The drive is down: release the record (leaving `losses`, if any, for
+    /// `blobdrive unmount`), and the log too when nothing was lost.
+    Finished { losses: Vec<String> },
+    /// The drive came down cleanly: its log is of no more use.
+    RemoveLog {},
+}
+
+/// The root part's answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Answer {
+    Done,
+    /// An answer that is a list (the holders of `disk`).
+    Lines(Vec<String>),
+    /// Not done: what it acts on is in use; everything stays as it was.
+    Busy(String),
+    /// Not done, for the reason given.
+    Failed(String),
+    /// Not a request the root part takes.
+    Refused(String),
+}
+
+/// Why the channel failed.
+#[derive(Debug, Error)]
+pub enum ChannelError {
+    #[error("the channel to the root part failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("a line longer than {LINE_MAX} bytes on the channel between the mount's processes")]
+    TooLong,
+    #[error("a line that is not UTF-8 on the channel between the mount's processes")]
+    NotUtf8,
+    #[error("an answer the worker cannot read on the channel between the mount's processes: {0}")]
+    Malformed(String),
+    #[error("the other process of the mount closed the channel")]
+    Closed,
+}
+
+impl From<ChannelError> for MountError {
+    fn from(e: ChannelError) -> MountError {
+        MountError::system(e.to_string())
+    }
+}
+
+/// Reads one line of at most [`LINE_MAX`] bytes (without its newline); `None`
+/// at the end of the stream. A longer line is an error and is not read on.
+pub fn read_line<R: BufRead>(r: &mut R) -> Result<Option<String>, ChannelError> {
+    let mut line = Vec::new();
+    loop {
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            return if line.is_empty() {
+                Ok(None)
+            } else {
+                Err(ChannelError::Closed)
+            };
+        }
+        let (take, end) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (buf.len(), false),
+        };
+        if line.len() + take > LINE_MAX {
+            return Err(ChannelError::TooLong);
+        }
+        line.extend_from_slice(&buf[..take]);
+        r.consume(take + usize::from(end));
+        if end {
+            return String::from_utf8(line)
+                .map(Some)
+                .map_err(|_| ChannelError::NotUtf8);
+        }
+    }
+}
+
+/// Writes `value` as one JSON line (JSON escapes every newline inside it).
+fn write_line<T: Serialize>(w: &mut impl Write, value: &T) -> Result<(), ChannelError> {
+    let mut line = serde_json::to_vec(value).map_err(|e| ChannelError::Malformed(e.to_string()))?;
+    if line.len() > LINE_MAX {
+        return Err(ChannelError::TooLong);
+    }
+    line.push(b'\n');
+    w.write_all(&line)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// What the root part does for each request: [`answer_one`] reads, checks and
+/// answers; this carries out.
+pub trait Ops {
+    fn carry_out(&mut self, req: Request) -> Answer;
+}
+
+/// Reads one request from `conn` and answers it. `Ok(false)` at the end of the
+/// stream; an error when the peer broke the framing (a line too long, not
+/// UTF-8): the conversation is over then. A line that is not exactly one of the
+/// [`Request`]s is refused and the conversation goes on.
+pub fn answer_one<O: Ops>(
+    conn: &mut BufReader<UnixStream>,
+    ops: &mut O,
+) -> Result<bool, ChannelError> {
+    let Some(line) = read_line(conn)? else {
+        return Ok(false);
+    };
+    let answer = match serde_json::from_str::<Request>(&line) {
+        Ok(req) => ops.carry_out(req),
+        Err(e) => {
+            tracing::warn!("the worker sent a request the root part does not take: {e}");
+            Answer::Refused(format!("not a request the root part takes ({e})"))
+        }
+    };
+    write_line(conn.get_mut(), &answer)?;
+    Ok(true)
+}
+
+/// The worker's end of the channel: one request at a time, from any thread.
+#[derive(Clone)]
+pub struct RootClient {
+    conn: Arc<Mutex<BufReader<UnixStream>>>,
+}
+
+impl RootClient {
+    pub fn new(stream: UnixStream) -> RootClient {
+        RootClient {
+            conn: Arc::new(Mutex::new(BufReader::new(stream))),
+        }
+    }
+
+    /// Sends `req` and waits for its answer.
+    pub fn call(&self, req: &Request) -> Result<Answer, ChannelError> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        write_line(conn.get_mut(), req)?;
+        let line = read_line(&mut *conn)?.ok_or(ChannelError::Closed)?;
+        serde_json::from_str(&line).map_err(|e| ChannelError::Malformed(e.to_string()))
+    }
+
+    /// Sends `req`; `Ok` when it was done, the root part's reason otherwise.
+    pub fn done(&self, req: &Request) -> Result<(), MountError> {
+        match self.call(req)? {
+            Answer::Done => Ok(()),
+            other => Err(other.into_error()),
+        }
+    }
+
+    /// Tells the service manager something; best effort, as `Notifier` is.
+    pub fn tell(&self, req: &Request) {
+        if let Err(e) = self.done(req) {
+            tracing::debug!("could not tell the root part {req:?}: {e}");
+        }
+    }
+
+    /// Unmounts the FUSE mount (see [`Request::UmountFuse`]).
+    pub fn umount_fuse(&self, lazy: bool) -> Result<(), MountError> {
+        self.done(&Request::UmountFuse { lazy })
+    }
+
+    /// The processes holding `disk` open, as `Mounted::disk_busy` names them.
+    pub fn holders(&self) -> Vec<String> {
+        match self.call(&Request::Holders {}) {
+            Ok(Answer::Lines(l)) => l,
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl Answer {
+    fn into_error(self) -> MountError {
+        match self {
+            Answer::Busy(what) => MountError::Busy(what),
+            Answer::Failed(why) => MountError::system(why),
+            Answer::Refused(why) => MountError::system(format!("the root part refused: {why}")),
+            Answer::Done | Answer::Lines(_) => {
+                MountError::system("an answer that does not fit the request")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// Records what it was asked and answers as told.
+    struct Fake {
+        asked: Vec<Request>,
+    }
+
+    impl Ops for Fake {
+        fn carry_out(&mut self, req: Request) -> Answer {
+            let answer = match &req {
+                Request::Holders {} => Answer::Lines(vec!["cat (pid 7)".into()]),
+                Request::UmountFuse { lazy: false } => Answer::Busy("/mnt/x".into()),
+                _ => Answer::Done,
+            };
+            self.asked.push(req);
+            answer
+        }
+    }
+
+    /// How the fake root part's conversation ended, and what it was asked.
+    type Served = std::thread::JoinHandle<(Result<(), ChannelError>, Vec<Request>)>;
+
+    /// A root part serving `fake` on a thread until the worker's end closes or
+    /// breaks the framing.
+    fn root_part() -> (UnixStream, Served) {
+        let (worker, root) = UnixStream::pair().unwrap();
+        let served = std::thread::spawn(move || {
+            let mut fake = Fake { asked: Vec::new() };
+            let mut conn = BufReader::new(root);
+            let result = loop {
+                match answer_one(&mut conn, &mut fake) {
+                    Ok(true) => continue,
+                    Ok(false) => break Ok(()),
+                    Err(e) => break Err(e),
+                }
+            };
+            (result, fake.asked)
+        });
+        (worker, served)
+    }
+
+    #[test]
+    fn requests_go_across_and_answers_come_back() {
+        let (worker, served) = root_part();
+        let client = RootClient::new(worker);
+        client
+            .done(&Request::Ready {
+                status: "serving".into(),
+                warnings: vec!["w\nwith a newline".into()],
+                notes: Vec::new(),
+            })
+            .unwrap();
+        assert_eq!(client.holders(), vec!["cat (pid 7)".to_string()]);
+        assert!(matches!(
+            client.umount_fuse(false),
+            Err(MountError::Busy(p)) if p == "/mnt/x"
+        ));
+        client.umount_fuse(true).unwrap();
+        drop(client);
+        let (result, asked) = served.join().unwrap();
+        result.unwrap();
+        assert_eq!(asked.len(), 4);
+        assert_eq!(
+            asked[0],
+            Request::Ready {
+                status: "serving".into(),
+                warnings: vec!["w\nwith a newline".into()],
+                notes: Vec::new(),
+            }
+        );
+    }
+
+    /// Sends raw bytes as a hostile worker would, and reads the answer line.
+    fn raw(worker: &mut UnixStream, bytes: &[u8]) -> String {
+        worker.write_all(bytes).unwrap();
+        let mut answer = Vec::new();
+        let mut byte = [0u8; 1];
+        while worker.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+            answer.push(byte[0]);
+        }
+        String::from_utf8(answer).unwrap()
+    }
+
+    #[test]
+    fn a_hostile_worker_is_refused_unknown_requests_and_paths_it_chose() {
+        let (mut worker, served) = root_part();
+        // Not a request at all.
+        let a = raw(&mut worker, b"{\"op\":\"exec\",\"argv\":[\"/bin/sh\"]}\n");
+        assert!(a.starts_with("{\"refused\":"), "{a}");
+        // A known request with a path of the worker's choosing: requests carry
+        // none, and a field the request does not have is refused.
+        let a = raw(
+            &mut worker,
+            b"{\"op\":\"umount_fuse\",\"lazy\":true,\"path\":\"/\"}\n",
+        );
+        assert!(a.starts_with("{\"refused\":"), "{a}");
+        let a = raw(
+            &mut worker,
+            b"{\"op\":\"holders\",\"of\":\"/etc/shadow\"}\n",
+        );
+        assert!(a.starts_with("{\"refused\":"), "{a}");
+        // Not JSON, and a bare string.
+        let a = raw(&mut worker, b"umount /\n");
+        assert!(a.starts_with("{\"refused\":"), "{a}");
+        let a = raw(&mut worker, b"\"holders\"\n");
+        assert!(a.starts_with("{\"refused\":"), "{a}");
+        // Still serving: a proper request after all that is carried out.
+        let a = raw(&mut worker, b"{\"op\":\"holders\"}\n");
+        assert_eq!(a, "{\"lines\":[\"cat (pid 7)\"]}");
+        // A line past the bound ends the conversation without carrying anything
+        // out, and without reading it whole.
+        let mut long = b"{\"op\":\"status\",\"line\":\"".to_vec();
+        long.resize(LINE_MAX + 10, b'x');
+        // The root part may close before the last bytes are written.
+        let _ = worker.write_all(&long);
+        let (result, asked) = served.join().unwrap();
+        assert!(matches!(result, Err(ChannelError::TooLong)), "{result:?}");
+        assert_eq!(asked, vec![Request::Holders {}]);
+    }
+
+    #[test]
+    fn lines_are_bounded_and_must_be_utf8() {
+        let mut ok = std::io::Cursor::new(b"abc\ndef".to_vec());
+        assert_eq!(read_line(&mut ok).unwrap().as_deref(), Some("abc"));
+        // A last line without its newline: the peer went away mid-line.
+        assert!(matches!(read_line(&mut ok), Err(ChannelError::Closed)));
+        let mut empty = std::io::Cursor::new(Vec::new());
+        assert!(read_line(&mut empty).unwrap().is_none());
+        let mut exact = vec![b'x'; LINE_MAX];
+        exact.push(b'\n');
+        let got = read_line(&mut std::io::Cursor::new(exact))
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.len(), LINE_MAX);
+        let over = vec![b'x'; LINE_MAX + 1];
+        // Read through a small buffer: the bound holds across refills.
+        let mut r = BufReader::with_capacity(100, std::io::Cursor::new(over));
+        assert!(matches!(read_line(&mut r), Err(ChannelError::TooLong)));
+        let mut bad = std::io::Cursor::new(b"\xff\xfe\n".to_vec());
+        assert!(matches!(read_line(&mut bad), Err(ChannelError::NotUtf8)));
+    }
+}

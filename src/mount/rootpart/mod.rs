@@ -1,0 +1,30 @@
+//! The root part of a privilege-separated mount (issue 42), and the seam between
+//! it and the unprivileged worker.
+//!
+//! A mount daemon is two processes. The root part does what needs root and never
+//! reads a byte from the network: before the worker exists it claims the
+//! mount's record, mounts FUSE, binds the metrics port and the control socket,
+//! and builds the walls; then it forks the worker, which puts the walls up
+//! (`crate::privsep`) before it starts any thread and then does everything that
+//! talks to the storage service. From then on the root part only answers the
+//! worker's requests ([`Request`]), a fixed set carrying no paths: the root part
+//! knows the mountpoint, the FUSE directory and the loop device itself, and acts
+//! only on those.
+//!
+//! Where each part lives:
+//! - `channel.rs`: the requests and answers, one JSON line each, every line
+//!   bounded ([`LINE_MAX`]); the worker's [`RootClient`] and the root part's
+//!   [`answer_one`];
+//! - `start.rs`: the root part's work before the fork, and the fork;
+//! - `server.rs`: what the root part does for each request, and what it does
+//!   when the worker stops (or dies).
+//!
+//! The worker's code (`mount::daemon`) reaches root operations only through a
+//! [`RootClient`]; `mount::system` is the root part's room.
+
+mod channel;
+mod server;
+mod start;
+
+pub use channel::{answer_one, Answer, ChannelError, Ops, Request, RootClient, LINE_MAX};
+pub use start::{split, Split, WorkerStart};

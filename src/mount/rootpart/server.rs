@@ -1,0 +1,378 @@
+//! The root part after the fork: it answers the worker's requests, passes
+//! SIGTERM and SIGINT on to it, and once the worker is gone (done, or dead)
+//! takes down what is left of the root part's own work and keeps the mount's
+//! record true.
+
+use std::io::BufReader;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+use tracing::{error, info, warn};
+
+use super::channel::{answer_one, Answer, Ops, Request};
+use crate::mount::notify::Notifier;
+use crate::mount::{record, system, utab, MountError, MountRequest, Ready};
+
+/// What the root part did and still answers for.
+pub(super) struct RootPart {
+    pub req: MountRequest,
+    pub record_id: String,
+    /// Where FUSE is mounted (the user's directory in modes raw and block).
+    pub fuse_dir: PathBuf,
+    /// The record is this mount's (created exclusively) and not yet released.
+    pub record_claimed: bool,
+    /// FUSE is mounted at `fuse_dir` by this root part.
+    pub fuse_mounted: bool,
+    /// libmount's entry for the mountpoint was added.
+    pub utab: bool,
+    pub notifier: Option<Notifier>,
+    /// The worker's word on the mount, for `blobdrive mount`, not yet passed on.
+    said: Option<Result<Ready, String>>,
+    /// The worker's word was passed on (it may say it once).
+    has_said: bool,
+    /// What the worker's `Finished` left as lost.
+    losses: Vec<String>,
+    /// Why the mount failed, as the worker said it.
+    failed: Option<String>,
+}
+
+impl RootPart {
+    pub fn new(req: MountRequest, record_id: String, fuse_dir: PathBuf) -> RootPart {
+        RootPart {
+            req,
+            record_id,
+            fuse_dir,
+            record_claimed: false,
+            fuse_mounted: false,
+            utab: false,
+            notifier: Notifier::from_env(),
+            said: None,
+            has_said: false,
+            losses: Vec::new(),
+            failed: None,
+        }
+    }
+
+    /// Undoes what the root part did that is still in place: FUSE unmounted
+    /// (lazily when busy: whatever holds it sees the drive gone), the utab
+    /// entry, the record (with `lost`, if any, left for `blobdrive unmount`).
+    pub fn undo(&mut self, lost: Option<String>) {
+        if self.fuse_mounted {
+            match system::umount(&self.fuse_dir, false) {
+                Ok(()) => {}
+                Err(e) => {
+                    warn!("{e}: detaching it lazily");
+                    if let Err(e) = system::umount(&self.fuse_dir, true) {
+                        error!("cannot detach {}: {e}", self.fuse_dir.display());
+                    }
+                }
+            }
+            self.fuse_mounted = false;
+        }
+        self.forget_utab();
+        if self.record_claimed {
+            if let Some(lost) = lost {
+                if let Err(e) = record::write_outcome(&self.record_id, &lost) {
+                    warn!("could not leave a note of what was lost for `blobdrive unmount`: {e}");
+                }
+            }
+            record::remove(&self.record_id);
+            self.record_claimed = false;
+        }
+    }
+
+    fn forget_utab(&mut self) {
+        if std::mem::take(&mut self.utab) {
+            if let Err(e) = utab::remove(&self.req.mountpoint) {
+                warn!("{e}");
+            }
+        }
+    }
+
+    /// Answers the worker on `conn` until it is gone, then takes down what is
+    /// left. `ready` hears the mount's outcome exactly once.
+    pub fn serve(
+        mut self,
+        worker: libc::pid_t,
+        conn: UnixStream,
+        signals: OwnedFd,
+        ready: &mut dyn FnMut(Result<&Ready, String>),
+    ) -> Result<(), MountError> {
+        let mut conn = Some(BufReader::new(conn));
+        let status = loop {
+            if let Some(status) = reap(worker, false) {
+                break status;
+            }
+            let mut fds = [
+                libc::pollfd {
+                    fd: conn.as_ref().map_or(-1, |c| c.get_ref().as_raw_fd()),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: signals.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfd entries.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
+            if n < 0 {
+                continue;
+            }
+            if fds[0].revents != 0 {
+                if let Some(c) = conn.as_mut() {
+                    match answer_one(c, &mut self) {
+                        Ok(true) => {}
+                        Ok(false) => conn = None,
+                        Err(e) => {
+                            error!("{e}: stopping the worker (pid {worker})");
+                            // SAFETY: kill with integer arguments.
+                            unsafe { libc::kill(worker, libc::SIGKILL) };
+                            conn = None;
+                        }
+                    }
+                }
+                self.pass_on_word(ready);
+            }
+            if fds[1].revents != 0 {
+                for sig in read_signals(&signals) {
+                    if sig == libc::SIGTERM as u32 || sig == libc::SIGINT as u32 {
+                        info!("signal {sig} received: passing it on to the worker (pid {worker})");
+                        // SAFETY: kill with integer arguments.
+                        unsafe { libc::kill(worker, libc::SIGTERM) };
+                    }
+                }
+            }
+            if conn.is_none() {
+                // The worker closed its end: it is exiting (or was killed).
+                break reap(worker, true).unwrap_or(-1);
+            }
+        };
+        self.after_worker(worker, status, ready)
+    }
+
+    /// Passes the worker's word on the mount to `blobdrive mount`, once.
+    fn pass_on_word(&mut self, ready: &mut dyn FnMut(Result<&Ready, String>)) {
+        if let Some(word) = self.said.take() {
+            self.has_said = true;
+            match word {
+                Ok(r) => ready(Ok(&r)),
+                Err(msg) => {
+                    self.failed = Some(msg.clone());
+                    ready(Err(msg))
+                }
+            }
+        }
+    }
+
+    /// The worker is gone (`status` as `waitpid` gave it): what it left is
+    /// taken down, and the record says what happened.
+    fn after_worker(
+        mut self,
+        worker: libc::pid_t,
+        status: libc::c_int,
+        ready: &mut dyn FnMut(Result<&Ready, String>),
+    ) -> Result<(), MountError> {
+        let how = describe(status);
+        let clean = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        if !self.has_said {
+            self.has_said = true;
+            let msg = format!(
+                "the network-facing part of the mount (pid {worker}) {how} before the drive was ready; see {}",
+                record::paths(&self.record_id).2.display()
+            );
+            ready(Err(msg.clone()));
+            self.undo(None);
+            return Err(MountError::system(msg));
+        }
+        let lost = if self.record_claimed {
+            // It never said the drive was down: whatever it held is gone.
+            let msg = format!(
+                "the network-facing part of the mount (pid {worker}) {how} while the drive was mounted: what was written to it but not yet on the blob is lost, and its lease may still be held (`blobdrive lease break` frees it)"
+            );
+            error!("{msg}");
+            if let Some(n) = &self.notifier {
+                n.status(&msg);
+            }
+            Some(msg)
+        } else {
+            None
+        };
+        self.undo(lost.clone());
+        if let Some(why) = self.failed.take() {
+            return Err(MountError::system(why));
+        }
+        if let Some(lost) = lost {
+            return Err(MountError::Data(lost));
+        }
+        if !self.losses.is_empty() {
+            return Err(MountError::Data(self.losses.join("; ")));
+        }
+        if !clean {
+            return Err(MountError::system(format!(
+                "the network-facing part of the mount (pid {worker}) {how}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Ops for RootPart {
+    fn carry_out(&mut self, req: Request) -> Answer {
+        match req {
+            Request::Ready {
+                status,
+                warnings,
+                notes,
+            } => {
+                if self.has_said || self.said.is_some() {
+                    return Answer::Refused("the mount's outcome was said already".into());
+                }
+                match utab::add(&self.req.mountpoint) {
+                    Ok(()) => self.utab = true,
+                    Err(e) => warn!(
+                        "a plain umount of {} will not wait for the lease to be released: {e}",
+                        self.req.mountpoint.display()
+                    ),
+                }
+                self.said = Some(Ok(Ready {
+                    mountpoint: self.req.mountpoint.clone(),
+                    mode: self.req.mode,
+                    device: None,
+                    fstype: None,
+                    fuse_dir: self.fuse_dir.clone(),
+                    read_only: self.req.read_only,
+                    pid: std::process::id(),
+                    formatted: false,
+                    warnings,
+                    notes,
+                }));
+                if let Some(n) = &self.notifier {
+                    n.ready(&status);
+                }
+                Answer::Done
+            }
+            Request::Failed { message } => {
+                if self.has_said || self.said.is_some() {
+                    return Answer::Refused("the mount's outcome was said already".into());
+                }
+                if let Some(n) = &self.notifier {
+                    n.status(&format!("mount failed: {message}"));
+                }
+                self.said = Some(Err(message));
+                Answer::Done
+            }
+            Request::Status { line } => {
+                if let Some(n) = &self.notifier {
+                    n.status(&line);
+                }
+                Answer::Done
+            }
+            Request::Stopping { line } => {
+                if let Some(n) = &self.notifier {
+                    n.stopping(&line);
+                }
+                Answer::Done
+            }
+            Request::UmountFuse { lazy } => {
+                if !self.fuse_mounted {
+                    return Answer::Done;
+                }
+                match system::umount(&self.fuse_dir, lazy) {
+                    Ok(()) => {
+                        self.fuse_mounted = false;
+                        Answer::Done
+                    }
+                    Err(MountError::Busy(what)) => Answer::Busy(what),
+                    Err(e) => Answer::Failed(e.to_string()),
+                }
+            }
+            Request::Holders {} => {
+                if !self.fuse_mounted {
+                    return Answer::Lines(Vec::new());
+                }
+                Answer::Lines(system::holders(&self.fuse_dir.join("disk")))
+            }
+            Request::Finished { losses } => {
+                self.forget_utab();
+                if self.record_claimed {
+                    if !losses.is_empty() {
+                        if let Err(e) = record::write_outcome(&self.record_id, &losses.join("; ")) {
+                            warn!("could not leave a note of what was lost for `blobdrive unmount`: {e}");
+                        }
+                    }
+                    record::remove(&self.record_id);
+                    self.record_claimed = false;
+                }
+                self.losses = losses;
+                Answer::Done
+            }
+            Request::RemoveLog {} => {
+                record::remove_log(&self.record_id);
+                Answer::Done
+            }
+        }
+    }
+}
+
+/// The worker's status once it has exited; waits for it when `block`.
+fn reap(worker: libc::pid_t, block: bool) -> Option<libc::c_int> {
+    let mut status = 0;
+    loop {
+        let flags = if block { 0 } else { libc::WNOHANG };
+        // SAFETY: waitpid writes only `status`.
+        let rc = unsafe { libc::waitpid(worker, &mut status, flags) };
+        if rc == worker {
+            return Some(status);
+        }
+        if rc < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return None;
+    }
+}
+
+/// How the worker ended, in words.
+fn describe(status: libc::c_int) -> String {
+    if libc::WIFEXITED(status) {
+        format!("exited with status {}", libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        format!("was killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("ended ({status})")
+    }
+}
+
+/// A signalfd for `set` (blocked already); the signals each read returns.
+pub(super) fn signal_fd(set: &libc::sigset_t) -> std::io::Result<OwnedFd> {
+    // SAFETY: `set` is a valid signal set.
+    let fd = unsafe { libc::signalfd(-1, set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn read_signals(fd: &OwnedFd) -> Vec<u32> {
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: signalfd_siginfo is plain old data.
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::signalfd_siginfo>();
+        // SAFETY: reads at most `size` bytes into `info`.
+        let n = unsafe {
+            libc::read(
+                fd.as_raw_fd(),
+                (&mut info as *mut libc::signalfd_siginfo).cast(),
+                size,
+            )
+        };
+        if n as usize != size {
+            return out;
+        }
+        out.push(info.ssi_signo);
+    }
+}

@@ -1,0 +1,245 @@
+//! The root part before the fork: what needs root and what the worker will
+//! need opened for it, then the walls built, then the fork. The child puts the
+//! walls up first thing, while it is the only thread, and becomes the worker.
+
+use std::net::TcpListener;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+
+use tracing::{error, info};
+
+use super::channel::{Request, RootClient};
+use super::server::{signal_fd, RootPart};
+use crate::azure::Account;
+use crate::blobref::BlobRef;
+use crate::mount::record::{self, MountRecord};
+use crate::mount::{metrics, system, Mode, MountError, MountRequest, Ready};
+use crate::privsep::{Allowed, Walls, WorkerUser};
+
+/// What the worker starts with: its end of the channel, and what the root part
+/// opened for it.
+pub struct WorkerStart {
+    pub client: RootClient,
+    /// The `/dev/fuse` descriptor of the FUSE mount at `fuse_dir`.
+    pub fuse: OwnedFd,
+    pub fuse_dir: PathBuf,
+    pub control: UnixListener,
+    pub metrics: Option<TcpListener>,
+    pub record_id: String,
+}
+
+/// Which side of the fork this is.
+pub enum Split {
+    /// The root part, done: the mount's result.
+    Root(Result<(), MountError>),
+    /// The worker, walled, to serve the drive.
+    Worker(WorkerStart),
+}
+
+/// Splits the daemon for `req` into a root part and a worker running as
+/// `user_name` (see the module's doc). Must be called while the process has
+/// one thread. `ready` hears the mount's outcome once, from the root part.
+pub fn split(
+    req: &MountRequest,
+    account: &Account,
+    user_name: &str,
+    ready: &mut dyn FnMut(Result<&Ready, String>),
+) -> Split {
+    let fail = |msg: String, ready: &mut dyn FnMut(Result<&Ready, String>)| {
+        ready(Err(msg.clone()));
+        Split::Root(Err(MountError::system(msg)))
+    };
+    let user = match WorkerUser::lookup(user_name) {
+        Ok(u) => u,
+        Err(e) => return fail(e.to_string(), ready),
+    };
+    let blob_ref = match BlobRef::parse(&req.blob) {
+        Ok(b) => b,
+        Err(e) => return fail(e.to_string(), ready),
+    };
+    let id = record::id_for(&req.mountpoint);
+    let (_, socket, log, run_fuse_dir) = record::paths(&id);
+    let fuse_dir = match req.mode {
+        Mode::Fs => run_fuse_dir,
+        Mode::Block | Mode::Raw => req.mountpoint.clone(),
+    };
+    let account = blob_ref.account(account);
+    let rec = MountRecord {
+        id: id.clone(),
+        endpoint: account.endpoint_for_messages(),
+        blob: blob_ref.base().to_string(),
+        auth: account.credential.describe(),
+        snapshot: blob_ref.snapshot.clone(),
+        mountpoint: req.mountpoint.clone(),
+        mode: req.mode,
+        fuse_dir: fuse_dir.clone(),
+        device: None,
+        read_only: req.read_only,
+        pid: std::process::id(),
+        socket,
+        log,
+    };
+    let mut root = RootPart::new(req.clone(), id.clone(), fuse_dir.clone());
+    let opened = prepare(&mut root, &rec, &blob_ref, user);
+    let (metrics, fuse, control, walls) = match opened {
+        Ok(v) => v,
+        Err(e) => {
+            root.undo(None);
+            return fail(e.to_string(), ready);
+        }
+    };
+    let (worker_end, root_end) = match UnixStream::pair() {
+        Ok(p) => p,
+        Err(e) => {
+            root.undo(None);
+            return fail(format!("cannot make the worker's channel: {e}"), ready);
+        }
+    };
+    if let Some(n) = threads().filter(|&n| n != 1) {
+        root.undo(None);
+        return fail(
+            format!(
+                "cannot start the worker: the daemon runs {n} threads, which it would not wall"
+            ),
+            ready,
+        );
+    }
+    // SIGTERM and SIGINT are the root part's to pass on, SIGCHLD tells it the
+    // worker is gone: blocked here, read from a signalfd; the worker unblocks.
+    // SAFETY: sigset_t is plain old data, filled in by sigemptyset/sigaddset.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to signal sets.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+    }
+    let signals = match signal_fd(&set) {
+        Ok(fd) => fd,
+        Err(e) => {
+            root.undo(None);
+            return fail(format!("cannot watch signals: {e}"), ready);
+        }
+    };
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null");
+    // SAFETY: getpid cannot fail.
+    let root_pid = unsafe { libc::getpid() };
+    // SAFETY: the process has one thread (checked above), so the child starts
+    // in a consistent state.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        let e = std::io::Error::last_os_error();
+        root.undo(None);
+        return fail(format!("cannot start the worker: {e}"), ready);
+    }
+    if pid == 0 {
+        drop(root_end);
+        drop(signals);
+        // The root part speaks for the mount to `blobdrive mount` and to the
+        // service manager; the worker has neither's ends.
+        drop(root);
+        if let Ok(null) = &null {
+            // SAFETY: both descriptors are valid; dup2 replaces stdout.
+            unsafe { libc::dup2(null.as_raw_fd(), 1) };
+        }
+        drop(null);
+        // SAFETY: restores the mask the process had before the fork.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+        let client = RootClient::new(worker_end);
+        if let Err(why) = become_worker(walls, root_pid) {
+            let message = format!("cannot wall the network-facing part of the mount: {why}");
+            error!("{message}");
+            client.tell(&Request::Failed { message });
+            // SAFETY: ends the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(1) };
+        }
+        return Split::Worker(WorkerStart {
+            client,
+            fuse,
+            fuse_dir,
+            control,
+            metrics,
+            record_id: id,
+        });
+    }
+    drop(worker_end);
+    drop(null);
+    // The worker holds these now; the root part's copies would keep the FUSE
+    // connection alive after the worker died (and every access to it hanging).
+    drop(fuse);
+    drop(control);
+    drop(metrics);
+    info!("the worker (pid {pid}) serves the drive as {user_name}");
+    Split::Root(root.serve(pid, root_end, signals, ready))
+}
+
+/// What the root part does before the fork; each step recorded on `root` for
+/// `undo` as soon as it is in place.
+#[allow(clippy::type_complexity)]
+fn prepare(
+    root: &mut RootPart,
+    rec: &MountRecord,
+    blob_ref: &BlobRef,
+    user: WorkerUser,
+) -> Result<(Option<TcpListener>, OwnedFd, UnixListener, Walls), MountError> {
+    let req = root.req.clone();
+    // Bound first, so an address in use fails the mount before anything is done.
+    let metrics = match req.metrics.as_deref().map(metrics::bind) {
+        Some(Err(msg)) => return Err(MountError::system(msg)),
+        Some(Ok(l)) => Some(l),
+        None => None,
+    };
+    record::claim(rec)?;
+    root.record_claimed = true;
+    if req.mode == Mode::Fs {
+        return Err(MountError::system(
+            "--mode fs does not run split yet (issue 42)",
+        ));
+    }
+    let at = system::open_dir(&root.fuse_dir, req.mountpoint_id)?;
+    let fuse = system::mount_fuse(&at, &format!("blobdrive:{blob_ref}"), req.read_only)
+        .map_err(|e| MountError::system(format!("{e} at {}", root.fuse_dir.display())))?;
+    root.fuse_mounted = true;
+    let control = record::listen(rec)?;
+    let mut allowed = Allowed::network_client();
+    // The worker's own process figures (`/proc/self`), for its metrics.
+    allowed.read_only.push(PathBuf::from("/proc"));
+    let walls = Walls::prepare(user, &allowed).map_err(|e| MountError::system(e.to_string()))?;
+    Ok((metrics, fuse, control, walls))
+}
+
+/// In the child: the walls up, then death with the root part arranged (the
+/// uid change cleared it) and checked against a root part already gone.
+fn become_worker(walls: Walls, root_pid: libc::pid_t) -> Result<(), String> {
+    walls.apply().map_err(|e| e.to_string())?;
+    // SAFETY: prctl with integer arguments.
+    if unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    } != 0
+    {
+        return Err(format!(
+            "cannot arrange to stop with the root part: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: getppid cannot fail.
+    if unsafe { libc::getppid() } != root_pid {
+        return Err("the root part is gone".into());
+    }
+    Ok(())
+}
+
+/// How many threads the process runs (`/proc/self/task`).
+fn threads() -> Option<usize> {
+    std::fs::read_dir("/proc/self/task").ok().map(|d| d.count())
+}
