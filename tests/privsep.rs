@@ -160,34 +160,12 @@ fn uid_of(pid: u64) -> String {
     field(&status, "Uid")
 }
 
-#[test]
-fn a_split_raw_mount_reads_the_network_only_behind_the_walls() {
-    require_root();
-    ensure_user();
-    let spec = BD.new_drive("privsep-raw", "64MiB");
-    let mp = BD.mp();
-    BD.mount(&spec, &mp, &["--mode", "raw", "--run-as", USER]);
-    let daemon = mp.pid();
-    // The drive works: written, flushed to the blob, read back.
-    let data: Vec<u8> = (0..(1 << 20)).map(|i| (i * 7 % 251) as u8).collect();
-    {
-        let mut disk = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(mp.disk())
-            .unwrap();
-        disk.seek(SeekFrom::Start(3 << 20)).unwrap();
-        disk.write_all(&data).unwrap();
-        disk.sync_all().unwrap();
-        let mut back = vec![0u8; data.len()];
-        disk.read_exact_at(&mut back, 3 << 20).unwrap();
-        assert!(back == data, "read back what was written");
-        let mut first = [0u8; 16];
-        disk.read_exact(&mut first).unwrap();
-    }
-    let stats = mp.stats();
-    assert!(stats.is_object(), "stats answer: {stats}");
-
+/// The check from outside, on the mount whose root part is `daemon`:
+/// some process of it holds a connection to the emulator, none of those is
+/// root (the root part, the record's pid, is, and holds none), and every thread
+/// of each is walled and holds no loop device and no credentials file open.
+/// Returns the processes holding connections (the workers).
+fn assert_split_from_outside(daemon: u64) -> Vec<u64> {
     let port = Azurite::shared().port;
     let procs = mount_processes(daemon);
     assert!(procs.len() >= 2, "a root part and a worker: {procs:?}");
@@ -224,6 +202,38 @@ fn a_split_raw_mount_reads_the_network_only_behind_the_walls() {
     }
     // The root part is root and lives on; it is the record's pid.
     assert!(uid_of(daemon).starts_with("0\t"), "{}", uid_of(daemon));
+    holders
+}
+
+#[test]
+fn a_split_raw_mount_reads_the_network_only_behind_the_walls() {
+    require_root();
+    ensure_user();
+    let spec = BD.new_drive("privsep-raw", "64MiB");
+    let mp = BD.mp();
+    BD.mount(&spec, &mp, &["--mode", "raw", "--run-as", USER]);
+    let daemon = mp.pid();
+    // The drive works: written, flushed to the blob, read back.
+    let data: Vec<u8> = (0..(1 << 20)).map(|i| (i * 7 % 251) as u8).collect();
+    {
+        let mut disk = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(mp.disk())
+            .unwrap();
+        disk.seek(SeekFrom::Start(3 << 20)).unwrap();
+        disk.write_all(&data).unwrap();
+        disk.sync_all().unwrap();
+        let mut back = vec![0u8; data.len()];
+        disk.read_exact_at(&mut back, 3 << 20).unwrap();
+        assert!(back == data, "read back what was written");
+        let mut first = [0u8; 16];
+        disk.read_exact(&mut first).unwrap();
+    }
+    let stats = mp.stats();
+    assert!(stats.is_object(), "stats answer: {stats}");
+
+    let holders = assert_split_from_outside(daemon);
 
     let said = BD.unmount(&mp);
     assert!(said.is_empty() || !said.contains("error"), "{said}");
@@ -285,6 +295,137 @@ fn when_the_worker_dies_the_root_part_takes_the_mount_down_and_says_so() {
     let text = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(text.contains("died") || text.contains("killed"), "{text}");
     // The dead worker's lease is still held: the one step the message names.
+    BD.ok(&["lease", "break", &spec, "--yes"]);
+    BD.assert_nothing_left(mp.path(), &spec);
+}
+
+/// A buffer of `len` bytes aligned for O_DIRECT, filled by `fill`.
+struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Aligned {
+    fn new(len: usize, fill: impl Fn(usize) -> u8) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: a layout of non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        let mut a = Aligned { ptr, layout };
+        for (i, b) in a.bytes_mut().iter_mut().enumerate() {
+            *b = fill(i);
+        }
+        a
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` holds `layout.size()` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.layout.size()) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// The block device `dev`, opened for O_DIRECT.
+fn open_direct(dev: &str) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(dev)
+        .unwrap_or_else(|e| panic!("open {dev} O_DIRECT: {e}"))
+}
+
+#[test]
+fn a_split_block_mount_reads_the_network_only_behind_the_walls() {
+    require_root();
+    ensure_user();
+    let spec = BD.new_drive("privsep-block", "64MiB");
+    let mp = BD.mp();
+    let dev = BD
+        .mount(&spec, &mp, &["--mode", "block", "--run-as", USER])
+        .trim()
+        .to_string();
+    assert!(dev.starts_with("/dev/loop"), "mount said {dev:?}");
+    let daemon = mp.pid();
+    // The record names the device, as a mount of one process's does.
+    let list = common::util::json(&BD.ok(&["list", "--json"]));
+    let entry = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == mp.s())
+        .unwrap_or_else(|| panic!("no record of {}: {list}", mp.s()))
+        .clone();
+    assert_eq!(entry["device"], dev.as_str(), "{entry}");
+    // 1 MiB written with O_DIRECT through the device, straight to the drive.
+    let data = Aligned::new(1 << 20, |i| (i * 13 % 253) as u8);
+    {
+        let f = open_direct(&dev);
+        f.write_all_at(data.bytes(), 5 << 20).unwrap();
+        f.sync_all().unwrap();
+    }
+    assert_split_from_outside(daemon);
+    let said = BD.unmount(&mp);
+    assert!(said.is_empty() || !said.contains("error"), "{said}");
+    wait_for_exit(daemon, "the root part", Duration::from_secs(20));
+    BD.assert_nothing_left(mp.path(), &spec);
+    // On the blob: a new split mount reads it back through its device.
+    let mp2 = BD.mp();
+    let dev2 = BD
+        .mount(&spec, &mp2, &["--mode", "block", "--run-as", USER])
+        .trim()
+        .to_string();
+    let mut back = Aligned::new(1 << 20, |_| 0);
+    open_direct(&dev2)
+        .read_exact_at(back.bytes_mut(), 5 << 20)
+        .unwrap();
+    assert!(back.bytes() == data.bytes(), "the data is on the blob");
+    BD.unmount(&mp2);
+    BD.assert_nothing_left(mp2.path(), &spec);
+}
+
+#[test]
+fn when_a_block_worker_dies_the_root_part_detaches_its_loop_device() {
+    require_root();
+    ensure_user();
+    let spec = BD.new_drive("privsep-block-die", "16MiB");
+    let mp = BD.mp();
+    let dev = BD
+        .mount(&spec, &mp, &["--mode", "block", "--run-as", USER])
+        .trim()
+        .to_string();
+    let daemon = mp.pid();
+    let procs = mount_processes(daemon);
+    let worker = *procs.iter().find(|&&p| p != daemon).expect("a worker");
+    // SAFETY: kill with integer arguments, to the worker this test found.
+    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    wait_for_exit(daemon, "the root part", Duration::from_secs(30));
+    let backing = format!(
+        "/sys/block/{}/loop/backing_file",
+        dev.trim_start_matches("/dev/")
+    );
+    let still = std::fs::read_to_string(&backing).unwrap_or_default();
+    assert!(
+        !still.contains(mp.s()),
+        "{dev} still attached to {still} after the worker died"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(mp.s()), "FUSE left at {}", mp.s());
+    let out = BD.cmd(&["unmount", mp.s()]).output();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(text.contains("died") || text.contains("killed"), "{text}");
     BD.ok(&["lease", "break", &spec, "--yes"]);
     BD.assert_nothing_left(mp.path(), &spec);
 }

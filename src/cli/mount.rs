@@ -101,9 +101,9 @@ pub struct Args {
     pub disk_cache_size: Option<String>,
     /// Run the part of the daemon that talks to the storage service as USER,
     /// walled off from the host, with a small root part doing the mounts.
-    /// Hidden until the split is whole (issue 42): so far only --mode raw
-    /// without --disk-cache splits; elsewhere the daemon warns and runs as one
-    /// process, as root.
+    /// Hidden until the split is whole (issue 42): so far only --mode raw and
+    /// --mode block without --disk-cache split; elsewhere the daemon warns and
+    /// runs as one process, as root.
     #[arg(long, value_name = "USER", env = "BLOBDRIVE_RUN_AS", hide = true)]
     pub run_as: Option<String>,
     /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)

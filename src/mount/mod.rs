@@ -79,7 +79,7 @@ pub struct MountRequest {
     /// The user the network-facing part of the daemon runs as (`--run-as`),
     /// split from a small root part (issue 42, see `mount::rootpart`). `None`:
     /// one process, root, as before. While the split is being built it is
-    /// taken only where it works (mode raw without a disk cache); elsewhere the
+    /// taken only where it works (modes raw and block without a disk cache); elsewhere the
     /// daemon says so and runs as one process.
     #[serde(default)]
     pub run_as: Option<String>,

@@ -296,11 +296,12 @@ pub fn run(
 }
 
 /// The user to run the worker of a split daemon as, where the split is built
-/// already: mode raw without a disk cache (issue 42 goes on with the rest).
+/// already: modes raw and block without a disk cache (issue 42 goes on with
+/// the rest).
 /// Elsewhere the daemon says so and runs as one process, as before.
 fn split_as(req: &MountRequest) -> Option<String> {
     let user = req.run_as.clone()?;
-    if req.mode != Mode::Raw || req.disk_cache.is_some() {
+    if req.mode == Mode::Fs || req.disk_cache.is_some() {
         tracing::warn!(
             "--run-as {user}: the daemon does not split yet in --mode {}{} (issue 42); it runs as one process, as root",
             req.mode,

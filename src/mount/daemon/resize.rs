@@ -128,7 +128,11 @@ impl Mounted {
     fn grow_layers(&self, size: u64, phase: &Phase) -> Result<String, MountError> {
         set(phase, "giving the disk file its new size");
         let disk = self.fuse_dir.join("disk");
-        let disk_len = || std::fs::metadata(&disk).map(|m| m.len()).unwrap_or(0);
+        // The FUSE mount of a split daemon lets root alone in: its root part looks.
+        let disk_len = || match &self.root {
+            Some(root) => root.disk_size().unwrap_or(0),
+            None => std::fs::metadata(&disk).map(|m| m.len()).unwrap_or(0),
+        };
         if let Some(s) = &self.session {
             // Not cached by the kernel (never looked up) is fine too.
             let _ = crate::fuse::forget_disk_attrs(s);
@@ -153,7 +157,10 @@ impl Mounted {
             return Ok(format!("{} is {} bytes", disk.display(), size));
         };
         set(phase, "giving the loop device its new size");
-        let dev_len = dev.take_new_capacity()?;
+        let dev_len = match &self.root {
+            Some(root) => root.loop_capacity()?,
+            None => dev.take_new_capacity()?,
+        };
         if dev_len != size {
             return Err(MountError::system(format!(
                 "{dev} still has {dev_len} bytes after taking the new capacity"

@@ -330,6 +330,18 @@ pub(super) fn setup_worker(m: &mut Mounted, fuse: OwnedFd) -> Result<FsOutcome, 
     let drive = open_drive(m)?;
     let cache = start_cache(m, &drive)?;
     m.session = Some(serve_fuse_fd(m, &cache, fuse)?);
+    if m.req.mode == Mode::Block {
+        let root = m.root.clone().expect("a split daemon's worker");
+        let dev = LoopDevice::at(root.attach_loop()?);
+        info!("the root part attached {dev}");
+        // The root part keeps the backing file to compare against: it alone
+        // may read sysfs (see `Mounted::loop_still_attached`).
+        m.loop_dev = Some(AttachedLoop {
+            dev,
+            backing: None,
+            autoclear: false,
+        });
+    }
     Ok(FsOutcome::default())
 }
 

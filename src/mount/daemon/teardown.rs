@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
+use super::handles::AttachedLoop;
 use super::Mounted;
 use crate::device::cache::Cache;
 use crate::device::stack::Stack;
@@ -68,7 +69,7 @@ impl Mounted {
             }
         }
         if let Some(l) = self.loop_dev.take() {
-            if let Err(e) = l.dev.detach() {
+            if let Err(e) = self.detach_loop(&l) {
                 warn!(
                     "cannot detach {} yet ({e}): it goes once its last user lets go",
                     l.dev
@@ -110,7 +111,7 @@ impl Mounted {
         let Some(l) = self.loop_dev.as_ref().filter(|l| l.autoclear) else {
             return false;
         };
-        if self.fs.is_none() || l.dev.backing_file() == l.backing {
+        if self.fs.is_none() || self.loop_still_attached(l) {
             return false;
         }
         info!(
@@ -118,13 +119,35 @@ impl Mounted {
             self.req.mountpoint.display(),
             l.dev
         );
-        l.dev.released();
+        if self.root.is_none() {
+            // (A split daemon's root part did this when it saw it let go.)
+            l.dev.released();
+        }
         self.fs = None;
         self.loop_dev = None;
         // An unmount that bypassed `umount.blobdrive` (`umount -i`, umount(2))
         // leaves the entry behind.
         self.forget_utab();
         true
+    }
+
+    /// Whether the loop device `l` is still attached over `disk`: sysfs names
+    /// the backing file it named right after attaching (a split daemon's root
+    /// part looks, and its worker asks). Also when that cannot be told.
+    fn loop_still_attached(&self, l: &AttachedLoop) -> bool {
+        match &self.root {
+            Some(root) => root.loop_attached() != Some(false),
+            None => l.dev.backing_file() == l.backing,
+        }
+    }
+
+    /// Detaches the loop device `l` (the root part does, in a split daemon),
+    /// waiting until the kernel let go of `disk`.
+    fn detach_loop(&self, l: &AttachedLoop) -> Result<(), MountError> {
+        match &self.root {
+            Some(root) => root.detach_loop(),
+            None => l.dev.detach(),
+        }
     }
 
     /// Takes this mount's entry out of libmount's table once the mount at the
@@ -174,7 +197,7 @@ impl Mounted {
             info!("unmounted {}", self.req.mountpoint.display());
         }
         if let Some(l) = &self.loop_dev {
-            l.dev.detach()?;
+            self.detach_loop(l)?;
             info!("detached {}", l.dev);
             self.loop_dev = None;
         }

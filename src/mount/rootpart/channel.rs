@@ -50,6 +50,23 @@ pub enum Request {
     Finished { losses: Vec<String> },
     /// The drive came down cleanly: its log is of no more use.
     RemoveLog {},
+    /// Attach a loop device over the FUSE file `disk` (the root part's FUSE
+    /// mount), set up for a disk across a network (read-ahead, direct I/O and,
+    /// when writable, a writeback limit), read-only when the mount is: answered
+    /// with the device's path, which the record and `Ready` then name.
+    AttachLoop {},
+    /// Whether the loop device is still attached over `disk` (sysfs names the
+    /// same backing file as right after attaching): after a plain umount with
+    /// autoclear it is not, and the root part forgets it.
+    LoopAttached {},
+    /// Make the loop device take the new size of `disk` (after a resize):
+    /// answered with the device's size in bytes.
+    LoopCapacity {},
+    /// The size of `disk` as the kernel sees it (a stat through the FUSE mount,
+    /// which lets root alone in): answered with its size in bytes.
+    DiskSize {},
+    /// Detach the loop device (and put its writeback settings back).
+    DetachLoop {},
 }
 
 /// The root part's answer to one request.
@@ -59,6 +76,12 @@ pub enum Answer {
     Done,
     /// An answer that is a list (the holders of `disk`).
     Lines(Vec<String>),
+    /// The loop device attached (`/dev/loopN`).
+    Device(String),
+    /// Whether the loop device is still attached over `disk`.
+    Attached(bool),
+    /// A size in bytes.
+    Size(u64),
     /// Not done: what it acts on is in use; everything stays as it was.
     Busy(String),
     /// Not done, for the reason given.
@@ -206,6 +229,45 @@ impl RootClient {
             _ => Vec::new(),
         }
     }
+
+    /// Attaches the loop device over `disk` (see [`Request::AttachLoop`]); its path.
+    pub fn attach_loop(&self) -> Result<String, MountError> {
+        match self.call(&Request::AttachLoop {})? {
+            Answer::Device(dev) => Ok(dev),
+            other => Err(other.into_error()),
+        }
+    }
+
+    /// Whether the loop device is still attached over `disk`; `None` when the
+    /// root part cannot be asked (then nothing is concluded).
+    pub fn loop_attached(&self) -> Option<bool> {
+        match self.call(&Request::LoopAttached {}) {
+            Ok(Answer::Attached(yes)) => Some(yes),
+            _ => None,
+        }
+    }
+
+    /// Makes the loop device take the new size of `disk`; its size now.
+    pub fn loop_capacity(&self) -> Result<u64, MountError> {
+        self.size(&Request::LoopCapacity {})
+    }
+
+    /// The size of `disk` as the kernel sees it.
+    pub fn disk_size(&self) -> Result<u64, MountError> {
+        self.size(&Request::DiskSize {})
+    }
+
+    fn size(&self, req: &Request) -> Result<u64, MountError> {
+        match self.call(req)? {
+            Answer::Size(n) => Ok(n),
+            other => Err(other.into_error()),
+        }
+    }
+
+    /// Detaches the loop device (see [`Request::DetachLoop`]).
+    pub fn detach_loop(&self) -> Result<(), MountError> {
+        self.done(&Request::DetachLoop {})
+    }
 }
 
 impl Answer {
@@ -214,9 +276,11 @@ impl Answer {
             Answer::Busy(what) => MountError::Busy(what),
             Answer::Failed(why) => MountError::system(why),
             Answer::Refused(why) => MountError::system(format!("the root part refused: {why}")),
-            Answer::Done | Answer::Lines(_) => {
-                MountError::system("an answer that does not fit the request")
-            }
+            Answer::Done
+            | Answer::Lines(_)
+            | Answer::Device(_)
+            | Answer::Attached(_)
+            | Answer::Size(_) => MountError::system("an answer that does not fit the request"),
         }
     }
 }
@@ -236,6 +300,10 @@ mod tests {
             let answer = match &req {
                 Request::Holders {} => Answer::Lines(vec!["cat (pid 7)".into()]),
                 Request::UmountFuse { lazy: false } => Answer::Busy("/mnt/x".into()),
+                Request::AttachLoop {} => Answer::Device("/dev/loop7".into()),
+                Request::LoopAttached {} => Answer::Attached(true),
+                Request::LoopCapacity {} | Request::DiskSize {} => Answer::Size(1 << 20),
+                Request::DetachLoop {} => Answer::Failed("still in use".into()),
                 _ => Answer::Done,
             };
             self.asked.push(req);
@@ -282,10 +350,18 @@ mod tests {
             Err(MountError::Busy(p)) if p == "/mnt/x"
         ));
         client.umount_fuse(true).unwrap();
+        assert_eq!(client.attach_loop().unwrap(), "/dev/loop7");
+        assert_eq!(client.loop_attached(), Some(true));
+        assert_eq!(client.loop_capacity().unwrap(), 1 << 20);
+        assert_eq!(client.disk_size().unwrap(), 1 << 20);
+        assert!(matches!(
+            client.detach_loop(),
+            Err(MountError::System { .. })
+        ));
         drop(client);
         let (result, asked) = served.join().unwrap();
         result.unwrap();
-        assert_eq!(asked.len(), 4);
+        assert_eq!(asked.len(), 9);
         assert_eq!(
             asked[0],
             Request::Ready {
@@ -325,6 +401,21 @@ mod tests {
             b"{\"op\":\"holders\",\"of\":\"/etc/shadow\"}\n",
         );
         assert!(a.starts_with("{\"refused\":"), "{a}");
+        // The loop device's requests name no file, device or mode: the root
+        // part attaches its own FUSE file `disk`, as the mount asked, and acts
+        // only on the device it attached.
+        for hostile in [
+            &b"{\"op\":\"attach_loop\",\"file\":\"/etc/shadow\"}\n"[..],
+            b"{\"op\":\"attach_loop\",\"read_only\":false}\n",
+            b"{\"op\":\"loop_attached\",\"device\":\"/dev/sda\"}\n",
+            b"{\"op\":\"loop_capacity\",\"device\":\"/dev/loop0\"}\n",
+            b"{\"op\":\"disk_size\",\"of\":\"/etc/shadow\"}\n",
+            b"{\"op\":\"detach_loop\",\"device\":\"/dev/loop0\"}\n",
+            b"{\"op\":\"detach_loop\",\"lazy\":true}\n",
+        ] {
+            let a = raw(&mut worker, hostile);
+            assert!(a.starts_with("{\"refused\":"), "{a}");
+        }
         // Not JSON, and a bare string.
         let a = raw(&mut worker, b"umount /\n");
         assert!(a.starts_with("{\"refused\":"), "{a}");

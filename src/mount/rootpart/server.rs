@@ -12,12 +12,16 @@ use tracing::{error, info, warn};
 
 use super::channel::{answer_one, Answer, Ops, Request};
 use crate::mount::notify::Notifier;
-use crate::mount::{record, system, utab, MountError, MountRequest, Ready};
+use crate::mount::record::{self, MountRecord};
+use crate::mount::system::{self, LoopDevice};
+use crate::mount::{utab, MountError, MountRequest, Ready};
 
 /// What the root part did and still answers for.
 pub(super) struct RootPart {
     pub req: MountRequest,
     pub record_id: String,
+    /// The mount's record as claimed (saved again when it names a device).
+    rec: MountRecord,
     /// Where FUSE is mounted (the user's directory in modes raw and block).
     pub fuse_dir: PathBuf,
     /// The record is this mount's (created exclusively) and not yet released.
@@ -26,6 +30,10 @@ pub(super) struct RootPart {
     pub fuse_mounted: bool,
     /// libmount's entry for the mountpoint was added.
     pub utab: bool,
+    /// The loop device this root part attached over `disk` (block mode), with
+    /// its backing file as sysfs named it then: while sysfs still says so, the
+    /// device is this mount's.
+    loop_dev: Option<(LoopDevice, Option<PathBuf>)>,
     pub notifier: Option<Notifier>,
     /// The worker's word on the mount, for `blobdrive mount`, not yet passed on.
     said: Option<Result<Ready, String>>,
@@ -38,14 +46,16 @@ pub(super) struct RootPart {
 }
 
 impl RootPart {
-    pub fn new(req: MountRequest, record_id: String, fuse_dir: PathBuf) -> RootPart {
+    pub fn new(req: MountRequest, rec: MountRecord) -> RootPart {
         RootPart {
             req,
-            record_id,
-            fuse_dir,
+            record_id: rec.id.clone(),
+            fuse_dir: rec.fuse_dir.clone(),
+            rec,
             record_claimed: false,
             fuse_mounted: false,
             utab: false,
+            loop_dev: None,
             notifier: Notifier::from_env(),
             said: None,
             has_said: false,
@@ -54,10 +64,14 @@ impl RootPart {
         }
     }
 
-    /// Undoes what the root part did that is still in place: FUSE unmounted
-    /// (lazily when busy: whatever holds it sees the drive gone), the utab
-    /// entry, the record (with `lost`, if any, left for `blobdrive unmount`).
+    /// Undoes what the root part did that is still in place: the loop device
+    /// detached, FUSE unmounted (lazily when busy: whatever holds it sees the
+    /// drive gone), the utab entry, the record (with `lost`, if any, left for
+    /// `blobdrive unmount`).
     pub fn undo(&mut self, lost: Option<String>) {
+        if let Err(e) = self.detach_loop() {
+            error!("{e}");
+        }
         if self.fuse_mounted {
             match system::umount(&self.fuse_dir, false) {
                 Ok(()) => {}
@@ -80,6 +94,52 @@ impl RootPart {
             record::remove(&self.record_id);
             self.record_claimed = false;
         }
+    }
+
+    /// Attaches a loop device over `disk` as `setup::attach_loop` does for a
+    /// daemon of one process (read-ahead, direct I/O, a writeback limit when
+    /// writable), and names it in the record.
+    fn attach_loop(&mut self) -> Result<LoopDevice, MountError> {
+        if self.loop_dev.is_some() {
+            return Err(MountError::system("a loop device is attached already"));
+        }
+        let dev = LoopDevice::attach(&self.fuse_dir.join("disk"), self.req.read_only)?;
+        dev.set_readahead(4096);
+        dev.use_direct_io();
+        if !self.req.read_only {
+            dev.limit_writeback(system::LOOP_DIRTY_MAX);
+        }
+        info!("attached {dev}");
+        self.loop_dev = Some((dev.clone(), dev.backing_file()));
+        self.rec.device = Some(dev.path().to_string());
+        if let Err(e) = record::save(&self.rec) {
+            warn!("could not name {dev} in the mount's record: {e}");
+        }
+        Ok(dev)
+    }
+
+    /// The loop device, while it is still attached over `disk`; one that let go
+    /// (autoclear) is forgotten, its writeback settings put back.
+    fn attached_loop(&mut self) -> Option<&LoopDevice> {
+        let (dev, backing) = self.loop_dev.as_ref()?;
+        if backing.is_some() && dev.backing_file() != *backing {
+            info!("{dev} let go of the drive by itself");
+            dev.released();
+            self.loop_dev = None;
+            return None;
+        }
+        self.loop_dev.as_ref().map(|(dev, _)| dev)
+    }
+
+    /// Detaches the loop device, if it is still this mount's.
+    fn detach_loop(&mut self) -> Result<(), MountError> {
+        let Some(dev) = self.attached_loop().cloned() else {
+            return Ok(());
+        };
+        dev.detach()?;
+        info!("detached {dev}");
+        self.loop_dev = None;
+        Ok(())
     }
 
     fn forget_utab(&mut self) {
@@ -240,7 +300,7 @@ impl Ops for RootPart {
                 self.said = Some(Ok(Ready {
                     mountpoint: self.req.mountpoint.clone(),
                     mode: self.req.mode,
-                    device: None,
+                    device: self.loop_dev.as_ref().map(|(d, _)| d.path().to_string()),
                     fstype: None,
                     fuse_dir: self.fuse_dir.clone(),
                     read_only: self.req.read_only,
@@ -313,6 +373,53 @@ impl Ops for RootPart {
                 record::remove_log(&self.record_id);
                 Answer::Done
             }
+            loop_req @ (Request::AttachLoop {}
+            | Request::LoopAttached {}
+            | Request::LoopCapacity {}
+            | Request::DiskSize {}
+            | Request::DetachLoop {}) => self.carry_out_for_loop(loop_req),
+        }
+    }
+}
+
+impl RootPart {
+    /// The requests about the loop device over `disk` (block mode) and the
+    /// size of `disk`.
+    fn carry_out_for_loop(&mut self, req: Request) -> Answer {
+        match req {
+            Request::AttachLoop {} => {
+                if !self.fuse_mounted {
+                    return Answer::Failed("the FUSE mount is gone".into());
+                }
+                match self.attach_loop() {
+                    Ok(dev) => Answer::Device(dev.path().to_string()),
+                    Err(e) => Answer::Failed(e.to_string()),
+                }
+            }
+            Request::LoopAttached {} => Answer::Attached(self.attached_loop().is_some()),
+            Request::LoopCapacity {} => match self.attached_loop() {
+                Some(dev) => match dev.take_new_capacity() {
+                    Ok(n) => Answer::Size(n),
+                    Err(e) => Answer::Failed(e.to_string()),
+                },
+                None => Answer::Failed("no loop device is attached".into()),
+            },
+            Request::DiskSize {} => {
+                if !self.fuse_mounted {
+                    return Answer::Failed("the FUSE mount is gone".into());
+                }
+                let disk = self.fuse_dir.join("disk");
+                match std::fs::metadata(&disk) {
+                    Ok(m) => Answer::Size(m.len()),
+                    Err(e) => Answer::Failed(format!("cannot stat {}: {e}", disk.display())),
+                }
+            }
+            Request::DetachLoop {} => match self.detach_loop() {
+                Ok(()) => Answer::Done,
+                Err(MountError::Busy(what)) => Answer::Busy(what),
+                Err(e) => Answer::Failed(e.to_string()),
+            },
+            other => Answer::Refused(format!("not a loop device request: {other:?}")),
         }
     }
 }

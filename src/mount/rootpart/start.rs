@@ -80,7 +80,7 @@ pub fn split(
         socket,
         log,
     };
-    let mut root = RootPart::new(req.clone(), id.clone(), fuse_dir.clone());
+    let mut root = RootPart::new(req.clone(), rec.clone());
     let opened = prepare(&mut root, &rec, &blob_ref, user);
     let (metrics, fuse, control, walls) = match opened {
         Ok(v) => v,
