@@ -79,6 +79,14 @@ fn filesystem_mode_survives_unmount_and_remount() {
             .to_string()
     };
     assert_eq!(strict(), "1", "writeback limited while mounted");
+    // Made on a never-written drive, ext4 knows its inode tables are zeros:
+    // the kernel does not zero them again in the background (as Clear Pages,
+    // which an outage makes wait with the loop device's reads behind them).
+    let groups = sh_ok(&format!("dumpe2fs {dev} 2>/dev/null | grep '^Group [0-9]'"));
+    assert!(
+        groups.lines().count() > 1 && groups.lines().all(|g| g.contains("ITABLE_ZEROED")),
+        "{groups}"
+    );
     let st = mp.stats();
     for k in [
         "put_page_requests",

@@ -523,6 +523,12 @@ impl<B: Backend> Cache<B> {
         errno
     }
 
+    /// Whether any byte of the disk was ever written (on the blob or here):
+    /// a disk that holds none reads as zeros throughout.
+    pub fn holds_data(&self) -> bool {
+        self.lock().sparse.any_data(0, self.size())
+    }
+
     pub fn dirty_bytes(&self) -> u64 {
         self.lock().dirty_sectors * SECTOR
     }

@@ -493,7 +493,8 @@ fn filesystem_to_mount(
             if m.req.read_only {
                 return Err(MountError::system("--mkfs needs a writable mount"));
             }
-            system::mkfs(dev, wanted)?;
+            let zeroed = m.cache.as_ref().is_some_and(|c| !c.holds_data());
+            system::mkfs(dev, wanted, zeroed)?;
             out.formatted = true;
             wanted.to_string()
         }

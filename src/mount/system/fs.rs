@@ -112,9 +112,22 @@ pub fn fs_type(dev: &LoopDevice) -> Result<Option<String>, MountError> {
 
 /// Creates a filesystem without discarding the whole disk first (that would be a
 /// Clear Pages over every byte of a drive that is already empty).
-pub fn mkfs(dev: &LoopDevice, fstype: &str) -> Result<(), MountError> {
+///
+/// `zeroed`: no byte of the disk was ever written, so it reads as zeros. ext4
+/// is then told so (`assume_storage_prezeroed`), and marks its inode tables
+/// zeroed: otherwise the kernel's ext4lazyinit zeroes them in the background
+/// after the first mount, through the loop device as Clear Pages calls that
+/// only repeat what the blob already holds. During an outage such a call
+/// waits, and the loop device's reads queue behind it (a read of cached data
+/// waited for an expired token in a fresh-clone run of entra_mount).
+pub fn mkfs(dev: &LoopDevice, fstype: &str, zeroed: bool) -> Result<(), MountError> {
+    let ext4_options = if zeroed {
+        "nodiscard,assume_storage_prezeroed=1"
+    } else {
+        "nodiscard"
+    };
     match fstype {
-        "ext4" => run("mkfs.ext4", &["-q", "-F", "-E", "nodiscard", dev.path()]).map(|_| ()),
+        "ext4" => run("mkfs.ext4", &["-q", "-F", "-E", ext4_options, dev.path()]).map(|_| ()),
         "xfs" => run("mkfs.xfs", &["-q", "-f", "-K", dev.path()]).map(|_| ()),
         other => Err(MountError::system(format!(
             "--mkfs {other}: only ext4 and xfs are supported"
