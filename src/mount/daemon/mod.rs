@@ -146,6 +146,55 @@ impl Teller {
 }
 
 impl Mounted {
+    /// A drive about to be set up, in one process or in a split daemon's
+    /// worker: its I/O runtime and blob client (with the request's retry
+    /// policy), nothing set up yet.
+    fn new(
+        req: &MountRequest,
+        account: &Account,
+        blob_ref: &BlobRef,
+        fuse_dir: PathBuf,
+        record_id: String,
+        notifier: Option<Teller>,
+        root: Option<RootClient>,
+    ) -> Result<Mounted, MountError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .thread_name("blobdrive-io")
+            .build()
+            .map_err(|e| MountError::with_source("cannot start the I/O runtime", e))?;
+        let svc = BlobService::with_policy(blob_ref.account(account), req.io.retry.clone());
+        Ok(Mounted {
+            req: req.clone(),
+            rt,
+            blob: blob_ref.client(&svc),
+            target: blob_ref.to_string(),
+            lease: None,
+            fenced: Arc::new(AtomicBool::new(false)),
+            cache: None,
+            flusher: None,
+            session: None,
+            fuse_dir,
+            made_dir: None,
+            loop_dev: None,
+            fs: None,
+            umount_begun: false,
+            notifier,
+            root,
+            stop_refused_logged: false,
+            open_disk: None,
+            stats: None,
+            record_id,
+            record: None,
+            discard: Arc::new(AtomicBool::new(false)),
+            fuse_gone: Arc::new(AtomicBool::new(false)),
+            unmounting_fs: Arc::new(AtomicBool::new(false)),
+            utab: None,
+            disk_state: None,
+        })
+    }
+
     /// Serves `GET /metrics` on a thread of its own for as long as the daemon
     /// runs (see `mount::metrics`).
     fn serve_metrics(&self, listener: std::net::TcpListener) {
@@ -201,48 +250,23 @@ pub fn run(
             return Err(MountError::system(e.to_string()));
         }
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .thread_name("blobdrive-io")
-        .build()
-        .map_err(|e| MountError::with_source("cannot start the I/O runtime", e))?;
-    let svc = BlobService::with_policy(blob_ref.account(&account), req.io.retry.clone());
-    let blob = blob_ref.client(&svc);
     let id = record::id_for(&req.mountpoint);
     let (_, socket_path, log_path, run_fuse_dir) = record::paths(&id);
     let fuse_dir = match req.mode {
         Mode::Fs => run_fuse_dir,
         Mode::Block | Mode::Raw => req.mountpoint.clone(),
     };
-    let mut m = Mounted {
-        req: req.clone(),
-        rt,
-        blob: blob.clone(),
-        target: blob_ref.to_string(),
-        lease: None,
-        fenced: Arc::new(AtomicBool::new(false)),
-        cache: None,
-        flusher: None,
-        session: None,
+    let notifier = Notifier::from_env().map(Teller::Direct);
+    let mut m = Mounted::new(
+        &req,
+        &account,
+        &blob_ref,
         fuse_dir,
-        made_dir: None,
-        loop_dev: None,
-        fs: None,
-        umount_begun: false,
-        notifier: Notifier::from_env().map(Teller::Direct),
-        root: None,
-        stop_refused_logged: false,
-        open_disk: None,
-        stats: None,
-        record_id: id.clone(),
-        record: None,
-        discard: Arc::new(AtomicBool::new(false)),
-        fuse_gone: Arc::new(AtomicBool::new(false)),
-        unmounting_fs: Arc::new(AtomicBool::new(false)),
-        utab: None,
-        disk_state: None,
-    };
+        id.clone(),
+        notifier,
+        None,
+    )?;
+    let svc = m.blob.service().clone();
     let rec = MountRecord {
         id: id.clone(),
         // Scheme, host, port and path only: a query (a SAS put in BlobEndpoint)
@@ -335,49 +359,11 @@ fn run_worker(req: MountRequest, account: Account, start: WorkerStart) -> Result
         Ok(b) => b,
         Err(e) => return Err(failed(&client, e.to_string())),
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .thread_name("blobdrive-io")
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            return Err(failed(
-                &client,
-                format!("cannot start the I/O runtime: {e}"),
-            ))
-        }
-    };
-    let svc = BlobService::new(blob_ref.account(&account));
-    let blob = blob_ref.client(&svc);
-    let mut m = Mounted {
-        req: req.clone(),
-        rt,
-        blob,
-        target: blob_ref.to_string(),
-        lease: None,
-        fenced: Arc::new(AtomicBool::new(false)),
-        cache: None,
-        flusher: None,
-        session: None,
-        fuse_dir,
-        made_dir: None,
-        loop_dev: None,
-        fs: None,
-        umount_begun: false,
-        notifier: Some(Teller::Root(client.clone())),
-        root: Some(client.clone()),
-        stop_refused_logged: false,
-        open_disk: None,
-        stats: None,
-        record_id,
-        record: None,
-        discard: Arc::new(AtomicBool::new(false)),
-        fuse_gone: Arc::new(AtomicBool::new(false)),
-        unmounting_fs: Arc::new(AtomicBool::new(false)),
-        utab: None,
-        disk_state: None,
+    let teller = Some(Teller::Root(client.clone()));
+    let root = Some(client.clone());
+    let mut m = match Mounted::new(&req, &account, &blob_ref, fuse_dir, record_id, teller, root) {
+        Ok(m) => m,
+        Err(e) => return Err(failed(&client, e.to_string())),
     };
     let said = match setup::setup_worker(&mut m, fuse) {
         Ok(said) => said,

@@ -347,13 +347,7 @@ pub(super) fn setup_worker(m: &mut Mounted, fuse: OwnedFd) -> Result<FsOutcome, 
 
 /// Attaches a loop device over `disk`, set up for a disk across a network.
 fn attach_loop(m: &Mounted) -> Result<AttachedLoop, MountError> {
-    let dev = LoopDevice::attach(&m.fuse_dir.join("disk"), m.req.read_only)?;
-    dev.set_readahead(4096);
-    dev.use_direct_io();
-    if !m.req.read_only {
-        dev.limit_writeback(system::LOOP_DIRTY_MAX);
-    }
-    info!("attached {dev}");
+    let dev = LoopDevice::attach_for_network(&m.fuse_dir.join("disk"), m.req.read_only)?;
     Ok(AttachedLoop {
         backing: dev.backing_file(),
         dev,

@@ -103,13 +103,7 @@ impl RootPart {
         if self.loop_dev.is_some() {
             return Err(MountError::system("a loop device is attached already"));
         }
-        let dev = LoopDevice::attach(&self.fuse_dir.join("disk"), self.req.read_only)?;
-        dev.set_readahead(4096);
-        dev.use_direct_io();
-        if !self.req.read_only {
-            dev.limit_writeback(system::LOOP_DIRTY_MAX);
-        }
-        info!("attached {dev}");
+        let dev = LoopDevice::attach_for_network(&self.fuse_dir.join("disk"), self.req.read_only)?;
         self.loop_dev = Some((dev.clone(), dev.backing_file()));
         self.rec.device = Some(dev.path().to_string());
         if let Err(e) = record::save(&self.rec) {

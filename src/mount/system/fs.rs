@@ -195,7 +195,6 @@ fn mount_at(
     words: &[String],
     data: &str,
 ) -> Result<(), MountError> {
-    use std::os::fd::AsRawFd;
     let mut flags: libc::c_ulong = 0;
     for w in words {
         let (bit, on) =
@@ -206,13 +205,29 @@ fn mount_at(
             flags &= !bit;
         }
     }
+    mount_on(dev.path(), at, fstype, flags, data).map_err(|e| {
+        MountError::with_source(format!("cannot mount the {fstype} filesystem of {dev}"), e)
+    })
+}
+
+/// mount(2) of `source` (a `fstype` with `flags` and `data`) on the directory
+/// `at` opened by [`super::open_dir`], through `/proc/self/fd` so that the
+/// mount lands on the directory that was checked, whatever its path leads to
+/// now.
+pub(super) fn mount_on(
+    source: &str,
+    at: &std::os::fd::OwnedFd,
+    fstype: &str,
+    flags: libc::c_ulong,
+    data: &str,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
     let c = |v: &str| {
-        std::ffi::CString::new(v).map_err(|_| MountError::system("NUL in a mount argument"))
+        std::ffi::CString::new(v).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in a mount argument")
+        })
     };
-    let (src, target) = (
-        c(dev.path())?,
-        c(&format!("/proc/self/fd/{}", at.as_raw_fd()))?,
-    );
+    let (src, target) = (c(source)?, c(&format!("/proc/self/fd/{}", at.as_raw_fd()))?);
     let (ty, data) = (c(fstype)?, c(data)?);
     // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
     let rc = unsafe {
@@ -225,12 +240,10 @@ fn mount_at(
         )
     };
     if rc == 0 {
-        return Ok(());
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
-    Err(MountError::with_source(
-        format!("cannot mount the {fstype} filesystem of {dev}"),
-        std::io::Error::last_os_error(),
-    ))
 }
 
 /// Freezes the filesystem mounted at `mountpoint` (FIFREEZE through a descriptor

@@ -25,10 +25,10 @@ pub fn mount_fuse(at: &OwnedFd, source: &str, read_only: bool) -> Result<OwnedFd
     // SAFETY: fstat writes only into the zeroed struct it is given.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstat(at.as_raw_fd(), &mut st) } != 0 {
-        return Err(MountError::system(format!(
-            "cannot read the mountpoint's mode: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(MountError::with_source(
+            "cannot read the mountpoint's mode",
+            std::io::Error::last_os_error(),
+        ));
     }
     let data = format!(
         "fd={},rootmode={:o},user_id=0,group_id=0",
@@ -39,26 +39,7 @@ pub fn mount_fuse(at: &OwnedFd, source: &str, read_only: bool) -> Result<OwnedFd
     if read_only {
         flags |= libc::MS_RDONLY;
     }
-    let c = |v: &str| {
-        std::ffi::CString::new(v).map_err(|_| MountError::system("NUL in a mount argument"))
-    };
-    let (src, target) = (c(source)?, c(&format!("/proc/self/fd/{}", at.as_raw_fd()))?);
-    let (ty, data) = (c("fuse")?, c(&data)?);
-    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
-    let rc = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            ty.as_ptr(),
-            flags,
-            data.as_ptr().cast(),
-        )
-    };
-    if rc != 0 {
-        return Err(MountError::system(format!(
-            "cannot mount FUSE: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
+    super::fs::mount_on(source, at, "fuse", flags, &data)
+        .map_err(|e| MountError::with_source("cannot mount FUSE", e))?;
     Ok(dev)
 }

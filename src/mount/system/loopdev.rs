@@ -31,6 +31,21 @@ impl LoopDevice {
         LoopDevice { path: path.into() }
     }
 
+    /// Attaches `file` (a drive's FUSE file `disk`) set up for a disk across a
+    /// network: a long read-ahead, direct I/O (no second page cache beside
+    /// the filesystem's), and when writable a writeback limit. Both the
+    /// one-process daemon and a split daemon's root part attach through it.
+    pub fn attach_for_network(file: &Path, read_only: bool) -> Result<LoopDevice, MountError> {
+        let dev = LoopDevice::attach(file, read_only)?;
+        dev.set_readahead(4096);
+        dev.use_direct_io();
+        if !read_only {
+            dev.limit_writeback(LOOP_DIRTY_MAX);
+        }
+        tracing::info!("attached {dev}");
+        Ok(dev)
+    }
+
     /// Attaches `file` to a free loop device.
     pub fn attach(file: &Path, read_only: bool) -> Result<LoopDevice, MountError> {
         let f = file
