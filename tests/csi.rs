@@ -165,22 +165,15 @@ impl Driver {
             .env("BLOBDRIVE_RUN_DIR", csi_run())
             .stdout(Stdio::null());
         if let Some((plugin, volumes)) = cgroups {
-            use std::os::fd::AsRawFd;
             use std::os::unix::process::CommandExt;
             command.arg("--volume-cgroup").arg(&volumes.0);
-            let procs = std::fs::File::options()
-                .write(true)
-                .open(plugin.0.join("cgroup.procs"))
+            let procs = blobdrive::csi::VolumeCgroup::open(&plugin.0)
+                .unwrap()
+                .procs()
                 .unwrap();
             // SAFETY: only write(2) on a descriptor opened before the fork.
             unsafe {
-                command.pre_exec(move || {
-                    if libc::write(procs.as_raw_fd(), b"0".as_ptr().cast(), 1) == 1 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
+                command.pre_exec(move || blobdrive::csi::join_in_child(&procs));
             }
         }
         let child = command.spawn().expect("start blobdrive csi");

@@ -32,7 +32,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::azure::BlobService;
 
-pub use cgroup::{CgroupError, VolumeCgroup};
+pub use cgroup::{join_in_child, CgroupError, VolumeCgroup};
 
 pub use identity::PLUGIN_NAME;
 
