@@ -113,12 +113,15 @@ impl WorkerUser {
 }
 
 /// The files a walled process may still open: beneath each read-only path it
-/// may read, beneath each read-write path read and write. Paths that do not
-/// exist are left out.
-#[derive(Debug, Clone, Default)]
+/// may read, beneath each read-write path (or directory opened already) read
+/// and write. Paths that do not exist are left out.
+#[derive(Debug, Default)]
 pub struct Allowed {
     pub read_only: Vec<PathBuf>,
     pub read_write: Vec<PathBuf>,
+    /// Directories opened by the root part (the disk cache's), allowed by
+    /// their handle: no path is looked up again.
+    pub read_write_dirs: Vec<std::fs::File>,
 }
 
 impl Allowed {
@@ -143,7 +146,7 @@ impl Allowed {
         .collect();
         Allowed {
             read_only,
-            read_write: Vec::new(),
+            ..Allowed::default()
         }
     }
 }
@@ -410,6 +413,14 @@ fn landlock_ruleset(allowed: &Allowed) -> Result<RulesetCreated, WallError> {
                 .add_rule(PathBeneath::new(fd, access))
                 .map_err(|e| err(&e))?;
         }
+    }
+    for dir in &allowed.read_write_dirs {
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(
+                dir,
+                AccessFs::from_all(abi) & !AccessFs::Execute,
+            ))
+            .map_err(|e| err(&e))?;
     }
     Ok(ruleset)
 }

@@ -429,3 +429,101 @@ fn when_a_block_worker_dies_the_root_part_detaches_its_loop_device() {
     BD.ok(&["lease", "break", &spec, "--yes"]);
     BD.assert_nothing_left(mp.path(), &spec);
 }
+
+#[test]
+fn a_split_fs_mount_with_a_disk_cache_keeps_its_cache_the_workers_and_warm() {
+    require_root();
+    ensure_user();
+    let spec = BD.new_drive("privsep-fs", "128MiB");
+    let cache = tempfile::tempdir().unwrap();
+    let cache_dir = cache.path().to_str().unwrap().to_string();
+    let mp = BD.mp();
+    let args = [
+        "--mkfs",
+        "ext4",
+        "--disk-cache",
+        &cache_dir,
+        "--run-as",
+        USER,
+    ];
+    BD.mount(&spec, &mp, &args);
+    let daemon = mp.pid();
+    let file = mp.path().join("data");
+    let data: Vec<u8> = (0..(4 << 20)).map(|i| (i * 31 % 247) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    std::fs::File::open(&file).unwrap().sync_all().unwrap();
+    // A consistent snapshot freezes the filesystem through the root part.
+    let out = BD.cmd(&["snapshot", "create", &spec]).output();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && said.contains("consistent"),
+        "{said}"
+    );
+    assert_split_from_outside(daemon);
+    // The drive's own directory in the cache directory is the worker's; the
+    // directory the operator named stays root's.
+    use std::os::unix::fs::MetadataExt;
+    let drive_dirs: Vec<_> = std::fs::read_dir(cache.path()).unwrap().flatten().collect();
+    assert_eq!(drive_dirs.len(), 1, "one drive's directory");
+    let id = Command::new("id").args(["-u", USER]).output().unwrap();
+    let worker_uid: u32 = String::from_utf8_lossy(&id.stdout).trim().parse().unwrap();
+    for entry in std::fs::read_dir(drive_dirs[0].path()).unwrap().flatten() {
+        let m = entry.metadata().unwrap();
+        assert_eq!(m.uid(), worker_uid, "{}", entry.path().display());
+    }
+    assert_eq!(drive_dirs[0].metadata().unwrap().uid(), worker_uid);
+    assert_eq!(cache.path().metadata().unwrap().uid(), 0);
+    BD.unmount(&mp);
+    wait_for_exit(daemon, "the root part", Duration::from_secs(20));
+    BD.assert_nothing_left(mp.path(), &spec);
+    // Mounted again, the cache starts warm and the file reads back.
+    let mp2 = BD.mp();
+    BD.mount(&spec, &mp2, &args);
+    let stats = mp2.stats();
+    assert_eq!(stats["disk_cache"]["warm_start"], true, "{stats}");
+    assert!(std::fs::read(mp2.path().join("data")).unwrap() == data);
+    BD.unmount(&mp2);
+    BD.assert_nothing_left(mp2.path(), &spec);
+}
+
+#[test]
+fn when_an_fs_worker_dies_the_root_part_takes_the_filesystem_down() {
+    require_root();
+    ensure_user();
+    let spec = BD.new_drive("privsep-fs-die", "64MiB");
+    let mp = BD.mp();
+    BD.mount(&spec, &mp, &["--mkfs", "ext4", "--run-as", USER]);
+    let daemon = mp.pid();
+    let list = common::util::json(&BD.ok(&["list", "--json"]));
+    let dev = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == mp.s())
+        .and_then(|m| m["device"].as_str().map(str::to_string))
+        .expect("the record names the loop device");
+    let worker = *mount_processes(daemon)
+        .iter()
+        .find(|&&p| p != daemon)
+        .expect("a worker");
+    // SAFETY: kill with integer arguments, to the worker this test found.
+    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    wait_for_exit(daemon, "the root part", Duration::from_secs(30));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(mp.s()),
+        "the filesystem left at {}",
+        mp.s()
+    );
+    let backing = format!(
+        "/sys/block/{}/loop/backing_file",
+        dev.trim_start_matches("/dev/")
+    );
+    let still = std::fs::read_to_string(&backing).unwrap_or_default();
+    assert!(still.trim().is_empty(), "{dev} still attached to {still}");
+    let out = BD.cmd(&["unmount", mp.s()]).output();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(text.contains("killed"), "{text}");
+    BD.ok(&["lease", "break", &spec, "--yes"]);
+    BD.assert_nothing_left(mp.path(), &spec);
+}

@@ -252,3 +252,25 @@ mod flag_tests {
         );
     }
 }
+
+/// The name of a drive's own directory in a `--disk-cache` directory: the
+/// same for every mount of the same blob (or snapshot) at the same endpoint.
+pub(crate) fn disk_cache_name(
+    account: &crate::azure::Account,
+    container: &str,
+    blob: &str,
+    snapshot: Option<&str>,
+) -> String {
+    let endpoint = &account.blob_endpoint;
+    crate::device::diskcache::files::dir_name(
+        &format!(
+            "{}{}",
+            endpoint.origin().ascii_serialization(),
+            endpoint.path()
+        ),
+        &account.name,
+        container,
+        blob,
+        snapshot,
+    )
+}

@@ -140,7 +140,7 @@ fn a_walled_process_holds_no_privilege_and_is_refused_files_exec_and_mount() {
         WorkerUser::lookup("nobody").unwrap(),
         &Allowed {
             read_only: vec![dir.path().to_path_buf()],
-            read_write: Vec::new(),
+            ..Allowed::default()
         },
     )
     .unwrap();

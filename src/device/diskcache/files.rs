@@ -194,11 +194,18 @@ fn escape(s: &str) -> String {
         .collect()
 }
 
-/// Refuses a directory another user could change: it must be root's and not
-/// writable by group or others. `what` names it in the error.
-fn check_owned(meta: &std::fs::Metadata, what: &str, strict: bool) -> Result<(), String> {
+/// Refuses a directory another user could change: it must be root's (or
+/// `also`'s: the worker's user of a split daemon, for a drive's own directory)
+/// and not writable by group or others. `what` names it in the error.
+fn check_owned(
+    meta: &std::fs::Metadata,
+    what: &str,
+    strict: bool,
+    also: Option<u32>,
+) -> Result<(), String> {
     let forbidden = if strict { 0o077 } else { 0o022 };
-    if meta.uid() != 0 || meta.mode() & forbidden != 0 {
+    let owner_ok = meta.uid() == 0 || Some(meta.uid()) == also;
+    if !owner_ok || meta.mode() & forbidden != 0 {
         return Err(format!(
             "{what} must be root's and {} (it is uid {}, mode {:o})",
             if strict {
@@ -231,36 +238,102 @@ pub fn check_dir(dir: &Path) -> Result<File, String> {
     let meta = f
         .metadata()
         .map_err(|e| format!("--disk-cache {shown}: {e}"))?;
-    check_owned(&meta, &format!("--disk-cache {shown}"), false)?;
+    check_owned(&meta, &format!("--disk-cache {shown}"), false, None)?;
     Ok(f)
+}
+
+/// Opens (creating it 0700) the directory of one drive's cache, `name` under
+/// `parent` (see [`check_dir`]), not following a link. It must be root's, or
+/// with `owner` (the uid and gid of a split daemon's worker, which does the
+/// cache's I/O) root's or that user's; with `owner` it is then given to that
+/// user, and so are the files a root daemon left in it: regular, with one link
+/// and root's, which only a root daemon can have made (a hard link the worker
+/// made to a file of root's has two).
+pub fn open_drive_dir(
+    parent: &Path,
+    name: &str,
+    owner: Option<(u32, u32)>,
+) -> Result<File, String> {
+    let top = check_dir(parent)?;
+    let shown = parent.join(name);
+    let shown = shown.display();
+    let n = cstr(name);
+    // SAFETY: valid fd and NUL-terminated name.
+    if unsafe { libc::mkdirat(top.as_raw_fd(), n.as_ptr(), 0o700) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(format!("cannot create {shown}: {e}"));
+        }
+    }
+    let dir = open_at(&top, name, libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR) {
+            format!("{shown} is not a directory (a symbolic link is not followed)")
+        } else {
+            format!("cannot open {shown}: {e}")
+        }
+    })?;
+    let meta = dir
+        .metadata()
+        .map_err(|e| format!("cannot read {shown}: {e}"))?;
+    check_owned(&meta, &shown.to_string(), true, owner.map(|o| o.0))?;
+    if let Some((uid, gid)) = owner {
+        give_to(&dir, uid, gid).map_err(|e| format!("cannot give {shown} to uid {uid}: {e}"))?;
+    }
+    Ok(dir)
+}
+
+/// The bytes the data file in the drive's directory `dir` takes on its
+/// filesystem (0 when there is none).
+pub fn data_bytes_in(dir: &File) -> u64 {
+    open_at(dir, "data", libc::O_RDONLY | libc::O_NONBLOCK)
+        .and_then(|f| f.metadata())
+        .map_or(0, |m| m.blocks() * 512)
+}
+
+/// The free bytes of the filesystem `dir` is on.
+pub fn free_space_of(dir: &File) -> Option<u64> {
+    // SAFETY: statvfs is plain old data, filled in by fstatvfs.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a pointer to one statvfs.
+    if unsafe { libc::fstatvfs(dir.as_raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bfree * st.f_frsize)
+}
+
+/// Gives the directory `dir` and the files root made in it to `uid`:`gid`.
+fn give_to(dir: &File, uid: u32, gid: u32) -> std::io::Result<()> {
+    // SAFETY: fchown on a valid descriptor.
+    if unsafe { libc::fchown(dir.as_raw_fd(), uid, gid) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    for name in ["lock", "data", "index", "index.new"] {
+        let Ok(f) = open_at(dir, name, libc::O_RDONLY | libc::O_NONBLOCK) else {
+            continue;
+        };
+        let m = f.metadata()?;
+        if m.file_type().is_file() && m.nlink() == 1 && m.uid() == 0 {
+            // SAFETY: fchown on a valid descriptor.
+            if unsafe { libc::fchown(f.as_raw_fd(), uid, gid) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Files {
     /// Opens (creating it 0700) the directory `name` under `parent` and takes its
     /// lock: a second mount of the same drive with the same parent is refused.
     pub fn open(parent: &Path, name: &str) -> Result<Files, String> {
-        let top = check_dir(parent)?;
-        let shown = parent.join(name);
+        let dir = open_drive_dir(parent, name, None)?;
+        Files::open_in(dir, &parent.join(name))
+    }
+
+    /// Takes the lock of the drive's cache directory `dir` (opened by
+    /// [`open_drive_dir`]; `shown` names it) and opens its files.
+    pub fn open_in(dir: File, shown: &Path) -> Result<Files, String> {
         let shown = shown.display();
-        let n = cstr(name);
-        // SAFETY: valid fd and NUL-terminated name.
-        if unsafe { libc::mkdirat(top.as_raw_fd(), n.as_ptr(), 0o700) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EEXIST) {
-                return Err(format!("cannot create {shown}: {e}"));
-            }
-        }
-        let dir = open_at(&top, name, libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR) {
-                format!("{shown} is not a directory (a symbolic link is not followed)")
-            } else {
-                format!("cannot open {shown}: {e}")
-            }
-        })?;
-        let meta = dir
-            .metadata()
-            .map_err(|e| format!("cannot read {shown}: {e}"))?;
-        check_owned(&meta, &shown.to_string(), true)?;
         let lock = open_at(&dir, "lock", libc::O_RDWR | libc::O_CREAT)
             .map_err(|e| format!("cannot open {shown}/lock: {e}"))?;
         // SAFETY: a valid fd.

@@ -135,6 +135,29 @@ impl DiskCache {
     ) -> Result<DiskCache, String> {
         let shown = parent.join(name);
         let files = Files::open(parent, name)?;
+        DiskCache::open_files(files, shown, limit, now, may_start_warm)
+    }
+
+    /// Like [`DiskCache::open`], in the drive's directory `dir` opened already
+    /// (by a split daemon's root part: `files::open_drive_dir`); `shown` names it.
+    pub fn open_in(
+        dir: std::fs::File,
+        shown: std::path::PathBuf,
+        limit: u64,
+        now: &BlobState,
+        may_start_warm: bool,
+    ) -> Result<DiskCache, String> {
+        let files = Files::open_in(dir, &shown)?;
+        DiskCache::open_files(files, shown, limit, now, may_start_warm)
+    }
+
+    fn open_files(
+        files: Files,
+        shown: std::path::PathBuf,
+        limit: u64,
+        now: &BlobState,
+        may_start_warm: bool,
+    ) -> Result<DiskCache, String> {
         let slots = u32::try_from(limit / CHUNK).unwrap_or(u32::MAX).max(1);
         let left = files
             .take_index(slots)

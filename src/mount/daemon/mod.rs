@@ -104,6 +104,9 @@ struct Mounted {
     /// leaves the disk cache for the next mount only if the blob is then as the
     /// mount's own writes left it.
     disk_state: Option<BlobState>,
+    /// In a split daemon's worker: the drive's directory in the disk cache
+    /// directory, opened (and given to the worker's user) by the root part.
+    disk_cache_dir: Option<std::fs::File>,
 }
 
 /// Where the daemon's word for the service manager goes: straight to it, or
@@ -192,6 +195,7 @@ impl Mounted {
             unmounting_fs: Arc::new(AtomicBool::new(false)),
             utab: None,
             disk_state: None,
+            disk_cache_dir: None,
         })
     }
 
@@ -319,21 +323,9 @@ pub fn run(
     serve(&mut m, listener)
 }
 
-/// The user to run the worker of a split daemon as, where the split is built
-/// already: modes raw and block without a disk cache (issue 42 goes on with
-/// the rest).
-/// Elsewhere the daemon says so and runs as one process, as before.
+/// The user to run the worker of a split daemon as.
 fn split_as(req: &MountRequest) -> Option<String> {
-    let user = req.run_as.clone()?;
-    if req.mode == Mode::Fs || req.disk_cache.is_some() {
-        tracing::warn!(
-            "--run-as {user}: the daemon does not split yet in --mode {}{} (issue 42); it runs as one process, as root",
-            req.mode,
-            if req.disk_cache.is_some() { " with --disk-cache" } else { "" }
-        );
-        return None;
-    }
-    Some(user)
+    req.run_as.clone()
 }
 
 /// The worker of a split daemon, walled already: sets the drive up on what the
@@ -348,6 +340,7 @@ fn run_worker(req: MountRequest, account: Account, start: WorkerStart) -> Result
         control,
         metrics,
         record_id,
+        disk_cache,
     } = start;
     let failed = |client: &RootClient, msg: String| {
         client.tell(&Request::Failed {
@@ -365,6 +358,7 @@ fn run_worker(req: MountRequest, account: Account, start: WorkerStart) -> Result
         Ok(m) => m,
         Err(e) => return Err(failed(&client, e.to_string())),
     };
+    m.disk_cache_dir = disk_cache;
     let said = match setup::setup_worker(&mut m, fuse) {
         Ok(said) => said,
         Err(e) => {

@@ -59,9 +59,11 @@ impl Mounted {
                 self.target
             )));
         }
-        if self.fs.as_ref().is_some_and(|f| f.fstype == "ext4")
-            && !system::has_capability(system::CAP_SYS_RESOURCE)
-        {
+        let may_grow_ext4 = || match &self.root {
+            Some(root) => root.can_grow_mounted_ext4(),
+            None => system::has_capability(system::CAP_SYS_RESOURCE),
+        };
+        if self.fs.as_ref().is_some_and(|f| f.fstype == "ext4") && !may_grow_ext4() {
             // Refused before anything changes: the blob and the device would
             // grow, the filesystem not.
             let mp = self.req.mountpoint.display();
@@ -173,13 +175,17 @@ impl Mounted {
         };
         let mp = &self.req.mountpoint;
         set(phase, "growing the filesystem to fill the disk");
-        system::grow_fs(dev, fstype, mp).map_err(|e| {
+        let grown = match &self.root {
+            Some(root) => root.grow_fs().map(|n| (n > 0).then_some(n)),
+            None => system::grow_fs(dev, fstype, mp).map(|()| system::fs_size(mp)),
+        };
+        let now = grown.map_err(|e| {
             MountError::with_source(format!("growing the {fstype} filesystem failed"), e)
         })?;
         Ok(format!(
             "the {fstype} filesystem at {} grew to {}",
             mp.display(),
-            system::fs_size(mp).map_or_else(|| "?".to_string(), human)
+            now.map_or_else(|| "?".to_string(), human)
         ))
     }
 }

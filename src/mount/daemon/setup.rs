@@ -27,9 +27,8 @@ use crate::drive::Drive;
 use crate::fuse::{DiskFs, StatsFn};
 use crate::mount::record::{self, MountRecord};
 use crate::mount::superblock;
-use crate::mount::system::{self, LoopDevice};
+use crate::mount::system::{self, filesystem, LoopDevice};
 use crate::mount::{Mode, MountError, Ready};
-use crate::size::human;
 
 /// How often the lease is renewed: a cheap probe that notices a broken or stolen
 /// lease even while nothing is written.
@@ -251,11 +250,7 @@ fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<Stack>>, Moun
 
 /// The private directory FUSE is mounted on in fs mode.
 fn make_fuse_dir(dir: &Path) -> Result<MadeDir, MountError> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| MountError::with_source(format!("cannot create {}", dir.display()), e))?;
+    system::make_private_dir(dir)?;
     Ok(MadeDir(dir.to_path_buf()))
 }
 
@@ -330,17 +325,21 @@ pub(super) fn setup_worker(m: &mut Mounted, fuse: OwnedFd) -> Result<FsOutcome, 
     let drive = open_drive(m)?;
     let cache = start_cache(m, &drive)?;
     m.session = Some(serve_fuse_fd(m, &cache, fuse)?);
-    if m.req.mode == Mode::Block {
-        let root = m.root.clone().expect("a split daemon's worker");
-        let dev = LoopDevice::at(root.attach_loop()?);
-        info!("the root part attached {dev}");
-        // The root part keeps the backing file to compare against: it alone
-        // may read sysfs (see `Mounted::loop_still_attached`).
-        m.loop_dev = Some(AttachedLoop {
-            dev,
-            backing: None,
-            autoclear: false,
-        });
+    if m.req.mode == Mode::Raw {
+        return Ok(FsOutcome::default());
+    }
+    let root = m.root.clone().expect("a split daemon's worker");
+    let dev = LoopDevice::at(root.attach_loop()?);
+    info!("the root part attached {dev}");
+    // The root part keeps the backing file to compare against: it alone
+    // may read sysfs (see `Mounted::loop_still_attached`).
+    m.loop_dev = Some(AttachedLoop {
+        dev,
+        backing: None,
+        autoclear: false,
+    });
+    if m.req.mode == Mode::Fs {
+        return mount_filesystem(m);
     }
     Ok(FsOutcome::default())
 }
@@ -365,149 +364,56 @@ pub(super) struct FsOutcome {
 }
 
 /// Mounts the filesystem on the loop device at the user's directory (making it
-/// first when asked and the device is blank), then sets the device to detach
-/// itself when that filesystem is unmounted.
+/// first when asked and the device is blank, growing it when it is smaller
+/// than its disk), the device set to detach itself when that filesystem is
+/// unmounted (see `system::filesystem`): by the root part in a split daemon.
 fn mount_filesystem(m: &mut Mounted) -> Result<FsOutcome, MountError> {
-    let mut out = FsOutcome::default();
-    let dev = m.loop_dev.as_ref().expect("attached").dev.clone();
-    let fstype = filesystem_to_mount(m, &dev, &mut out)?;
-    // A filesystem smaller than its disk: ext4 is grown before it is mounted,
-    // xfs (which grows only mounted) after.
-    let small = fs_on_disk(m).filter(|f| f.fstype == fstype);
-    out.tell(fit_fs_to_disk(m, &dev, small.as_ref(), false));
-    let at = system::open_dir(&m.req.mountpoint, m.req.mountpoint_id)?;
-    system::mount_fs(
-        &dev,
-        &at,
-        &fstype,
-        m.req.read_only,
-        &crate::mount::hardened_fs_flags(&m.req.fs_flags),
-    )?;
-    m.fs = Some(FsMount { fstype });
+    let zeroed = m.cache.as_ref().is_some_and(|c| !c.holds_data());
+    let prepared = match &m.root {
+        Some(root) => root.prepare_fs(zeroed)?,
+        None => {
+            let dev = &m.loop_dev.as_ref().expect("attached").dev;
+            filesystem::prepare(dev, &m.req, zeroed)?
+        }
+    };
+    let small = small_fs(m, &prepared.fstype);
+    let mounted = match &m.root {
+        Some(root) => root.mount_fs(small)?,
+        None => {
+            let dev = &m.loop_dev.as_ref().expect("attached").dev;
+            filesystem::mount(dev, &prepared.fstype, &m.req, small)?
+        }
+    };
+    m.fs = Some(FsMount {
+        fstype: prepared.fstype,
+    });
     // From now on a plain `umount` of the filesystem detaches the loop device,
     // which the daemon takes as its cue to write back and stop (see
     // `Mounted::noticed_plain_umount`).
     let attached = m.loop_dev.as_mut().expect("attached");
-    match dev.set_autoclear() {
-        Ok(()) => attached.autoclear = attached.backing.is_some(),
-        Err(e) => {
-            let w = format!("{e}: a plain umount of {} will leave the daemon running; take the drive down with `blobdrive unmount`", m.req.mountpoint.display());
-            warn!("{w}");
-            out.warnings.push(w);
-        }
-    }
-    out.tell(fit_fs_to_disk(m, &dev, small.as_ref(), true));
-    Ok(out)
-}
-
-impl FsOutcome {
-    /// Takes what [`fit_fs_to_disk`] did as a note, or why not as a warning.
-    fn tell(&mut self, said: Option<Result<String, String>>) {
-        match said {
-            Some(Ok(note)) => self.notes.push(note),
-            Some(Err(w)) => self.warnings.push(w),
-            None => {}
-        }
-    }
-}
-
-/// The filesystem the disk's superblock describes, read through the cache before
-/// the filesystem is mounted (see [`fit_fs_to_disk`]).
-fn fs_on_disk(m: &Mounted) -> Option<superblock::Found> {
-    let cache = m.cache.as_ref()?;
-    let mut head = vec![0u8; superblock::HEAD_BYTES.min(cache.size() as usize)];
-    cache.read(0, &mut head).ok()?;
-    superblock::detect(&head)
-}
-
-/// A filesystem smaller than its disk (the drive was grown while not mounted,
-/// which leaves the filesystem as it was) is grown to fill the disk where it can
-/// be (ext4 before it is mounted, xfs once it is: `mounted` says which call this
-/// is, and the other one does nothing): `Ok` says what was done, `Err` why not
-/// and the one step that does it. `None`: it fills its disk already.
-fn fit_fs_to_disk(
-    m: &Mounted,
-    dev: &LoopDevice,
-    fs: Option<&superblock::Found>,
-    mounted: bool,
-) -> Option<Result<String, String>> {
-    let fs = fs.filter(|f| mounted == (f.fstype == "xfs"))?;
-    let disk = m.cache.as_ref()?.size();
-    if !superblock::worth_growing(fs.fstype, fs.bytes, disk) {
-        return None;
-    }
-    let said = |verb: &str| {
-        format!(
-            "the {} filesystem {verb} {} on a {} disk (the drive grew while it was not mounted)",
-            fs.fstype,
-            human(fs.bytes),
-            human(disk)
-        )
-    };
-    let what = said("was");
-    let by_hand = match fs.fstype {
-        "xfs" => format!("xfs_growfs -d {}", m.req.mountpoint.display()),
-        _ => "e2fsck -f, then resize2fs, on the device of a --mode block mount".to_string(),
-    };
-    if m.req.read_only {
-        return Some(Err(format!(
-            "{}: a writable mount grows it to fill the disk",
-            said("is")
-        )));
-    }
-    let grown = match fs.fstype {
-        "ext4" => system::grow_ext4_unmounted(dev),
-        other => system::grow_fs(dev, other, &m.req.mountpoint),
-    };
-    Some(match grown {
-        Ok(()) => {
-            info!("{what}: grew it to fill the disk");
-            Ok(format!("{what}: grew it to fill the disk"))
-        }
-        Err(e) => Err(format!("{what}; growing it failed ({e}): {by_hand}")),
+    attached.autoclear = mounted.autoclear && (attached.backing.is_some() || m.root.is_some());
+    let mut warnings = prepared.warnings;
+    warnings.extend(mounted.warnings);
+    Ok(FsOutcome {
+        formatted: prepared.formatted,
+        warnings,
+        notes: mounted.notes,
     })
 }
 
-/// The filesystem on `dev`, made first if it is blank and `--mkfs` asked for
-/// one; refused unless it is one blobdrive mounts.
-fn filesystem_to_mount(
-    m: &Mounted,
-    dev: &LoopDevice,
-    out: &mut FsOutcome,
-) -> Result<String, MountError> {
-    let t = match (system::fs_type(dev)?, m.req.mkfs.as_deref()) {
-        (Some(t), Some(wanted)) => {
-            let w = format!("--mkfs {wanted} ignored: the disk already holds {} {t} filesystem, which is mounted as it is", crate::words::article(&t));
-            warn!("{w}");
-            out.warnings.push(w);
-            t
-        }
-        (Some(t), None) => t,
-        (None, Some(wanted)) => {
-            if m.req.read_only {
-                return Err(MountError::system("--mkfs needs a writable mount"));
-            }
-            let zeroed = m.cache.as_ref().is_some_and(|c| !c.holds_data());
-            system::mkfs(dev, wanted, zeroed)?;
-            out.formatted = true;
-            wanted.to_string()
-        }
-        (None, None) => {
-            return Err(MountError::system(format!(
-                "{} holds no filesystem: add --mkfs ext4 (or xfs) to create one, or use --mode block or --mode raw",
-                m.target
-            )))
-        }
-    };
-    if !crate::mount::MOUNTABLE_FS.contains(&t.as_str()) {
-        // Checked before anything mounts it (no journal replay, nothing written).
-        return Err(MountError::system(format!(
-            "{} holds {} {t} filesystem; blobdrive mounts only ext4 and xfs (use --mode block for the device)",
-            m.target,
-            crate::words::article(&t)
-        )));
-    }
-    Ok(t)
+/// The filesystem `fstype` when its superblock, read through the cache before
+/// it is mounted, says it is smaller than its disk (the drive was grown while
+/// it was not mounted, which leaves the filesystem as it was).
+fn small_fs(m: &Mounted, fstype: &str) -> Option<filesystem::Small> {
+    let cache = m.cache.as_ref()?;
+    let mut head = vec![0u8; superblock::HEAD_BYTES.min(cache.size() as usize)];
+    cache.read(0, &mut head).ok()?;
+    let found = superblock::detect(&head).filter(|f| f.fstype == fstype)?;
+    let disk = cache.size();
+    superblock::worth_growing(found.fstype, found.bytes, disk).then_some(filesystem::Small {
+        bytes: found.bytes,
+        disk,
+    })
 }
 
 /// Opens the drive's disk cache in `dir`. The blob's state it is checked against
@@ -529,36 +435,40 @@ fn open_disk_cache(
             m.target
         ))
     })?;
-    let account = m.blob.service().account();
-    let endpoint = &account.blob_endpoint;
-    let name = files::dir_name(
-        &format!(
-            "{}{}",
-            endpoint.origin().ascii_serialization(),
-            endpoint.path()
-        ),
-        &account.name,
+    let name = crate::mount::disk_cache_name(
+        m.blob.service().account(),
         m.blob.container_name(),
         m.blob.name(),
         m.blob.snapshot(),
     );
+    // A split daemon's root part opened the drive's directory for its worker.
+    let given = m.disk_cache_dir.take();
     let limit = match m.req.disk_cache_size {
         Some(l) => l,
         None => {
             // The cache's own data file counts as free: it is this drive's
             // to reuse. (Without it the default went 34, 17, 26, 21 MiB over
             // four mounts on a small filesystem, starting cold twice.)
-            let own = std::fs::symlink_metadata(dir.join(&name).join("data"))
-                .map_or(0, |d| std::os::unix::fs::MetadataExt::blocks(&d) * 512);
-            let free = system::free_space(dir).map_or(u64::MAX, |f| f.saturating_add(own));
+            let (own, free) = match &given {
+                Some(d) => (files::data_bytes_in(d), files::free_space_of(d)),
+                None => (
+                    std::fs::symlink_metadata(dir.join(&name).join("data"))
+                        .map_or(0, |d| std::os::unix::fs::MetadataExt::blocks(&d) * 512),
+                    system::free_space(dir),
+                ),
+            };
+            let free = free.map_or(u64::MAX, |f| f.saturating_add(own));
             default_disk_cache_limit(drive.disk_size(), free)
         }
     };
     // A live blob mounted read-only may be changed by its writer after this
     // mount read its state: see `DiskCache::open`.
     let may_start_warm = !m.req.read_only || m.blob.snapshot().is_some();
-    let tier =
-        DiskCache::open(dir, &name, limit, &state, may_start_warm).map_err(MountError::system)?;
+    let tier = match given {
+        Some(d) => DiskCache::open_in(d, dir.join(&name), limit, &state, may_start_warm),
+        None => DiskCache::open(dir, &name, limit, &state, may_start_warm),
+    }
+    .map_err(MountError::system)?;
     m.disk_state = Some(state);
     Ok(Arc::new(tier))
 }

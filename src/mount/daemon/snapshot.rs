@@ -4,8 +4,16 @@
 use tracing::{error, info};
 
 use super::Mounted;
+use crate::mount::rootpart::RootClient;
 use crate::mount::system;
 use crate::mount::MountError;
+
+/// A filesystem frozen for a snapshot: by this process (the descriptor it is
+/// thawed on), or by the root part of a split daemon.
+enum Frozen {
+    Here(std::fs::File),
+    ByRoot(RootClient),
+}
 
 impl Mounted {
     /// A snapshot whose content is what the filesystem had at one moment: freeze it
@@ -17,8 +25,14 @@ impl Mounted {
             ));
         }
         let mp = self.req.mountpoint.to_string_lossy().to_string();
-        let frozen = match (&self.loop_dev, &self.fs) {
-            (Some(l), Some(_)) => Some(system::freeze(&self.req.mountpoint, &l.dev)?),
+        let frozen = match (&self.loop_dev, &self.fs, &self.root) {
+            (Some(_), Some(_), Some(root)) => {
+                root.freeze()?;
+                Some(Frozen::ByRoot(root.clone()))
+            }
+            (Some(l), Some(_), None) => {
+                Some(Frozen::Here(system::freeze(&self.req.mountpoint, &l.dev)?))
+            }
             _ => None,
         };
         let result = (|| {
@@ -30,7 +44,11 @@ impl Mounted {
             Ok::<String, MountError>(self.rt.block_on(self.blob.create_snapshot())?)
         })();
         if let Some(f) = &frozen {
-            if let Err(e) = system::thaw(f) {
+            let thawed = match f {
+                Frozen::Here(f) => system::thaw(f),
+                Frozen::ByRoot(root) => root.thaw(),
+            };
+            if let Err(e) = thawed {
                 error!("could not thaw {mp}: {e}");
             }
         }

@@ -58,12 +58,12 @@ impl Mounted {
         }
         self.noticed_plain_umount();
         if self.fs.take().is_some() {
-            if let Err(e) = system::umount(&self.req.mountpoint, false) {
+            if let Err(e) = self.umount_fs_now(false) {
                 warn!(
                     "{} is busy ({e}): detaching it lazily; its files are gone with the drive",
                     self.req.mountpoint.display()
                 );
-                if let Err(e) = system::umount(&self.req.mountpoint, true) {
+                if let Err(e) = self.umount_fs_now(true) {
                     error!("cannot detach {}: {e}", self.req.mountpoint.display());
                 }
             }
@@ -174,7 +174,11 @@ impl Mounted {
         let Some(l) = self.loop_dev.as_ref().filter(|l| l.autoclear) else {
             return false;
         };
-        if l.dev.is_mounted() != Some(false) {
+        let mounted = match &self.root {
+            Some(root) => root.loop_mounted(),
+            None => l.dev.is_mounted(),
+        };
+        if mounted != Some(false) {
             return false;
         }
         info!(
@@ -341,13 +345,22 @@ impl Mounted {
         if self.discard.load(Ordering::SeqCst) {
             backend.inspect(|b| b.remote().stop_waiting());
         }
-        let done = system::umount(&self.req.mountpoint, false);
+        let done = self.umount_fs_now(false);
         self.unmounting_fs.store(false, Ordering::SeqCst);
         if done.is_err() {
             // Still mounted: its I/O waits through outages again.
             backend.inspect(|b| b.remote().resume_waiting());
         }
         done
+    }
+
+    /// Unmounts the filesystem at the user's directory (lazily: even while
+    /// busy); the root part does, in a split daemon.
+    fn umount_fs_now(&self, lazy: bool) -> Result<(), MountError> {
+        match &self.root {
+            Some(root) => root.umount_fs(lazy),
+            None => system::umount(&self.req.mountpoint, lazy),
+        }
     }
 
     fn disk_busy(&self) -> MountError {

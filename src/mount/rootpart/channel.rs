@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::mount::system::filesystem::{MountedFs, Prepared, Small};
 use crate::mount::MountError;
 
 /// The longest line either side reads: far above any request's size (a few
@@ -34,20 +35,30 @@ pub enum Request {
         notes: Vec<String>,
     },
     /// The mount failed (the worker undid what it did): tell `blobdrive mount`.
-    Failed { message: String },
+    Failed {
+        message: String,
+    },
     /// A `STATUS=` line for the service manager.
-    Status { line: String },
+    Status {
+        line: String,
+    },
     /// `STOPPING=1` with a status line.
-    Stopping { line: String },
+    Stopping {
+        line: String,
+    },
     /// Unmount the FUSE mount (lazily: even while busy).
-    UmountFuse { lazy: bool },
+    UmountFuse {
+        lazy: bool,
+    },
     /// The processes that hold the FUSE file `disk` open. (Empty braces, here
     /// and below: serde checks for unknown fields only in a variant that has
     /// braces, and a request with a field it does not have must be refused.)
     Holders {},
     /// The drive is down: release the record (leaving `losses`, if any, for
     /// `blobdrive unmount`), and the log too when nothing was lost.
-    Finished { losses: Vec<String> },
+    Finished {
+        losses: Vec<String>,
+    },
     /// The drive came down cleanly: its log is of no more use.
     RemoveLog {},
     /// Attach a loop device over the FUSE file `disk` (the root part's FUSE
@@ -67,6 +78,38 @@ pub enum Request {
     DiskSize {},
     /// Detach the loop device (and put its writeback settings back).
     DetachLoop {},
+    /// Find the filesystem on the loop device, or make the one the mount asked
+    /// for (`--mkfs`) when it holds none; refused unless blobdrive mounts it.
+    /// `zeroed`: no byte of the drive was ever written (see `system::mkfs`):
+    /// at worst, a worker that lies about it has ext4 skip zeroing inode tables
+    /// on the disk whose every byte it serves anyway.
+    PrepareFs {
+        zeroed: bool,
+    },
+    /// Mount the filesystem found by `PrepareFs` at the mount's directory, and
+    /// set the loop device to detach itself when it is unmounted. `small`: the
+    /// filesystem's and the disk's sizes when the worker read from its
+    /// superblock that it is smaller than its disk: it is grown to fill it.
+    MountFs {
+        small: Option<(u64, u64)>,
+    },
+    /// Whether any mount has the loop device as its source (a plain umount of
+    /// the filesystem has begun once none has, while the device is attached).
+    LoopMounted {},
+    /// Unmount the filesystem at the mount's directory (lazily: even while
+    /// busy), if it is still the one mounted there.
+    UmountFs {
+        lazy: bool,
+    },
+    /// Freeze the filesystem (for a consistent snapshot) until `Thaw`; thawed
+    /// by the root part when the worker dies first.
+    Freeze {},
+    Thaw {},
+    /// Whether the root part may grow a mounted ext4 (`CAP_SYS_RESOURCE`).
+    CanGrowMountedExt4 {},
+    /// Grow the mounted filesystem to fill its device (after `LoopCapacity`):
+    /// answered with its size in bytes.
+    GrowFs {},
 }
 
 /// The root part's answer to one request.
@@ -82,6 +125,20 @@ pub enum Answer {
     Attached(bool),
     /// A size in bytes.
     Size(u64),
+    /// A yes or no.
+    Flag(bool),
+    /// The filesystem found (or made) by `PrepareFs`.
+    Prepared {
+        fstype: String,
+        formatted: bool,
+        warnings: Vec<String>,
+    },
+    /// What `MountFs` did besides mounting.
+    MountedFs {
+        autoclear: bool,
+        notes: Vec<String>,
+        warnings: Vec<String>,
+    },
     /// Not done: what it acts on is in use; everything stays as it was.
     Busy(String),
     /// Not done, for the reason given.
@@ -268,6 +325,75 @@ impl RootClient {
     pub fn detach_loop(&self) -> Result<(), MountError> {
         self.done(&Request::DetachLoop {})
     }
+
+    /// The filesystem to mount (see [`Request::PrepareFs`]).
+    pub fn prepare_fs(&self, zeroed: bool) -> Result<Prepared, MountError> {
+        match self.call(&Request::PrepareFs { zeroed })? {
+            Answer::Prepared {
+                fstype,
+                formatted,
+                warnings,
+            } => Ok(Prepared {
+                fstype,
+                formatted,
+                warnings,
+            }),
+            other => Err(other.into_error()),
+        }
+    }
+
+    /// Mounts the filesystem (see [`Request::MountFs`]).
+    pub fn mount_fs(&self, small: Option<Small>) -> Result<MountedFs, MountError> {
+        let small = small.map(|s| (s.bytes, s.disk));
+        match self.call(&Request::MountFs { small })? {
+            Answer::MountedFs {
+                autoclear,
+                notes,
+                warnings,
+            } => Ok(MountedFs {
+                autoclear,
+                notes,
+                warnings,
+            }),
+            other => Err(other.into_error()),
+        }
+    }
+
+    /// Whether any mount has the loop device as its source; `None` when that
+    /// cannot be told.
+    pub fn loop_mounted(&self) -> Option<bool> {
+        self.flag(&Request::LoopMounted {}).ok()
+    }
+
+    /// Unmounts the filesystem (see [`Request::UmountFs`]).
+    pub fn umount_fs(&self, lazy: bool) -> Result<(), MountError> {
+        self.done(&Request::UmountFs { lazy })
+    }
+
+    pub fn freeze(&self) -> Result<(), MountError> {
+        self.done(&Request::Freeze {})
+    }
+
+    pub fn thaw(&self) -> Result<(), MountError> {
+        self.done(&Request::Thaw {})
+    }
+
+    /// Whether the root part may grow a mounted ext4.
+    pub fn can_grow_mounted_ext4(&self) -> bool {
+        self.flag(&Request::CanGrowMountedExt4 {}).unwrap_or(false)
+    }
+
+    /// Grows the mounted filesystem to fill its device; its size now.
+    pub fn grow_fs(&self) -> Result<u64, MountError> {
+        self.size(&Request::GrowFs {})
+    }
+
+    fn flag(&self, req: &Request) -> Result<bool, MountError> {
+        match self.call(req)? {
+            Answer::Flag(yes) => Ok(yes),
+            other => Err(other.into_error()),
+        }
+    }
 }
 
 impl Answer {
@@ -280,7 +406,12 @@ impl Answer {
             | Answer::Lines(_)
             | Answer::Device(_)
             | Answer::Attached(_)
-            | Answer::Size(_) => MountError::system("an answer that does not fit the request"),
+            | Answer::Size(_)
+            | Answer::Flag(_)
+            | Answer::Prepared { .. }
+            | Answer::MountedFs { .. } => {
+                MountError::system("an answer that does not fit the request")
+            }
         }
     }
 }

@@ -13,8 +13,9 @@ use tracing::{error, info, warn};
 use super::channel::{answer_one, Answer, Ops, Request};
 use crate::mount::notify::Notifier;
 use crate::mount::record::{self, MountRecord};
+use crate::mount::system::filesystem::{self, Prepared, Small};
 use crate::mount::system::{self, LoopDevice};
-use crate::mount::{utab, MountError, MountRequest, Ready};
+use crate::mount::{utab, Mode, MountError, MountRequest, Ready};
 
 /// What the root part did and still answers for.
 pub(super) struct RootPart {
@@ -34,6 +35,15 @@ pub(super) struct RootPart {
     /// its backing file as sysfs named it then: while sysfs still says so, the
     /// device is this mount's.
     loop_dev: Option<(LoopDevice, Option<PathBuf>)>,
+    /// The FUSE directory was made by this root part (fs mode: in the run
+    /// directory), to be removed at the end.
+    pub made_dir: bool,
+    /// The filesystem on the loop device as `PrepareFs` found (or made) it.
+    fs: Option<Prepared>,
+    /// That filesystem is mounted at the mount's directory by this root part.
+    fs_mounted: bool,
+    /// The filesystem frozen for a snapshot (the descriptor it is thawed on).
+    frozen: Option<std::fs::File>,
     pub notifier: Option<Notifier>,
     /// The worker's word on the mount, for `blobdrive mount`, not yet passed on.
     said: Option<Result<Ready, String>>,
@@ -56,6 +66,10 @@ impl RootPart {
             fuse_mounted: false,
             utab: false,
             loop_dev: None,
+            made_dir: false,
+            fs: None,
+            fs_mounted: false,
+            frozen: None,
             notifier: Notifier::from_env(),
             said: None,
             has_said: false,
@@ -69,6 +83,10 @@ impl RootPart {
     /// drive gone), the utab entry, the record (with `lost`, if any, left for
     /// `blobdrive unmount`).
     pub fn undo(&mut self, lost: Option<String>) {
+        self.thaw_if_frozen();
+        if self.fs_mounted && self.attached_loop().is_some() {
+            self.take_fs_down();
+        }
         if let Err(e) = self.detach_loop() {
             error!("{e}");
         }
@@ -83,6 +101,9 @@ impl RootPart {
                 }
             }
             self.fuse_mounted = false;
+        }
+        if std::mem::take(&mut self.made_dir) {
+            let _ = std::fs::remove_dir(&self.fuse_dir);
         }
         self.forget_utab();
         if self.record_claimed {
@@ -120,6 +141,9 @@ impl RootPart {
             info!("{dev} let go of the drive by itself");
             dev.released();
             self.loop_dev = None;
+            // Autoclear: the filesystem on it was unmounted (a plain umount).
+            self.fs_mounted = false;
+            self.frozen = None;
             return None;
         }
         self.loop_dev.as_ref().map(|(dev, _)| dev)
@@ -291,15 +315,16 @@ impl Ops for RootPart {
                         self.req.mountpoint.display()
                     ),
                 }
+                let fs = self.fs.as_ref().filter(|_| self.fs_mounted);
                 self.said = Some(Ok(Ready {
                     mountpoint: self.req.mountpoint.clone(),
                     mode: self.req.mode,
                     device: self.loop_dev.as_ref().map(|(d, _)| d.path().to_string()),
-                    fstype: None,
+                    fstype: fs.map(|f| f.fstype.clone()),
                     fuse_dir: self.fuse_dir.clone(),
                     read_only: self.req.read_only,
                     pid: std::process::id(),
-                    formatted: false,
+                    formatted: fs.is_some_and(|f| f.formatted),
                     warnings,
                     notes,
                 }));
@@ -372,6 +397,14 @@ impl Ops for RootPart {
             | Request::LoopCapacity {}
             | Request::DiskSize {}
             | Request::DetachLoop {}) => self.carry_out_for_loop(loop_req),
+            fs_req @ (Request::PrepareFs { .. }
+            | Request::MountFs { .. }
+            | Request::LoopMounted {}
+            | Request::UmountFs { .. }
+            | Request::Freeze {}
+            | Request::Thaw {}
+            | Request::CanGrowMountedExt4 {}
+            | Request::GrowFs {}) => self.carry_out_for_fs(fs_req),
         }
     }
 }
@@ -415,6 +448,138 @@ impl RootPart {
             },
             other => Answer::Refused(format!("not a loop device request: {other:?}")),
         }
+    }
+}
+
+impl RootPart {
+    /// The requests about the filesystem on the loop device (fs mode).
+    fn carry_out_for_fs(&mut self, req: Request) -> Answer {
+        if self.req.mode != Mode::Fs {
+            return Answer::Refused(format!("not a request of --mode {}", self.req.mode));
+        }
+        if let Request::CanGrowMountedExt4 {} = req {
+            return Answer::Flag(system::has_capability(system::CAP_SYS_RESOURCE));
+        }
+        let Some(dev) = self.attached_loop().cloned() else {
+            return Answer::Failed("no loop device is attached".into());
+        };
+        let failed = |e: MountError| match e {
+            MountError::Busy(what) => Answer::Busy(what),
+            e => Answer::Failed(e.to_string()),
+        };
+        match req {
+            Request::PrepareFs { zeroed } => {
+                if self.fs_mounted {
+                    return Answer::Refused("the filesystem is mounted already".into());
+                }
+                match filesystem::prepare(&dev, &self.req, zeroed) {
+                    Ok(p) => {
+                        self.fs = Some(p.clone());
+                        Answer::Prepared {
+                            fstype: p.fstype,
+                            formatted: p.formatted,
+                            warnings: p.warnings,
+                        }
+                    }
+                    Err(e) => failed(e),
+                }
+            }
+            Request::MountFs { small } => {
+                let Some(fstype) = self.fs.as_ref().map(|f| f.fstype.clone()) else {
+                    return Answer::Refused("no filesystem was prepared".into());
+                };
+                if self.fs_mounted {
+                    return Answer::Refused("the filesystem is mounted already".into());
+                }
+                let small = small.map(|(bytes, disk)| Small { bytes, disk });
+                match filesystem::mount(&dev, &fstype, &self.req, small) {
+                    Ok(done) => {
+                        self.fs_mounted = true;
+                        Answer::MountedFs {
+                            autoclear: done.autoclear,
+                            notes: done.notes,
+                            warnings: done.warnings,
+                        }
+                    }
+                    Err(e) => failed(e),
+                }
+            }
+            Request::LoopMounted {} => match dev.is_mounted() {
+                Some(yes) => Answer::Flag(yes),
+                None => Answer::Failed(format!("cannot tell whether {dev} is mounted")),
+            },
+            Request::UmountFs { lazy } => {
+                if !self.fs_mounted {
+                    return Answer::Done;
+                }
+                match system::umount(&self.req.mountpoint, lazy) {
+                    Ok(()) => {
+                        self.fs_mounted = false;
+                        Answer::Done
+                    }
+                    Err(e) => failed(e),
+                }
+            }
+            Request::Freeze {} => {
+                if !self.fs_mounted || self.frozen.is_some() {
+                    return Answer::Refused("not a mounted filesystem that is not frozen".into());
+                }
+                match system::freeze(&self.req.mountpoint, &dev) {
+                    Ok(f) => {
+                        self.frozen = Some(f);
+                        Answer::Done
+                    }
+                    Err(e) => failed(e),
+                }
+            }
+            Request::Thaw {} => match self.frozen.take() {
+                Some(f) => match system::thaw(&f) {
+                    Ok(()) => Answer::Done,
+                    Err(e) => failed(e),
+                },
+                None => Answer::Done,
+            },
+            Request::GrowFs {} => {
+                let Some(fstype) = self.fs.as_ref().map(|f| f.fstype.clone()) else {
+                    return Answer::Failed("no filesystem is mounted".into());
+                };
+                if !self.fs_mounted {
+                    return Answer::Failed("no filesystem is mounted".into());
+                }
+                match system::grow_fs(&dev, &fstype, &self.req.mountpoint) {
+                    Ok(()) => Answer::Size(system::fs_size(&self.req.mountpoint).unwrap_or(0)),
+                    Err(e) => failed(e),
+                }
+            }
+            other => Answer::Refused(format!("not a filesystem request: {other:?}")),
+        }
+    }
+
+    /// Thaws the filesystem a snapshot froze (the worker died before it asked).
+    fn thaw_if_frozen(&mut self) {
+        if let Some(f) = self.frozen.take() {
+            match system::thaw(&f) {
+                Ok(()) => info!("thawed {}", self.req.mountpoint.display()),
+                Err(e) => error!("could not thaw {}: {e}", self.req.mountpoint.display()),
+            }
+        }
+    }
+
+    /// Unmounts the filesystem after its worker died: lazily when busy (its
+    /// files are gone with the drive either way).
+    fn take_fs_down(&mut self) {
+        let mp = self.req.mountpoint.clone();
+        if let Err(e) = system::umount(&mp, false) {
+            warn!(
+                "{} is busy ({e}): detaching it lazily; its files are gone with the drive",
+                mp.display()
+            );
+            if let Err(e) = system::umount(&mp, true) {
+                error!("cannot detach {}: {e}", mp.display());
+                return;
+            }
+        }
+        self.fs_mounted = false;
     }
 }
 

@@ -13,6 +13,7 @@ use super::channel::{Request, RootClient};
 use super::server::{signal_fd, RootPart};
 use crate::azure::Account;
 use crate::blobref::BlobRef;
+use crate::device::diskcache::files;
 use crate::mount::record::{self, MountRecord};
 use crate::mount::{metrics, system, Mode, MountError, MountRequest, Ready};
 use crate::privsep::{Allowed, Walls, WorkerUser};
@@ -27,6 +28,8 @@ pub struct WorkerStart {
     pub control: UnixListener,
     pub metrics: Option<TcpListener>,
     pub record_id: String,
+    /// The drive's directory in the `--disk-cache` directory, the worker's.
+    pub disk_cache: Option<std::fs::File>,
 }
 
 /// Which side of the fork this is.
@@ -81,8 +84,8 @@ pub fn split(
         log,
     };
     let mut root = RootPart::new(req.clone(), rec.clone());
-    let opened = prepare(&mut root, &rec, &blob_ref, user);
-    let (metrics, fuse, control, walls) = match opened {
+    let opened = prepare(&mut root, &rec, &blob_ref, &account, user);
+    let (metrics, fuse, control, walls, disk_cache) = match opened {
         Ok(v) => v,
         Err(e) => {
             root.undo(None);
@@ -164,6 +167,7 @@ pub fn split(
             control,
             metrics,
             record_id: id,
+            disk_cache,
         });
     }
     drop(worker_end);
@@ -173,6 +177,7 @@ pub fn split(
     drop(fuse);
     drop(control);
     drop(metrics);
+    drop(disk_cache);
     info!("the worker (pid {pid}) serves the drive as {user_name}");
     Split::Root(root.serve(pid, root_end, signals, ready))
 }
@@ -184,8 +189,18 @@ fn prepare(
     root: &mut RootPart,
     rec: &MountRecord,
     blob_ref: &BlobRef,
+    account: &Account,
     user: WorkerUser,
-) -> Result<(Option<TcpListener>, OwnedFd, UnixListener, Walls), MountError> {
+) -> Result<
+    (
+        Option<TcpListener>,
+        OwnedFd,
+        UnixListener,
+        Walls,
+        Option<std::fs::File>,
+    ),
+    MountError,
+> {
     let req = root.req.clone();
     // Bound first, so an address in use fails the mount before anything is done.
     let metrics = match req.metrics.as_deref().map(metrics::bind) {
@@ -195,12 +210,15 @@ fn prepare(
     };
     record::claim(rec)?;
     root.record_claimed = true;
-    if req.mode == Mode::Fs {
-        return Err(MountError::system(
-            "--mode fs does not run split yet (issue 42)",
-        ));
-    }
-    let at = system::open_dir(&root.fuse_dir, req.mountpoint_id)?;
+    let at = if req.mode == Mode::Fs {
+        // FUSE goes on a private directory of the run directory, the
+        // filesystem on the user's.
+        system::make_private_dir(&root.fuse_dir)?;
+        root.made_dir = true;
+        system::open_dir(&root.fuse_dir, None)?
+    } else {
+        system::open_dir(&root.fuse_dir, req.mountpoint_id)?
+    };
     let fuse = system::mount_fuse(&at, &format!("blobdrive:{blob_ref}"), req.read_only)
         .map_err(|e| MountError::system(format!("{e} at {}", root.fuse_dir.display())))?;
     root.fuse_mounted = true;
@@ -208,8 +226,26 @@ fn prepare(
     let mut allowed = Allowed::network_client();
     // The worker's own process figures (`/proc/self`), for its metrics.
     allowed.read_only.push(PathBuf::from("/proc"));
+    let disk_cache = match &req.disk_cache {
+        Some(parent) => {
+            let name = crate::mount::disk_cache_name(
+                account,
+                &blob_ref.container,
+                &blob_ref.name,
+                blob_ref.snapshot.as_deref(),
+            );
+            let dir = files::open_drive_dir(parent, &name, Some((user.uid, user.gid)))
+                .map_err(MountError::system)?;
+            let handle = dir
+                .try_clone()
+                .map_err(|e| MountError::with_source("cannot hand on the disk cache", e))?;
+            allowed.read_write_dirs.push(handle);
+            Some(dir)
+        }
+        None => None,
+    };
     let walls = Walls::prepare(user, &allowed).map_err(|e| MountError::system(e.to_string()))?;
-    Ok((metrics, fuse, control, walls))
+    Ok((metrics, fuse, control, walls, disk_cache))
 }
 
 /// In the child: the walls up, then death with the root part arranged (the

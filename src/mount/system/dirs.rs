@@ -126,6 +126,15 @@ pub fn check_same_dir(path: &Path, id: Option<(u64, u64)>) -> Result<(), MountEr
     }
 }
 
+/// Makes `dir`, private to root (0700): where FUSE is mounted in fs mode.
+pub fn make_private_dir(dir: &Path) -> Result<(), MountError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| MountError::with_source(format!("cannot create {}", dir.display()), e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,13 +4,14 @@
 //! becomes one line naming the tool and its reason.
 
 mod dirs;
+pub mod filesystem;
 mod fs;
 mod fuse;
 mod loopdev;
 mod procs;
 
 pub(crate) use dirs::unescape_mountinfo;
-pub use dirs::{check_same_dir, dir_id, is_mountpoint, open_dir, umount};
+pub use dirs::{check_same_dir, dir_id, is_mountpoint, make_private_dir, open_dir, umount};
 pub use fs::{
     free_space, freeze, fs_size, fs_type, grow_ext4_unmounted, grow_fs, has_capability, mkfs,
     mount_fs, statvfs, thaw, CAP_SYS_RESOURCE,
