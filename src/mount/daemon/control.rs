@@ -108,8 +108,8 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if m.root.is_none() {
-                    // A split daemon's log is rotated by its root part (not yet:
-                    // issue 42), which holds the run directory.
+                    // A split daemon's log is rotated by its root part, which
+                    // holds the run directory and copies the worker's stderr.
                     rotate_log(&log, &mut since_rotation_check);
                 }
                 m.noticed_umount_begun();

@@ -175,9 +175,13 @@ impl RootPart {
         worker: libc::pid_t,
         conn: UnixStream,
         signals: OwnedFd,
+        log: OwnedFd,
         ready: &mut dyn FnMut(Result<&Ready, String>),
     ) -> Result<(), MountError> {
         let mut conn = Some(BufReader::new(conn));
+        let mut log = Some(log);
+        let log_path = record::paths(&self.record_id).2;
+        let mut since_rotation = std::time::Instant::now();
         let status = loop {
             if let Some(status) = reap(worker, false) {
                 break status;
@@ -193,11 +197,23 @@ impl RootPart {
                     events: libc::POLLIN,
                     revents: 0,
                 },
+                libc::pollfd {
+                    fd: log.as_ref().map_or(-1, |l| l.as_raw_fd()),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
             ];
-            // SAFETY: two valid pollfd entries.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
+            // SAFETY: three valid pollfd entries (a negative fd is skipped).
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, 1000) };
             if n < 0 {
                 continue;
+            }
+            if fds[2].revents != 0 && !copy_log(log.as_ref()) {
+                log = None;
+            }
+            if since_rotation.elapsed() >= LOG_ROTATION_CHECK {
+                since_rotation = std::time::Instant::now();
+                rotate_log(&log_path);
             }
             if fds[0].revents != 0 {
                 if let Some(c) = conn.as_mut() {
@@ -228,6 +244,8 @@ impl RootPart {
                 break reap(worker, true).unwrap_or(-1);
             }
         };
+        // What the worker logged last (its pipe is closed now that it is gone).
+        while copy_log(log.as_ref()) {}
         self.after_worker(worker, status, ready)
     }
 
@@ -580,6 +598,39 @@ impl RootPart {
             }
         }
         self.fs_mounted = false;
+    }
+}
+
+/// How often the root part checks whether the mount's log outgrew its bound.
+const LOG_ROTATION_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Copies what the worker wrote to its stderr (one read, at most 64 KiB) to
+/// the root part's, the mount's log; `false` once the worker's end is closed
+/// (or there is no pipe). Copied as bytes, never parsed.
+fn copy_log(log: Option<&OwnedFd>) -> bool {
+    let Some(log) = log else {
+        return false;
+    };
+    let mut buf = [0u8; 64 * 1024];
+    // SAFETY: reads at most `buf.len()` bytes into `buf`.
+    let n = unsafe { libc::read(log.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n <= 0 {
+        return n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR);
+    }
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(&buf[..n as usize]);
+    true
+}
+
+/// Moves the mount's log aside once it outgrew [`record::LOG_MAX_BYTES`] (see
+/// `record::rotate_log`): the root part's stderr is the log, and the worker's
+/// reaches it through the root part.
+fn rotate_log(log: &std::path::Path) {
+    match record::rotate_log(log, record::LOG_MAX_BYTES, 2) {
+        Ok(true) => info!("log rotated: the older part is in {}.1", log.display()),
+        Ok(false) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => warn!("cannot rotate the log {}: {e}", log.display()),
     }
 }
 

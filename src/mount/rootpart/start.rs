@@ -129,6 +129,15 @@ pub fn split(
         }
     };
     let null = std::fs::OpenOptions::new().write(true).open("/dev/null");
+    // The worker's log goes through the root part, which alone may rotate the
+    // mount's log file (it holds the run directory).
+    let (log_from_worker, worker_stderr) = match log_pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            root.undo(None);
+            return fail(format!("cannot make the worker's log pipe: {e}"), ready);
+        }
+    };
     // SAFETY: getpid cannot fail.
     let root_pid = unsafe { libc::getpid() };
     // SAFETY: the process has one thread (checked above), so the child starts
@@ -150,6 +159,10 @@ pub fn split(
             unsafe { libc::dup2(null.as_raw_fd(), 1) };
         }
         drop(null);
+        // SAFETY: both descriptors are valid; dup2 replaces stderr.
+        unsafe { libc::dup2(worker_stderr.as_raw_fd(), 2) };
+        drop(worker_stderr);
+        drop(log_from_worker);
         // SAFETY: restores the mask the process had before the fork.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
         let client = RootClient::new(worker_end);
@@ -172,6 +185,7 @@ pub fn split(
     }
     drop(worker_end);
     drop(null);
+    drop(worker_stderr);
     // The worker holds these now; the root part's copies would keep the FUSE
     // connection alive after the worker died (and every access to it hanging).
     drop(fuse);
@@ -179,7 +193,7 @@ pub fn split(
     drop(metrics);
     drop(disk_cache);
     info!("the worker (pid {pid}) serves the drive as {user_name}");
-    Split::Root(root.serve(pid, root_end, signals, ready))
+    Split::Root(root.serve(pid, root_end, signals, log_from_worker, ready))
 }
 
 /// What the root part does before the fork; each step recorded on `root` for
@@ -273,6 +287,18 @@ fn become_worker(walls: Walls, root_pid: libc::pid_t) -> Result<(), String> {
         return Err("the root part is gone".into());
     }
     Ok(())
+}
+
+/// A pipe (read end, write end), both ends closed on exec.
+fn log_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: two fresh descriptors owned by nothing else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// How many threads the process runs (`/proc/self/task`).
