@@ -99,12 +99,13 @@ pub struct Args {
     /// the drive's size, at most half the space free on DIR's filesystem].
     #[arg(long, value_name = "SIZE", requires = "disk_cache")]
     pub disk_cache_size: Option<String>,
-    /// Run the part of the daemon that talks to the storage service as USER,
-    /// walled off from the host, with a small root part doing the mounts.
-    /// Hidden until the split is whole (issue 42): so far only --mode raw and
-    /// --mode block without --disk-cache split; elsewhere the daemon warns and
-    /// runs as one process, as root.
-    #[arg(long, value_name = "USER", env = "BLOBDRIVE_RUN_AS", hide = true)]
+    /// The unprivileged user the network-facing part of the daemon runs as
+    /// (HTTP, TLS, XML, tokens, the cache, FUSE), with no capability, a seccomp
+    /// filter and Landlock; a small root part does the mounts. The user must
+    /// exist: `useradd --system --no-create-home --shell /usr/sbin/nologin
+    /// blobdrive` (the package and scripts/install.sh create it)
+    /// [default: blobdrive]
+    #[arg(long, value_name = "USER", env = "BLOBDRIVE_RUN_AS")]
     pub run_as: Option<String>,
     /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)
     /// helper from an fstab line.

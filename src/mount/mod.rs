@@ -76,11 +76,9 @@ pub struct MountRequest {
     /// them from its environment.
     #[serde(default)]
     pub io: IoSettings,
-    /// The user the network-facing part of the daemon runs as (`--run-as`),
-    /// split from a small root part (issue 42, see `mount::rootpart`). `None`:
-    /// one process, root, as before. While the split is being built it is
-    /// taken only where it works (modes raw and block without a disk cache); elsewhere the
-    /// daemon says so and runs as one process.
+    /// The user the network-facing part of the daemon runs as (`--run-as`,
+    /// fstab's `run-as=`), split from a small root part (see
+    /// `mount::rootpart`). `None`: `daemon::WORKER_USER`.
     #[serde(default)]
     pub run_as: Option<String>,
 }

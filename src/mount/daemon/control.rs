@@ -18,7 +18,8 @@ use super::teardown::finished;
 use super::Mounted;
 use crate::device::cache::Cache;
 use crate::device::stack::Stack;
-use crate::mount::{record, MountError};
+use crate::mount::rootpart::Request;
+use crate::mount::MountError;
 use crate::size::human as human_bytes;
 
 enum Event {
@@ -73,8 +74,6 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
     forward_signals(m, tx.clone());
     start_control_thread(m, listener, tx)?;
     info!("serving {} at {}", m.target, m.req.mountpoint.display());
-    let (.., log, _) = record::paths(&m.record_id);
-    let mut since_rotation_check = 0u32;
     let mut since_status = 0u32;
     // Why the drive is to come down once it can (SIGTERM, or the filesystem
     // unmounted by a plain umount), while something still holds it.
@@ -107,11 +106,6 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                if m.root.is_none() {
-                    // A split daemon's log is rotated by its root part, which
-                    // holds the run directory and copies the worker's stderr.
-                    rotate_log(&log, &mut since_rotation_check);
-                }
                 m.noticed_umount_begun();
                 if stop.is_none() && m.noticed_plain_umount() {
                     m.notify_stopping("the filesystem was unmounted: writing back and stopping");
@@ -120,9 +114,7 @@ pub(super) fn serve(m: &mut Mounted, listener: UnixListener) -> Result<(), Mount
                 since_status += 1;
                 if since_status >= STATUS_EVERY_SECS {
                     since_status = 0;
-                    if let Some(n) = &m.notifier {
-                        n.status(&m.status_line());
-                    }
+                    m.tell_status(&m.status_line());
                 }
                 let gone = m.session.as_ref().is_some_and(|s| s.guard.is_finished());
                 if gone {
@@ -313,9 +305,7 @@ impl Mounted {
             Err(e) => {
                 if !self.stop_refused_logged {
                     error!("cannot unmount yet ({why}): {e}; trying again every second or two");
-                    if let Some(n) = &self.notifier {
-                        n.status(&format!("stopping, but cannot unmount yet: {e}"));
-                    }
+                    self.tell_status(&format!("stopping, but cannot unmount yet: {e}"));
                     self.stop_refused_logged = true;
                 }
                 None
@@ -347,43 +337,30 @@ impl Mounted {
         line
     }
 
-    /// Removes the log of a drive that came down cleanly.
+    /// Has the root part remove the log of a drive that came down cleanly.
     fn remove_log(&self) {
-        match &self.root {
-            Some(root) => root.tell(&crate::mount::rootpart::Request::RemoveLog {}),
-            None => record::remove_log(&self.record_id),
-        }
+        self.root.tell(&Request::RemoveLog {});
+    }
+
+    /// A `STATUS=` line for the service manager, which the root part, the
+    /// unit's main process, passes on (when there is one).
+    pub(super) fn tell_status(&self, line: &str) {
+        self.root.tell(&Request::Status { line: line.into() });
     }
 
     fn notify_stopping(&self, status: &str) {
-        if let Some(n) = &self.notifier {
-            n.stopping(status);
-        }
+        self.root.tell(&Request::Stopping {
+            line: status.into(),
+        });
     }
 
     /// Progress lines of a teardown as `STATUS=` for the service manager.
     fn notify_sink(&self) -> Option<Sink> {
-        let n = self.notifier.as_ref()?.try_clone()?;
+        let root = self.root.clone();
         Some(Box::new(move |line| {
-            n.status(line);
+            root.tell(&Request::Status { line: line.into() });
             true
         }))
-    }
-}
-
-/// Once a minute, moves the daemon's log (its stderr) aside to `ID.log.1` when
-/// it outgrew [`record::LOG_MAX_BYTES`], so a long-lived mount's log stays bounded.
-fn rotate_log(log: &std::path::Path, ticks: &mut u32) {
-    *ticks += 1;
-    if *ticks < 60 {
-        return;
-    }
-    *ticks = 0;
-    match record::rotate_log(log, record::LOG_MAX_BYTES, 2) {
-        Ok(true) => info!("log rotated: the older part is in {}.1", log.display()),
-        Ok(false) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => warn!("cannot rotate the log {}: {e}", log.display()),
     }
 }
 

@@ -37,21 +37,21 @@ use std::thread::JoinHandle;
 use fuser::BackgroundSession;
 use tracing::error;
 
-use super::notify::Notifier;
-use super::record::{self, MountRecord};
 use super::rootpart::{self, Request, RootClient, Split, WorkerStart};
-use super::{Mode, MountError, MountRequest, Ready};
+use super::{MountError, MountRequest, Ready};
 use crate::azure::{Account, BlobClient, BlobService};
 use crate::blobref::BlobRef;
 use crate::device::cache::Cache;
 use crate::device::diskcache::files::BlobState;
 use crate::device::stack::Stack;
 use control::serve;
-use handles::{AttachedLoop, FsMount, MadeDir, RecordClaim, UtabEntry};
-use setup::{limit_malloc_arenas, setup};
+use handles::{AttachedLoop, FsMount};
+use setup::limit_malloc_arenas;
 use stats::StatsValues;
 
-/// A mounted drive and everything set up for it, in setup order.
+/// A mounted drive and everything set up for it, in setup order. This is the
+/// worker of a split daemon (`mount::rootpart`): every root operation is a
+/// request to the root part through `root`.
 struct Mounted {
     req: MountRequest,
     rt: tokio::runtime::Runtime,
@@ -63,32 +63,24 @@ struct Mounted {
     flusher: Option<JoinHandle<()>>,
     session: Option<BackgroundSession>,
     fuse_dir: PathBuf,
-    /// The FUSE directory, when this daemon made it (fs mode).
-    made_dir: Option<MadeDir>,
-    /// The loop device over `disk` (fs and block modes).
+    /// The loop device over `disk` (fs and block modes), attached by the root
+    /// part.
     loop_dev: Option<AttachedLoop>,
     /// The filesystem mounted at the user's directory (fs mode).
     fs: Option<FsMount>,
     /// A plain `umount` of the filesystem has begun (see
     /// `Mounted::noticed_umount_begun`): I/O waits through outages without limit.
     umount_begun: bool,
-    /// The service manager listening on `NOTIFY_SOCKET` (a `--foreground` daemon
-    /// under systemd `Type=notify`), told of readiness, status and stopping.
-    notifier: Option<Teller>,
-    /// In a split daemon (the worker of `mount::rootpart`): the channel to the
-    /// root part, which does every root operation for it. `None`: this process
-    /// is root and does them itself.
-    root: Option<RootClient>,
+    /// The channel to the root part, which does every root operation for the
+    /// worker and speaks for the mount to `blobdrive mount` and to the service
+    /// manager (the unit's main process, which alone may: `NotifyAccess=main`).
+    root: RootClient,
     /// A stop that had to wait (busy) was logged already.
     stop_refused_logged: bool,
     /// The counters `stats` shows, readable from any thread.
     stats: Option<StatsValues>,
     /// Handles open on the FUSE file `disk`, counted by the FUSE layer.
     open_disk: Option<Arc<AtomicUsize>>,
-    /// The mount's id: its record's, socket's and log's name.
-    record_id: String,
-    /// The mount record this daemon created.
-    record: Option<RecordClaim>,
     /// `unmount --discard-dirty` asked to drop what cannot be written (set by the
     /// control thread, also while a teardown already waits).
     discard: Arc<AtomicBool>,
@@ -97,69 +89,25 @@ struct Mounted {
     /// The filesystem's unmount is under way in the kernel, whose last sync
     /// writes through the daemon: a `--discard-dirty` then stops its waits.
     unmounting_fs: Arc<AtomicBool>,
-    /// libmount's entry naming `umount.blobdrive` for the user's directory.
-    utab: Option<UtabEntry>,
     /// With a disk cache (`--disk-cache`, a layer of the cache's stack): the blob
     /// as the mount found it once it alone could write it. A clean unmount
     /// leaves the disk cache for the next mount only if the blob is then as the
     /// mount's own writes left it.
     disk_state: Option<BlobState>,
-    /// In a split daemon's worker: the drive's directory in the disk cache
-    /// directory, opened (and given to the worker's user) by the root part.
+    /// The drive's directory in the disk cache directory, opened (and given to
+    /// the worker's user) by the root part.
     disk_cache_dir: Option<std::fs::File>,
 }
 
-/// Where the daemon's word for the service manager goes: straight to it, or
-/// (in a split daemon's worker) through the root part, the unit's main process,
-/// which alone may speak for it (`NotifyAccess=main`).
-enum Teller {
-    Direct(Notifier),
-    Root(RootClient),
-}
-
-impl Teller {
-    fn ready(&self, status: &str) {
-        match self {
-            Teller::Direct(n) => n.ready(status),
-            // The worker's `Ready` request carries the status.
-            Teller::Root(_) => {}
-        }
-    }
-
-    fn status(&self, line: &str) {
-        match self {
-            Teller::Direct(n) => n.status(line),
-            Teller::Root(r) => r.tell(&Request::Status { line: line.into() }),
-        }
-    }
-
-    fn stopping(&self, line: &str) {
-        match self {
-            Teller::Direct(n) => n.stopping(line),
-            Teller::Root(r) => r.tell(&Request::Stopping { line: line.into() }),
-        }
-    }
-
-    fn try_clone(&self) -> Option<Teller> {
-        Some(match self {
-            Teller::Direct(n) => Teller::Direct(n.try_clone()?),
-            Teller::Root(r) => Teller::Root(r.clone()),
-        })
-    }
-}
-
 impl Mounted {
-    /// A drive about to be set up, in one process or in a split daemon's
-    /// worker: its I/O runtime and blob client (with the request's retry
-    /// policy), nothing set up yet.
+    /// A drive about to be set up: its I/O runtime and blob client (with the
+    /// request's retry policy), nothing set up yet.
     fn new(
         req: &MountRequest,
         account: &Account,
         blob_ref: &BlobRef,
         fuse_dir: PathBuf,
-        record_id: String,
-        notifier: Option<Teller>,
-        root: Option<RootClient>,
+        root: RootClient,
     ) -> Result<Mounted, MountError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(4)
@@ -179,21 +127,16 @@ impl Mounted {
             flusher: None,
             session: None,
             fuse_dir,
-            made_dir: None,
             loop_dev: None,
             fs: None,
             umount_begun: false,
-            notifier,
             root,
             stop_refused_logged: false,
             open_disk: None,
             stats: None,
-            record_id,
-            record: None,
             discard: Arc::new(AtomicBool::new(false)),
             fuse_gone: Arc::new(AtomicBool::new(false)),
             unmounting_fs: Arc::new(AtomicBool::new(false)),
-            utab: None,
             disk_state: None,
             disk_cache_dir: None,
         })
@@ -232,101 +175,27 @@ impl Mounted {
     }
 }
 
-/// Runs a mount until it is unmounted. `ready` is called exactly once: with the
-/// mount's description when it is usable, or with the reason it failed (after
-/// everything was undone).
+/// Runs a mount until it is unmounted: a root part, and a worker running as
+/// the request's user (`blobdrive` unless told otherwise) that does everything
+/// that talks to the storage service (see `mount::rootpart`). `ready` is called
+/// exactly once: with the mount's description when it is usable, or with the
+/// reason it failed (after everything was undone).
 pub fn run(
     req: MountRequest,
     account: Account,
     ready: &mut dyn FnMut(Result<&Ready, String>),
 ) -> Result<(), MountError> {
     limit_malloc_arenas();
-    if let Some(user) = split_as(&req) {
-        return match rootpart::split(&req, &account, &user, ready) {
-            Split::Root(result) => result,
-            Split::Worker(start) => run_worker(req, account, start),
-        };
+    let user = req.run_as.as_deref().unwrap_or(WORKER_USER).to_string();
+    match rootpart::split(&req, &account, &user, ready) {
+        Split::Root(result) => result,
+        Split::Worker(start) => run_worker(req, account, start),
     }
-    let blob_ref = match BlobRef::parse(&req.blob) {
-        Ok(b) => b,
-        Err(e) => {
-            ready(Err(e.to_string()));
-            return Err(MountError::system(e.to_string()));
-        }
-    };
-    let id = record::id_for(&req.mountpoint);
-    let (_, socket_path, log_path, run_fuse_dir) = record::paths(&id);
-    let fuse_dir = match req.mode {
-        Mode::Fs => run_fuse_dir,
-        Mode::Block | Mode::Raw => req.mountpoint.clone(),
-    };
-    let notifier = Notifier::from_env().map(Teller::Direct);
-    let mut m = Mounted::new(
-        &req,
-        &account,
-        &blob_ref,
-        fuse_dir,
-        id.clone(),
-        notifier,
-        None,
-    )?;
-    let svc = m.blob.service().clone();
-    let rec = MountRecord {
-        id: id.clone(),
-        // Scheme, host, port and path only: a query (a SAS put in BlobEndpoint)
-        // or user info would otherwise sit in a file `list` shows.
-        endpoint: svc.account().endpoint_for_messages(),
-        blob: blob_ref.base().to_string(),
-        auth: svc.account().credential.describe(),
-        snapshot: blob_ref.snapshot.clone(),
-        mountpoint: req.mountpoint.clone(),
-        mode: req.mode,
-        fuse_dir: m.fuse_dir.clone(),
-        device: None,
-        read_only: req.read_only,
-        pid: std::process::id(),
-        socket: socket_path.clone(),
-        log: log_path,
-    };
-    // Bound first, so an address in use fails the mount before anything is done.
-    let metrics_listener = match req.metrics.as_deref().map(super::metrics::bind) {
-        Some(Err(msg)) => {
-            ready(Err(msg.clone()));
-            return Err(MountError::system(msg));
-        }
-        Some(Ok(l)) => Some(l),
-        None => None,
-    };
-    let setup = setup(&mut m, rec);
-    let (ready_info, listener) = match setup {
-        Ok(v) => v,
-        Err(e) => {
-            let msg = e.to_string();
-            if let Some(n) = &m.notifier {
-                n.status(&format!("mount failed: {msg}"));
-            }
-            match m.teardown() {
-                Ok(losses) => losses.iter().for_each(|l| error!("{l}")),
-                Err(t) => error!("cleaning up after a failed mount: {t}"),
-            }
-            ready(Err(msg));
-            return Err(e);
-        }
-    };
-    if let Some(listener) = metrics_listener {
-        m.serve_metrics(listener);
-    }
-    ready(Ok(&ready_info));
-    if let Some(n) = &m.notifier {
-        n.ready(&m.status_line());
-    }
-    serve(&mut m, listener)
 }
 
-/// The user to run the worker of a split daemon as.
-fn split_as(req: &MountRequest) -> Option<String> {
-    req.run_as.clone()
-}
+/// The user a mount's worker runs as when none is named (`--run-as`, fstab's
+/// `run-as=`): the system user scripts/install.sh and the package create.
+pub const WORKER_USER: &str = "blobdrive";
 
 /// The worker of a split daemon, walled already: sets the drive up on what the
 /// root part opened for it, serves it, and takes it down, asking the root part
@@ -339,7 +208,6 @@ fn run_worker(req: MountRequest, account: Account, start: WorkerStart) -> Result
         fuse_dir,
         control,
         metrics,
-        record_id,
         disk_cache,
     } = start;
     let failed = |client: &RootClient, msg: String| {
@@ -352,14 +220,12 @@ fn run_worker(req: MountRequest, account: Account, start: WorkerStart) -> Result
         Ok(b) => b,
         Err(e) => return Err(failed(&client, e.to_string())),
     };
-    let teller = Some(Teller::Root(client.clone()));
-    let root = Some(client.clone());
-    let mut m = match Mounted::new(&req, &account, &blob_ref, fuse_dir, record_id, teller, root) {
+    let mut m = match Mounted::new(&req, &account, &blob_ref, fuse_dir, client.clone()) {
         Ok(m) => m,
         Err(e) => return Err(failed(&client, e.to_string())),
     };
     m.disk_cache_dir = disk_cache;
-    let said = match setup::setup_worker(&mut m, fuse) {
+    let said = match setup::setup(&mut m, fuse) {
         Ok(said) => said,
         Err(e) => {
             let msg = e.to_string();

@@ -16,7 +16,7 @@ use tracing::info;
 
 use super::Mounted;
 use crate::drive::DriveError;
-use crate::mount::{system, MountError};
+use crate::mount::MountError;
 use crate::resize::{self, Plan, Step, STEPS};
 use crate::size::human;
 
@@ -59,11 +59,9 @@ impl Mounted {
                 self.target
             )));
         }
-        let may_grow_ext4 = || match &self.root {
-            Some(root) => root.can_grow_mounted_ext4(),
-            None => system::has_capability(system::CAP_SYS_RESOURCE),
-        };
-        if self.fs.as_ref().is_some_and(|f| f.fstype == "ext4") && !may_grow_ext4() {
+        if self.fs.as_ref().is_some_and(|f| f.fstype == "ext4")
+            && !self.root.can_grow_mounted_ext4()
+        {
             // Refused before anything changes: the blob and the device would
             // grow, the filesystem not.
             let mp = self.req.mountpoint.display();
@@ -130,11 +128,8 @@ impl Mounted {
     fn grow_layers(&self, size: u64, phase: &Phase) -> Result<String, MountError> {
         set(phase, "giving the disk file its new size");
         let disk = self.fuse_dir.join("disk");
-        // The FUSE mount of a split daemon lets root alone in: its root part looks.
-        let disk_len = || match &self.root {
-            Some(root) => root.disk_size().unwrap_or(0),
-            None => std::fs::metadata(&disk).map(|m| m.len()).unwrap_or(0),
-        };
+        // The FUSE mount lets root alone in: the root part looks.
+        let disk_len = || self.root.disk_size().unwrap_or(0);
         if let Some(s) = &self.session {
             // Not cached by the kernel (never looked up) is fine too.
             let _ = crate::fuse::forget_disk_attrs(s);
@@ -159,10 +154,7 @@ impl Mounted {
             return Ok(format!("{} is {} bytes", disk.display(), size));
         };
         set(phase, "giving the loop device its new size");
-        let dev_len = match &self.root {
-            Some(root) => root.loop_capacity()?,
-            None => dev.take_new_capacity()?,
-        };
+        let dev_len = self.root.loop_capacity()?;
         if dev_len != size {
             return Err(MountError::system(format!(
                 "{dev} still has {dev_len} bytes after taking the new capacity"
@@ -175,13 +167,13 @@ impl Mounted {
         };
         let mp = &self.req.mountpoint;
         set(phase, "growing the filesystem to fill the disk");
-        let grown = match &self.root {
-            Some(root) => root.grow_fs().map(|n| (n > 0).then_some(n)),
-            None => system::grow_fs(dev, fstype, mp).map(|()| system::fs_size(mp)),
-        };
-        let now = grown.map_err(|e| {
-            MountError::with_source(format!("growing the {fstype} filesystem failed"), e)
-        })?;
+        let now = self
+            .root
+            .grow_fs()
+            .map(|n| (n > 0).then_some(n))
+            .map_err(|e| {
+                MountError::with_source(format!("growing the {fstype} filesystem failed"), e)
+            })?;
         Ok(format!(
             "the {fstype} filesystem at {} grew to {}",
             mp.display(),

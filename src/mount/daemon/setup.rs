@@ -1,17 +1,17 @@
-//! Bringing a drive up, in order: the mount record, the drive check and the lease,
-//! the written ranges, the cache with its read-ahead and flush threads and the lease
-//! keeper, FUSE, the loop device, the filesystem, and the control socket.
+//! Bringing a drive up in the worker, in order: the drive check and the lease,
+//! the written ranges, the cache with its read-ahead and flush threads and the
+//! lease keeper, FUSE (on the mount the root part made), then the loop device and
+//! the filesystem, which the root part attaches and mounts on request.
 
 use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixListener;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use fuser::{BackgroundSession, Config, SessionACL};
 use tracing::{error, info, warn};
 
-use super::handles::{AttachedLoop, FsMount, MadeDir, RecordClaim, UtabEntry};
+use super::handles::{AttachedLoop, FsMount};
 use super::stats::{lease_state, stats_value, StatsValues};
 use super::Mounted;
 use std::path::Path;
@@ -25,10 +25,9 @@ use crate::device::sparse::SparseMap;
 use crate::device::stack::Stack;
 use crate::drive::Drive;
 use crate::fuse::{DiskFs, StatsFn};
-use crate::mount::record::{self, MountRecord};
 use crate::mount::superblock;
 use crate::mount::system::{self, filesystem, LoopDevice};
-use crate::mount::{Mode, MountError, Ready};
+use crate::mount::{Mode, MountError};
 
 /// How often the lease is renewed: a cheap probe that notices a broken or stolen
 /// lease even while nothing is written.
@@ -120,55 +119,6 @@ pub(super) fn limit_malloc_arenas() {
     }
 }
 
-/// Brings the drive up, one phase after another; each leaves its handle on `m`
-/// as soon as its effect is in place, so that a failure at any point leaves
-/// `m.teardown()` exactly what to undo.
-pub(super) fn setup(
-    m: &mut Mounted,
-    mut rec: MountRecord,
-) -> Result<(Ready, UnixListener), MountError> {
-    record::claim(&rec)?;
-    m.record = Some(RecordClaim { id: rec.id.clone() });
-    let drive = open_drive(m)?;
-    let cache = start_cache(m, &drive)?;
-    if m.req.mode == Mode::Fs {
-        m.made_dir = Some(make_fuse_dir(&m.fuse_dir)?);
-    }
-    m.session = Some(start_fuse(m, &cache)?);
-    if m.req.mode != Mode::Raw {
-        let attached = attach_loop(m)?;
-        rec.device = Some(attached.dev.path().to_string());
-        m.loop_dev = Some(attached);
-    }
-    let mut made = FsOutcome::default();
-    if m.req.mode == Mode::Fs {
-        made = mount_filesystem(m)?;
-    }
-    let listener = record::listen(&rec)?;
-    // So that `umount DIR` (systemd's at shutdown too) waits until everything is
-    // on the blob and the lease released, through `umount.blobdrive`.
-    match UtabEntry::add(&m.req.mountpoint) {
-        Ok(entry) => m.utab = Some(entry),
-        Err(e) => warn!(
-            "a plain umount of {} will not wait for the lease to be released: {e}",
-            m.req.mountpoint.display()
-        ),
-    }
-    let ready = Ready {
-        mountpoint: m.req.mountpoint.clone(),
-        mode: m.req.mode,
-        device: rec.device.clone(),
-        fstype: m.fs.as_ref().map(|f| f.fstype.clone()),
-        fuse_dir: m.fuse_dir.clone(),
-        read_only: m.req.read_only,
-        pid: std::process::id(),
-        formatted: made.formatted,
-        warnings: made.warnings,
-        notes: made.notes,
-    };
-    Ok((ready, listener))
-}
-
 /// Reads the drive, taking its lease unless the mount is read-only.
 fn open_drive(m: &mut Mounted) -> Result<Drive, MountError> {
     if m.req.read_only {
@@ -248,12 +198,6 @@ fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<Stack>>, Moun
     Ok(cache)
 }
 
-/// The private directory FUSE is mounted on in fs mode.
-fn make_fuse_dir(dir: &Path) -> Result<MadeDir, MountError> {
-    system::make_private_dir(dir)?;
-    Ok(MadeDir(dir.to_path_buf()))
-}
-
 /// The FUSE filesystem over the cache: the files `disk` and `stats`.
 fn disk_fs(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> DiskFs<Stack> {
     let svc = m.blob.service().clone();
@@ -270,35 +214,8 @@ fn disk_fs(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> DiskFs<Stack> {
     fs
 }
 
-/// Serves the cache as the file `disk` in a FUSE mount at `m.fuse_dir`.
-fn start_fuse(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> Result<BackgroundSession, MountError> {
-    let fs = disk_fs(m, cache);
-    let mut config = Config::default();
-    config.mount_options = vec![
-        MountOption::FSName(format!("blobdrive:{}", m.target)),
-        MountOption::Subtype("blobdrive".into()),
-        MountOption::NoDev,
-        MountOption::NoSuid,
-        if m.req.read_only {
-            MountOption::RO
-        } else {
-            MountOption::RW
-        },
-    ];
-    config.acl = SessionACL::Owner;
-    config.n_threads = Some(4);
-    config.clone_fd = true;
-    if m.req.mode != Mode::Fs {
-        // FUSE goes on the user's directory itself.
-        system::check_same_dir(&m.fuse_dir, m.req.mountpoint_id)?;
-    }
-    fuser::spawn_mount(fs, &m.fuse_dir, &config).map_err(|e| {
-        MountError::with_source(format!("cannot mount FUSE at {}", m.fuse_dir.display()), e)
-    })
-}
-
-/// In a split daemon's worker: serves the cache on the FUSE mount the root part
-/// made, through its `/dev/fuse` descriptor. The kernel lets root alone into
+/// Serves the cache on the FUSE mount the root part made, through its
+/// `/dev/fuse` descriptor. The kernel lets root alone into
 /// the mount (`user_id=0`, no `allow_other`), so fuser's own check, which would
 /// let only the worker's user in, is off. One descriptor for every thread: a
 /// clone of it (`clone_fd`) would open `/dev/fuse`, root's alone.
@@ -318,24 +235,21 @@ fn serve_fuse_fd(
         })
 }
 
-/// The worker's part of setting the drive up (see `setup` for the whole): the
-/// root part claimed the record, mounted FUSE and opened the control socket
-/// before the worker existed.
-pub(super) fn setup_worker(m: &mut Mounted, fuse: OwnedFd) -> Result<FsOutcome, MountError> {
+/// Brings the drive up, one phase after another, on what the root part set up
+/// before the worker existed (the record, the FUSE mount, the control socket);
+/// each phase leaves its handle on `m` as soon as its effect is in place, so
+/// that a failure at any point leaves `m.teardown()` exactly what to undo.
+pub(super) fn setup(m: &mut Mounted, fuse: OwnedFd) -> Result<FsOutcome, MountError> {
     let drive = open_drive(m)?;
     let cache = start_cache(m, &drive)?;
     m.session = Some(serve_fuse_fd(m, &cache, fuse)?);
     if m.req.mode == Mode::Raw {
         return Ok(FsOutcome::default());
     }
-    let root = m.root.clone().expect("a split daemon's worker");
-    let dev = LoopDevice::at(root.attach_loop()?);
+    let dev = LoopDevice::at(m.root.attach_loop()?);
     info!("the root part attached {dev}");
-    // The root part keeps the backing file to compare against: it alone
-    // may read sysfs (see `Mounted::loop_still_attached`).
     m.loop_dev = Some(AttachedLoop {
         dev,
-        backing: None,
         autoclear: false,
     });
     if m.req.mode == Mode::Fs {
@@ -344,58 +258,33 @@ pub(super) fn setup_worker(m: &mut Mounted, fuse: OwnedFd) -> Result<FsOutcome, 
     Ok(FsOutcome::default())
 }
 
-/// Attaches a loop device over `disk`, set up for a disk across a network.
-fn attach_loop(m: &Mounted) -> Result<AttachedLoop, MountError> {
-    let dev = LoopDevice::attach_for_network(&m.fuse_dir.join("disk"), m.req.read_only)?;
-    Ok(AttachedLoop {
-        backing: dev.backing_file(),
-        dev,
-        autoclear: false,
-    })
-}
-
 /// What mounting the filesystem did besides mounting it.
 #[derive(Default)]
 pub(super) struct FsOutcome {
-    pub formatted: bool,
     pub warnings: Vec<String>,
     /// What was done that the user should hear of (a filesystem grown).
     pub notes: Vec<String>,
 }
 
-/// Mounts the filesystem on the loop device at the user's directory (making it
-/// first when asked and the device is blank, growing it when it is smaller
-/// than its disk), the device set to detach itself when that filesystem is
-/// unmounted (see `system::filesystem`): by the root part in a split daemon.
+/// Has the root part mount the filesystem on the loop device at the user's
+/// directory (making it first when asked and the device is blank, growing it
+/// when it is smaller than its disk), the device set to detach itself when
+/// that filesystem is unmounted (see `system::filesystem`).
 fn mount_filesystem(m: &mut Mounted) -> Result<FsOutcome, MountError> {
     let zeroed = m.cache.as_ref().is_some_and(|c| !c.holds_data());
-    let prepared = match &m.root {
-        Some(root) => root.prepare_fs(zeroed)?,
-        None => {
-            let dev = &m.loop_dev.as_ref().expect("attached").dev;
-            filesystem::prepare(dev, &m.req, zeroed)?
-        }
-    };
+    let prepared = m.root.prepare_fs(zeroed)?;
     let small = small_fs(m, &prepared.fstype);
-    let mounted = match &m.root {
-        Some(root) => root.mount_fs(small)?,
-        None => {
-            let dev = &m.loop_dev.as_ref().expect("attached").dev;
-            filesystem::mount(dev, &prepared.fstype, &m.req, small)?
-        }
-    };
+    let mounted = m.root.mount_fs(small)?;
     m.fs = Some(FsMount {
         fstype: prepared.fstype,
     });
     // From now on a plain `umount` of the filesystem detaches the loop device,
     // which the daemon takes as its cue to write back and stop (see
     // `Mounted::noticed_plain_umount`).
-    let attached = m.loop_dev.as_mut().expect("attached");
-    attached.autoclear = mounted.autoclear && (attached.backing.is_some() || m.root.is_some());
+    m.loop_dev.as_mut().expect("attached").autoclear = mounted.autoclear;
     let mut warnings = prepared.warnings;
     warnings.extend(mounted.warnings);
     Ok(FsOutcome {
-        formatted: prepared.formatted,
         warnings,
         notes: mounted.notes,
     })

@@ -4,16 +4,7 @@
 use tracing::{error, info};
 
 use super::Mounted;
-use crate::mount::rootpart::RootClient;
-use crate::mount::system;
 use crate::mount::MountError;
-
-/// A filesystem frozen for a snapshot: by this process (the descriptor it is
-/// thawed on), or by the root part of a split daemon.
-enum Frozen {
-    Here(std::fs::File),
-    ByRoot(RootClient),
-}
 
 impl Mounted {
     /// A snapshot whose content is what the filesystem had at one moment: freeze it
@@ -25,16 +16,12 @@ impl Mounted {
             ));
         }
         let mp = self.req.mountpoint.to_string_lossy().to_string();
-        let frozen = match (&self.loop_dev, &self.fs, &self.root) {
-            (Some(_), Some(_), Some(root)) => {
-                root.freeze()?;
-                Some(Frozen::ByRoot(root.clone()))
-            }
-            (Some(l), Some(_), None) => {
-                Some(Frozen::Here(system::freeze(&self.req.mountpoint, &l.dev)?))
-            }
-            _ => None,
-        };
+        // The root part freezes the filesystem (fs mode), and thaws it when
+        // the worker dies before it asks.
+        let frozen = self.loop_dev.is_some() && self.fs.is_some();
+        if frozen {
+            self.root.freeze()?;
+        }
         let result = (|| {
             if let Some(c) = &self.cache {
                 c.flush().map_err(|e| {
@@ -43,12 +30,8 @@ impl Mounted {
             }
             Ok::<String, MountError>(self.rt.block_on(self.blob.create_snapshot())?)
         })();
-        if let Some(f) = &frozen {
-            let thawed = match f {
-                Frozen::Here(f) => system::thaw(f),
-                Frozen::ByRoot(root) => root.thaw(),
-            };
-            if let Err(e) = thawed {
+        if frozen {
+            if let Err(e) = self.root.thaw() {
                 error!("could not thaw {mp}: {e}");
             }
         }

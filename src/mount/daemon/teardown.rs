@@ -7,13 +7,11 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use super::handles::AttachedLoop;
 use super::Mounted;
 use crate::device::cache::Cache;
 use crate::device::stack::Stack;
 use crate::device::DeviceError;
 use crate::mount::rootpart::Request;
-use crate::mount::system;
 use crate::mount::MountError;
 use crate::size::human as human_bytes;
 
@@ -69,19 +67,14 @@ impl Mounted {
             }
         }
         if let Some(l) = self.loop_dev.take() {
-            if let Err(e) = self.detach_loop(&l) {
+            if let Err(e) = self.root.detach_loop() {
                 warn!(
                     "cannot detach {} yet ({e}): it goes once its last user lets go",
                     l.dev
                 );
             }
         }
-        let detached = match &self.root {
-            Some(root) => root.umount_fuse(true),
-            None if system::is_mountpoint(&self.fuse_dir) => system::umount(&self.fuse_dir, true),
-            None => Ok(()),
-        };
-        if let Err(e) = detached {
+        if let Err(e) = self.root.umount_fuse(true) {
             warn!("cannot detach {}: {e}", self.fuse_dir.display());
         }
         // Nothing is left that could refuse: the rest of the usual way down.
@@ -111,7 +104,7 @@ impl Mounted {
         let Some(l) = self.loop_dev.as_ref().filter(|l| l.autoclear) else {
             return false;
         };
-        if self.fs.is_none() || self.loop_still_attached(l) {
+        if self.fs.is_none() || self.loop_still_attached() {
             return false;
         }
         info!(
@@ -119,43 +112,18 @@ impl Mounted {
             self.req.mountpoint.display(),
             l.dev
         );
-        if self.root.is_none() {
-            // (A split daemon's root part did this when it saw it let go.)
-            l.dev.released();
-        }
+        // (The root part put the device's settings back when it saw it let go,
+        // and takes libmount's entry out when the drive is down.)
         self.fs = None;
         self.loop_dev = None;
-        // An unmount that bypassed `umount.blobdrive` (`umount -i`, umount(2))
-        // leaves the entry behind.
-        self.forget_utab();
         true
     }
 
-    /// Whether the loop device `l` is still attached over `disk`: sysfs names
-    /// the backing file it named right after attaching (a split daemon's root
-    /// part looks, and its worker asks). Also when that cannot be told.
-    fn loop_still_attached(&self, l: &AttachedLoop) -> bool {
-        match &self.root {
-            Some(root) => root.loop_attached() != Some(false),
-            None => l.dev.backing_file() == l.backing,
-        }
-    }
-
-    /// Detaches the loop device `l` (the root part does, in a split daemon),
-    /// waiting until the kernel let go of `disk`.
-    fn detach_loop(&self, l: &AttachedLoop) -> Result<(), MountError> {
-        match &self.root {
-            Some(root) => root.detach_loop(),
-            None => l.dev.detach(),
-        }
-    }
-
-    /// Takes this mount's entry out of libmount's table once the mount at the
-    /// user's directory is gone.
-    fn forget_utab(&mut self) {
-        if let Some(entry) = self.utab.take() {
-            entry.remove();
-        }
+    /// Whether the loop device is still attached over `disk` (the root part
+    /// looks: sysfs names the backing file it named right after attaching).
+    /// Also when that cannot be told.
+    fn loop_still_attached(&self) -> bool {
+        self.root.loop_attached() != Some(false)
     }
 
     /// Whether a plain `umount` of the filesystem has begun: no mount of the
@@ -171,14 +139,10 @@ impl Mounted {
         if self.fs.is_none() || self.umount_begun {
             return false;
         }
-        let Some(l) = self.loop_dev.as_ref().filter(|l| l.autoclear) else {
+        if !self.loop_dev.as_ref().is_some_and(|l| l.autoclear) {
             return false;
-        };
-        let mounted = match &self.root {
-            Some(root) => root.loop_mounted(),
-            None => l.dev.is_mounted(),
-        };
-        if mounted != Some(false) {
+        }
+        if self.root.loop_mounted() != Some(false) {
             return false;
         }
         info!(
@@ -201,18 +165,14 @@ impl Mounted {
             info!("unmounted {}", self.req.mountpoint.display());
         }
         if let Some(l) = &self.loop_dev {
-            self.detach_loop(l)?;
+            self.root.detach_loop()?;
             info!("detached {}", l.dev);
             self.loop_dev = None;
         }
         // The kernel refuses to unmount FUSE while any handle on `disk` is open,
         // also one opened since the check above; after it, no write can come in.
         if let Some(s) = self.session.take() {
-            let unmounted = match &self.root {
-                Some(root) => root.umount_fuse(false),
-                None => system::umount(&self.fuse_dir, false),
-            };
-            if let Err(e) = unmounted {
+            if let Err(e) = self.root.umount_fuse(false) {
                 self.session = Some(s);
                 return Err(match e {
                     MountError::Busy(_) => self.disk_busy(),
@@ -258,19 +218,13 @@ impl Mounted {
                 info!("released the lease on {}", self.target);
             }
         }
-        self.forget_utab();
-        if let Some(dir) = self.made_dir.take() {
-            dir.remove();
-        }
-        if let Some(record) = self.record.take() {
-            record.release(&losses);
-        } else if let Some(root) = &self.root {
-            let finished = Request::Finished {
-                losses: losses.clone(),
-            };
-            if let Err(e) = root.done(&finished) {
-                error!("the root part could not release the mount's record: {e}");
-            }
+        // The root part releases the record (leaving what was lost for
+        // `blobdrive unmount`) and libmount's entry.
+        let finished = Request::Finished {
+            losses: losses.clone(),
+        };
+        if let Err(e) = self.root.done(&finished) {
+            error!("the root part could not release the mount's record: {e}");
         }
         Ok(losses)
     }
@@ -355,20 +309,14 @@ impl Mounted {
     }
 
     /// Unmounts the filesystem at the user's directory (lazily: even while
-    /// busy); the root part does, in a split daemon.
+    /// busy); the root part does.
     fn umount_fs_now(&self, lazy: bool) -> Result<(), MountError> {
-        match &self.root {
-            Some(root) => root.umount_fs(lazy),
-            None => system::umount(&self.req.mountpoint, lazy),
-        }
+        self.root.umount_fs(lazy)
     }
 
     fn disk_busy(&self) -> MountError {
         let disk = self.fuse_dir.join("disk");
-        let holders = match &self.root {
-            Some(root) => root.holders(),
-            None => system::holders(&disk),
-        };
+        let holders = self.root.holders();
         MountError::Busy(if holders.is_empty() {
             format!("{} (open)", disk.display())
         } else {

@@ -27,7 +27,6 @@ pub struct WorkerStart {
     pub fuse_dir: PathBuf,
     pub control: UnixListener,
     pub metrics: Option<TcpListener>,
-    pub record_id: String,
     /// The drive's directory in the `--disk-cache` directory, the worker's.
     pub disk_cache: Option<std::fs::File>,
 }
@@ -179,7 +178,6 @@ pub fn split(
             fuse_dir,
             control,
             metrics,
-            record_id: id,
             disk_cache,
         });
     }

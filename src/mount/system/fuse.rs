@@ -39,7 +39,7 @@ pub fn mount_fuse(at: &OwnedFd, source: &str, read_only: bool) -> Result<OwnedFd
     if read_only {
         flags |= libc::MS_RDONLY;
     }
-    super::fs::mount_on(source, at, "fuse", flags, &data)
+    super::fs::mount_on(source, at, "fuse.blobdrive", flags, &data)
         .map_err(|e| MountError::with_source("cannot mount FUSE", e))?;
     Ok(dev)
 }
