@@ -194,8 +194,18 @@ impl Walls {
         for program in &self.seccomp {
             seccompiler::apply_filter(program).map_err(|_| last_os("load the seccomp filter"))?;
         }
+        WALLED.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(landlock)
     }
+}
+
+/// Set once this process put its walls up.
+static WALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process is walled (a mount's worker): what would run a
+/// program, which the walls refuse, can say so instead of trying.
+pub fn walled() -> bool {
+    WALLED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// Drops the bounding set (while CAP_SETPCAP still allows it), ambient and

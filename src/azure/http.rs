@@ -16,11 +16,24 @@ use std::time::Duration;
 
 use url::Url;
 
-/// Whether the system trust store (or `SSL_CERT_FILE`/`SSL_CERT_DIR`) holds no
-/// certificate; checked once per process.
-fn system_store_empty() -> bool {
-    static EMPTY: OnceLock<bool> = OnceLock::new();
-    *EMPTY.get_or_init(|| rustls_native_certs::load_native_certs().certs.is_empty())
+/// The system trust store (or `SSL_CERT_FILE`/`SSL_CERT_DIR`), read once per
+/// process. A mount's root part reads it before its worker exists, so the
+/// worker, which may read neither a CA file only root can nor (Landlock) one
+/// outside the usual places, trusts what the operator's configuration names.
+fn system_roots() -> &'static [reqwest::Certificate] {
+    static ROOTS: OnceLock<Vec<reqwest::Certificate>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        rustls_native_certs::load_native_certs()
+            .certs
+            .iter()
+            .filter_map(|c| reqwest::Certificate::from_der(c.as_ref()).ok())
+            .collect()
+    })
+}
+
+/// Reads the trust store now (see [`system_roots`]).
+pub fn load_trust_store() {
+    let _ = system_roots();
 }
 
 /// A client builder with this crate's TLS roots, user agent and proxy rule.
@@ -33,10 +46,14 @@ pub fn client_builder(connect_timeout: Duration) -> reqwest::ClientBuilder {
         Some(proxy) => builder.proxy(proxy),
         None => builder,
     };
+    let roots = system_roots();
+    let builder = roots
+        .iter()
+        .fold(builder, |b, c| b.add_root_certificate(c.clone()));
     builder
         .use_rustls_tls()
-        .tls_built_in_native_certs(true)
-        .tls_built_in_webpki_certs(system_store_empty())
+        .tls_built_in_native_certs(false)
+        .tls_built_in_webpki_certs(roots.is_empty())
         .connect_timeout(connect_timeout)
         .pool_idle_timeout(Duration::from_secs(30))
         .tcp_nodelay(true)

@@ -60,11 +60,22 @@ impl Context {
     /// to Entra ID if it comes to that). A blob given as a URL names its own
     /// service; any other needs a configured account.
     pub fn account_for(&self, r: &BlobRef) -> Result<Account> {
-        let account = match (&self.account, r.has_own_endpoint()) {
+        self.sign_in(self.unsigned_account_for(r)?)
+    }
+
+    /// The account `r` lives in as configured, before signing in: which
+    /// service, not yet with what credential (see [`Context::sign_in`]).
+    pub fn unsigned_account_for(&self, r: &BlobRef) -> Result<Account> {
+        Ok(match (&self.account, r.has_own_endpoint()) {
             (Some(default), _) => r.account(default),
             (None, true) => r.account(&no_account()),
             (None, false) => bail!("{NOT_CONFIGURED}"),
-        };
+        })
+    }
+
+    /// Gives `account` the credential `--auth` asks for (signing in to Entra ID
+    /// if it comes to that), refused if it would travel in the clear.
+    pub fn sign_in(&self, account: Account) -> Result<Account> {
         let account = auth::apply(self.auth, account, &self.entra)?;
         check_transport(&account)?;
         Ok(account)

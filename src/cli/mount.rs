@@ -285,18 +285,24 @@ fn mount(
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.
         let blob = r.to_string();
-        daemon::run(req, ctx.account_for(&r)?, &mut |outcome| {
-            if let Ok(ready) = outcome {
-                // The daemon's own log (stderr here) already said the warnings.
-                let quiet = Ready {
-                    warnings: Vec::new(),
-                    ..ready.clone()
-                };
-                if say == Say::Mounted {
-                    print_ready(&quiet, &blob);
+        let sign_in = |a| ctx.sign_in(a).map_err(|e| super::error_text(&e));
+        daemon::run(
+            req,
+            ctx.unsigned_account_for(&r)?,
+            &sign_in,
+            &mut |outcome| {
+                if let Ok(ready) = outcome {
+                    // The daemon's own log (stderr here) already said the warnings.
+                    let quiet = Ready {
+                        warnings: Vec::new(),
+                        ..ready.clone()
+                    };
+                    if say == Say::Mounted {
+                        print_ready(&quiet, &blob);
+                    }
                 }
-            }
-        })?;
+            },
+        )?;
         return Ok(());
     }
     spawn_daemon(
@@ -476,11 +482,11 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
         drop(out);
         detach_stdout();
     };
-    // Signing in is the daemon's first step: its failure is reported like any
-    // other failed mount.
+    // The worker signs in behind its walls, its first step; a failure here or
+    // there is reported like any other failed mount.
     let account = match BlobRef::parse(&req.blob)
         .map_err(anyhow::Error::from)
-        .and_then(|r| ctx.account_for(&r))
+        .and_then(|r| ctx.unsigned_account_for(&r))
     {
         Ok(a) => a,
         Err(e) => {
@@ -488,7 +494,8 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
             return Err(e);
         }
     };
-    daemon::run(req, account, &mut report).map_err(Into::into)
+    let sign_in = |a| ctx.sign_in(a).map_err(|e| super::error_text(&e));
+    daemon::run(req, account, &sign_in, &mut report).map_err(Into::into)
 }
 
 fn detach_stdout() {

@@ -343,25 +343,39 @@ impl Mounted {
     }
 
     /// A `STATUS=` line for the service manager, which the root part, the
-    /// unit's main process, passes on (when there is one).
+    /// unit's main process, passes on, when a service manager listens.
     pub(super) fn tell_status(&self, line: &str) {
-        self.root.tell(&Request::Status { line: line.into() });
+        if under_service_manager() {
+            self.root
+                .tell_if_free(&Request::Status { line: line.into() });
+        }
     }
 
     fn notify_stopping(&self, status: &str) {
-        self.root.tell(&Request::Stopping {
-            line: status.into(),
-        });
+        if under_service_manager() {
+            self.root.tell(&Request::Stopping {
+                line: status.into(),
+            });
+        }
     }
 
     /// Progress lines of a teardown as `STATUS=` for the service manager.
     fn notify_sink(&self) -> Option<Sink> {
+        if !under_service_manager() {
+            return None;
+        }
         let root = self.root.clone();
         Some(Box::new(move |line| {
-            root.tell(&Request::Status { line: line.into() });
+            root.tell_if_free(&Request::Status { line: line.into() });
             true
         }))
     }
+}
+
+/// Whether a service manager listens for this mount's word (`NOTIFY_SOCKET`,
+/// which reaches only a `--foreground` daemon; the root part holds the socket).
+fn under_service_manager() -> bool {
+    std::env::var_os(crate::mount::notify::NOTIFY_SOCKET_ENV).is_some()
 }
 
 /// An `unmount` (e.g. `--discard-dirty`) sent while a teardown waited gets that

@@ -175,21 +175,29 @@ impl Mounted {
     }
 }
 
+/// Signs in: gives the account the credential it is used with (an Entra ID
+/// sign-in fetches a token), or says why it cannot.
+pub type SignIn<'a> = &'a dyn Fn(Account) -> Result<Account, String>;
+
 /// Runs a mount until it is unmounted: a root part, and a worker running as
 /// the request's user (`blobdrive` unless told otherwise) that does everything
-/// that talks to the storage service (see `mount::rootpart`). `ready` is called
-/// exactly once: with the mount's description when it is usable, or with the
-/// reason it failed (after everything was undone).
+/// that talks to the storage service (see `mount::rootpart`). `account` names
+/// the service; the worker signs in to it with `sign_in`, behind its walls (a
+/// token endpoint's answer is network bytes too, and a sign-in may start a
+/// thread, which the split must come before). `ready` is called exactly once:
+/// with the mount's description when it is usable, or with the reason it
+/// failed (after everything was undone).
 pub fn run(
     req: MountRequest,
     account: Account,
+    sign_in: SignIn,
     ready: &mut dyn FnMut(Result<&Ready, String>),
 ) -> Result<(), MountError> {
     limit_malloc_arenas();
     let user = req.run_as.as_deref().unwrap_or(WORKER_USER).to_string();
     match rootpart::split(&req, &account, &user, ready) {
         Split::Root(result) => result,
-        Split::Worker(start) => run_worker(req, account, start),
+        Split::Worker(start) => run_worker(req, account, sign_in, start),
     }
 }
 
@@ -201,7 +209,12 @@ pub const WORKER_USER: &str = "blobdrive";
 /// root part opened for it, serves it, and takes it down, asking the root part
 /// for everything that needs root. The mount's outcome goes to the root part,
 /// which tells `blobdrive mount` and the service manager.
-fn run_worker(req: MountRequest, account: Account, start: WorkerStart) -> Result<(), MountError> {
+fn run_worker(
+    req: MountRequest,
+    account: Account,
+    sign_in: SignIn,
+    start: WorkerStart,
+) -> Result<(), MountError> {
     let WorkerStart {
         client,
         fuse,
@@ -219,6 +232,10 @@ fn run_worker(req: MountRequest, account: Account, start: WorkerStart) -> Result
     let blob_ref = match BlobRef::parse(&req.blob) {
         Ok(b) => b,
         Err(e) => return Err(failed(&client, e.to_string())),
+    };
+    let account = match sign_in(account) {
+        Ok(a) => a,
+        Err(e) => return Err(failed(&client, e)),
     };
     let mut m = match Mounted::new(&req, &account, &blob_ref, fuse_dir, client.clone()) {
         Ok(m) => m,
@@ -244,6 +261,7 @@ fn run_worker(req: MountRequest, account: Account, start: WorkerStart) -> Result
         status: m.status_line(),
         warnings: said.warnings,
         notes: said.notes,
+        auth: Some(m.blob.service().account().credential.describe()),
     })?;
     serve(&mut m, control)
 }

@@ -33,6 +33,10 @@ pub enum Request {
         warnings: Vec<String>,
         #[serde(default)]
         notes: Vec<String>,
+        /// How the worker signed in (`Credential::describe`), for the record:
+        /// the root part named the account only.
+        #[serde(default)]
+        auth: Option<String>,
     },
     /// The mount failed (the worker undid what it did): tell `blobdrive mount`.
     Failed {
@@ -210,6 +214,13 @@ fn write_line<T: Serialize>(w: &mut impl Write, value: &T) -> Result<(), Channel
     Ok(())
 }
 
+/// Sends `req` on `conn` and reads its answer.
+fn exchange(conn: &mut BufReader<UnixStream>, req: &Request) -> Result<Answer, ChannelError> {
+    write_line(conn.get_mut(), req)?;
+    let line = read_line(conn)?.ok_or(ChannelError::Closed)?;
+    serde_json::from_str(&line).map_err(|e| ChannelError::Malformed(e.to_string()))
+}
+
 /// What the root part does for each request: [`answer_one`] reads, checks and
 /// answers; this carries out.
 pub trait Ops {
@@ -254,9 +265,22 @@ impl RootClient {
     /// Sends `req` and waits for its answer.
     pub fn call(&self, req: &Request) -> Result<Answer, ChannelError> {
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        write_line(conn.get_mut(), req)?;
-        let line = read_line(&mut *conn)?.ok_or(ChannelError::Closed)?;
-        serde_json::from_str(&line).map_err(|e| ChannelError::Malformed(e.to_string()))
+        exchange(&mut conn, req)
+    }
+
+    /// Tells the service manager something, unless another request is under
+    /// way (the root part may wait minutes in an unmount the worker asked
+    /// for): a status line is best effort and must not hold up its sender (an
+    /// unmount's progress lines to its client come from the same thread).
+    pub fn tell_if_free(&self, req: &Request) {
+        let mut conn = match self.conn.try_lock() {
+            Ok(c) => c,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        if let Err(e) = exchange(&mut conn, req) {
+            tracing::debug!("could not tell the root part {req:?}: {e}");
+        }
     }
 
     /// Sends `req`; `Ok` when it was done, the root part's reason otherwise.
@@ -473,6 +497,7 @@ mod tests {
                 status: "serving".into(),
                 warnings: vec!["w\nwith a newline".into()],
                 notes: Vec::new(),
+                auth: None,
             })
             .unwrap();
         assert_eq!(client.holders(), vec!["cat (pid 7)".to_string()]);
@@ -499,6 +524,7 @@ mod tests {
                 status: "serving".into(),
                 warnings: vec!["w\nwith a newline".into()],
                 notes: Vec::new(),
+                auth: None,
             }
         );
     }

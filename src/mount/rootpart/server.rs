@@ -322,9 +322,21 @@ impl Ops for RootPart {
                 status,
                 warnings,
                 notes,
+                auth,
             } => {
                 if self.has_said || self.said.is_some() {
                     return Answer::Refused("the mount's outcome was said already".into());
+                }
+                if let Some(auth) = auth {
+                    // Shown by `list`: the worker's words, bounded and plain.
+                    self.rec.auth = auth
+                        .chars()
+                        .filter(|c| c.is_ascii_alphanumeric() || " ()-_.".contains(*c))
+                        .take(100)
+                        .collect();
+                    if let Err(e) = record::save(&self.rec) {
+                        warn!("could not say how the mount signed in in its record: {e}");
+                    }
                 }
                 match utab::add(&self.req.mountpoint) {
                     Ok(()) => self.utab = true,

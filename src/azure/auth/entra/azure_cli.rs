@@ -52,6 +52,13 @@ impl AzureCli {
 
     async fn run(&self) -> Result<AccessToken, TokenError> {
         use std::sync::atomic::Ordering;
+        if crate::privsep::walled() {
+            // A mount's worker runs no program; running `az` as root for it
+            // would have root's process read the token service's answers.
+            return Err(TokenError::Unavailable(
+                "the Azure CLI is not used by a mount's daemon, whose network-facing part may run no program: sign the mount in another way (a service principal, managed identity or workload identity)".to_string(),
+            ));
+        }
         let probing = !self.answered.load(Ordering::SeqCst);
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args([
