@@ -4,7 +4,8 @@
 # 256 MiB, each an ext4 filesystem mounted as `blobdrive mount --mkfs ext4` (the
 # CSI node plugin runs the same command), a file written and synced on each, then
 # left alone: after SETTLE_S seconds the daemons' CPU time is taken over WINDOW_S
-# seconds, and each daemon's resident memory and threads at the end.
+# seconds, and each mount's resident memory and threads at the end (its root part
+# and its worker together).
 #
 #   sudo scripts/bench.sh --idle            # 20 volumes, 60 s window (release build)
 #   sudo scripts/bench.sh --idle --quick    # 3 volumes, 5 s window, debug build (CI)
@@ -76,8 +77,11 @@ for i in $(seq 1 "$VOLUMES"); do
     echo "volume $i" >"$WORK/mnt-$i/hello"
 done
 sync
+# Each mount is two processes, its root part and its worker: both are counted.
 PIDS=()
-for i in $(seq 1 "$VOLUMES"); do PIDS+=("$(daemon_pid "$WORK/mnt-$i")"); done
+for i in $(seq 1 "$VOLUMES"); do
+    PIDS+=("$(root_pid "$WORK/mnt-$i")" "$(daemon_pid "$WORK/mnt-$i")")
+done
 
 say "settling for $SETTLE_S s, then measuring $WINDOW_S s of idle"
 sleep "$SETTLE_S"
@@ -85,10 +89,18 @@ before="$(cpu_now "${PIDS[@]}")"
 sleep "$WINDOW_S"
 after="$(cpu_now "${PIDS[@]}")"
 
-# Each daemon's resident memory (MiB) and threads, at the end of the window.
+# Each mount's resident memory (MiB) and threads, its two processes together,
+# at the end of the window. The memory is their proportional share (Pss): the
+# worker is a fork of the root part, and the pages they still share (the
+# program's) would count twice as resident memory.
 per_daemon=""
-for p in "${PIDS[@]}"; do
-    per_daemon="$per_daemon $(awk '/VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$p/status"):$(ls "/proc/$p/task" | wc -l)"
+for ((k = 0; k < ${#PIDS[@]}; k += 2)); do
+    rss=0; threads=0
+    for p in "${PIDS[k]}" "${PIDS[k + 1]}"; do
+        rss="$(awk -v r="$rss" '/^Pss:/ {printf "%.1f", r + $2 / 1024}' "/proc/$p/smaps_rollup")"
+        threads=$((threads + $(ls "/proc/$p/task" | wc -l)))
+    done
+    per_daemon="$per_daemon $rss:$threads"
 done
 
 python3 - "$RESULT" "$VOLUMES" "$WINDOW_S" "$before" "$after" "$per_daemon" <<'PY'

@@ -155,8 +155,15 @@ cpu_per_gib() {
     python3 -c "import os; print(round(($2 - $1) / os.sysconf('SC_CLK_TCK') / ($3 / 1024), 3))"
 }
 
-daemon_pid() {
+# root_pid MOUNTPOINT: the mount's root part (the pid its record names).
+root_pid() {
     "$BD" list --json | python3 -c "import json,sys; print([m['pid'] for m in json.load(sys.stdin) if m['mountpoint']=='$1'][0])"
+}
+
+# daemon_pid MOUNTPOINT: the mount's worker, which does all its I/O (the root
+# part's only child): what the CPU and memory figures measure.
+daemon_pid() {
+    ps -o pid= --ppid "$(root_pid "$1")" | head -n 1 | tr -d ' '
 }
 
 # Each group of jobs, and each ceiling, starts on a freshly started emulator. A
