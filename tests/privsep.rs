@@ -3,8 +3,10 @@
 //! connection to the storage service runs as an unprivileged user with no
 //! capability, no_new_privs and a seccomp filter; no root process of the mount
 //! holds such a connection; the unprivileged one holds no loop device and no
-//! credentials file open. As root, against Azurite; the `blobdrive` user is
-//! created when missing.
+//! credentials file open. And from inside: the worker, asked on the control
+//! socket (`probe-walls`, a command of debug builds), is refused reading
+//! /etc/shadow, exec, mount, setuid(0) and unshare. As root, against Azurite;
+//! the `blobdrive` user is created when missing.
 
 mod common;
 
@@ -15,7 +17,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::bd::Harness;
-use common::mount::require_root;
+use common::mount::{require_root, Mp};
 use common::util::wait_for_exit;
 use common::Azurite;
 
@@ -526,4 +528,68 @@ fn when_an_fs_worker_dies_the_root_part_takes_the_filesystem_down() {
     assert!(text.contains("killed"), "{text}");
     BD.ok(&["lease", "break", &spec, "--yes"]);
     BD.assert_nothing_left(mp.path(), &spec);
+}
+
+/// The control socket of the mount at `mp`, as its record in the run
+/// directory names it.
+fn control_socket(mp: &Mp) -> std::path::PathBuf {
+    let mounts = BD.run_dir().join("mounts");
+    std::fs::read_dir(&mounts)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .find(|r| r["mountpoint"] == mp.s())
+        .and_then(|r| r["socket"].as_str().map(Into::into))
+        .unwrap_or_else(|| panic!("no record of {} in {}", mp.s(), mounts.display()))
+}
+
+/// The walls from inside, in raw and block mode: the worker, asked on the
+/// control socket, tries to read /etc/shadow, to run /bin/true, to mount a
+/// tmpfs (on a directory of this test's), to become root and to enter a new
+/// namespace; each is refused with the errno the walls give (EACCES for the
+/// file: not the worker's to read, and outside what Landlock allows; EPERM for
+/// the rest: seccomp, and no capability). The probe's own unit test shows that
+/// the same command says ALLOWED where nothing walls the process.
+#[test]
+fn the_worker_tried_from_inside_is_refused_secrets_exec_mount_and_root() {
+    require_root();
+    ensure_user();
+    let spec = BD.new_drive("privsep-probe", "16MiB");
+    let target = tempfile::tempdir().unwrap();
+    let cmd = format!("probe-walls {}", target.path().display());
+    let want = [
+        ("open /etc/shadow", libc::EACCES),
+        ("exec /bin/true", libc::EPERM),
+        ("mount tmpfs", libc::EPERM),
+        ("setuid 0", libc::EPERM),
+        ("unshare a UTS namespace", libc::EPERM),
+    ];
+    for mode in ["raw", "block"] {
+        let mp = BD.mp();
+        BD.mount(&spec, &mp, &["--mode", mode, "--run-as", USER]);
+        let socket = control_socket(&mp);
+        let answer =
+            blobdrive::mount::daemon::control(&socket, &cmd, Some(Duration::from_secs(30)))
+                .unwrap_or_else(|e| panic!("{mode}: {cmd}: {e}"));
+        let tries: serde_json::Value = serde_json::from_str(&answer)
+            .unwrap_or_else(|e| panic!("{mode}: {cmd} answered {answer:?}: {e}"));
+        assert_eq!(
+            tries.as_object().map(|o| o.len()),
+            Some(want.len()),
+            "{tries}"
+        );
+        for (what, errno) in want {
+            let said = tries[what].as_str().unwrap_or_default();
+            assert!(
+                said.starts_with("refused: ") && said.ends_with(&format!("(os error {errno})")),
+                "{mode} mode: {what}: {said:?}, expected refused with errno {errno} (all: {tries})"
+            );
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(target.path().to_str().unwrap()));
+        BD.unmount(&mp);
+        BD.assert_nothing_left(mp.path(), &spec);
+    }
 }

@@ -1,6 +1,8 @@
 //! The control socket: how `blobdrive unmount`, `stats` and `snapshot` talk to a
 //! running daemon. The daemon side (`serve`: one line in, progress lines and one
 //! answer line out) and the client side (`control`, `control_with_progress`).
+//! Debug builds also answer `probe-walls DIR`, the tests' look at the worker's
+//! walls from inside (see [`probe`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -21,6 +23,9 @@ use crate::device::stack::Stack;
 use crate::mount::rootpart::Request;
 use crate::mount::MountError;
 use crate::size::human as human_bytes;
+
+#[cfg(debug_assertions)]
+mod probe;
 
 enum Event {
     Control(String, Reply),
@@ -480,9 +485,9 @@ impl Discard {
     }
 }
 
-/// Reads one command line and answers it: `stats` here and now (also while the
-/// main thread is busy taking the drive down), the rest by handing it, with its
-/// connection, to the main thread.
+/// Reads one command line and answers it: `stats` (and in debug builds
+/// `probe-walls`) here and now (also while the main thread is busy taking the
+/// drive down), the rest by handing it, with its connection, to the main thread.
 fn handle_conn(
     conn: UnixStream,
     tx: &mpsc::Sender<Event>,
@@ -519,6 +524,13 @@ fn handle_conn(
     let cmd = line.trim();
     if let ("stats", Some(values)) = (cmd, stats) {
         return Reply(conn).send(&values().to_string());
+    }
+    #[cfg(debug_assertions)]
+    if let Some(dir) = cmd
+        .strip_prefix(probe::CMD)
+        .filter(|rest| rest.is_empty() || rest.starts_with(' '))
+    {
+        return Reply(conn).send(&probe::answer(dir.trim()));
     }
     if cmd == DISCARD_CMD {
         warn!("unmount --discard-dirty: data that cannot be written will be dropped");

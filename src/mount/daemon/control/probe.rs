@@ -1,0 +1,123 @@
+//! `probe-walls DIR`, a control command that debug builds alone have (the
+//! tests'; release builds and the Debian package do not): the process that
+//! serves the control socket, a mount's walled worker, tries what its walls
+//! ([`crate::privsep`]) must refuse, and answers one line of JSON saying of each
+//! try `refused: ERROR` or `ALLOWED`. The checks from outside (/proc status)
+//! show the walls are set; only a try from inside shows the kernel refuses
+//! (issue 42).
+//!
+//! Each try does no harm if it succeeds: the file is only opened, the program
+//! is /bin/true, the tmpfs mounted on the client's empty directory `DIR` is
+//! unmounted at once, setuid(0) changes nothing for root (and is asked for on
+//! one thread), and the new namespace is a thread's that ends right away.
+
+use std::ffi::CString;
+use std::io;
+
+/// The command's word; its argument is the directory to try a mount on.
+pub(super) const CMD: &str = "probe-walls";
+
+/// The answer line to `probe-walls DIR`.
+pub(super) fn answer(dir: &str) -> String {
+    if dir.is_empty() {
+        return format!("error {CMD} takes an empty directory to try a mount on");
+    }
+    let tries = [
+        (
+            "open /etc/shadow",
+            said(std::fs::File::open("/etc/shadow").map(drop)),
+        ),
+        // Inherited standard streams: opening /dev/null is refused too, and
+        // would hide whether the exec is.
+        (
+            "exec /bin/true",
+            said(std::process::Command::new("/bin/true").status().map(drop)),
+        ),
+        ("mount tmpfs", mount_tmpfs(dir)),
+        ("setuid 0", said(setuid_root())),
+        ("unshare a UTS namespace", unshare_uts()),
+    ];
+    let tries: serde_json::Map<_, _> = tries
+        .into_iter()
+        .map(|(what, said)| (what.to_string(), said.into()))
+        .collect();
+    serde_json::Value::Object(tries).to_string()
+}
+
+fn said(r: io::Result<()>) -> String {
+    match r {
+        Ok(()) => "ALLOWED".to_string(),
+        Err(e) => format!("refused: {e}"),
+    }
+}
+
+fn os_result(rc: libc::c_int) -> io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// setuid(2) to root on this thread alone (the C library's setuid has every
+/// thread of the process make the call).
+fn setuid_root() -> io::Result<()> {
+    // SAFETY: a system call with an integer argument.
+    let rc = unsafe { libc::syscall(libc::SYS_setuid, 0) };
+    os_result(rc as libc::c_int)
+}
+
+/// A small tmpfs on `dir`, unmounted at once if it was mounted.
+fn mount_tmpfs(dir: &str) -> String {
+    let Ok(target) = CString::new(dir) else {
+        return "refused: the directory has a NUL byte".to_string();
+    };
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY: valid C strings; the options are a C string too.
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            flags,
+            c"size=4k".as_ptr().cast(),
+        )
+    };
+    if let Err(e) = os_result(rc) {
+        return format!("refused: {e}");
+    }
+    // SAFETY: a valid C string.
+    match os_result(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }) {
+        Ok(()) => "ALLOWED (unmounted again)".to_string(),
+        Err(e) => format!("ALLOWED (and left mounted on {dir}: {e})"),
+    }
+}
+
+/// unshare(2) on a thread of its own, which ends with its namespace.
+fn unshare_uts() -> String {
+    // SAFETY: unshare with a flag; it affects only the calling thread.
+    std::thread::spawn(|| said(os_result(unsafe { libc::unshare(libc::CLONE_NEWUTS) })))
+        .join()
+        .unwrap_or_else(|_| "the thread that tried panicked".to_string())
+}
+
+/// In this test process (root, no walls) everything is allowed: the probe can
+/// tell an open wall from a closed one, and leaves nothing mounted.
+#[cfg(test)]
+#[test]
+fn for_root_without_walls_every_try_is_allowed_and_nothing_stays_mounted() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&answer(path)).unwrap();
+    let tries = v.as_object().unwrap();
+    assert_eq!(tries.len(), 5, "{v}");
+    for (what, said) in tries {
+        assert!(said.as_str().unwrap().starts_with("ALLOWED"), "{what}: {v}");
+    }
+    assert_eq!(v["mount tmpfs"], "ALLOWED (unmounted again)");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(path), "left mounted: {mounts}");
+    assert!(answer("").starts_with("error "));
+}
