@@ -509,16 +509,75 @@ fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
 }
 
 /// What the service manager heard, each message with whether the mountpoint had
-/// its filesystem at the moment it arrived.
-fn next_message(sock: &UnixDatagram, mnt: &Path, limit: Duration) -> Option<(String, bool)> {
+/// its filesystem at the moment it arrived. Every message must come from `main`,
+/// the process the service manager started: a unit's `NotifyAccess=main` takes
+/// no other's (the worker of a mount is a child of it). The sender is the
+/// kernel's word (`SCM_CREDENTIALS`, `SO_PASSCRED` set on `sock`).
+fn next_message(
+    sock: &UnixDatagram,
+    mnt: &Path,
+    limit: Duration,
+    main: u32,
+) -> Option<(String, bool)> {
+    use std::os::fd::AsRawFd;
     sock.set_read_timeout(Some(limit)).unwrap();
     let mut buf = [0u8; 4096];
-    let n = sock.recv(&mut buf).ok()?;
+    let mut control = [0u8; 64];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain old data; the pointers set below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control.len();
+    // SAFETY: a valid socket and a msghdr whose buffers are ours.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return None;
+    }
+    let mut sender = None;
+    // SAFETY: the kernel filled `control` with `msg_controllen` bytes of cmsgs.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
+                let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                sender = Some(cred.pid as u32);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    let text = String::from_utf8_lossy(&buf[..n as usize]).to_string();
+    assert_eq!(
+        sender,
+        Some(main),
+        "{text:?} came from pid {sender:?}, not the unit's main process {main}"
+    );
     let mounted = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
         .any(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap()) && l.contains(" - ext4 "));
-    Some((String::from_utf8_lossy(&buf[..n]).to_string(), mounted))
+    Some((text, mounted))
+}
+
+/// Has `sock` receive each sender's credentials with its messages.
+fn pass_credentials(sock: &UnixDatagram) {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt with a pointer to an int of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_PASSCRED: {}", std::io::Error::last_os_error());
 }
 
 #[test]
@@ -529,6 +588,7 @@ fn foreground_mount_tells_systemd_ready_status_stopping_and_sigterm_keeps_everyt
     let mnt = s.mnt();
     let sock_path = s.path("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
+    pass_credentials(&sock);
     let mut child = Command::new(bin())
         .args([
             "mount",
@@ -554,7 +614,7 @@ fn foreground_mount_tells_systemd_ready_status_stopping_and_sigterm_keeps_everyt
             .status();
         let _ = child.wait();
     };
-    let Some((first, mounted)) = next_message(&sock, &mnt, Duration::from_secs(60)) else {
+    let Some((first, mounted)) = next_message(&sock, &mnt, Duration::from_secs(60), pid) else {
         stop(&mut child);
         panic!("no READY=1 within 60 s");
     };
@@ -585,7 +645,7 @@ fn foreground_mount_tells_systemd_ready_status_stopping_and_sigterm_keeps_everyt
     let deadline = Instant::now() + Duration::from_secs(12);
     let mut status = None;
     while Instant::now() < deadline {
-        match next_message(&sock, &mnt, Duration::from_secs(1)) {
+        match next_message(&sock, &mnt, Duration::from_secs(1), pid) {
             Some((m, _)) if m.starts_with("STATUS=") => {
                 status = Some(m);
                 break;
@@ -604,7 +664,7 @@ fn foreground_mount_tells_systemd_ready_status_stopping_and_sigterm_keeps_everyt
     );
     // SIGTERM: STOPPING=1 first, then a clean exit with everything kept.
     sh_ok(&format!("kill -TERM {pid}"));
-    let Some((stopping, _)) = next_message(&sock, &mnt, Duration::from_secs(10)) else {
+    let Some((stopping, _)) = next_message(&sock, &mnt, Duration::from_secs(10), pid) else {
         stop(&mut child);
         panic!("no STOPPING=1 after SIGTERM");
     };
