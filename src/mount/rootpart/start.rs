@@ -235,8 +235,10 @@ fn prepare(
         .map_err(|e| MountError::system(format!("{e} at {}", root.fuse_dir.display())))?;
     root.fuse_mounted = true;
     let control = record::listen(rec)?;
-    // The CA certificates the worker will trust, read while root may.
+    // The CA certificates the worker will trust, and a service principal's
+    // certificate it will sign in with, read while root may.
     crate::azure::http::load_trust_store();
+    crate::azure::auth::entra::assertion::read_certificate_early();
     let mut allowed = Allowed::network_client();
     // The worker's own process figures (`/proc/self`), for its metrics.
     allowed.read_only.push(PathBuf::from("/proc"));

@@ -24,6 +24,52 @@ use sha2::Sha256;
 
 use super::jwt::b64url;
 
+/// The largest client certificate file read (a certificate chain and its key
+/// are a few KiB).
+const CERTIFICATE_FILE_MAX: u64 = 1 << 20;
+
+/// The client certificate file as read before this process was walled: a
+/// mount's root part reads it while it may (the file is root's, 0600, and
+/// Landlock keeps the worker out of its directory), and the worker, signing in
+/// after, uses these bytes.
+static READ_EARLY: std::sync::OnceLock<(PathBuf, std::io::Result<Vec<u8>>)> =
+    std::sync::OnceLock::new();
+
+/// Reads the file `AZURE_CLIENT_CERTIFICATE_PATH` names now, for a sign-in
+/// later in a process that may no longer open it (see [`READ_EARLY`]).
+pub fn read_certificate_early() {
+    if let Some(path) = std::env::var_os("AZURE_CLIENT_CERTIFICATE_PATH") {
+        let path = PathBuf::from(path);
+        let bytes = read_bounded(&path);
+        let _ = READ_EARLY.set((path, bytes));
+    }
+}
+
+/// The bytes of the certificate file at `path`: as read early, if it was.
+fn certificate_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
+    match READ_EARLY.get() {
+        Some((p, Ok(bytes))) if p == path => Ok(bytes.clone()),
+        Some((p, Err(e))) if p == path => Err(std::io::Error::new(e.kind(), e.to_string())),
+        _ => read_bounded(path),
+    }
+}
+
+/// Reads at most [`CERTIFICATE_FILE_MAX`] bytes of `path`.
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(CERTIFICATE_FILE_MAX + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > CERTIFICATE_FILE_MAX {
+        return Err(std::io::Error::other(format!(
+            "larger than {} KiB",
+            CERTIFICATE_FILE_MAX >> 10
+        )));
+    }
+    Ok(bytes)
+}
+
 /// A certificate and its key, ready to sign assertions. `Debug` shows only the
 /// file and the thumbprint.
 pub struct CertificateKey {
@@ -83,7 +129,7 @@ impl CertificateKey {
         } else {
             ""
         };
-        let bytes = std::fs::read(path).map_err(|e| {
+        let bytes = certificate_bytes(path).map_err(|e| {
             format!("cannot read the client certificate AZURE_CLIENT_CERTIFICATE_PATH={shown}: {e}")
         })?;
         let text = String::from_utf8_lossy(&bytes);
