@@ -6,7 +6,8 @@
 //! credentials file open. And from inside: the worker, asked on the control
 //! socket (`probe-walls`, a command of debug builds), is refused reading
 //! /etc/shadow, exec, mount, setuid(0) and unshare. As root, against Azurite;
-//! the `blobdrive` user is created when missing.
+//! the `blobdrive` user is created when missing
+//! (`common::user`).
 
 mod common;
 
@@ -18,37 +19,11 @@ use std::time::Duration;
 
 use common::bd::Harness;
 use common::mount::{require_root, Mp};
+use common::user::USER;
 use common::util::wait_for_exit;
 use common::Azurite;
 
 const BD: Harness = Harness::new("privsep-run").env(&[("BLOBDRIVE_RETRY_BUDGET_SECS", "10")]);
-
-/// The user the tests' workers run as.
-const USER: &str = "blobdrive";
-
-/// Creates the worker's user when this host has none, as scripts/install.sh does.
-fn ensure_user() {
-    let known = Command::new("id").arg(USER).output().unwrap();
-    if known.status.success() {
-        return;
-    }
-    let made = Command::new("useradd")
-        .args([
-            "--system",
-            "--no-create-home",
-            "--shell",
-            "/usr/sbin/nologin",
-            USER,
-        ])
-        .output()
-        .unwrap();
-    // Another test binary may have made it meanwhile (status 9: exists).
-    assert!(
-        made.status.success() || made.status.code() == Some(9),
-        "useradd {USER}: {}",
-        String::from_utf8_lossy(&made.stderr)
-    );
-}
 
 /// The processes of a mount: its daemon (the record's pid) and its children.
 fn mount_processes(daemon: u64) -> Vec<u64> {
@@ -210,7 +185,6 @@ fn assert_split_from_outside(daemon: u64) -> Vec<u64> {
 #[test]
 fn a_split_raw_mount_reads_the_network_only_behind_the_walls() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-raw", "64MiB");
     let mp = BD.mp();
     BD.mount(&spec, &mp, &["--mode", "raw", "--run-as", USER]);
@@ -280,7 +254,6 @@ fn a_missing_user_fails_the_mount_in_one_line_saying_how_to_create_it() {
 #[test]
 fn when_the_worker_dies_the_root_part_takes_the_mount_down_and_says_so() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-die", "16MiB");
     let mp = BD.mp();
     BD.mount(&spec, &mp, &["--mode", "raw", "--run-as", USER]);
@@ -352,7 +325,6 @@ fn open_direct(dev: &str) -> std::fs::File {
 #[test]
 fn a_split_block_mount_reads_the_network_only_behind_the_walls() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-block", "64MiB");
     let mp = BD.mp();
     let dev = BD
@@ -401,7 +373,6 @@ fn a_split_block_mount_reads_the_network_only_behind_the_walls() {
 #[test]
 fn when_a_block_worker_dies_the_root_part_detaches_its_loop_device() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-block-die", "16MiB");
     let mp = BD.mp();
     let dev = BD
@@ -435,7 +406,6 @@ fn when_a_block_worker_dies_the_root_part_detaches_its_loop_device() {
 #[test]
 fn a_split_fs_mount_with_a_disk_cache_keeps_its_cache_the_workers_and_warm() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-fs", "128MiB");
     let cache = tempfile::tempdir().unwrap();
     let cache_dir = cache.path().to_str().unwrap().to_string();
@@ -491,7 +461,6 @@ fn a_split_fs_mount_with_a_disk_cache_keeps_its_cache_the_workers_and_warm() {
 #[test]
 fn when_an_fs_worker_dies_the_root_part_takes_the_filesystem_down() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-fs-die", "64MiB");
     let mp = BD.mp();
     BD.mount(&spec, &mp, &["--mkfs", "ext4", "--run-as", USER]);
@@ -555,7 +524,6 @@ fn control_socket(mp: &Mp) -> std::path::PathBuf {
 #[test]
 fn the_worker_tried_from_inside_is_refused_secrets_exec_mount_and_root() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-probe", "16MiB");
     let target = tempfile::tempdir().unwrap();
     let cmd = format!("probe-walls {}", target.path().display());
