@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context as _, Result};
+use blobdrive::azure::auth::entra::workload_identity::FederatedReader;
 use blobdrive::blobref::BlobRef;
 use blobdrive::mount::notify::NOTIFY_SOCKET_ENV;
 use blobdrive::mount::{credentials, daemon, record, system, Mode, MountRequest, Ready};
@@ -285,7 +286,10 @@ fn mount(
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.
         let blob = r.to_string();
-        let sign_in = |a| ctx.sign_in(a).map_err(|e| super::error_text(&e));
+        let sign_in = |a, read: &FederatedReader| {
+            ctx.sign_in(a, Some(read))
+                .map_err(|e| super::error_text(&e))
+        };
         daemon::run(
             req,
             ctx.unsigned_account_for(&r)?,
@@ -494,7 +498,10 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
             return Err(e);
         }
     };
-    let sign_in = |a| ctx.sign_in(a).map_err(|e| super::error_text(&e));
+    let sign_in = |a, read: &FederatedReader| {
+        ctx.sign_in(a, Some(read))
+            .map_err(|e| super::error_text(&e))
+    };
     daemon::run(req, account, &sign_in, &mut report).map_err(Into::into)
 }
 
