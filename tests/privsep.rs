@@ -231,6 +231,48 @@ fn a_split_raw_mount_reads_the_network_only_behind_the_walls() {
     BD.assert_nothing_left(mp2.path(), &spec);
 }
 
+/// fstab's `run-as=USER` picks the worker's user as `--run-as USER` does: the
+/// helper mount(8) runs, by that name, with no BLOBDRIVE_RUN_AS in its
+/// environment, and a user other than the default (`nobody`).
+#[test]
+fn an_fstab_line_s_run_as_picks_the_worker_s_user() {
+    require_root();
+    let other = "nobody";
+    let id = Command::new("id").args(["-u", other]).output().unwrap();
+    assert!(id.status.success(), "this test needs the user {other}");
+    let other_uid = String::from_utf8(id.stdout).unwrap().trim().to_string();
+    let spec = BD.new_drive("privsep-fstab", "16MiB");
+    let mp = BD.mp();
+    let helpers = tempfile::tempdir().unwrap();
+    let helper = helpers.path().join("mount.blobdrive");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_blobdrive"), &helper).unwrap();
+    let mut cmd = Command::new(&helper);
+    cmd.args([&spec, mp.s(), "-o", &format!("mode=raw,run-as={other}")])
+        .env("AZURE_STORAGE_CONNECTION_STRING", BD.cs())
+        .env("BLOBDRIVE_RUN_DIR", BD.run_dir())
+        .env_remove("BLOBDRIVE_RUN_AS");
+    common::bd::Bd::from(cmd).ok();
+    let daemon = mp.pid();
+    // Written through the worker, so that it holds a connection to the service.
+    let disk = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mp.disk())
+        .unwrap();
+    disk.write_all_at(&[7u8; 4096], 1 << 20).unwrap();
+    disk.sync_all().unwrap();
+    drop(disk);
+    for worker in assert_split_from_outside(daemon) {
+        let uid = uid_of(worker);
+        assert!(
+            uid.split_whitespace().all(|u| u == other_uid),
+            "the worker {worker} runs as {uid}, not {other} ({other_uid})"
+        );
+    }
+    BD.unmount(&mp);
+    wait_for_exit(daemon, "the root part", Duration::from_secs(20));
+    BD.assert_nothing_left(mp.path(), &spec);
+}
+
 #[test]
 fn a_missing_user_fails_the_mount_in_one_line_saying_how_to_create_it() {
     require_root();

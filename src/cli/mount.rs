@@ -231,6 +231,10 @@ fn mount(
     say: Say,
 ) -> Result<()> {
     let r = BlobRef::parse(&args.blob)?;
+    if let Some(user) = &args.run_as {
+        blobdrive::privsep::check_user_name(user)
+            .map_err(|e| anyhow::anyhow!("--run-as (or BLOBDRIVE_RUN_AS, fstab run-as=): {e}"))?;
+    }
     let read_only = args.read_only || r.snapshot.is_some();
     if args.mkfs.is_some() && read_only {
         bail!("--mkfs needs a writable mount (not --read-only, not a snapshot)");
