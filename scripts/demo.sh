@@ -14,7 +14,8 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-say "installing system packages if missing"
+say "installing system packages and the user blobdrive if missing"
+# (blobdrive's mount daemon runs its network-facing part as that user.)
 scripts/install-deps.sh --demo
 
 say "installing test dependencies (Azurite from scripts/package-lock.json)"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages an entry point needs, when a command they provide is
-# missing (root; apt). Idempotent and silent when all is there.
+# missing (root; apt), and makes the system user blobdrive, which a mount daemon's
+# network-facing part runs as (issue 42), when there is none. Idempotent and silent
+# when all is there.
 #   scripts/install-deps.sh           what the tests need (scripts/test.sh, .ci/run)
 #   scripts/install-deps.sh --demo    what scripts/demo.sh needs (a subset)
 #   scripts/install-deps.sh --bench   what scripts/bench.sh needs: the demo's set plus
@@ -65,6 +67,17 @@ esac
 if [ "$list" = 1 ]; then
     printf '%s\n' "${pkg_of[@]}" | sort -u
     exit 0
+fi
+
+# Every set mounts drives (the demo, the tests, the benchmarks), and a mount
+# daemon's network-facing part runs as this user. As scripts/install.sh makes it.
+if ! id blobdrive >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "creating the system user blobdrive (a mount daemon's network-facing part runs as it)"
+        useradd --system --no-create-home --shell /usr/sbin/nologin blobdrive
+    else
+        echo "warning: no user blobdrive, and making it needs root: sudo useradd --system --no-create-home --shell /usr/sbin/nologin blobdrive" >&2
+    fi
 fi
 
 present() {

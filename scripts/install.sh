@@ -15,6 +15,10 @@
 #                                         /usr/local (systemd reads both, and
 #                                         /etc/systemd/system stays the admin's),
 #                                         else /etc/systemd/system
+#   the system user blobdrive             what a mount daemon's network-facing part
+#                                         runs as, made when missing (not for a
+#                                         staged install; --uninstall keeps it, as
+#                                         Debian keeps system users)
 #
 #   sudo scripts/install.sh [--prefix DIR] [--binary FILE] [--destdir DIR]
 #   sudo scripts/install.sh --uninstall [--prefix DIR] [--destdir DIR]
@@ -121,4 +125,10 @@ sed "s|@BINDIR@|$prefix/bin|g" systemd/blobdrive@.service >"$destdir$unit.tmp"
 chmod 644 "$destdir$unit.tmp"
 mv -f "$destdir$unit.tmp" "$destdir$unit"
 echo "installed $unit"
+# The user a mount daemon's network-facing part runs as (issue 42): on this
+# system only, never for a staged install (the package's postinst makes it).
+if [ -z "$destdir" ] && ! id blobdrive >/dev/null 2>&1; then
+    useradd --system --no-create-home --shell /usr/sbin/nologin blobdrive
+    echo "created the system user blobdrive"
+fi
 reload_systemd

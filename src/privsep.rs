@@ -43,6 +43,29 @@ use thiserror::Error;
 /// The user a worker runs as unless told otherwise.
 pub const DEFAULT_USER: &str = "blobdrive";
 
+/// The longest user name taken (`useradd`'s limit on Linux).
+pub const USER_NAME_MAX: usize = 32;
+
+/// Checks that `name` is a plain user name: a lowercase letter or `_`, then
+/// lowercase letters, digits, `_` and `-`, at most [`USER_NAME_MAX`]
+/// characters. Nothing else (a uid, a path, `root:root`, shell characters)
+/// names the user a worker runs as; the error says what does.
+pub fn check_user_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    let rest_ok =
+        chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if first_ok && rest_ok && name.len() <= USER_NAME_MAX {
+        return Ok(());
+    }
+    Err(format!(
+        "'{}' is not a user name: one starts with a lowercase letter or '_', goes on with lowercase letters, digits, '_' and '-', and has at most {USER_NAME_MAX} characters",
+        name.escape_default()
+    ))
+}
+
 /// Why the walls could not be built or put up.
 #[derive(Debug, Error)]
 pub enum WallError {

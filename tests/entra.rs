@@ -458,9 +458,19 @@ fn an_untrusted_certificate_fails_at_once_and_says_how_to_trust_a_ca() {
     );
 }
 
+/// Makes this process trust the test CA, before any HTTP client of it is
+/// built: the library reads the trust store once per process (a mount's root
+/// part reads it for its worker), so every test that signs in through the
+/// library itself calls this first, whichever of them runs first.
+fn trust_the_test_ca_in_process() {
+    static SET: std::sync::Once = std::sync::Once::new();
+    SET.call_once(|| std::env::set_var("SSL_CERT_FILE", &Pki::shared().ca));
+}
+
 /// The library directly: a rotated federated token file is read again at renewal.
 #[test]
 fn workload_identity_renewals_read_the_rotated_file() {
+    trust_the_test_ca_in_process();
     let tokens = TokenServer::start();
     tokens.set("lifetime", "12");
     let file = tokens.dir.path().join("federated-token");
@@ -473,7 +483,6 @@ fn workload_identity_renewals_read_the_rotated_file() {
         authority_host: get("AZURE_AUTHORITY_HOST"),
         ..EntraEnv::default()
     };
-    std::env::set_var("SSL_CERT_FILE", &Pki::shared().ca);
     let keeper = TokenKeeper::sign_in(env, None).unwrap();
     assert_eq!(keeper.kind(), SourceKind::WorkloadIdentity);
     let first = keeper.bearer().unwrap();
@@ -496,6 +505,7 @@ fn workload_identity_renewals_read_the_rotated_file() {
 /// token; a 403 for another reason does not.
 #[test]
 fn a_refused_token_is_renewed_once_and_the_request_retried() {
+    trust_the_test_ca_in_process();
     let tokens = TokenServer::start();
     let env = EntraEnv {
         imds_host: Some(tokens.imds()),

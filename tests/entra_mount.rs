@@ -294,3 +294,171 @@ fn a_mount_that_cannot_sign_in_fails_in_one_line_and_leaves_nothing() {
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+/// A projected service account token as kubelet lays it out in `dir`: the
+/// token in a directory of its own per version, `..data` a symlink to the
+/// current one, swapped by a rename, and `token` a symlink through `..data`.
+/// Version `n`'s file is root's alone (0600).
+fn project_token(dir: &Path, n: u32, token: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let version = format!("..2026_01_01_00_00_0{n}.000000000");
+    std::fs::create_dir(dir.join(&version)).unwrap();
+    let file = dir.join(&version).join("token");
+    std::fs::write(&file, token).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink(&version, dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    if !dir.join("token").exists() {
+        std::os::unix::fs::symlink("..data/token", dir.join("token")).unwrap();
+    }
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u64) -> Vec<u64> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                s[s.rfind(')').unwrap() + 2..].split(' ').nth(1) == Some(&pid.to_string())
+            })
+        })
+        .collect()
+}
+
+/// Workload identity in a split daemon (issue 42), as on an AKS node: the
+/// federated token file is kubelet's, in a directory only root may enter,
+/// rotated by swapping a symlink. The worker, running as an unprivileged user
+/// behind Landlock, can open neither it nor the directory, so the root part
+/// reads it for the sign-in and for every renewal; and the worker trusts the
+/// test CA that SSL_CERT_FILE names, for the token server and the storage
+/// endpoint alike.
+#[test]
+fn a_split_mount_renews_with_the_rotated_token_file_the_root_part_reads() {
+    use std::os::unix::fs::{FileExt, PermissionsExt};
+    require_root();
+    let tokens = TokenServer::start();
+    // Renewed at half its lifetime: every 6 s.
+    tokens.set("lifetime", "12");
+    let projected = tempfile::Builder::new()
+        .prefix("blobdrive-projected.")
+        .tempdir()
+        .unwrap();
+    let dir = projected.path();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let first = federated_token(1, 3600);
+    project_token(dir, 1, &first);
+    tokens.set("federated_expected", &first);
+    let token_file = dir.join("token");
+    let az = TlsAzurite::shared();
+    let mut env = trusting(kv(&[
+        ("AZURE_TENANT_ID", TENANT),
+        ("AZURE_CLIENT_ID", CLIENT_ID),
+        ("AZURE_FEDERATED_TOKEN_FILE", token_file.to_str().unwrap()),
+        ("AZURE_AUTHORITY_HOST", &tokens.authority()),
+    ]));
+    env.push(("AZURE_STORAGE_CONNECTION_STRING".into(), az.endpoint_only()));
+    let drive = format!("{}/a.vhd", unique_container("split-wi"));
+    let args = ["create", &drive, "--size", "16MiB", "--create-container"];
+    stdout_of_success(&args, blobdrive(&env, &args));
+    let mnt = tempfile::Builder::new()
+        .prefix("blobdrive-entra-mnt.")
+        .tempdir()
+        .unwrap();
+    let mp = mnt.path().to_str().unwrap().to_string();
+    let args = [
+        "mount",
+        &drive,
+        &mp,
+        "--mode",
+        "raw",
+        "--run-as",
+        common::user::USER,
+    ];
+    // No file there yet: the root part says so, in the mount's one line, and
+    // nothing is left.
+    let mut missing = env.clone();
+    missing.retain(|(k, _)| k != "AZURE_FEDERATED_TOKEN_FILE");
+    let nowhere = dir.join("not-yet");
+    missing.push((
+        "AZURE_FEDERATED_TOKEN_FILE".into(),
+        nowhere.to_str().unwrap().into(),
+    ));
+    let m = error_line(&args, blobdrive(&missing, &args));
+    assert!(
+        m.contains("through workload-identity failed: cannot read the federated token file")
+            && m.contains("the root part cannot read it: No such file"),
+        "{m}"
+    );
+    let list = json(&stdout_of_success(
+        &["list"],
+        blobdrive(&env, &["list", "--json"]),
+    ));
+    assert!(!list.to_string().contains(&mp), "{list}");
+    assert!(std::fs::read_dir(&mp).unwrap().next().is_none());
+    stdout_of_success(&args, blobdrive(&env, &args));
+    let m = Mounted {
+        env,
+        dir: mnt,
+        drive,
+        metrics_port: 0,
+    };
+    // Split: the record's pid is the root part, its child the worker, which
+    // is not root; the record names the source.
+    let list = json(&m.cli(&["list", "--json"]));
+    let ours = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["mountpoint"] == mp.as_str())
+        .cloned()
+        .expect("the mount is listed");
+    assert_eq!(ours["auth"], "Entra ID (workload-identity)", "{ours}");
+    let daemon = ours["pid"].as_u64().unwrap();
+    let workers = children_of(daemon);
+    assert_eq!(workers.len(), 1, "one worker: {workers:?}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", workers[0])).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(!uid.split_whitespace().skip(1).any(|u| u == "0"), "{uid}");
+    let write = |n: usize| {
+        let data: Vec<u8> = (0..64 << 10)
+            .map(|i| ((i * 31 + n * 7) % 253) as u8)
+            .collect();
+        let disk = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("{mp}/disk"))
+            .unwrap();
+        disk.write_all_at(&data, (n as u64) << 20).unwrap();
+        disk.sync_all().unwrap();
+    };
+    write(1);
+
+    // kubelet rotates the token; the token server takes only the new one now.
+    let issued = tokens.issued("federated");
+    let second = federated_token(2, 3600);
+    project_token(dir, 2, &second);
+    tokens.set("federated_expected", &second);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while tokens.issued("federated") == issued {
+        assert!(
+            Instant::now() < deadline,
+            "no renewal after the rotation: {:?}",
+            tokens.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Every token request was granted: the renewal sent the rotated token,
+    // never the old one again.
+    assert!(
+        tokens.log().iter().all(|e| e["status"] == 200),
+        "{:?}",
+        tokens.log()
+    );
+    write(2);
+    let s = m.stats();
+    assert!(s["last_error"].is_null(), "{s}");
+    m.unmount();
+    let list = json(&m.cli(&["list", "--json"]));
+    assert!(!list.to_string().contains(&mp), "{list}");
+}

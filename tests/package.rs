@@ -1,7 +1,8 @@
 //! The Debian package as an operator meets it: `scripts/package.sh` builds it
 //! from this test build's binary and lintian finds no error in it; `dpkg -i`
 //! installs it; the manual pages, the bash completion, the helpers, the unit and
-//! the system user are where they belong; an fstab line mounts a drive through
+//! the system user (made by the package: the test takes it out of the overlaid
+//! /etc first) are where they belong; an fstab line mounts a drive through
 //! the installed `mount.blobdrive` and a plain `umount` takes it down through
 //! `umount.blobdrive`; `dpkg -r` and `dpkg --purge` leave nothing of it.
 //!
@@ -135,6 +136,12 @@ fn session(deb: &Path, files: &Path, fstab: &Path, mnt: &Path) -> String {
     );
     format!(
         r#"
+# A machine without the user, so that it is the package that makes it (the
+# tests' own setup made it on this one).
+for f in /etc/passwd /etc/shadow /etc/group /etc/gshadow; do
+    if [ -e "$f" ]; then sed -i '/^blobdrive:/d' "$f"; fi
+done
+getent passwd blobdrive >/dev/null && echo USER-BEFORE
 dpkg -i '{deb}' >/dev/null
 echo "status=$(dpkg-query -W -f='${{Status}}' blobdrive)"
 echo "man=$(man -w blobdrive) $(man -w mount.blobdrive) $(man -w umount.blobdrive) $(man -w blobdrive-mount)"
@@ -142,6 +149,7 @@ echo "complete=$({complete} | tr '\n' ' ')"
 echo "helpers=$(readlink /sbin/mount.blobdrive) $(readlink /sbin/umount.blobdrive)"
 grep -q '^ExecStart=/usr/bin/blobdrive mount ' /usr/lib/systemd/system/blobdrive@.service && echo UNIT-OK
 getent passwd blobdrive >/dev/null && echo USER-MADE
+echo "user-shell=$(getent passwd blobdrive | cut -d: -f7)"
 echo "etc=$(stat -c '%a %U' /etc/blobdrive)"
 [ -s /usr/share/zsh/vendor-completions/_blobdrive ] && [ -s /usr/share/fish/vendor_completions.d/blobdrive.fish ] && echo ZSH-FISH-OK
 dpkg -L blobdrive > '{files}'
@@ -245,7 +253,11 @@ fn the_package_installs_mounts_from_fstab_unmounts_and_purges_to_nothing() {
     }
     // The daemon is the installed program, started by the installed helper.
     assert!(o.contains("exe=/usr/bin/blobdrive\n"), "{t}");
+    // The user a mount daemon's network-facing part runs as, made by the
+    // package on a machine without it, with no shell.
+    assert!(o.contains("user-shell=/usr/sbin/nologin\n"), "{t}");
     for bad in [
+        "USER-BEFORE",
         "REMOVED-WHILE-MOUNTED",
         "DAEMON-LEFT",
         "STILL-MOUNTED",

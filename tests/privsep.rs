@@ -6,7 +6,8 @@
 //! credentials file open. And from inside: the worker, asked on the control
 //! socket (`probe-walls`, a command of debug builds), is refused reading
 //! /etc/shadow, exec, mount, setuid(0) and unshare. As root, against Azurite;
-//! the `blobdrive` user is created when missing.
+//! the `blobdrive` user is created when missing
+//! (`common::user`).
 
 mod common;
 
@@ -18,37 +19,11 @@ use std::time::Duration;
 
 use common::bd::Harness;
 use common::mount::{require_root, Mp};
+use common::user::USER;
 use common::util::wait_for_exit;
 use common::Azurite;
 
 const BD: Harness = Harness::new("privsep-run").env(&[("BLOBDRIVE_RETRY_BUDGET_SECS", "10")]);
-
-/// The user the tests' workers run as.
-const USER: &str = "blobdrive";
-
-/// Creates the worker's user when this host has none, as scripts/install.sh does.
-fn ensure_user() {
-    let known = Command::new("id").arg(USER).output().unwrap();
-    if known.status.success() {
-        return;
-    }
-    let made = Command::new("useradd")
-        .args([
-            "--system",
-            "--no-create-home",
-            "--shell",
-            "/usr/sbin/nologin",
-            USER,
-        ])
-        .output()
-        .unwrap();
-    // Another test binary may have made it meanwhile (status 9: exists).
-    assert!(
-        made.status.success() || made.status.code() == Some(9),
-        "useradd {USER}: {}",
-        String::from_utf8_lossy(&made.stderr)
-    );
-}
 
 /// The processes of a mount: its daemon (the record's pid) and its children.
 fn mount_processes(daemon: u64) -> Vec<u64> {
@@ -210,7 +185,6 @@ fn assert_split_from_outside(daemon: u64) -> Vec<u64> {
 #[test]
 fn a_split_raw_mount_reads_the_network_only_behind_the_walls() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-raw", "64MiB");
     let mp = BD.mp();
     BD.mount(&spec, &mp, &["--mode", "raw", "--run-as", USER]);
@@ -257,6 +231,48 @@ fn a_split_raw_mount_reads_the_network_only_behind_the_walls() {
     BD.assert_nothing_left(mp2.path(), &spec);
 }
 
+/// fstab's `run-as=USER` picks the worker's user as `--run-as USER` does: the
+/// helper mount(8) runs, by that name, with no BLOBDRIVE_RUN_AS in its
+/// environment, and a user other than the default (`nobody`).
+#[test]
+fn an_fstab_line_s_run_as_picks_the_worker_s_user() {
+    require_root();
+    let other = "nobody";
+    let id = Command::new("id").args(["-u", other]).output().unwrap();
+    assert!(id.status.success(), "this test needs the user {other}");
+    let other_uid = String::from_utf8(id.stdout).unwrap().trim().to_string();
+    let spec = BD.new_drive("privsep-fstab", "16MiB");
+    let mp = BD.mp();
+    let helpers = tempfile::tempdir().unwrap();
+    let helper = helpers.path().join("mount.blobdrive");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_blobdrive"), &helper).unwrap();
+    let mut cmd = Command::new(&helper);
+    cmd.args([&spec, mp.s(), "-o", &format!("mode=raw,run-as={other}")])
+        .env("AZURE_STORAGE_CONNECTION_STRING", BD.cs())
+        .env("BLOBDRIVE_RUN_DIR", BD.run_dir())
+        .env_remove("BLOBDRIVE_RUN_AS");
+    common::bd::Bd::from(cmd).ok();
+    let daemon = mp.pid();
+    // Written through the worker, so that it holds a connection to the service.
+    let disk = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mp.disk())
+        .unwrap();
+    disk.write_all_at(&[7u8; 4096], 1 << 20).unwrap();
+    disk.sync_all().unwrap();
+    drop(disk);
+    for worker in assert_split_from_outside(daemon) {
+        let uid = uid_of(worker);
+        assert!(
+            uid.split_whitespace().all(|u| u == other_uid),
+            "the worker {worker} runs as {uid}, not {other} ({other_uid})"
+        );
+    }
+    BD.unmount(&mp);
+    wait_for_exit(daemon, "the root part", Duration::from_secs(20));
+    BD.assert_nothing_left(mp.path(), &spec);
+}
+
 #[test]
 fn a_missing_user_fails_the_mount_in_one_line_saying_how_to_create_it() {
     require_root();
@@ -280,7 +296,6 @@ fn a_missing_user_fails_the_mount_in_one_line_saying_how_to_create_it() {
 #[test]
 fn when_the_worker_dies_the_root_part_takes_the_mount_down_and_says_so() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-die", "16MiB");
     let mp = BD.mp();
     BD.mount(&spec, &mp, &["--mode", "raw", "--run-as", USER]);
@@ -352,7 +367,6 @@ fn open_direct(dev: &str) -> std::fs::File {
 #[test]
 fn a_split_block_mount_reads_the_network_only_behind_the_walls() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-block", "64MiB");
     let mp = BD.mp();
     let dev = BD
@@ -401,7 +415,6 @@ fn a_split_block_mount_reads_the_network_only_behind_the_walls() {
 #[test]
 fn when_a_block_worker_dies_the_root_part_detaches_its_loop_device() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-block-die", "16MiB");
     let mp = BD.mp();
     let dev = BD
@@ -435,7 +448,6 @@ fn when_a_block_worker_dies_the_root_part_detaches_its_loop_device() {
 #[test]
 fn a_split_fs_mount_with_a_disk_cache_keeps_its_cache_the_workers_and_warm() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-fs", "128MiB");
     let cache = tempfile::tempdir().unwrap();
     let cache_dir = cache.path().to_str().unwrap().to_string();
@@ -491,7 +503,6 @@ fn a_split_fs_mount_with_a_disk_cache_keeps_its_cache_the_workers_and_warm() {
 #[test]
 fn when_an_fs_worker_dies_the_root_part_takes_the_filesystem_down() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-fs-die", "64MiB");
     let mp = BD.mp();
     BD.mount(&spec, &mp, &["--mkfs", "ext4", "--run-as", USER]);
@@ -555,7 +566,6 @@ fn control_socket(mp: &Mp) -> std::path::PathBuf {
 #[test]
 fn the_worker_tried_from_inside_is_refused_secrets_exec_mount_and_root() {
     require_root();
-    ensure_user();
     let spec = BD.new_drive("privsep-probe", "16MiB");
     let target = tempfile::tempdir().unwrap();
     let cmd = format!("probe-walls {}", target.path().display());

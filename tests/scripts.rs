@@ -1,6 +1,7 @@
-//! The entry-point scripts: each installs what it needs and nothing more, and the
-//! demo says what it does. And the manual: a README of a page, every page of docs/
-//! reachable from its index, and no link into nothing.
+//! The entry-point scripts: each installs what it needs and nothing more, the
+//! user a mount daemon's worker runs as included, and the demo says what it does.
+//! And the manual: a README of a page, every page of docs/ reachable from its
+//! index, and no link into nothing.
 
 use std::process::Command;
 
@@ -178,6 +179,151 @@ fn install_script_stages_binary_helper_and_unit_and_uninstall_removes_them() {
         std::fs::read_to_string(format!("{d}/sbin/mount.blobdrive")).unwrap(),
         "someone else's"
     );
+}
+
+/// How the scripts and the CSI image make the worker's user (issue 42), when it
+/// is missing.
+const USERADD: &str = "useradd --system --no-create-home --shell /usr/sbin/nologin blobdrive";
+
+/// Every way blobdrive gets onto a machine makes the user a mount daemon's
+/// network-facing part runs as: scripts/install.sh (not for a staged install),
+/// scripts/install-deps.sh, which the demo, the tests and CI run, the Debian
+/// package's postinst, and the CSI driver's image. Each only when it is missing.
+#[test]
+fn every_way_to_install_makes_the_worker_s_user() {
+    for script in ["scripts/install.sh", "scripts/install-deps.sh"] {
+        let text = read(script);
+        let at = text
+            .find(&format!("\n        {USERADD}\n"))
+            .or_else(|| text.find(&format!("\n    {USERADD}\n")))
+            .unwrap_or_else(|| panic!("{script} does not run `{USERADD}`"));
+        let guard = text[..at].rfind("\nif ").expect("a guard");
+        assert!(
+            text[guard..at].contains("! id blobdrive >/dev/null 2>&1"),
+            "{script}: `{USERADD}` only when `id blobdrive` fails"
+        );
+    }
+    let install = read("scripts/install.sh");
+    assert!(install.contains("if [ -z \"$destdir\" ] && ! id blobdrive"));
+    // The runtime image, the last stage, makes it.
+    let dockerfile = read("deploy/kubernetes/Dockerfile");
+    let runtime = &dockerfile[dockerfile.rfind("\nFROM ").unwrap()..];
+    assert!(
+        runtime.contains(&format!(
+            "\nRUN id blobdrive >/dev/null 2>&1 || {USERADD}\n"
+        )),
+        "{runtime}"
+    );
+    // The package's postinst, with Debian's adduser (tests/package.rs checks it
+    // is made on a machine without it).
+    let postinst = read("scripts/debian/postinst");
+    let adduser = postinst
+        .find("adduser --system")
+        .expect("postinst runs adduser --system");
+    assert!(postinst[..adduser].contains("if ! getent passwd blobdrive"));
+    let call = &postinst[adduser..postinst[adduser..].find("\n    fi").unwrap() + adduser];
+    for part in [
+        "--no-create-home",
+        "--shell /usr/sbin/nologin",
+        " blobdrive",
+    ] {
+        assert!(call.contains(part), "{part}: {call}");
+    }
+}
+
+/// Runs `script` with bash in a private mount namespace where /usr, /etc and
+/// /var (and /sbin, where it is not a link into /usr) are overlays whose writes
+/// go to a tmpfs, systemd's run directory is hidden, and /etc's user database
+/// has no user blobdrive: whatever the script installs, that user included, is
+/// seen by it alone and is gone with the namespace.
+fn without_the_user(script: &str) -> std::process::Output {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test runs as root");
+    let scratch = tempfile::Builder::new()
+        .prefix("blobdrive-scripts.")
+        .tempdir()
+        .unwrap();
+    let prologue = format!(
+        r#"set -euo pipefail
+ov='{ov}'
+mount -t tmpfs -o mode=0700 blobdrive-scripts-test "$ov"
+dirs="usr etc var"
+[ -L /sbin ] || dirs="$dirs sbin"
+for d in $dirs; do
+    mkdir -p "$ov/$d.upper" "$ov/$d.work"
+    mount -t overlay overlay -o "lowerdir=/$d,upperdir=$ov/$d.upper,workdir=$ov/$d.work" "/$d"
+done
+[ -d /run/systemd ] && mount -t tmpfs tmpfs /run/systemd
+for f in /etc/passwd /etc/shadow /etc/group /etc/gshadow; do
+    if [ -e "$f" ]; then sed -i '/^blobdrive:/d' "$f"; fi
+done
+if id blobdrive >/dev/null 2>&1; then echo "the user is still there" >&2; exit 1; fi
+cd '{root}'
+"#,
+        ov = scratch.path().display(),
+        root = root(),
+    );
+    Command::new("unshare")
+        .args(["-m", "--propagation", "private", "bash", "-c"])
+        .arg(format!("{prologue}{script}"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run unshare")
+}
+
+/// What `getent passwd blobdrive` says of the user made, in `out`'s line
+/// `user=...`: a system user (uid below 1000) with no shell and no home made.
+fn assert_system_user_made(out: &std::process::Output) {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let all = format!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    let entry = text
+        .lines()
+        .find_map(|l| l.strip_prefix("user="))
+        .unwrap_or_else(|| panic!("no user made: {all}"));
+    let f: Vec<&str> = entry.split(':').collect();
+    assert_eq!(f.len(), 7, "{entry}");
+    assert_eq!(f[0], "blobdrive");
+    assert!(f[2].parse::<u32>().unwrap() < 1000, "a system uid: {entry}");
+    assert_eq!(f[6], "/usr/sbin/nologin", "{entry}");
+    assert!(!text.contains("HOME-MADE"), "{all}");
+}
+
+/// On a machine without the user, `scripts/install-deps.sh --demo` (what the
+/// demo runs; the tests' set and the benchmarks' make it the same way) and
+/// `scripts/install.sh` make it, once; a staged install does not.
+#[test]
+fn the_scripts_make_the_worker_s_user_when_it_is_missing() {
+    let report = r#"
+echo "user=$(getent passwd blobdrive)"
+home="$(getent passwd blobdrive | cut -d: -f6)"
+if [ -n "$home" ] && [ -e "$home" ]; then echo HOME-MADE; fi
+"#;
+    let deps = without_the_user(&format!(
+        "scripts/install-deps.sh --demo\n{report}\nscripts/install-deps.sh --demo\necho SECOND-RUN-DONE\n"
+    ));
+    assert_system_user_made(&deps);
+    let said = String::from_utf8_lossy(&deps.stdout);
+    assert_eq!(
+        said.matches("creating the system user blobdrive").count(),
+        1,
+        "{said}"
+    );
+    assert!(said.contains("SECOND-RUN-DONE"), "{said}");
+
+    let binary = env!("CARGO_BIN_EXE_blobdrive");
+    let install = without_the_user(&format!(
+        r#"stage="$(mktemp -d)"
+scripts/install.sh --destdir "$stage" --binary '{binary}' >/dev/null
+id blobdrive >/dev/null 2>&1 && echo STAGED-MADE-USER
+rm -rf "$stage"
+scripts/install.sh --binary '{binary}'
+{report}"#
+    ));
+    assert_system_user_made(&install);
+    let said = String::from_utf8_lossy(&install.stdout);
+    assert!(!said.contains("STAGED-MADE-USER"), "{said}");
+    assert!(said.contains("created the system user blobdrive"), "{said}");
 }
 
 /// The README stays a front page; every page of docs/ is linked from the index,

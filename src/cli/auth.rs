@@ -15,6 +15,7 @@ use anyhow::{bail, Result};
 use blobdrive::azure::auth::bearer::may_carry_token;
 use blobdrive::azure::auth::entra::chain::EntraEnv;
 use blobdrive::azure::auth::entra::keeper::TokenKeeper;
+use blobdrive::azure::auth::entra::workload_identity::FederatedReader;
 use blobdrive::azure::auth::entra::SourceKind;
 use blobdrive::azure::{Account, Credential};
 
@@ -74,17 +75,34 @@ pub struct EntraSession {
 }
 
 impl EntraSession {
-    fn keeper(&self, only: Option<SourceKind>) -> Result<Arc<TokenKeeper>> {
+    /// The keeper, signing in first if no blob of this process has yet;
+    /// `federated` reads workload identity's token file instead of this process.
+    fn keeper(
+        &self,
+        only: Option<SourceKind>,
+        federated: Option<&FederatedReader>,
+    ) -> Result<Arc<TokenKeeper>> {
         if let Some(k) = self.keeper.get() {
             return Ok(k.clone());
         }
-        let keeper = TokenKeeper::sign_in(EntraEnv::from_env(), only)?;
+        let env = EntraEnv {
+            federated_reader: federated.cloned(),
+            ..EntraEnv::from_env()
+        };
+        let keeper = TokenKeeper::sign_in(env, only)?;
         Ok(self.keeper.get_or_init(|| keeper).clone())
     }
 }
 
-/// `account` with the credential `choice` asks for.
-pub fn apply(choice: AuthChoice, mut account: Account, session: &EntraSession) -> Result<Account> {
+/// `account` with the credential `choice` asks for. `federated`, when given,
+/// reads workload identity's federated token file in this process's stead (a
+/// mount's walled worker asks its root part).
+pub fn apply(
+    choice: AuthChoice,
+    mut account: Account,
+    session: &EntraSession,
+    federated: Option<&FederatedReader>,
+) -> Result<Account> {
     let given = account.credential.clone();
     let entra = !matches!(
         (choice, &given),
@@ -105,9 +123,9 @@ pub fn apply(choice: AuthChoice, mut account: Account, session: &EntraSession) -
         (AuthChoice::Auto, c @ (Credential::SharedKey { .. } | Credential::Sas(_))) => c,
         (AuthChoice::Auto, Credential::Entra(k)) => Credential::Entra(k),
         (AuthChoice::Auto | AuthChoice::Entra, Credential::Anonymous) => {
-            Credential::Entra(session.keeper(None)?)
+            Credential::Entra(session.keeper(None, federated)?)
         }
-        (AuthChoice::Entra, _) => Credential::Entra(session.keeper(None)?),
+        (AuthChoice::Entra, _) => Credential::Entra(session.keeper(None, federated)?),
         (AuthChoice::Key, c @ Credential::SharedKey { .. }) => c,
         (AuthChoice::Key, _) => bail!(
             "--auth key needs an account key: give a connection string with AccountName and AccountKey"
@@ -117,7 +135,7 @@ pub fn apply(choice: AuthChoice, mut account: Account, session: &EntraSession) -
             "--auth sas needs a SAS: give the blob as an https://...?SAS URL or a connection string with SharedAccessSignature"
         ),
         (AuthChoice::Anonymous, _) => Credential::Anonymous,
-        (source, _) => Credential::Entra(session.keeper(source.only_source())?),
+        (source, _) => Credential::Entra(session.keeper(source.only_source(), federated)?),
     };
     Ok(account)
 }

@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context as _, Result};
 use blobdrive::azure::auth::bearer::may_carry_token;
+use blobdrive::azure::auth::entra::workload_identity::FederatedReader;
 use blobdrive::azure::{Account, BlobClient, BlobService, Credential};
 use blobdrive::blobref::BlobRef;
 use blobdrive::mount::IoSettings;
@@ -60,7 +61,7 @@ impl Context {
     /// to Entra ID if it comes to that). A blob given as a URL names its own
     /// service; any other needs a configured account.
     pub fn account_for(&self, r: &BlobRef) -> Result<Account> {
-        self.sign_in(self.unsigned_account_for(r)?)
+        self.sign_in(self.unsigned_account_for(r)?, None)
     }
 
     /// The account `r` lives in as configured, before signing in: which
@@ -75,8 +76,14 @@ impl Context {
 
     /// Gives `account` the credential `--auth` asks for (signing in to Entra ID
     /// if it comes to that), refused if it would travel in the clear.
-    pub fn sign_in(&self, account: Account) -> Result<Account> {
-        let account = auth::apply(self.auth, account, &self.entra)?;
+    /// `federated` reads workload identity's federated token file in this
+    /// process's stead (see `auth::apply`).
+    pub fn sign_in(
+        &self,
+        account: Account,
+        federated: Option<&FederatedReader>,
+    ) -> Result<Account> {
+        let account = auth::apply(self.auth, account, &self.entra, federated)?;
         check_transport(&account)?;
         Ok(account)
     }
@@ -87,7 +94,7 @@ impl Context {
         let Some(account) = self.account.clone() else {
             bail!("{NOT_CONFIGURED}");
         };
-        let account = auth::apply(self.auth, account, &self.entra)?;
+        let account = auth::apply(self.auth, account, &self.entra, None)?;
         check_transport(&account)?;
         Ok(BlobService::with_policy(account, self.io.retry.clone()))
     }

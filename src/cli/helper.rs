@@ -40,6 +40,8 @@ OPTIONS (comma-separated):
   metrics=HOST:PORT       serve Prometheus metrics at http://HOST:PORT/metrics
   disk-cache=DIR          keep a cache that survives remounts in DIR (root's, on a
                           local disk); disk-cache-size=SIZE bounds it
+  run-as=USER             run the daemon's network-facing part as USER, walled off
+                          from the host (default: BLOBDRIVE_RUN_AS, else blobdrive)
   credentials=FILE        KEY=VALUE lines for the daemon's environment, e.g.
                           AZURE_STORAGE_CONNECTION_STRING=... or the Entra ID variables;
                           root's, mode 600 or stricter (secrets stay out of argv and
@@ -111,11 +113,12 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
         metrics: o.metrics,
         disk_cache: o.disk_cache,
         disk_cache_size: o.disk_cache_size,
-        // No fstab option for it yet (issue 42): the environment's, as for
-        // `blobdrive mount`.
-        run_as: std::env::var("BLOBDRIVE_RUN_AS")
-            .ok()
-            .filter(|u| !u.is_empty()),
+        // fstab's run-as=, else the environment's, as for `blobdrive mount`.
+        run_as: o.run_as.or_else(|| {
+            std::env::var("BLOBDRIVE_RUN_AS")
+                .ok()
+                .filter(|u| !u.is_empty())
+        }),
     };
     let connection_string = std::env::var("AZURE_STORAGE_CONNECTION_STRING").ok();
     let say = if inv.verbose {

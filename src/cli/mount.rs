@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context as _, Result};
+use blobdrive::azure::auth::entra::workload_identity::FederatedReader;
 use blobdrive::blobref::BlobRef;
 use blobdrive::mount::notify::NOTIFY_SOCKET_ENV;
 use blobdrive::mount::{credentials, daemon, record, system, Mode, MountRequest, Ready};
@@ -230,6 +231,10 @@ fn mount(
     say: Say,
 ) -> Result<()> {
     let r = BlobRef::parse(&args.blob)?;
+    if let Some(user) = &args.run_as {
+        blobdrive::privsep::check_user_name(user)
+            .map_err(|e| anyhow::anyhow!("--run-as (or BLOBDRIVE_RUN_AS, fstab run-as=): {e}"))?;
+    }
     let read_only = args.read_only || r.snapshot.is_some();
     if args.mkfs.is_some() && read_only {
         bail!("--mkfs needs a writable mount (not --read-only, not a snapshot)");
@@ -285,7 +290,10 @@ fn mount(
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.
         let blob = r.to_string();
-        let sign_in = |a| ctx.sign_in(a).map_err(|e| super::error_text(&e));
+        let sign_in = |a, read: &FederatedReader| {
+            ctx.sign_in(a, Some(read))
+                .map_err(|e| super::error_text(&e))
+        };
         daemon::run(
             req,
             ctx.unsigned_account_for(&r)?,
@@ -494,7 +502,10 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
             return Err(e);
         }
     };
-    let sign_in = |a| ctx.sign_in(a).map_err(|e| super::error_text(&e));
+    let sign_in = |a, read: &FederatedReader| {
+        ctx.sign_in(a, Some(read))
+            .map_err(|e| super::error_text(&e))
+    };
     daemon::run(req, account, &sign_in, &mut report).map_err(Into::into)
 }
 

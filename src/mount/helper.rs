@@ -55,6 +55,7 @@ const VALUED: &[&str] = &[
     "disk-cache",
     "disk-cache-size",
     "metrics",
+    "run-as",
     "comment",
 ];
 const ALONE: &[&str] = &["ro", "rw"];
@@ -104,6 +105,9 @@ pub struct Options {
     pub disk_cache: Option<PathBuf>,
     /// As written (already checked to parse), for `--disk-cache-size`.
     pub disk_cache_size: Option<String>,
+    /// `run-as=USER` (a plain user name, checked), for `--run-as`: the user
+    /// the daemon's network-facing part runs as (issue 42).
+    pub run_as: Option<String>,
 }
 
 impl Default for Options {
@@ -118,6 +122,7 @@ impl Default for Options {
             metrics: None,
             disk_cache: None,
             disk_cache_size: None,
+            run_as: None,
         }
     }
 }
@@ -191,7 +196,7 @@ where
 
 fn unknown_option(opt: &str) -> UsageError {
     UsageError(format!(
-        "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, disk-cache=DIR, disk-cache-size=SIZE, credentials=FILE, metrics=HOST:PORT, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
+        "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, disk-cache=DIR, disk-cache-size=SIZE, credentials=FILE, metrics=HOST:PORT, run-as=USER, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
     ))
 }
 
@@ -266,6 +271,12 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
                     .map_err(|e| UsageError(format!("option metrics={v}: {e}")))?;
                 o.metrics = Some(v.to_string());
             }
+            "run-as" => {
+                let v = need("USER")?;
+                crate::privsep::check_user_name(v)
+                    .map_err(|e| UsageError(format!("option run-as: {e}")))?;
+                o.run_as = Some(v.to_string());
+            }
             "user" | "users" | "owner" | "group" => {
                 return Err(UsageError(format!(
                     "option {name}: blobdrive drives are mounted by root only (the mount needs FUSE, a loop device and a lease); remove {name}"
@@ -312,7 +323,7 @@ mod tests {
             "/data",
             "-v",
             "-o",
-            "rw,credentials=/etc/blobdrive/acct.env,_netdev,nofail,mode=fs,mkfs=ext4,cache-size=64MiB,nosuid,nodev,metrics=127.0.0.1:9101,disk-cache=/var/cache/blobdrive,disk-cache-size=20GiB",
+            "rw,credentials=/etc/blobdrive/acct.env,_netdev,nofail,mode=fs,mkfs=ext4,cache-size=64MiB,nosuid,nodev,metrics=127.0.0.1:9101,disk-cache=/var/cache/blobdrive,disk-cache-size=20GiB,run-as=bd-worker",
         ])
         .unwrap();
         assert_eq!(i.spec, "disks/data.vhd");
@@ -330,6 +341,7 @@ mod tests {
                 metrics: Some("127.0.0.1:9101".into()),
                 disk_cache: Some("/var/cache/blobdrive".into()),
                 disk_cache_size: Some("20GiB".into()),
+                run_as: Some("bd-worker".into()),
             }
         );
         // Flags together, options attached, a subtype, several -o.
@@ -391,6 +403,29 @@ mod tests {
         assert!(e.contains("mode=block"), "{e}");
         // `ro=1` is not `ro`.
         assert!(parse_options("ro=1", false).is_err());
+        // run-as names a user plainly: not a uid, a path, a group, or shell.
+        for bad in [
+            "run-as=0",
+            "run-as=root:root",
+            "run-as=../x",
+            "run-as=Admin",
+            "run-as=a;b",
+        ] {
+            let e = parse_options(bad, false).unwrap_err().0;
+            assert!(e.starts_with("option run-as: '"), "{bad}: {e}");
+            assert!(e.contains("is not a user name"), "{e}");
+        }
+        let e = parse_options("run-as=", false).unwrap_err().0;
+        assert!(e.contains("run-as=USER"), "{e}");
+        let long = format!("run-as={}", "a".repeat(33));
+        assert!(parse_options(&long, false).is_err());
+        assert_eq!(
+            parse_options("mode=raw,run-as=_bd", false)
+                .unwrap()
+                .run_as
+                .as_deref(),
+            Some("_bd")
+        );
     }
 
     /// Every name in the list is one the parser handles (none falls through to

@@ -24,6 +24,37 @@ fn a_missing_user_or_root_is_refused_in_one_line_that_says_what_to_do() {
 }
 
 #[test]
+fn only_plain_user_names_are_taken() {
+    for ok in [
+        "blobdrive",
+        "_bd",
+        "bd-worker_2",
+        "a",
+        &"a".repeat(USER_NAME_MAX),
+    ] {
+        assert_eq!(check_user_name(ok), Ok(()), "{ok}");
+    }
+    for bad in [
+        "",
+        "Blobdrive",
+        "1000",
+        "-bd",
+        "bd.worker",
+        "root:root",
+        "bd$",
+        "../etc",
+        "bd worker",
+        "bd\u{1b}[2J",
+        "blöbdrive",
+        &"a".repeat(USER_NAME_MAX + 1),
+    ] {
+        let e = check_user_name(bad).unwrap_err();
+        assert!(e.contains("is not a user name"), "{bad:?}: {e}");
+        assert!(!e.contains('\u{1b}') && !e.contains('\n'), "{e}");
+    }
+}
+
+#[test]
 fn the_seccomp_programs_build_for_this_machine() {
     let programs = seccomp_programs().unwrap();
     assert_eq!(programs.len(), 2);

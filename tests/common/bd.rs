@@ -248,8 +248,13 @@ pub struct Bd {
 
 impl Bd {
     /// blobdrive with `args` and the test's own environment; [`Harness::cmd`]
-    /// gives it an account and a run directory.
+    /// gives it an account and a run directory. A `mount` run as root first
+    /// makes sure the worker's user exists ([`super::user::ensure_user`]): the
+    /// daemon it starts may split.
     pub fn new(args: &[&str]) -> Bd {
+        if args.first() == Some(&"mount") {
+            super::user::ensure_user();
+        }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
         cmd.args(args);
         Bd {

@@ -6,6 +6,7 @@ pub mod bd;
 pub mod entra;
 pub mod mount;
 pub mod sdk;
+pub mod user;
 pub mod util;
 
 #[allow(unused_imports)]

@@ -4,7 +4,8 @@
 use super::bd::Bd;
 use std::path::{Path, PathBuf};
 
-/// Mount tests need root (FUSE, loop devices, mount) and /dev/fuse.
+/// Mount tests need root (FUSE, loop devices, mount) and /dev/fuse, and the
+/// user a split daemon's worker runs as ([`super::user::ensure_user`]).
 pub fn require_root() {
     // SAFETY: geteuid cannot fail.
     assert_eq!(
@@ -16,6 +17,7 @@ pub fn require_root() {
         Path::new("/dev/fuse").exists(),
         "mount tests need /dev/fuse"
     );
+    super::user::ensure_user();
 }
 
 /// A run directory of the test binary's own, so its mounts are its alone.

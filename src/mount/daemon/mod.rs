@@ -39,6 +39,7 @@ use tracing::error;
 
 use super::rootpart::{self, Request, RootClient, Split, WorkerStart};
 use super::{MountError, MountRequest, Ready};
+use crate::azure::auth::entra::workload_identity::FederatedReader;
 use crate::azure::{Account, BlobClient, BlobService};
 use crate::blobref::BlobRef;
 use crate::device::cache::Cache;
@@ -176,8 +177,11 @@ impl Mounted {
 }
 
 /// Signs in: gives the account the credential it is used with (an Entra ID
-/// sign-in fetches a token), or says why it cannot.
-pub type SignIn<'a> = &'a dyn Fn(Account) -> Result<Account, String>;
+/// sign-in fetches a token), or says why it cannot. Workload identity's
+/// federated token file is read through the reader given, which asks the
+/// root part: kubelet's token directories may be root's alone, and the
+/// worker's Landlock keeps it out of them anyway.
+pub type SignIn<'a> = &'a dyn Fn(Account, &FederatedReader) -> Result<Account, String>;
 
 /// Runs a mount until it is unmounted: a root part, and a worker running as
 /// the request's user (`blobdrive` unless told otherwise) that does everything
@@ -233,7 +237,9 @@ fn run_worker(
         Ok(b) => b,
         Err(e) => return Err(failed(&client, e.to_string())),
     };
-    let account = match sign_in(account) {
+    let asks_root = client.clone();
+    let federated: FederatedReader = Arc::new(move || asks_root.federated_token());
+    let account = match sign_in(account, &federated) {
         Ok(a) => a,
         Err(e) => return Err(failed(&client, e)),
     };

@@ -114,6 +114,13 @@ pub enum Request {
     /// Grow the mounted filesystem to fill its device (after `LoopCapacity`):
     /// answered with its size in bytes.
     GrowFs {},
+    /// The text of the federated token file (workload identity), read afresh:
+    /// the file the root part's own environment names
+    /// (`AZURE_FEDERATED_TOKEN_FILE`), never one the worker could choose.
+    /// kubelet's token directories may be root's alone, and Landlock keeps the
+    /// worker out of them anyway. Answered with [`Answer::Text`], at most
+    /// `TOKEN_FILE_MAX` bytes.
+    FederatedToken {},
 }
 
 /// The root part's answer to one request.
@@ -149,6 +156,8 @@ pub enum Answer {
     Failed(String),
     /// Not a request the root part takes.
     Refused(String),
+    /// A file's text (the federated token).
+    Text(String),
 }
 
 /// Why the channel failed.
@@ -418,6 +427,17 @@ impl RootClient {
             other => Err(other.into_error()),
         }
     }
+
+    /// The federated token file's text, as the root part read it now (see
+    /// [`Request::FederatedToken`]): a workload identity source's reader.
+    pub fn federated_token(&self) -> std::io::Result<String> {
+        match self.call(&Request::FederatedToken {}) {
+            Ok(Answer::Text(text)) => Ok(text),
+            Ok(Answer::Failed(why)) => Err(std::io::Error::other(why)),
+            Ok(other) => Err(std::io::Error::other(other.into_error().to_string())),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        }
+    }
 }
 
 impl Answer {
@@ -433,9 +453,8 @@ impl Answer {
             | Answer::Size(_)
             | Answer::Flag(_)
             | Answer::Prepared { .. }
-            | Answer::MountedFs { .. } => {
-                MountError::system("an answer that does not fit the request")
-            }
+            | Answer::MountedFs { .. }
+            | Answer::Text(_) => MountError::system("an answer that does not fit the request"),
         }
     }
 }
@@ -459,6 +478,7 @@ mod tests {
                 Request::LoopAttached {} => Answer::Attached(true),
                 Request::LoopCapacity {} | Request::DiskSize {} => Answer::Size(1 << 20),
                 Request::DetachLoop {} => Answer::Failed("still in use".into()),
+                Request::FederatedToken {} => Answer::Text("eyJ.token.sig\n".into()),
                 _ => Answer::Done,
             };
             self.asked.push(req);
@@ -514,10 +534,11 @@ mod tests {
             client.detach_loop(),
             Err(MountError::System { .. })
         ));
+        assert_eq!(client.federated_token().unwrap(), "eyJ.token.sig\n");
         drop(client);
         let (result, asked) = served.join().unwrap();
         result.unwrap();
-        assert_eq!(asked.len(), 9);
+        assert_eq!(asked.len(), 10);
         assert_eq!(
             asked[0],
             Request::Ready {
@@ -569,6 +590,10 @@ mod tests {
             b"{\"op\":\"disk_size\",\"of\":\"/etc/shadow\"}\n",
             b"{\"op\":\"detach_loop\",\"device\":\"/dev/loop0\"}\n",
             b"{\"op\":\"detach_loop\",\"lazy\":true}\n",
+            // The federated token's file is the one the root part's own
+            // environment names: the worker names none.
+            b"{\"op\":\"federated_token\",\"path\":\"/etc/shadow\"}\n",
+            b"{\"op\":\"federated_token\",\"file\":\"/root/.ssh/id_ed25519\"}\n",
         ] {
             let a = raw(&mut worker, hostile);
             assert!(a.starts_with("{\"refused\":"), "{a}");

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use tracing::{error, info, warn};
 
 use super::channel::{answer_one, Answer, Ops, Request};
+use crate::azure::auth::entra::workload_identity::read_token_file;
 use crate::mount::notify::Notifier;
 use crate::mount::record::{self, MountRecord};
 use crate::mount::system::filesystem::{self, Prepared, Small};
@@ -435,6 +436,9 @@ impl Ops for RootPart {
             | Request::Thaw {}
             | Request::CanGrowMountedExt4 {}
             | Request::GrowFs {}) => self.carry_out_for_fs(fs_req),
+            Request::FederatedToken {} => {
+                federated_token(std::env::var_os(FEDERATED_TOKEN_FILE_ENV).as_deref())
+            }
         }
     }
 }
@@ -646,6 +650,25 @@ fn rotate_log(log: &std::path::Path) {
     }
 }
 
+/// The variable naming workload identity's federated token file.
+const FEDERATED_TOKEN_FILE_ENV: &str = "AZURE_FEDERATED_TOKEN_FILE";
+
+/// The answer to [`Request::FederatedToken`]: the text of `file` (the root
+/// part's own `AZURE_FEDERATED_TOKEN_FILE`), read afresh, within the bounds of
+/// `read_token_file` (so the answer fits one line of the channel). The path
+/// is the platform's, through symlinks (kubelet swaps one to rotate the
+/// token); the worker has no say in it.
+fn federated_token(file: Option<&std::ffi::OsStr>) -> Answer {
+    let Some(file) = file.filter(|f| !f.is_empty()) else {
+        return Answer::Failed(format!("{FEDERATED_TOKEN_FILE_ENV} is not set"));
+    };
+    let path = std::path::Path::new(file);
+    match read_token_file(path) {
+        Ok(text) => Answer::Text(text),
+        Err(e) => Answer::Failed(format!("the root part cannot read it: {e}")),
+    }
+}
+
 /// The worker's status once it has exited; waits for it when `block`.
 fn reap(worker: libc::pid_t, block: bool) -> Option<libc::c_int> {
     let mut status = 0;
@@ -703,5 +726,42 @@ fn read_signals(fd: &OwnedFd) -> Vec<u32> {
             return out;
         }
         out.push(info.ssi_signo);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_federated_token_is_the_named_file_s_text_or_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("token");
+        std::fs::write(&f, "eyJ.a.b\n").unwrap();
+        assert_eq!(
+            federated_token(Some(f.as_os_str())),
+            Answer::Text("eyJ.a.b\n".into())
+        );
+        let unset = federated_token(None);
+        assert!(
+            matches!(&unset, Answer::Failed(m) if m.contains("AZURE_FEDERATED_TOKEN_FILE is not set")),
+            "{unset:?}"
+        );
+        assert!(matches!(
+            federated_token(Some(std::ffi::OsStr::new(""))),
+            Answer::Failed(_)
+        ));
+        let missing = federated_token(Some(dir.path().join("nope").as_os_str()));
+        assert!(
+            matches!(&missing, Answer::Failed(m) if m.contains("No such file")),
+            "{missing:?}"
+        );
+        // The largest file it takes, every character one that JSON escapes:
+        // the answer still fits one line of the channel.
+        std::fs::write(&f, "\"\\\n".repeat(16 * 1024 / 3)).unwrap();
+        let answer = federated_token(Some(f.as_os_str()));
+        let line = serde_json::to_vec(&answer).unwrap();
+        assert!(matches!(answer, Answer::Text(_)));
+        assert!(line.len() <= super::super::LINE_MAX, "{}", line.len());
     }
 }

@@ -19,7 +19,7 @@ use super::assertion::CertificateKey;
 use super::azure_cli::AzureCli;
 use super::managed_identity::{Endpoint, ManagedIdentity, IMDS_HOST};
 use super::service_principal::{token_url, ClientProof, ServicePrincipal};
-use super::workload_identity::WorkloadIdentity;
+use super::workload_identity::{FederatedReader, WorkloadIdentity};
 use super::{AccessToken, SourceKind, TokenError, TokenSource, DEFAULT_AUTHORITY};
 
 /// The variables the chain reads, read once (so tests can make one without
@@ -43,6 +43,10 @@ pub struct EntraEnv {
     pub identity_client_id: Option<String>,
     /// The Azure CLI program (`az`).
     pub az_program: String,
+    /// Who reads `AZURE_FEDERATED_TOKEN_FILE` for workload identity: `None`,
+    /// this process; a split mount daemon's worker asks its root part (see
+    /// `workload_identity`).
+    pub federated_reader: Option<FederatedReader>,
 }
 
 impl fmt::Debug for EntraEnv {
@@ -89,6 +93,7 @@ impl EntraEnv {
             identity_header: var("IDENTITY_HEADER"),
             identity_client_id: var(IDENTITY_CLIENT_ID_ENV),
             az_program: "az".to_string(),
+            federated_reader: None,
         }
     }
 
@@ -160,11 +165,11 @@ impl EntraEnv {
             )));
         };
         let url = token_url(&self.authority()?, tenant).map_err(TokenError::Failed)?;
-        Ok(Arc::new(WorkloadIdentity::new(
-            url,
-            client.clone(),
-            PathBuf::from(file),
-        )))
+        let file = PathBuf::from(file);
+        Ok(Arc::new(match &self.federated_reader {
+            Some(read) => WorkloadIdentity::with_reader(url, client.clone(), file, read.clone()),
+            None => WorkloadIdentity::new(url, client.clone(), file),
+        }))
     }
 
     fn managed_identity(&self) -> Result<Arc<dyn TokenSource>, TokenError> {
