@@ -462,3 +462,67 @@ fn a_split_mount_renews_with_the_rotated_token_file_the_root_part_reads() {
     let list = json(&m.cli(&["list", "--json"]));
     assert!(!list.to_string().contains(&mp), "{list}");
 }
+
+#[test]
+fn a_service_principal_signs_the_worker_in_with_a_certificate_only_root_can_read() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root();
+    let tokens = TokenServer::start();
+    // The certificate as operators keep it: root's, 0600, in a directory of
+    // root's the worker cannot enter (and which Landlock does not allow).
+    let keep = tempfile::Builder::new()
+        .prefix("blobdrive-sp-cert.")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(keep.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let pem = keep.path().join("client.pem");
+    std::fs::copy(&Pki::shared().client_pem, &pem).unwrap();
+    std::fs::set_permissions(&pem, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let az = TlsAzurite::shared();
+    let mut env = trusting(tokens.env_service_principal_certificate());
+    env.retain(|(k, _)| k != "AZURE_CLIENT_CERTIFICATE_PATH");
+    env.push((
+        "AZURE_CLIENT_CERTIFICATE_PATH".into(),
+        pem.to_str().unwrap().into(),
+    ));
+    env.push(("AZURE_STORAGE_CONNECTION_STRING".into(), az.endpoint_only()));
+    let drive = format!("{}/a.vhd", unique_container("split-cert"));
+    let args = ["create", &drive, "--size", "16MiB", "--create-container"];
+    stdout_of_success(&args, blobdrive(&env, &args));
+    let mnt = tempfile::Builder::new()
+        .prefix("blobdrive-entra-mnt.")
+        .tempdir()
+        .unwrap();
+    let mp = mnt.path().to_str().unwrap().to_string();
+    let args = ["mount", &drive, &mp, "--mode", "raw"];
+    stdout_of_success(&args, blobdrive(&env, &args));
+    let m = Mounted {
+        env,
+        dir: mnt,
+        drive,
+        metrics_port: 0,
+    };
+    let list = json(&m.cli(&["list", "--json"]));
+    let ours = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["mountpoint"] == mp.as_str())
+        .cloned()
+        .expect("the mount is listed");
+    assert_eq!(ours["auth"], "Entra ID (service-principal)", "{ours}");
+    assert_eq!(children_of(ours["pid"].as_u64().unwrap()).len(), 1);
+    {
+        use std::os::unix::fs::FileExt;
+        let disk = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("{mp}/disk"))
+            .unwrap();
+        disk.write_all_at(&[7u8; 4096], 1 << 20).unwrap();
+        disk.sync_all().unwrap();
+    }
+    let s = m.stats();
+    assert!(s["last_error"].is_null(), "{s}");
+    m.unmount();
+}

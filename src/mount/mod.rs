@@ -78,7 +78,7 @@ pub struct MountRequest {
     pub io: IoSettings,
     /// The user the network-facing part of the daemon runs as (`--run-as`,
     /// fstab's `run-as=`), split from a small root part (see
-    /// `mount::rootpart`). `None`: `daemon::WORKER_USER`.
+    /// `mount::rootpart`). `None`: `privsep::DEFAULT_USER`.
     #[serde(default)]
     pub run_as: Option<String>,
 }

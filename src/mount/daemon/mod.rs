@@ -198,16 +198,16 @@ pub fn run(
     ready: &mut dyn FnMut(Result<&Ready, String>),
 ) -> Result<(), MountError> {
     limit_malloc_arenas();
-    let user = req.run_as.as_deref().unwrap_or(WORKER_USER).to_string();
+    let user = req
+        .run_as
+        .as_deref()
+        .unwrap_or(crate::privsep::DEFAULT_USER)
+        .to_string();
     match rootpart::split(&req, &account, &user, ready) {
         Split::Root(result) => result,
         Split::Worker(start) => run_worker(req, account, sign_in, start),
     }
 }
-
-/// The user a mount's worker runs as when none is named (`--run-as`, fstab's
-/// `run-as=`): the system user scripts/install.sh and the package create.
-pub const WORKER_USER: &str = "blobdrive";
 
 /// The worker of a split daemon, walled already: sets the drive up on what the
 /// root part opened for it, serves it, and takes it down, asking the root part
