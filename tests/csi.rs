@@ -633,11 +633,40 @@ fn a_block_volume_outlives_its_node_plugin_killed() {
         "dd if='{}' of='{t}' bs=1M count=1 oflag=direct conv=fsync status=none",
         data.display()
     )));
-    // The plugin's container dies; the volume goes on serving.
+    // The volume's daemon is split as every mount is: its root part and its
+    // worker, both in the volume cgroup, the worker walled.
+    let in_cgroup = volume_cgroup.pids();
+    let listed = BD.cmd(&["list", "--json"]).cs("").output().stdout;
+    let records: Vec<serde_json::Value> = serde_json::from_slice(&listed).unwrap();
+    let record = records
+        .iter()
+        .find(|r| r["mountpoint"] == staging.to_str().unwrap())
+        .unwrap_or_else(|| panic!("no record of {}: {records:?}", staging.display()));
+    let root_pid = record["pid"].as_i64().unwrap() as i32;
+    let workers: Vec<i32> = in_cgroup
+        .iter()
+        .copied()
+        .filter(|&p| p != root_pid)
+        .collect();
+    assert!(in_cgroup.contains(&root_pid), "{in_cgroup:?}");
+    assert_eq!(workers.len(), 1, "one worker in {in_cgroup:?}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", workers[0])).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
     assert!(
-        !volume_cgroup.pids().is_empty(),
-        "no daemon in the volume cgroup"
+        !field("Uid:").split_whitespace().any(|u| u == "0"),
+        "{status}"
     );
+    assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    assert_eq!(field("Seccomp:"), "2", "{status}");
+    // The plugin's container dies; the volume goes on serving.
     plugin_cgroup.kill();
     driver.child.wait().unwrap();
     let back = dir.path().join("back");

@@ -10,6 +10,7 @@
 //! (`common::user`).
 
 mod common;
+mod faultproxy;
 
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -22,6 +23,7 @@ use common::mount::{require_root, Mp};
 use common::user::USER;
 use common::util::wait_for_exit;
 use common::Azurite;
+use faultproxy::{Config, Proxy};
 
 const BD: Harness = Harness::new("privsep-run").env(&[("BLOBDRIVE_RETRY_BUDGET_SECS", "10")]);
 
@@ -602,4 +604,100 @@ fn the_worker_tried_from_inside_is_refused_secrets_exec_mount_and_root() {
         BD.unmount(&mp);
         BD.assert_nothing_left(mp.path(), &spec);
     }
+}
+
+#[test]
+fn a_worker_killed_while_its_filesystem_is_frozen_leaves_it_thawed_and_down() {
+    use std::sync::atomic::Ordering::SeqCst;
+    require_root();
+    let spec = BD.new_drive("privsep-frozen", "64MiB");
+    let proxy = Proxy::start(Config::clean(Azurite::shared().port));
+    let cs = proxy.connection_string();
+    let mp = BD.via(&cs, &[]).mount(&spec, &["--mkfs", "ext4"]);
+    let daemon = mp.pid();
+    let list = common::util::json(&BD.ok(&["list", "--json"]));
+    let dev = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == mp.s())
+        .and_then(|m| m["device"].as_str().map(str::to_string))
+        .expect("the record names the loop device");
+    // Fsynced: on the blob. Then data a snapshot's flush must send first.
+    let kept: Vec<u8> = (0..(1 << 20)).map(|i| (i * 17 % 251) as u8).collect();
+    let kept_path = mp.path().join("kept");
+    std::fs::write(&kept_path, &kept).unwrap();
+    std::fs::File::open(&kept_path).unwrap().sync_all().unwrap();
+    std::fs::File::open(mp.path()).unwrap().sync_all().unwrap();
+    std::fs::write(mp.path().join("pending"), vec![9u8; 4 << 20]).unwrap();
+    // The service stops answering: the snapshot freezes the filesystem, then
+    // waits in its flush.
+    proxy.paused.store(true, SeqCst);
+    let snapshot = BD.cmd(&["snapshot", "create", &spec]).cs(&cs).spawn_piped();
+    // A write to a frozen filesystem waits until it is thawed.
+    let mut frozen_probe = None;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(500));
+        let mut touch = Command::new("touch")
+            .arg(mp.path().join("probe"))
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        if touch.try_wait().unwrap().is_none() {
+            frozen_probe = Some(touch);
+            break;
+        }
+    }
+    let mut frozen_probe = frozen_probe.expect("the snapshot froze the filesystem");
+    let worker = *mount_processes(daemon)
+        .iter()
+        .find(|&&p| p != daemon)
+        .expect("a worker");
+    // SAFETY: kill with integer arguments, to the worker this test found.
+    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    wait_for_exit(daemon, "the root part", Duration::from_secs(60));
+    // Thawed: the write that waited goes on (and fails or not, the drive is
+    // gone), and the filesystem let go of the loop device, which is detached.
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while frozen_probe.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < until,
+            "a write still waits on the frozen filesystem"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(mp.s()),
+        "the filesystem left at {}",
+        mp.s()
+    );
+    let backing = format!(
+        "/sys/block/{}/loop/backing_file",
+        dev.trim_start_matches("/dev/")
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&backing)
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "{dev} still attached: the frozen filesystem holds it"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = snapshot.wait_with_output();
+    proxy.paused.store(false, SeqCst);
+    let out = BD.cmd(&["unmount", mp.s()]).output();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(text.contains("killed"), "{text}");
+    // Nothing fsynced was lost: the next mount finds the file whole.
+    BD.ok(&["lease", "break", &spec, "--yes"]);
+    let mp2 = BD.mp();
+    BD.mount(&spec, &mp2, &[]);
+    assert!(std::fs::read(mp2.path().join("kept")).unwrap() == kept);
+    BD.unmount(&mp2);
+    BD.assert_nothing_left(mp2.path(), &spec);
 }

@@ -4,12 +4,11 @@
 //! refuse, leaving everything as it was). The root part keeps its own account
 //! of the same steps, to undo them when the worker dies.
 
-use crate::mount::system::LoopDevice;
-
 /// The loop device the root part attached over the FUSE file `disk`.
 #[derive(Debug)]
 pub(super) struct AttachedLoop {
-    pub dev: LoopDevice,
+    /// Its path (`/dev/loopN`), for messages: the root part alone acts on it.
+    pub dev: String,
     /// It detaches itself when the filesystem's last mount goes (a plain
     /// `umount`): then the daemon stops by itself.
     pub autoclear: bool,

@@ -26,7 +26,7 @@ use crate::device::stack::Stack;
 use crate::drive::Drive;
 use crate::fuse::{DiskFs, StatsFn};
 use crate::mount::superblock;
-use crate::mount::system::{self, filesystem, LoopDevice};
+use crate::mount::system::filesystem;
 use crate::mount::{Mode, MountError};
 
 /// How often the lease is renewed: a cheap probe that notices a broken or stolen
@@ -246,7 +246,7 @@ pub(super) fn setup(m: &mut Mounted, fuse: OwnedFd) -> Result<FsOutcome, MountEr
     if m.req.mode == Mode::Raw {
         return Ok(FsOutcome::default());
     }
-    let dev = LoopDevice::at(m.root.attach_loop()?);
+    let dev = m.root.attach_loop()?;
     info!("the root part attached {dev}");
     m.loop_dev = Some(AttachedLoop {
         dev,
@@ -305,7 +305,8 @@ fn small_fs(m: &Mounted, fstype: &str) -> Option<filesystem::Small> {
     })
 }
 
-/// Opens the drive's disk cache in `dir`. The blob's state it is checked against
+/// Opens the drive's disk cache in `dir` (its directory there opened by the root
+/// part). The blob's state it is checked against
 /// is read now, once this mount alone can write the blob (the properties read
 /// before the lease was taken could be older than another writer's last write).
 fn open_disk_cache(
@@ -330,34 +331,27 @@ fn open_disk_cache(
         m.blob.name(),
         m.blob.snapshot(),
     );
-    // A split daemon's root part opened the drive's directory for its worker.
-    let given = m.disk_cache_dir.take();
+    // The root part opened the drive's directory, and gave it to the worker.
+    let given = m
+        .disk_cache_dir
+        .take()
+        .ok_or_else(|| MountError::system("the root part opened no disk cache directory"))?;
     let limit = match m.req.disk_cache_size {
         Some(l) => l,
         None => {
             // The cache's own data file counts as free: it is this drive's
             // to reuse. (Without it the default went 34, 17, 26, 21 MiB over
             // four mounts on a small filesystem, starting cold twice.)
-            let (own, free) = match &given {
-                Some(d) => (files::data_bytes_in(d), files::free_space_of(d)),
-                None => (
-                    std::fs::symlink_metadata(dir.join(&name).join("data"))
-                        .map_or(0, |d| std::os::unix::fs::MetadataExt::blocks(&d) * 512),
-                    system::free_space(dir),
-                ),
-            };
-            let free = free.map_or(u64::MAX, |f| f.saturating_add(own));
+            let own = files::data_bytes_in(&given);
+            let free = files::free_space_of(&given).map_or(u64::MAX, |f| f.saturating_add(own));
             default_disk_cache_limit(drive.disk_size(), free)
         }
     };
     // A live blob mounted read-only may be changed by its writer after this
     // mount read its state: see `DiskCache::open`.
     let may_start_warm = !m.req.read_only || m.blob.snapshot().is_some();
-    let tier = match given {
-        Some(d) => DiskCache::open_in(d, dir.join(&name), limit, &state, may_start_warm),
-        None => DiskCache::open(dir, &name, limit, &state, may_start_warm),
-    }
-    .map_err(MountError::system)?;
+    let tier = DiskCache::open_in(given, dir.join(&name), limit, &state, may_start_warm)
+        .map_err(MountError::system)?;
     m.disk_state = Some(state);
     Ok(Arc::new(tier))
 }
