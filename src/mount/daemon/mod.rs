@@ -304,8 +304,8 @@ mod tests {
                 while let Some(i) = rest.find("system::") {
                     let at = &rest[i..];
                     // (`filesystem::` is not `system::`.)
-                    let word_starts = !rest[..i]
-                        .ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+                    let word_starts =
+                        !rest[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
                     assert!(
                         !word_starts || allowed.iter().any(|a| at.starts_with(a)),
                         "{file}:{}: the worker calls a root operation itself: {line}",

@@ -318,7 +318,7 @@ impl RootPart {
 
 impl Ops for RootPart {
     fn carry_out(&mut self, req: Request) -> Answer {
-        match req {
+        match plain_words(req) {
             Request::Ready {
                 status,
                 warnings,
@@ -617,6 +617,37 @@ impl RootPart {
     }
 }
 
+/// The worker's words that go on to a terminal, the service manager or the
+/// mount's record (warnings, notes, status lines, why it failed, what was
+/// lost) with every control character escaped: a worker that was made to say
+/// anything must not reach root's terminal with an escape sequence.
+fn plain_words(req: Request) -> Request {
+    use crate::azure::text::escape_controls as plain;
+    let all = |v: Vec<String>| v.iter().map(|w| plain(w)).collect();
+    match req {
+        Request::Ready {
+            status,
+            warnings,
+            notes,
+            auth,
+        } => Request::Ready {
+            status: plain(&status),
+            warnings: all(warnings),
+            notes: all(notes),
+            auth,
+        },
+        Request::Failed { message } => Request::Failed {
+            message: plain(&message),
+        },
+        Request::Status { line } => Request::Status { line: plain(&line) },
+        Request::Stopping { line } => Request::Stopping { line: plain(&line) },
+        Request::Finished { losses } => Request::Finished {
+            losses: all(losses),
+        },
+        other => other,
+    }
+}
+
 /// How often the root part checks whether the mount's log outgrew its bound.
 const LOG_ROTATION_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -763,5 +794,51 @@ mod tests {
         let line = serde_json::to_vec(&answer).unwrap();
         assert!(matches!(answer, Answer::Text(_)));
         assert!(line.len() <= super::super::LINE_MAX, "{}", line.len());
+    }
+
+    #[test]
+    fn the_workers_words_reach_terminals_and_the_service_manager_plain() {
+        let hostile = "ok\x1b[2J\x1b]0;owned\x07\nMAINPID=1";
+        let said = plain_words(Request::Ready {
+            status: hostile.into(),
+            warnings: vec![hostile.into()],
+            notes: vec![hostile.into()],
+            auth: None,
+        });
+        let Request::Ready {
+            status,
+            warnings,
+            notes,
+            ..
+        } = said
+        else {
+            panic!("{said:?}")
+        };
+        for text in [status, warnings[0].clone(), notes[0].clone()] {
+            assert!(!text.chars().any(char::is_control), "{text:?}");
+            assert!(text.starts_with("ok\\u{1b}[2J"), "{text:?}");
+        }
+        for req in [
+            Request::Failed {
+                message: hostile.into(),
+            },
+            Request::Status {
+                line: hostile.into(),
+            },
+            Request::Stopping {
+                line: hostile.into(),
+            },
+            Request::Finished {
+                losses: vec![hostile.into()],
+            },
+        ] {
+            let text = match plain_words(req) {
+                Request::Failed { message } => message,
+                Request::Status { line } | Request::Stopping { line } => line,
+                Request::Finished { losses } => losses.concat(),
+                other => panic!("{other:?}"),
+            };
+            assert!(!text.chars().any(char::is_control), "{text:?}");
+        }
     }
 }
