@@ -45,6 +45,8 @@ pub(super) struct RootPart {
     fs_mounted: bool,
     /// The filesystem frozen for a snapshot (the descriptor it is thawed on).
     frozen: Option<std::fs::File>,
+    /// The mount table, read again only when it changed.
+    mount_table: MountTable,
     pub notifier: Option<Notifier>,
     /// The worker's word on the mount, for `blobdrive mount`, not yet passed on.
     said: Option<Result<Ready, String>>,
@@ -71,6 +73,7 @@ impl RootPart {
             fs: None,
             fs_mounted: false,
             frozen: None,
+            mount_table: MountTable::default(),
             notifier: Notifier::from_env(),
             said: None,
             has_said: false,
@@ -205,7 +208,9 @@ impl RootPart {
                 },
             ];
             // SAFETY: three valid pollfd entries (a negative fd is skipped).
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, 1000) };
+            // SIGCHLD wakes it when the worker ends; the timeout is only for
+            // the log's rotation check.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, LOG_ROTATION_CHECK_MS) };
             if n < 0 {
                 continue;
             }
@@ -538,7 +543,7 @@ impl RootPart {
                     Err(e) => failed(e),
                 }
             }
-            Request::LoopMounted {} => match dev.is_mounted() {
+            Request::LoopMounted {} => match self.mount_table.loop_mounted(&dev) {
                 Some(yes) => Answer::Flag(yes),
                 None => Answer::Failed(format!("cannot tell whether {dev} is mounted")),
             },
@@ -650,6 +655,49 @@ fn plain_words(req: Request) -> Request {
 
 /// How often the root part checks whether the mount's log outgrew its bound.
 const LOG_ROTATION_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
+const LOG_ROTATION_CHECK_MS: libc::c_int = 60_000;
+
+/// Whether the loop device is mounted, which an fs-mode worker asks every
+/// second (a plain `umount` has begun once it is not): the mount table is read
+/// again only when the kernel says it changed (`/proc/self/mountinfo` polls
+/// with `POLLPRI` after a mount or unmount), so an idle mount costs no parse.
+#[derive(Default)]
+struct MountTable {
+    /// Held open: its poll state tells of changes since the last poll.
+    file: Option<std::fs::File>,
+    /// The answer as of the last read, per loop device path.
+    last: Option<(String, bool)>,
+}
+
+impl MountTable {
+    fn loop_mounted(&mut self, dev: &LoopDevice) -> Option<bool> {
+        let changed = match &self.file {
+            Some(f) => {
+                let mut p = libc::pollfd {
+                    fd: f.as_raw_fd(),
+                    events: libc::POLLPRI,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; a zero timeout only looks.
+                let n = unsafe { libc::poll(&mut p, 1, 0) };
+                n != 0
+            }
+            None => {
+                self.file = std::fs::File::open("/proc/self/mountinfo").ok();
+                true
+            }
+        };
+        if let Some((path, yes)) = &self.last {
+            if !changed && path == dev.path() {
+                return Some(*yes);
+            }
+        }
+        let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let yes = dev.is_mounted_per(&text)?;
+        self.last = Some((dev.path().to_string(), yes));
+        Some(yes)
+    }
+}
 
 /// Copies what the worker wrote to its stderr (one read, at most 64 KiB) to
 /// the root part's, the mount's log; `false` once the worker's end is closed

@@ -202,6 +202,12 @@ impl LoopDevice {
     /// per the `MAJOR:MINOR` of /proc/self/mountinfo. `None` when that cannot be
     /// told (the device node is gone, mountinfo unreadable).
     pub fn is_mounted(&self) -> Option<bool> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        self.is_mounted_per(&info)
+    }
+
+    /// [`LoopDevice::is_mounted`], per the mount table `mountinfo` read already.
+    pub fn is_mounted_per(&self, mountinfo: &str) -> Option<bool> {
         use std::os::unix::fs::FileTypeExt;
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(&self.path).ok()?;
@@ -210,9 +216,9 @@ impl LoopDevice {
         }
         let rdev = meta.rdev();
         let want = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
-        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
         Some(
-            info.lines()
+            mountinfo
+                .lines()
                 .any(|l| l.split(' ').nth(2) == Some(want.as_str())),
         )
     }
