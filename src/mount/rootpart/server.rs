@@ -329,46 +329,7 @@ impl Ops for RootPart {
                 warnings,
                 notes,
                 auth,
-            } => {
-                if self.has_said || self.said.is_some() {
-                    return Answer::Refused("the mount's outcome was said already".into());
-                }
-                if let Some(auth) = auth {
-                    // Shown by `list`: the worker's words, bounded and plain.
-                    self.rec.auth = auth
-                        .chars()
-                        .filter(|c| c.is_ascii_alphanumeric() || " ()-_.".contains(*c))
-                        .take(100)
-                        .collect();
-                    if let Err(e) = record::save(&self.rec) {
-                        warn!("could not say how the mount signed in in its record: {e}");
-                    }
-                }
-                match utab::add(&self.req.mountpoint) {
-                    Ok(()) => self.utab = true,
-                    Err(e) => warn!(
-                        "a plain umount of {} will not wait for the lease to be released: {e}",
-                        self.req.mountpoint.display()
-                    ),
-                }
-                let fs = self.fs.as_ref().filter(|_| self.fs_mounted);
-                self.said = Some(Ok(Ready {
-                    mountpoint: self.req.mountpoint.clone(),
-                    mode: self.req.mode,
-                    device: self.loop_dev.as_ref().map(|(d, _)| d.path().to_string()),
-                    fstype: fs.map(|f| f.fstype.clone()),
-                    fuse_dir: self.fuse_dir.clone(),
-                    read_only: self.req.read_only,
-                    pid: std::process::id(),
-                    formatted: fs.is_some_and(|f| f.formatted),
-                    warnings,
-                    notes,
-                }));
-                if let Some(n) = &self.notifier {
-                    n.ready(&status);
-                }
-                Answer::Done
-            }
+            } => self.said_ready(status, warnings, notes, auth),
             Request::Failed { message } => {
                 if self.has_said || self.said.is_some() {
                     return Answer::Refused("the mount's outcome was said already".into());
@@ -445,6 +406,58 @@ impl Ops for RootPart {
                 federated_token(std::env::var_os(FEDERATED_TOKEN_FILE_ENV).as_deref())
             }
         }
+    }
+}
+
+impl RootPart {
+    /// The worker's `Ready`: libmount's entry added, the record told how the
+    /// worker signed in, and the mount's description kept for `blobdrive
+    /// mount` and the service manager.
+    fn said_ready(
+        &mut self,
+        status: String,
+        warnings: Vec<String>,
+        notes: Vec<String>,
+        auth: Option<String>,
+    ) -> Answer {
+        if self.has_said || self.said.is_some() {
+            return Answer::Refused("the mount's outcome was said already".into());
+        }
+        if let Some(auth) = auth {
+            // Shown by `list`: the worker's words, bounded and plain.
+            self.rec.auth = auth
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || " ()-_.".contains(*c))
+                .take(100)
+                .collect();
+            if let Err(e) = record::save(&self.rec) {
+                warn!("could not say how the mount signed in in its record: {e}");
+            }
+        }
+        match utab::add(&self.req.mountpoint) {
+            Ok(()) => self.utab = true,
+            Err(e) => warn!(
+                "a plain umount of {} will not wait for the lease to be released: {e}",
+                self.req.mountpoint.display()
+            ),
+        }
+        let fs = self.fs.as_ref().filter(|_| self.fs_mounted);
+        self.said = Some(Ok(Ready {
+            mountpoint: self.req.mountpoint.clone(),
+            mode: self.req.mode,
+            device: self.loop_dev.as_ref().map(|(d, _)| d.path().to_string()),
+            fstype: fs.map(|f| f.fstype.clone()),
+            fuse_dir: self.fuse_dir.clone(),
+            read_only: self.req.read_only,
+            pid: std::process::id(),
+            formatted: fs.is_some_and(|f| f.formatted),
+            warnings,
+            notes,
+        }));
+        if let Some(n) = &self.notifier {
+            n.ready(&status);
+        }
+        Answer::Done
     }
 }
 

@@ -39,6 +39,29 @@ pub enum Split {
     Worker(WorkerStart),
 }
 
+/// What the root part opened for the worker before the fork, and the walls.
+struct Opened {
+    metrics: Option<TcpListener>,
+    /// The `/dev/fuse` descriptor of the FUSE mount.
+    fuse: OwnedFd,
+    control: UnixListener,
+    disk_cache: Option<std::fs::File>,
+    walls: Walls,
+}
+
+/// The ends each side keeps of what joins them.
+struct Ends {
+    worker_channel: UnixStream,
+    root_channel: UnixStream,
+    /// Where the worker's stderr goes, and where the root part reads it.
+    worker_log: OwnedFd,
+    root_log: OwnedFd,
+    /// The root part's signals (SIGTERM, SIGINT, SIGCHLD), and the mask to
+    /// give the worker back.
+    signals: OwnedFd,
+    old_mask: libc::sigset_t,
+}
+
 /// Splits the daemon for `req` into a root part and a worker running as
 /// `user_name` (see the module's doc). Must be called while the process has
 /// one thread. `ready` hears the mount's outcome once, from the root part.
@@ -60,83 +83,26 @@ pub fn split(
         Ok(b) => b,
         Err(e) => return fail(e.to_string(), ready),
     };
-    let id = record::id_for(&req.mountpoint);
-    let (_, socket, log, run_fuse_dir) = record::paths(&id);
-    let fuse_dir = match req.mode {
-        Mode::Fs => run_fuse_dir,
-        Mode::Block | Mode::Raw => req.mountpoint.clone(),
-    };
     let account = blob_ref.account(account);
-    let rec = MountRecord {
-        id: id.clone(),
-        endpoint: account.endpoint_for_messages(),
-        blob: blob_ref.base().to_string(),
-        auth: account.credential.describe(),
-        snapshot: blob_ref.snapshot.clone(),
-        mountpoint: req.mountpoint.clone(),
-        mode: req.mode,
-        fuse_dir: fuse_dir.clone(),
-        device: None,
-        read_only: req.read_only,
-        pid: std::process::id(),
-        socket,
-        log,
-    };
+    let rec = record_for(req, &blob_ref, &account);
+    let fuse_dir = rec.fuse_dir.clone();
     let mut root = RootPart::new(req.clone(), rec.clone());
-    let opened = prepare(&mut root, &rec, &blob_ref, &account, user);
-    let (metrics, fuse, control, walls, disk_cache) = match opened {
+    let made = prepare(&mut root, &rec, &blob_ref, &account, user).and_then(|opened| {
+        if let Some(n) = threads().filter(|&n| n != 1) {
+            return Err(MountError::system(format!(
+                "cannot start the worker: the daemon runs {n} threads, which it would not wall"
+            )));
+        }
+        Ok((opened, ends()?))
+    });
+    let (opened, ends) = match made {
         Ok(v) => v,
         Err(e) => {
             root.undo(None);
             return fail(e.to_string(), ready);
         }
     };
-    let (worker_end, root_end) = match UnixStream::pair() {
-        Ok(p) => p,
-        Err(e) => {
-            root.undo(None);
-            return fail(format!("cannot make the worker's channel: {e}"), ready);
-        }
-    };
-    if let Some(n) = threads().filter(|&n| n != 1) {
-        root.undo(None);
-        return fail(
-            format!(
-                "cannot start the worker: the daemon runs {n} threads, which it would not wall"
-            ),
-            ready,
-        );
-    }
-    // SIGTERM and SIGINT are the root part's to pass on, SIGCHLD tells it the
-    // worker is gone: blocked here, read from a signalfd; the worker unblocks.
-    // SAFETY: sigset_t is plain old data, filled in by sigemptyset/sigaddset.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to signal sets.
-    unsafe {
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-    }
-    let signals = match signal_fd(&set) {
-        Ok(fd) => fd,
-        Err(e) => {
-            root.undo(None);
-            return fail(format!("cannot watch signals: {e}"), ready);
-        }
-    };
     let null = std::fs::OpenOptions::new().write(true).open("/dev/null");
-    // The worker's log goes through the root part, which alone may rotate the
-    // mount's log file (it holds the run directory).
-    let (log_from_worker, worker_stderr) = match log_pipe() {
-        Ok(p) => p,
-        Err(e) => {
-            root.undo(None);
-            return fail(format!("cannot make the worker's log pipe: {e}"), ready);
-        }
-    };
     // SAFETY: getpid cannot fail.
     let root_pid = unsafe { libc::getpid() };
     // SAFETY: the process has one thread (checked above), so the child starts
@@ -148,71 +114,150 @@ pub fn split(
         return fail(format!("cannot start the worker: {e}"), ready);
     }
     if pid == 0 {
-        drop(root_end);
-        drop(signals);
         // The root part speaks for the mount to `blobdrive mount` and to the
         // service manager; the worker has neither's ends.
         drop(root);
-        if let Ok(null) = &null {
-            // SAFETY: both descriptors are valid; dup2 replaces stdout.
-            unsafe { libc::dup2(null.as_raw_fd(), 1) };
-        }
-        drop(null);
-        // SAFETY: both descriptors are valid; dup2 replaces stderr.
-        unsafe { libc::dup2(worker_stderr.as_raw_fd(), 2) };
-        drop(worker_stderr);
-        drop(log_from_worker);
-        // SAFETY: restores the mask the process had before the fork.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-        let client = RootClient::new(worker_end);
-        if let Err(why) = become_worker(walls, root_pid) {
-            let message = format!("cannot wall the network-facing part of the mount: {why}");
-            error!("{message}");
-            client.tell(&Request::Failed { message });
-            // SAFETY: ends the child at once, running nothing of the parent's.
-            unsafe { libc::_exit(1) };
-        }
-        return Split::Worker(WorkerStart {
-            client,
-            fuse,
-            fuse_dir,
-            control,
-            metrics,
-            disk_cache,
-        });
+        return in_the_child(opened, ends, null.ok(), fuse_dir, root_pid);
     }
-    drop(worker_end);
-    drop(null);
-    drop(worker_stderr);
-    // The worker holds these now; the root part's copies would keep the FUSE
-    // connection alive after the worker died (and every access to it hanging).
-    drop(fuse);
-    drop(control);
-    drop(metrics);
-    drop(disk_cache);
+    let Ends {
+        worker_channel,
+        root_channel,
+        worker_log,
+        root_log,
+        signals,
+        old_mask: _,
+    } = ends;
+    // The worker holds these now. The root part's copies would keep the FUSE
+    // connection alive after the worker died (and every access to it
+    // hanging), and the channel and the log pipe open (so their end unseen).
+    drop((opened, worker_channel, worker_log, null));
     info!("the worker (pid {pid}) serves the drive as {user_name}");
-    Split::Root(root.serve(pid, root_end, signals, log_from_worker, ready))
+    Split::Root(root.serve(pid, root_channel, signals, root_log, ready))
+}
+
+/// The mount's record as the root part claims it: no device yet, and the
+/// account named, not yet signed in to (the worker says how it signed in).
+fn record_for(req: &MountRequest, blob_ref: &BlobRef, account: &Account) -> MountRecord {
+    let id = record::id_for(&req.mountpoint);
+    let (_, socket, log, run_fuse_dir) = record::paths(&id);
+    MountRecord {
+        id,
+        endpoint: account.endpoint_for_messages(),
+        blob: blob_ref.base().to_string(),
+        auth: account.credential.describe(),
+        snapshot: blob_ref.snapshot.clone(),
+        mountpoint: req.mountpoint.clone(),
+        mode: req.mode,
+        fuse_dir: match req.mode {
+            Mode::Fs => run_fuse_dir,
+            Mode::Block | Mode::Raw => req.mountpoint.clone(),
+        },
+        device: None,
+        read_only: req.read_only,
+        pid: std::process::id(),
+        socket,
+        log,
+    }
+}
+
+/// The channel, the worker's log pipe, and the root part's signals: SIGTERM
+/// and SIGINT are the root part's to pass on, SIGCHLD tells it the worker is
+/// gone; blocked here and read from a signalfd (the worker unblocks them).
+fn ends() -> Result<Ends, MountError> {
+    let (worker_channel, root_channel) = UnixStream::pair()
+        .map_err(|e| MountError::with_source("cannot make the worker's channel", e))?;
+    // The worker's log goes through the root part, which alone may rotate the
+    // mount's log file (it holds the run directory).
+    let (root_log, worker_log) =
+        log_pipe().map_err(|e| MountError::with_source("cannot make the worker's log pipe", e))?;
+    // SAFETY: sigset_t is plain old data, filled in by sigemptyset/sigaddset.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut old_mask: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to signal sets.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old_mask);
+    }
+    let signals = signal_fd(&set).map_err(|e| {
+        // SAFETY: puts back the mask this function changed.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut()) };
+        MountError::with_source("cannot watch signals", e)
+    })?;
+    Ok(Ends {
+        worker_channel,
+        root_channel,
+        worker_log,
+        root_log,
+        signals,
+        old_mask,
+    })
+}
+
+/// The child after the fork: stdout to /dev/null, stderr to the root part,
+/// the signal mask as it was, then the walls up (see [`become_worker`]); a
+/// child that cannot wall itself says why and exits at once.
+fn in_the_child(
+    opened: Opened,
+    ends: Ends,
+    null: Option<std::fs::File>,
+    fuse_dir: PathBuf,
+    root_pid: libc::pid_t,
+) -> Split {
+    let Ends {
+        worker_channel,
+        root_channel,
+        worker_log,
+        root_log,
+        signals,
+        old_mask,
+    } = ends;
+    drop((root_channel, root_log, signals));
+    if let Some(null) = &null {
+        // SAFETY: both descriptors are valid; dup2 replaces stdout.
+        unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    }
+    // SAFETY: both descriptors are valid; dup2 replaces stderr.
+    unsafe { libc::dup2(worker_log.as_raw_fd(), 2) };
+    drop((null, worker_log));
+    // SAFETY: restores the mask the process had before the fork.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut()) };
+    let client = RootClient::new(worker_channel);
+    let Opened {
+        metrics,
+        fuse,
+        control,
+        disk_cache,
+        walls,
+    } = opened;
+    if let Err(why) = become_worker(walls, root_pid) {
+        let message = format!("cannot wall the network-facing part of the mount: {why}");
+        error!("{message}");
+        client.tell(&Request::Failed { message });
+        // SAFETY: ends the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(1) };
+    }
+    Split::Worker(WorkerStart {
+        client,
+        fuse,
+        fuse_dir,
+        control,
+        metrics,
+        disk_cache,
+    })
 }
 
 /// What the root part does before the fork; each step recorded on `root` for
 /// `undo` as soon as it is in place.
-#[allow(clippy::type_complexity)]
 fn prepare(
     root: &mut RootPart,
     rec: &MountRecord,
     blob_ref: &BlobRef,
     account: &Account,
     user: WorkerUser,
-) -> Result<
-    (
-        Option<TcpListener>,
-        OwnedFd,
-        UnixListener,
-        Walls,
-        Option<std::fs::File>,
-    ),
-    MountError,
-> {
+) -> Result<Opened, MountError> {
     let req = root.req.clone();
     // Bound first, so an address in use fails the mount before anything is done.
     let metrics = match req.metrics.as_deref().map(metrics::bind) {
@@ -243,25 +288,47 @@ fn prepare(
     // The worker's own process figures (`/proc/self`), for its metrics.
     allowed.read_only.push(PathBuf::from("/proc"));
     let disk_cache = match &req.disk_cache {
-        Some(parent) => {
-            let name = crate::mount::disk_cache_name(
-                account,
-                &blob_ref.container,
-                &blob_ref.name,
-                blob_ref.snapshot.as_deref(),
-            );
-            let dir = files::open_drive_dir(parent, &name, Some((user.uid, user.gid)))
-                .map_err(MountError::system)?;
-            let handle = dir
-                .try_clone()
-                .map_err(|e| MountError::with_source("cannot hand on the disk cache", e))?;
-            allowed.read_write_dirs.push(handle);
-            Some(dir)
-        }
+        Some(parent) => Some(open_disk_cache_for(
+            parent,
+            blob_ref,
+            account,
+            user,
+            &mut allowed,
+        )?),
         None => None,
     };
     let walls = Walls::prepare(user, &allowed).map_err(|e| MountError::system(e.to_string()))?;
-    Ok((metrics, fuse, control, walls, disk_cache))
+    Ok(Opened {
+        metrics,
+        fuse,
+        control,
+        disk_cache,
+        walls,
+    })
+}
+
+/// The drive's own directory in the `--disk-cache` directory `parent`, given
+/// to the worker's `user` and allowed to it (by handle) in `allowed`.
+fn open_disk_cache_for(
+    parent: &std::path::Path,
+    blob_ref: &BlobRef,
+    account: &Account,
+    user: WorkerUser,
+    allowed: &mut Allowed,
+) -> Result<std::fs::File, MountError> {
+    let name = crate::mount::disk_cache_name(
+        account,
+        &blob_ref.container,
+        &blob_ref.name,
+        blob_ref.snapshot.as_deref(),
+    );
+    let dir = files::open_drive_dir(parent, &name, Some((user.uid, user.gid)))
+        .map_err(MountError::system)?;
+    let handle = dir
+        .try_clone()
+        .map_err(|e| MountError::with_source("cannot hand on the disk cache", e))?;
+    allowed.read_write_dirs.push(handle);
+    Ok(dir)
 }
 
 /// In the child: the walls up, then death with the root part arranged (the
