@@ -134,6 +134,33 @@ fn assert_walled(pid: u64) {
     }
 }
 
+/// Kills the worker of the mount whose root part is `daemon` (SIGKILL).
+fn kill_worker(daemon: u64) {
+    let worker = *mount_processes(daemon)
+        .iter()
+        .find(|&&p| p != daemon)
+        .expect("a worker");
+    // SAFETY: kill with integer arguments, to the worker this test found.
+    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+}
+
+/// The loop device the mount's record names.
+fn recorded_device(mp: &Mp) -> String {
+    let list = common::util::json(&BD.ok(&["list", "--json"]));
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == mp.s())
+        .and_then(|m| m["device"].as_str().map(str::to_string))
+        .expect("the record names the loop device")
+}
+
+/// What sysfs names as the loop device `dev`'s backing file ("" once detached).
+fn backing_file(dev: &str) -> String {
+    let name = dev.trim_start_matches("/dev/");
+    std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).unwrap_or_default()
+}
+
 fn uid_of(pid: u64) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     field(&status, "Uid")
@@ -302,10 +329,7 @@ fn when_the_worker_dies_the_root_part_takes_the_mount_down_and_says_so() {
     let mp = BD.mp();
     BD.mount(&spec, &mp, &["--mode", "raw", "--run-as", USER]);
     let daemon = mp.pid();
-    let procs = mount_processes(daemon);
-    let worker = *procs.iter().find(|&&p| p != daemon).expect("a worker");
-    // SAFETY: kill with integer arguments, to the worker this test found.
-    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    kill_worker(daemon);
     wait_for_exit(daemon, "the root part", Duration::from_secs(20));
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(mp.s()), "FUSE left at {}", mp.s());
@@ -424,16 +448,9 @@ fn when_a_block_worker_dies_the_root_part_detaches_its_loop_device() {
         .trim()
         .to_string();
     let daemon = mp.pid();
-    let procs = mount_processes(daemon);
-    let worker = *procs.iter().find(|&&p| p != daemon).expect("a worker");
-    // SAFETY: kill with integer arguments, to the worker this test found.
-    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    kill_worker(daemon);
     wait_for_exit(daemon, "the root part", Duration::from_secs(30));
-    let backing = format!(
-        "/sys/block/{}/loop/backing_file",
-        dev.trim_start_matches("/dev/")
-    );
-    let still = std::fs::read_to_string(&backing).unwrap_or_default();
+    let still = backing_file(&dev);
     assert!(
         !still.contains(mp.s()),
         "{dev} still attached to {still} after the worker died"
@@ -509,20 +526,8 @@ fn when_an_fs_worker_dies_the_root_part_takes_the_filesystem_down() {
     let mp = BD.mp();
     BD.mount(&spec, &mp, &["--mkfs", "ext4", "--run-as", USER]);
     let daemon = mp.pid();
-    let list = common::util::json(&BD.ok(&["list", "--json"]));
-    let dev = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountpoint"] == mp.s())
-        .and_then(|m| m["device"].as_str().map(str::to_string))
-        .expect("the record names the loop device");
-    let worker = *mount_processes(daemon)
-        .iter()
-        .find(|&&p| p != daemon)
-        .expect("a worker");
-    // SAFETY: kill with integer arguments, to the worker this test found.
-    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    let dev = recorded_device(&mp);
+    kill_worker(daemon);
     wait_for_exit(daemon, "the root part", Duration::from_secs(30));
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(
@@ -530,11 +535,7 @@ fn when_an_fs_worker_dies_the_root_part_takes_the_filesystem_down() {
         "the filesystem left at {}",
         mp.s()
     );
-    let backing = format!(
-        "/sys/block/{}/loop/backing_file",
-        dev.trim_start_matches("/dev/")
-    );
-    let still = std::fs::read_to_string(&backing).unwrap_or_default();
+    let still = backing_file(&dev);
     assert!(still.trim().is_empty(), "{dev} still attached to {still}");
     let out = BD.cmd(&["unmount", mp.s()]).output();
     let text = String::from_utf8_lossy(&out.stderr).to_string();
@@ -615,14 +616,7 @@ fn a_worker_killed_while_its_filesystem_is_frozen_leaves_it_thawed_and_down() {
     let cs = proxy.connection_string();
     let mp = BD.via(&cs, &[]).mount(&spec, &["--mkfs", "ext4"]);
     let daemon = mp.pid();
-    let list = common::util::json(&BD.ok(&["list", "--json"]));
-    let dev = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountpoint"] == mp.s())
-        .and_then(|m| m["device"].as_str().map(str::to_string))
-        .expect("the record names the loop device");
+    let dev = recorded_device(&mp);
     // Fsynced: on the blob. Then data a snapshot's flush must send first.
     let kept: Vec<u8> = (0..(1 << 20)).map(|i| (i * 17 % 251) as u8).collect();
     let kept_path = mp.path().join("kept");
@@ -649,12 +643,7 @@ fn a_worker_killed_while_its_filesystem_is_frozen_leaves_it_thawed_and_down() {
         }
     }
     let mut frozen_probe = frozen_probe.expect("the snapshot froze the filesystem");
-    let worker = *mount_processes(daemon)
-        .iter()
-        .find(|&&p| p != daemon)
-        .expect("a worker");
-    // SAFETY: kill with integer arguments, to the worker this test found.
-    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    kill_worker(daemon);
     wait_for_exit(daemon, "the root part", Duration::from_secs(60));
     // Thawed: the write that waited goes on (and fails or not, the drive is
     // gone), and the filesystem let go of the loop device, which is detached.
@@ -672,16 +661,8 @@ fn a_worker_killed_while_its_filesystem_is_frozen_leaves_it_thawed_and_down() {
         "the filesystem left at {}",
         mp.s()
     );
-    let backing = format!(
-        "/sys/block/{}/loop/backing_file",
-        dev.trim_start_matches("/dev/")
-    );
     let until = std::time::Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string(&backing)
-        .unwrap_or_default()
-        .trim()
-        .is_empty()
-    {
+    while !backing_file(&dev).trim().is_empty() {
         assert!(
             std::time::Instant::now() < until,
             "{dev} still attached: the frozen filesystem holds it"
