@@ -44,7 +44,7 @@ impl Method {
     /// How it is said to a user.
     pub fn describe(self) -> &'static str {
         match self {
-            Method::Allocated => "the allocated extents",
+            Method::Allocated => "the service's page list",
             Method::Diff => "the service's snapshot diff",
             Method::Compare => {
                 "both snapshots' allocated extents (the service gave no diff: every extent allocated in either is listed)"
