@@ -4,6 +4,8 @@
 //! - `identity.rs`: who the plugin is and what it serves;
 //! - `controller.rs`: volumes as drives (create, delete, list, validate,
 //!   publish);
+//! - `clone.rs`: a volume made from another, copied by the storage service
+//!   from a snapshot taken for it;
 //! - `publish.rs`: which node a volume is published to, and fencing a node
 //!   that lost it;
 //! - `snapshots.rs`: volume snapshots as blob snapshots;
@@ -19,6 +21,7 @@
 //! deletes), a repeated call answers OK with the same answer.
 
 mod cgroup;
+mod clone;
 mod controller;
 mod identity;
 mod metadata;
