@@ -1,7 +1,8 @@
 //! One drive's snapshots as real Azure serves them, where Azurite cannot: Get
-//! Page Ranges paged at 10,000 ranges with `NextMarker` (Azurite never pages),
-//! `prevsnapshot` diffs with `ClearRange` (Azurite ignores `prevsnapshot`), and
-//! a snapshot's diff against itself empty. Each snapshot is a map of written
+//! Page Ranges paged at 10,000 ranges with `NextMarker` (Azurite 3.35 never
+//! pages: a blob of 10,050 ranges came back in one answer, `maxresults`
+//! ignored), `prevsnapshot` diffs with `ClearRange` (Azurite ignores
+//! `prevsnapshot`), and a snapshot's diff against itself empty. Each snapshot is a map of written
 //! pages, each page with the write that put it there; a diff is the pages
 //! whose write differs, written (`PageRange`) or cleared (`ClearRange`), as the
 //! REST reference describes them. Answers are in Azure's form (inclusive ends,
