@@ -12,6 +12,7 @@ pub mod output;
 
 pub mod azure;
 pub mod blobref;
+pub mod changes;
 pub mod csi;
 pub mod device;
 pub mod drive;

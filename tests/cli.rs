@@ -442,6 +442,7 @@ fn help_teaches_and_lists_only_built_commands() {
         vec!["restore"],
         vec!["lease", "break"],
         vec!["snapshot", "prune"],
+        vec!["snapshot", "changes"],
     ] {
         let mut args = cmd.clone();
         args.push("--help");
@@ -456,6 +457,7 @@ fn help_teaches_and_lists_only_built_commands() {
         ("list", "whose snapshots to list"),
         ("delete", "container/name.vhd@SNAPSHOT"),
         ("prune", "whose snapshots to prune"),
+        ("changes", "the allocated extents of"),
     ] {
         let out = BD.ok(&["snapshot", sub, "--help"]);
         let arg = out

@@ -1,8 +1,9 @@
 //! The Kubernetes manifests of deploy/kubernetes, parsed and checked against
 //! each other and against the driver they deploy (tests/fixtures/csi/
 //! deploy_rules.py lists the rules): the name and version GetPluginInfo answers
-//! on a running `blobdrive csi`, the flags `blobdrive csi --help` lists, and
-//! where blobdrive keeps its run directory. No cluster runs here: this is what
+//! on a running `blobdrive csi` and whether it offers SnapshotMetadata, the
+//! flags `blobdrive csi --help` lists, and where blobdrive keeps its run
+//! directory. No cluster runs here: this is what
 //! can be checked of a deployment without one.
 
 mod common;
@@ -25,15 +26,16 @@ impl Drop for Driver {
     }
 }
 
-/// The name and version GetPluginInfo answers, asked of a driver started on a
-/// socket in `dir` (the question touches no storage account, so the account
-/// named is the emulator's, not running).
-fn plugin_info(dir: &Path) -> (String, String) {
+/// The name and version GetPluginInfo answers, and whether GetPluginCapabilities
+/// offers SNAPSHOT_METADATA_SERVICE, asked of a driver started on a socket in
+/// `dir` as the controller Deployment starts it (the questions touch no storage
+/// account, so the account named is the emulator's, not running).
+fn plugin_info(dir: &Path) -> (String, String, bool) {
     csi_stubs(dir);
     let socket = dir.join("csi.sock");
     let _driver = Driver(
         Command::new(env!("CARGO_BIN_EXE_blobdrive"))
-            .args(["csi", "--node-id", "deploy-check", "--endpoint"])
+            .args(["csi", "--role", "controller", "--endpoint"])
             .arg(format!("unix://{}", socket.display()))
             .env(
                 "AZURE_STORAGE_CONNECTION_STRING",
@@ -48,29 +50,33 @@ fn plugin_info(dir: &Path) -> (String, String) {
         assert!(Instant::now() < until, "the driver's socket never answered");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let out = Command::new(python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/csi/call.py"))
-        .arg(dir)
-        .arg(&socket)
-        .args(["Identity", "GetPluginInfo", "{}"])
-        .output()
-        .expect("run call.py");
-    let info: serde_json::Value =
-        serde_json::from_str(&stdout_of_success(&"GetPluginInfo", out)).unwrap();
+    let ask = |method: &str| -> serde_json::Value {
+        let out = Command::new(python())
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/csi/call.py"))
+            .arg(dir)
+            .arg(&socket)
+            .args(["Identity", method, "{}"])
+            .output()
+            .expect("run call.py");
+        serde_json::from_str(&stdout_of_success(&method, out)).unwrap()
+    };
+    let info = ask("GetPluginInfo");
     let field = |k: &str| {
         info[k]
             .as_str()
             .unwrap_or_else(|| panic!("{info}"))
             .to_string()
     };
-    (field("name"), field("vendor_version"))
+    let capabilities = ask("GetPluginCapabilities").to_string();
+    let metadata = capabilities.contains("SNAPSHOT_METADATA_SERVICE");
+    (field("name"), field("vendor_version"), metadata)
 }
 
 #[test]
 fn the_manifests_agree_with_each_other_and_with_the_driver() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
-    let (name, version) = plugin_info(dir.path());
+    let (name, version, metadata) = plugin_info(dir.path());
     let help = Command::new(env!("CARGO_BIN_EXE_blobdrive"))
         .args(["csi", "--help"])
         .env("COLUMNS", "100")
@@ -89,6 +95,7 @@ fn the_manifests_agree_with_each_other_and_with_the_driver() {
         .arg(root.join("deploy/kubernetes"))
         .arg(&help_file)
         .args([&name, &version, &run_dir])
+        .arg(if metadata { "yes" } else { "no" })
         .output()
         .expect("run deploy_rules.py");
     let said = String::from_utf8_lossy(&out.stdout);

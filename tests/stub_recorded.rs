@@ -11,7 +11,7 @@ use blobdrive::azure::{
     Account, AzureError, BlobService, Credential, PageRange, RetryPolicy, SegmentPlan,
 };
 use bytes::Bytes;
-use stub::{Recorded, Reply, Stub};
+use stub::{pageblob, Recorded, Reply, Stub};
 
 fn fixture(name: &str) -> String {
     let path = format!("{}/tests/fixtures/azure/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -773,4 +773,169 @@ fn one_try_past_the_io_timeout_ends_by_its_deadline_at_the_default_settings() {
         1,
         "one attempt, on a connection of its own"
     );
+}
+
+/// The fragmented drive of `stub::pageblob` (two snapshots, S1 and S2, with
+/// more ranges than the service's page), served as Azure serves it.
+fn fragmented_drive(diff_refused: bool) -> (Stub, pageblob::Drive) {
+    let footer = || {
+        blobdrive::vhd::Footer::new_fixed(1 << 30)
+            .unwrap()
+            .to_bytes()
+            .to_vec()
+    };
+    let mut served = pageblob::Drive::fragmented("disks", "frag.vhd", footer());
+    served.diff_refused = diff_refused;
+    let model = pageblob::Drive::fragmented("disks", "frag.vhd", footer());
+    (Stub::start(served.handler()), model)
+}
+
+/// Every extent of a stream, in batches of `max`, checked on the way: each
+/// batch holds at most `max`, and extents are in order and disjoint across
+/// batches.
+fn drain(extents: &mut blobdrive::changes::Extents, max: usize) -> Vec<(u64, u64)> {
+    let mut all: Vec<(u64, u64)> = Vec::new();
+    let rt = rt();
+    while let Some(batch) = rt.block_on(extents.next_batch(max)).unwrap() {
+        assert!(!batch.is_empty() && batch.len() <= max, "{}", batch.len());
+        for r in batch {
+            if let Some(last) = all.last() {
+                assert!(last.1 < r.start, "{last:?} then {r:?}");
+            }
+            all.push((r.start, r.end));
+        }
+    }
+    all
+}
+
+/// Pages asked of the stub since request `since`: (x-ms-range, marker,
+/// prevsnapshot, snapshot).
+type PageAsk = (String, Option<String>, Option<String>, Option<String>);
+fn page_asks(stub: &Stub, since: usize) -> Vec<PageAsk> {
+    stub.requests()[since..]
+        .iter()
+        .filter(|r| r.query("comp").as_deref() == Some("pagelist"))
+        .map(|r| {
+            (
+                r.header("x-ms-range").unwrap_or_default().to_string(),
+                r.query("marker"),
+                r.query("prevsnapshot"),
+                r.query("snapshot"),
+            )
+        })
+        .collect()
+}
+
+/// A snapshot with 16,000 scattered pages in its first segment: the service
+/// pages its answers at 10,000, the stream follows the pages and the segments
+/// (the run across 128 MiB is one extent), holds no more than one page of the
+/// service and one batch at a time (not the blob's 16,000 ranges), and
+/// resuming from an offset asks the service from that offset's page.
+#[test]
+fn allocated_extents_follow_the_service_pages_and_hold_one_page() {
+    let (stub, model) = fragmented_drive(false);
+    let svc = service(&stub, fast_policy());
+    let s1 = svc
+        .blob("disks", "frag.vhd")
+        .at_snapshot(Some(pageblob::S1));
+    let want = model.allocated(pageblob::S1);
+    assert!(want.len() > 16_000, "{}", want.len());
+    let mut extents = rt()
+        .block_on(blobdrive::changes::allocated(&s1, 0))
+        .unwrap();
+    assert_eq!(extents.disk_size(), 1 << 30);
+    let got = drain(&mut extents, 3);
+    assert_eq!(got.len(), want.len());
+    assert_eq!(got, want);
+    let held = extents.peak_held();
+    assert!(
+        held <= pageblob::SERVICE_PAGE + 3 + 1,
+        "held {held} ranges at once"
+    );
+    let asks = page_asks(&stub, 0);
+    assert!(asks.iter().any(|a| a.1.is_some()), "no NextMarker followed");
+    assert!(asks.iter().all(|a| a.0.starts_with("bytes=")), "{asks:?}");
+    // Resumed inside the 5,000th extent: the rest, the first one cut at the
+    // offset, asked from the offset's page on, with no marker first.
+    let k = 5_000;
+    let from = want[k].0 + 100;
+    let since = stub.requests().len();
+    let mut rest = rt()
+        .block_on(blobdrive::changes::allocated(&s1, from))
+        .unwrap();
+    let got = drain(&mut rest, 1000);
+    let mut tail = vec![(from, want[k].1)];
+    tail.extend_from_slice(&want[k + 1..]);
+    assert_eq!(got, tail);
+    let first = &page_asks(&stub, since)[0];
+    let aligned = from - from % 512;
+    assert!(
+        first.0.starts_with(&format!("bytes={aligned}-")) && first.1.is_none(),
+        "{first:?}"
+    );
+    let past = rt().block_on(blobdrive::changes::allocated(&s1, (1 << 30) + 1));
+    assert!(matches!(
+        past,
+        Err(blobdrive::changes::ChangesError::PastTheEnd { .. })
+    ));
+}
+
+/// The service's diff, paged: written and cleared pages in one sorted stream
+/// (what S2 cleared is there, across the 128 MiB segment edge too), the self
+/// check asked first; a diff the service refuses (the blob overwritten since)
+/// gives both snapshots' allocated extents instead.
+#[test]
+fn delta_extents_merge_written_and_cleared_pages_of_the_service_diff() {
+    let (stub, model) = fragmented_drive(false);
+    let svc = service(&stub, fast_policy());
+    let blob = svc.blob("disks", "frag.vhd");
+    let (s1, s2) = (
+        blob.at_snapshot(Some(pageblob::S1)),
+        blob.at_snapshot(Some(pageblob::S2)),
+    );
+    let want = model.changed(pageblob::S1, pageblob::S2);
+    assert!(want.len() > pageblob::SERVICE_PAGE, "{}", want.len());
+    let mut extents = rt()
+        .block_on(blobdrive::changes::delta(&s1, &s2, 0))
+        .unwrap();
+    assert_eq!(extents.method(), blobdrive::changes::Method::Diff);
+    assert_eq!(drain(&mut extents, 1000), want);
+    let asks = page_asks(&stub, 0);
+    assert!(asks
+        .iter()
+        .any(|a| a.2.as_deref() == Some(pageblob::S1) && a.1.is_some()));
+    // Older and newer the wrong way round, or the same: refused before asking.
+    for (b, t) in [(&s2, &s1), (&s1, &s1)] {
+        let e = rt().block_on(blobdrive::changes::delta(b, t, 0));
+        assert!(matches!(
+            e,
+            Err(blobdrive::changes::ChangesError::NotOlder { .. })
+        ));
+    }
+    let (stub, model) = fragmented_drive(true);
+    let blob = service(&stub, fast_policy()).blob("disks", "frag.vhd");
+    let (s1, s2) = (
+        blob.at_snapshot(Some(pageblob::S1)),
+        blob.at_snapshot(Some(pageblob::S2)),
+    );
+    let mut extents = rt()
+        .block_on(blobdrive::changes::delta(&s1, &s2, 0))
+        .unwrap();
+    assert_eq!(extents.method(), blobdrive::changes::Method::Compare);
+    let mut both = model.allocated(pageblob::S1);
+    both.extend(model.allocated(pageblob::S2));
+    assert_eq!(drain(&mut extents, 1000), union(both));
+}
+
+/// Sorted, merged union of half-open ranges.
+fn union(mut all: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    all.sort();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in all {
+        match out.last_mut() {
+            Some(last) if last.1 >= s => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
 }

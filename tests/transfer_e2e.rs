@@ -551,3 +551,116 @@ fn prune_skips_mounted_snapshots_and_download_warns_about_a_writable_mount() {
         "{out:?}"
     );
 }
+
+/// The SDK's allocated extents of the disk of `spec` (BLOB or BLOB@SNAPSHOT)
+/// of `disk` bytes: its page ranges, merged, the footer left out.
+fn sdk_extents(spec: &str, disk: u64) -> Vec<(u64, u64)> {
+    let ranges = common::sdk::page_ranges(&(BD.account)(), spec);
+    merged(ranges.into_iter().map(|(s, e)| (s, e.min(disk))).collect())
+}
+
+/// Half-open ranges sorted, empty ones dropped, touching ones joined.
+fn merged(mut all: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    all.retain(|r| r.0 < r.1);
+    all.sort();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in all {
+        match out.last_mut() {
+            Some(last) if last.1 >= s => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// `extents` of `snapshot changes --json` as pairs.
+fn extents_of(v: &Value) -> Vec<(u64, u64)> {
+    v["extents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let (o, l) = (p[0].as_u64().unwrap(), p[1].as_u64().unwrap());
+            (o, o + l)
+        })
+        .collect()
+}
+
+/// `snapshot changes`: a snapshot's allocated extents (BLOB@SNAPSHOT, in JSON
+/// and as OFFSET LENGTH lines) are the SDK's page ranges of it; the changes
+/// from one snapshot to another, or to the drive as it is, are on Azurite
+/// (which gives no diff) every extent either holds, as the SDK lists them;
+/// wrong snapshots are one line.
+#[test]
+fn snapshot_changes_lists_the_extents_the_sdk_lists() {
+    const DISK: u64 = 32 * MIB;
+    let spec = BD.new_drive("changes", "32MiB");
+    let blob = BD.blob(&spec);
+    let put = |at: u64, len: usize, byte: u8| {
+        rt().block_on(blob.put_pages(at, Bytes::from(vec![byte; len]), None))
+            .unwrap()
+    };
+    put(0, 512, 1);
+    put(3 * 4096, 4096, 2);
+    put(8 * MIB, 4 * MIB as usize, 3);
+    let snap = || {
+        json(&BD.ok(&["snapshot", "create", &spec, "--json"]))["snapshot"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let a = snap();
+    put(512, 512, 4);
+    put(20 * MIB, 4096, 5);
+    rt().block_on(blob.clear_pages(8 * MIB + 4096, 8192, None))
+        .unwrap();
+    let b = snap();
+    let (at_a, at_b) = (format!("{spec}@{a}"), format!("{spec}@{b}"));
+    let listed = json(&BD.ok(&["snapshot", "changes", &at_a, "--json"]));
+    assert_eq!(listed["method"], "allocated");
+    assert_eq!(listed["disk_size"], DISK);
+    let want = sdk_extents(&at_a, DISK);
+    assert_eq!(extents_of(&listed), want);
+    assert_eq!(listed["count"], want.len());
+    let lines: Vec<(u64, u64)> = BD
+        .ok(&["snapshot", "changes", &at_a])
+        .lines()
+        .map(|l| {
+            let (o, n) = l.split_once(' ').unwrap();
+            let o: u64 = o.parse().unwrap();
+            (o, o + n.parse::<u64>().unwrap())
+        })
+        .collect();
+    assert_eq!(lines, want);
+    let both = |x: &str, y: &str| {
+        let mut all = sdk_extents(x, DISK);
+        all.extend(sdk_extents(y, DISK));
+        merged(all)
+    };
+    let changed = json(&BD.ok(&[
+        "snapshot", "changes", &spec, "--from", &a, "--to", &at_b, "--json",
+    ]));
+    assert_eq!(changed["method"], "compare");
+    assert_eq!(changed["from"], a.as_str());
+    assert_eq!(changed["to"], b.as_str());
+    assert_eq!(extents_of(&changed), both(&at_a, &at_b));
+    put(28 * MIB, 512, 6);
+    let since = json(&BD.ok(&["snapshot", "changes", &spec, "--from", &at_a, "--json"]));
+    assert_eq!(since["to"], Value::Null);
+    assert_eq!(extents_of(&since), both(&at_a, &spec));
+    BD.cmd(&["snapshot", "changes", &spec, "--from", &b, "--to", &a])
+        .fails_saying("is not older than");
+    BD.cmd(&["snapshot", "changes", &at_a, "--to", &b])
+        .fails_saying("name the newer snapshot once");
+    BD.cmd(&[
+        "snapshot",
+        "changes",
+        &spec,
+        "--from",
+        "2001-01-01T00:00:00.0000000Z",
+    ])
+    .fails_saying("does not exist");
+    let other = format!("{}/other.vhd@{a}", spec.split('/').next().unwrap());
+    BD.cmd(&["snapshot", "changes", &spec, "--from", &other])
+        .fails_saying("snapshot of");
+}

@@ -26,7 +26,7 @@ pub mod xml;
 pub use account::{Account, Credential};
 pub use error::{AzureError, Op};
 pub use ops::{
-    BlobClient, BlobProperties, ContainerClient, DeleteSnapshots, PageDiff, SegmentPlan,
+    BlobClient, BlobProperties, ContainerClient, DeleteSnapshots, PageDiff, PageWalk, SegmentPlan,
     WriteFence, MAX_PUT_PAGE, PAGE,
 };
 pub use pipeline::BlobService;

@@ -8,8 +8,8 @@ use super::Context;
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Kubernetes runs it twice: the controller Deployment serves `--role controller` beside
-the csi-provisioner, csi-attacher, csi-snapshotter and csi-resizer sidecars, and the
-node DaemonSet serves `--role node` on every node beside node-driver-registrar
+the csi-provisioner, csi-attacher, csi-snapshotter, csi-resizer and csi-snapshot-metadata
+sidecars, and the node DaemonSet serves `--role node` on every node beside node-driver-registrar
 (privileged, hostPID, the kubelet's directory with Bidirectional mount propagation).
 deploy/kubernetes/ has the manifests; docs/kubernetes.md says how to deploy them.
 
@@ -19,6 +19,10 @@ published to one node at a time. Unpublishing it from a node that never unstaged
 sequence number before it answers, so the node's late writes are refused by the
 storage service itself and its I/O fails with EIO: failover by fencing, not by a
 clock.
+
+Backup tools ask the controller, through csi-snapshot-metadata, which blocks of a
+snapshot hold data and which changed between two snapshots (the CSI SnapshotMetadata
+service): the storage service's Get Page Ranges, with its snapshot diff.
 
 Each staged volume is a `blobdrive mount` whose daemon outlives this process: a
 node plugin killed or restarted leaves its volumes serving, and takes them down

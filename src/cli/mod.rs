@@ -2,6 +2,7 @@
 //! file and is a thin layer over the library.
 
 mod auth;
+mod changes;
 mod completions;
 mod context;
 mod create;
@@ -135,7 +136,8 @@ pub enum Command {
     List(list::Args),
     /// Show a mounted drive's request and cache counters.
     Stats(stats::Args),
-    /// Take, list, delete and prune snapshots (point-in-time images).
+    /// Take, list, delete and prune snapshots (point-in-time images), and list
+    /// what changed between them.
     #[command(subcommand)]
     Snapshot(snapshot::Command),
     /// Upload a raw image or fixed VHD as a new drive (only data is sent).

@@ -1,4 +1,4 @@
-//! `blobdrive snapshot create|list|delete|prune`.
+//! `blobdrive snapshot create|list|delete|prune|changes`.
 
 use std::time::Duration;
 
@@ -46,6 +46,9 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// List the extents that changed between two snapshots (or since one), or
+    /// that a drive or snapshot holds.
+    Changes(super::changes::Args),
 }
 
 pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
@@ -58,6 +61,7 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
             keep,
             dry_run,
         } => prune(ctx, &blob, keep, dry_run),
+        Command::Changes(a) => super::changes::run(ctx, a),
     }
 }
 

@@ -9,9 +9,9 @@ use tonic::{Request, Response, Status};
 use super::proto::controller_server::Controller;
 use super::proto::controller_service_capability::{self, rpc};
 use super::proto::*;
-use super::publish;
 use super::snapshots;
 use super::volume::{self, VolumeId};
+use super::{clone, publish};
 use super::{status_of, Driver};
 use crate::azure::{BlobClient, DeleteSnapshots};
 use crate::drive::{self, Drive, DriveError};
@@ -87,16 +87,13 @@ impl ControllerService {
         blob.copy_from(&source, None, None)
             .await
             .map_err(status_of)?;
-        // The copy brings the snapshot's metadata: not its source's publication
-        // (a new volume is published nowhere) nor the name it was taken as.
+        // The copy brings the snapshot's metadata, not all of which is the
+        // new volume's.
         let props = blob.properties().await.map_err(status_of)?;
         let kept: Vec<(&str, &str)> = props
             .metadata
             .iter()
-            .filter(|(k, _)| {
-                !k.eq_ignore_ascii_case(publish::PUBLISHED_META)
-                    && !k.eq_ignore_ascii_case(snapshots::SNAPSHOT_META)
-            })
+            .filter(|(k, _)| snapshots::kept_by_a_copy(k))
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         if kept.len() != props.metadata.len() {
@@ -169,12 +166,9 @@ impl Controller for ControllerService {
                 snapshots::SnapshotId::parse(&s.snapshot_id)
                     .ok_or_else(|| Status::not_found(format!("no snapshot {}", s.snapshot_id)))?,
             ),
-            Some(volume_content_source::Type::Volume(_)) => {
-                return Err(Status::invalid_argument(
-                    "volumes are made from snapshots, not cloned from volumes",
-                ))
-            }
+            Some(volume_content_source::Type::Volume(_)) => None,
         };
+        let clone_of = clone::source_asked(req.volume_content_source.as_ref())?;
         let id = VolumeId::for_name(&self.container_for(&req.parameters)?, &req.name)?;
         if let Some(d) = self.existing(&id).await? {
             // The same name again: the same volume if its size still fits.
@@ -185,14 +179,29 @@ impl Controller for ControllerService {
                     d.disk_size()
                 )));
             }
+            let source = clone::repeated(
+                &self.driver.service,
+                &d.props,
+                req.volume_content_source.as_ref(),
+                &id,
+            )
+            .await?;
             return Ok(Response::new(CreateVolumeResponse {
-                volume: Some(volume(&id, d.disk_size(), None)),
+                volume: Some(volume(&id, d.disk_size(), source)),
             }));
         }
         let blob = self.blob(&id);
         match blob.container().create().await {
             Ok(_) => {}
             Err(e) => return Err(status_of(e)),
+        }
+        if let Some(source) = clone_of {
+            let (blob, req_ref) = (&blob, &req);
+            let copy = |snapshot| async move { self.copy_snapshot(blob, &snapshot, req_ref).await };
+            let size = clone::clone_volume(&self.driver.service, &source, &id, copy).await?;
+            return Ok(Response::new(CreateVolumeResponse {
+                volume: Some(volume(&id, size, req.volume_content_source.clone())),
+            }));
         }
         if let Some(snapshot) = from {
             let size = self.copy_snapshot(&blob, &snapshot, &req).await?;
@@ -427,6 +436,7 @@ impl Controller for ControllerService {
             rpc::Type::CreateDeleteSnapshot,
             rpc::Type::ListSnapshots,
             rpc::Type::ExpandVolume,
+            rpc::Type::CloneVolume,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {

@@ -14,7 +14,12 @@ use super::proto::{
 /// `provisioner` of a StorageClass): domain-name form, at most 63 characters.
 pub const PLUGIN_NAME: &str = "csi.blobdrive.io";
 
-pub struct IdentityService;
+/// Identity, telling what the process serves: SnapshotMetadata is served
+/// where Controller is (the sidecar that calls it runs beside the
+/// controller's).
+pub struct IdentityService {
+    pub snapshot_metadata: bool,
+}
 
 #[tonic::async_trait]
 impl Identity for IdentityService {
@@ -47,8 +52,12 @@ impl Identity for IdentityService {
                 },
             )),
         };
+        let mut capabilities = vec![service(service::Type::ControllerService), online];
+        if self.snapshot_metadata {
+            capabilities.push(service(service::Type::SnapshotMetadataService));
+        }
         Ok(Response::new(GetPluginCapabilitiesResponse {
-            capabilities: vec![service(service::Type::ControllerService), online],
+            capabilities,
         }))
     }
 

@@ -4,9 +4,13 @@
 //! - `identity.rs`: who the plugin is and what it serves;
 //! - `controller.rs`: volumes as drives (create, delete, list, validate,
 //!   publish);
+//! - `clone.rs`: a volume made from another, copied by the storage service
+//!   from a snapshot taken for it;
 //! - `publish.rs`: which node a volume is published to, and fencing a node
 //!   that lost it;
 //! - `snapshots.rs`: volume snapshots as blob snapshots;
+//! - `metadata.rs`: the SnapshotMetadata service, a snapshot's allocated
+//!   blocks and the blocks changed between two, for backup tools;
 //! - `node.rs`: staging (a blobdrive mount at the staging path, its daemon
 //!   outliving the CSI process), publishing (a bind mount), stats, online grow;
 //! - `volume.rs`: volume ids, sizes and capabilities, checked before anything is
@@ -17,8 +21,10 @@
 //! deletes), a repeated call answers OK with the same answer.
 
 mod cgroup;
+mod clone;
 mod controller;
 mod identity;
+mod metadata;
 mod node;
 mod publish;
 mod snapshots;
@@ -53,14 +59,14 @@ fn status_of(e: crate::azure::AzureError) -> tonic::Status {
 }
 
 /// Which services a driver process serves: the controller Deployment needs
-/// Identity and Controller (no privileges, no mounts), each node's DaemonSet
-/// pod Identity and Node; one process may serve all three (a single host, the
-/// tests).
+/// Identity, Controller and SnapshotMetadata (no privileges, no mounts), each
+/// node's DaemonSet pod Identity and Node; one process may serve them all (a
+/// single host, the tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Role {
-    /// Identity, Controller and Node.
+    /// Identity, Controller, SnapshotMetadata and Node.
     All,
-    /// Identity and Controller.
+    /// Identity, Controller and SnapshotMetadata.
     Controller,
     /// Identity and Node.
     Node,
@@ -135,7 +141,8 @@ fn bind(path: &std::path::Path) -> Result<UnixListener, CsiError> {
     Ok(listener)
 }
 
-/// Serves Identity, Controller and Node on `endpoint` until `stop` resolves.
+/// Serves Identity and the services of the driver's role on `endpoint` until
+/// `stop` resolves.
 pub async fn serve(
     driver: Driver,
     endpoint: &str,
@@ -149,6 +156,11 @@ pub async fn serve(
             driver.clone(),
         ))
     });
+    let metadata = (driver.role != Role::Node).then(|| {
+        proto::snapshot_metadata_server::SnapshotMetadataServer::new(
+            metadata::MetadataService::new(driver.service.clone()),
+        )
+    });
     let node = (driver.role != Role::Controller).then(|| {
         proto::node_server::NodeServer::new(node::NodeService::new(
             driver.service,
@@ -158,9 +170,12 @@ pub async fn serve(
     });
     let result = tonic::transport::Server::builder()
         .add_service(proto::identity_server::IdentityServer::new(
-            identity::IdentityService,
+            identity::IdentityService {
+                snapshot_metadata: metadata.is_some(),
+            },
         ))
         .add_optional_service(controller)
+        .add_optional_service(metadata)
         .add_optional_service(node)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
         .await;

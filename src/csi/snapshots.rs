@@ -46,7 +46,8 @@ impl SnapshotId {
     }
 }
 
-/// Every snapshot of the volumes in `container`, as listed (with metadata).
+/// Every snapshot of the volumes in `container`, as listed (with metadata),
+/// but those taken for a clone (see `clone.rs`), which are no VolumeSnapshots.
 pub async fn in_container(
     svc: &BlobService,
     container: &str,
@@ -58,12 +59,27 @@ pub async fn in_container(
     };
     Ok(items
         .into_iter()
+        .filter(|item| !super::clone::taken_for_a_clone(&item.metadata))
         .filter_map(|item| {
             let at = item.snapshot.clone()?;
             let id = SnapshotId::parse(&format!("{container}/{}@{at}", item.name))?;
             Some((id, item))
         })
         .collect())
+}
+
+/// Whether a volume copied from a snapshot keeps the snapshot's metadata
+/// `name`: not its source's publication (a new volume is published nowhere),
+/// the name it was taken as, nor what a clone records of its own.
+pub fn kept_by_a_copy(name: &str) -> bool {
+    ![
+        super::publish::PUBLISHED_META,
+        SNAPSHOT_META,
+        super::clone::CLONE_FOR_META,
+        super::clone::CLONED_FROM_META,
+    ]
+    .iter()
+    .any(|m| name.eq_ignore_ascii_case(m))
 }
 
 /// The CSI name `item` was taken as, if any.

@@ -50,3 +50,24 @@ pub fn csi_stubs(dir: &Path) {
         .expect("run grpc_tools.protoc");
     stdout_of_success(&"grpc_tools.protoc", out);
 }
+
+/// The page ranges (half-open, as listed, every page of the answer followed)
+/// the SDK lists of `spec` (container/blob or container/blob@SNAPSHOT).
+pub fn page_ranges(cs: &str, spec: &str) -> Vec<(u64, u64)> {
+    let (container, blob) = spec.split_once('/').unwrap();
+    let (blob, snapshot) = blob.split_once('@').unwrap_or((blob, ""));
+    let out = Command::new(python())
+        .args([
+            "-c",
+            "import json, os, sys\nfrom azure.storage.blob import BlobClient\nc = BlobClient.from_connection_string(os.environ['AZURE_STORAGE_CONNECTION_STRING'], sys.argv[1], sys.argv[2], snapshot=sys.argv[3] or None)\nprint(json.dumps([[r.start, r.end + 1] for r in c.list_page_ranges()]))",
+            container,
+            blob,
+            snapshot,
+        ])
+        .env("AZURE_STORAGE_CONNECTION_STRING", cs)
+        .output()
+        .expect("run the Python SDK");
+    let listed: Vec<(u64, u64)> =
+        serde_json::from_str(&stdout_of_success(&"list_page_ranges", out)).unwrap();
+    listed
+}

@@ -142,6 +142,8 @@ pub struct Proxy {
     pub waiting: Arc<AtomicU64>,
     pub faults: Arc<Mutex<Vec<Fault>>>,
     pub requests: Arc<AtomicU64>,
+    /// Bytes carried both ways: requests (heads and bodies) and answers.
+    pub bytes: Arc<AtomicU64>,
 }
 
 struct Rng(u64);
@@ -171,6 +173,7 @@ impl Proxy {
             endless: Arc::new(AtomicBool::new(false)),
             faults: Arc::new(Mutex::new(Vec::new())),
             requests: Arc::new(AtomicU64::new(0)),
+            bytes: Arc::new(AtomicU64::new(0)),
             late: Arc::new(Mutex::new(Vec::new())),
             holding: Arc::new(AtomicU64::new(0)),
             waiting: Arc::new(AtomicU64::new(0)),
@@ -201,6 +204,7 @@ impl Proxy {
             waiting: shared.waiting.clone(),
             faults: shared.faults.clone(),
             requests: shared.requests.clone(),
+            bytes: shared.bytes.clone(),
         }
     }
 
@@ -269,6 +273,7 @@ struct Shared {
     endless: Arc<AtomicBool>,
     faults: Arc<Mutex<Vec<Fault>>>,
     requests: Arc<AtomicU64>,
+    bytes: Arc<AtomicU64>,
     late: Arc<Mutex<Vec<LateCommit>>>,
     holding: Arc<AtomicU64>,
     waiting: Arc<AtomicU64>,
@@ -388,6 +393,7 @@ fn serve(conn: TcpStream, s: &Shared) {
             return;
         }
         s.requests.fetch_add(1, Relaxed);
+        s.bytes.fetch_add((head.len() + body.len()) as u64, Relaxed);
         if s.paused.load(Relaxed) {
             s.waiting.fetch_add(1, Relaxed);
             while s.paused.load(Relaxed) {
@@ -440,6 +446,7 @@ fn serve(conn: TcpStream, s: &Shared) {
                 None => return,
             },
         };
+        s.bytes.fetch_add(resp.len() as u64, Relaxed);
         if writer.write_all(&resp).is_err() {
             return;
         }

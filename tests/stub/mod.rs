@@ -5,6 +5,8 @@
 
 #![allow(dead_code)] // each test binary uses its own part of the stub
 
+pub mod pageblob;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};

@@ -276,21 +276,9 @@ impl BlobClient {
         );
         let mut advance = Advance::default();
         loop {
-            let mut q: Vec<(&str, &str)> = vec![("comp", "pagelist")];
-            if let Some(p) = prev_snapshot {
-                q.push(("prevsnapshot", p));
-            }
-            if let Some(m) = marker.as_deref() {
-                q.push(("marker", m));
-            }
-            let mut req = self.request(Op::GetPageRanges, Method::GET, &q, &[200]);
-            req.max_attempts = max_attempts;
-            if let Some(r) = range {
-                req.header("x-ms-range", format!("bytes={}-{}", r.start, r.end - 1));
-            }
-            self.count(|s| ClientStats::add(&s.page_range_requests, 1));
-            let resp = self.svc.execute(req).await?;
-            let page = xml::parse_page_list(&resp.body).map_err(|d| self.broken_list(d))?;
+            let page = self
+                .page_list_page(range, prev_snapshot, marker.as_deref(), max_attempts)
+                .await?;
             sent += page.ranges.len() + page.cleared.len();
             guard.page(
                 page.ranges.len() + page.cleared.len(),
@@ -318,9 +306,35 @@ impl BlobClient {
         }
     }
 
+    /// One request of a Get Page Ranges query: the page of the answer that
+    /// `marker` names (the first without it), ranges as sent, unmerged.
+    pub(super) async fn page_list_page(
+        &self,
+        range: Option<PageRange>,
+        prev_snapshot: Option<&str>,
+        marker: Option<&str>,
+        max_attempts: Option<u32>,
+    ) -> Result<xml::PageListPage, AzureError> {
+        let mut q: Vec<(&str, &str)> = vec![("comp", "pagelist")];
+        if let Some(p) = prev_snapshot {
+            q.push(("prevsnapshot", p));
+        }
+        if let Some(m) = marker {
+            q.push(("marker", m));
+        }
+        let mut req = self.request(Op::GetPageRanges, Method::GET, &q, &[200]);
+        req.max_attempts = max_attempts;
+        if let Some(r) = range {
+            req.header("x-ms-range", format!("bytes={}-{}", r.start, r.end - 1));
+        }
+        self.count(|s| ClientStats::add(&s.page_range_requests, 1));
+        let resp = self.svc.execute(req).await?;
+        xml::parse_page_list(&resp.body).map_err(|d| self.broken_list(d))
+    }
+
     /// A Get Page Ranges answer that cannot be right: final, never retried (an
     /// endpoint that answers so once will answer so again).
-    fn broken_list(&self, detail: String) -> AzureError {
+    pub(super) fn broken_list(&self, detail: String) -> AzureError {
         AzureError::Protocol {
             op: Op::GetPageRanges,
             target: self.target(),
@@ -400,7 +414,7 @@ impl BlobClient {
     }
 
     /// Whether a failed query is one the service could not finish in time.
-    fn unfinished(e: &AzureError) -> bool {
+    pub(super) fn unfinished(e: &AzureError) -> bool {
         matches!(e.status(), Some(500 | 503)) || matches!(e, AzureError::Unreachable { .. })
     }
 }
