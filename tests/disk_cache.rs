@@ -686,6 +686,12 @@ fn warm_fetches_the_allocated_pages_once_stops_on_ctrl_c_and_resumes() {
     let third = json(&via.ok(&["warm", mp.s(), "--json"]));
     assert_eq!(n(&third, "fetched"), 0, "{third}");
     assert_eq!(n(&third, "skipped"), 0, "{third}");
+    let said = via.ok(&["warm", mp.s()]);
+    assert!(
+        said.starts_with(&format!("warm-up of {}: done, 128 MiB allocated", mp.s()))
+            && said.contains(": 0 bytes fetched, 128"),
+        "{said}"
+    );
     let human = via.ok(&["stats", mp.s()]);
     assert!(
         human.contains("warm-up:        done, 128 MiB allocated"),

@@ -7,7 +7,7 @@
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -47,14 +47,11 @@ pub struct Args {
 
 /// The connection's descriptor, for the Ctrl-C handler (-1: none).
 static SOCKET: AtomicI32 = AtomicI32::new(-1);
-/// Ctrl-C was pressed.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Ctrl-C: closes this side of the connection, which the daemon takes as "stop"
 /// (it answers once the reads in flight end). A second Ctrl-C is the default
 /// one (`SA_RESETHAND`).
 extern "C" fn on_interrupt(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
     let fd = SOCKET.load(Ordering::SeqCst);
     if fd >= 0 {
         // SAFETY: shutdown(2) is async-signal-safe; a closed descriptor only
@@ -117,7 +114,8 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         println!("warm-up of {}: {}", mp.display(), status_line(&end));
     }
-    if end.stopped || INTERRUPTED.load(Ordering::SeqCst) {
+    // (A Ctrl-C that came as the last reads ended stopped nothing.)
+    if end.stopped {
         bail!(
             "stopped before the end; run `blobdrive warm {}` again to fetch the rest",
             mp.display()
