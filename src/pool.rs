@@ -6,9 +6,14 @@
 //! an idle mount holds none of them: a node that serves dozens of drives, most
 //! of them idle, pays for the threads of the busy ones only. (Pools of fixed
 //! threads made one idle mount cost 108 threads, then 93.)
+//!
+//! A pool may also take background jobs ([`Pool::with_background`]): work that
+//! nobody waits for (a warm-up of the disk cache), done by the same threads but
+//! only when no ordinary job waits, and by a few of them at most, so the
+//! ordinary jobs (an application's reads) keep the rest and go first.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 /// Such work needs little stack.
@@ -28,6 +33,8 @@ struct Shared<J> {
     name: String,
     max_threads: usize,
     queue_max: Option<usize>,
+    /// Background jobs running at once, at most.
+    background_max: usize,
     /// How long a thread waits for a job before it ends.
     idle_exit: Duration,
     work: Box<dyn Fn(J) + Send + Sync>,
@@ -45,6 +52,10 @@ struct Shared<J> {
 
 struct State<J> {
     queue: VecDeque<J>,
+    /// Background jobs, taken only while `queue` is empty.
+    background: VecDeque<J>,
+    /// Background jobs being done now.
+    background_running: usize,
     threads: usize,
     idle: usize,
     closed: bool,
@@ -64,11 +75,14 @@ impl<J: Send + 'static> Pool<J> {
                 name: name.to_string(),
                 max_threads: threads.max(1),
                 queue_max: None,
+                background_max: 0,
                 idle_exit: IDLE_EXIT,
                 work: Box::new(work),
                 refuse,
                 state: Mutex::new(State {
                     queue: VecDeque::new(),
+                    background: VecDeque::new(),
+                    background_running: 0,
                     threads: 0,
                     idle: 0,
                     closed: false,
@@ -87,6 +101,20 @@ impl<J: Send + 'static> Pool<J> {
             s.queue_max = Some(max.max(1));
         }
         self
+    }
+
+    /// Lets the pool take background jobs ([`Pool::background`]), at most `max`
+    /// of them running at once.
+    pub fn with_background(mut self, max: usize) -> Self {
+        if let Some(s) = Arc::get_mut(&mut self.shared) {
+            s.background_max = max.max(1);
+        }
+        self
+    }
+
+    /// Where background jobs are sent; it does not keep the pool alive.
+    pub fn background(&self) -> Background<J> {
+        Background(Arc::downgrade(&self.shared))
     }
 
     /// Ends an idle thread after `after` instead of [`IDLE_EXIT`].
@@ -114,27 +142,9 @@ impl<J: Send + 'static> Pool<J> {
             return (s.refuse)(job);
         }
         st.queue.push_back(job);
-        if st.idle > 0 {
-            s.job_ready.notify_one();
-            return;
-        }
-        if st.threads < s.max_threads {
-            let n = st.started;
-            match Shared::spawn(s, n) {
-                Ok(()) => {
-                    st.threads += 1;
-                    st.started += 1;
-                }
-                Err(e) => {
-                    tracing::warn!("cannot start a {} thread: {e}", s.name);
-                    if st.threads == 0 {
-                        // Nobody would ever take it.
-                        let job = st.queue.pop_back().expect("just queued");
-                        drop(st);
-                        (s.refuse)(job);
-                    }
-                }
-            }
+        if let Some(job) = Shared::wake_or_start(s, &mut st, |st| st.queue.pop_back()) {
+            drop(st);
+            (s.refuse)(job);
         }
     }
 
@@ -145,9 +155,89 @@ impl<J: Send + 'static> Pool<J> {
     }
 }
 
+/// Sends background jobs to a pool (see [`Pool::with_background`]).
+pub struct Background<J>(Weak<Shared<J>>);
+
+impl<J> Clone for Background<J> {
+    fn clone(&self) -> Self {
+        Background(self.0.clone())
+    }
+}
+
+impl<J: Send + 'static> Background<J> {
+    /// Queues `job` behind every ordinary job; gives it back when the pool is
+    /// gone or closed, or no thread could be started to do it.
+    pub fn send(&self, job: J) -> Result<(), J> {
+        let Some(s) = self.0.upgrade() else {
+            return Err(job);
+        };
+        let mut st = s.lock();
+        if st.closed || s.background_max == 0 {
+            return Err(job);
+        }
+        st.background.push_back(job);
+        if st.background_running >= s.background_max {
+            // A thread finishing a background job takes it.
+            return Ok(());
+        }
+        match Shared::wake_or_start(&s, &mut st, |st| st.background.pop_back()) {
+            Some(job) => Err(job),
+            None => Ok(()),
+        }
+    }
+}
+
 impl<J: Send + 'static> Shared<J> {
     fn lock(&self) -> MutexGuard<'_, State<J>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes an idle thread for the job just queued, or starts one when none is
+    /// idle and fewer than the most run. When no thread runs and none can be
+    /// started, nobody would ever take the job: it is taken back out (with
+    /// `take_back`) and returned.
+    fn wake_or_start(
+        this: &Arc<Shared<J>>,
+        st: &mut State<J>,
+        take_back: impl FnOnce(&mut State<J>) -> Option<J>,
+    ) -> Option<J> {
+        if st.idle > 0 {
+            this.job_ready.notify_one();
+            return None;
+        }
+        if st.threads >= this.max_threads {
+            return None;
+        }
+        match Shared::spawn(this, st.started) {
+            Ok(()) => {
+                st.threads += 1;
+                st.started += 1;
+                None
+            }
+            Err(e) => {
+                tracing::warn!("cannot start a {} thread: {e}", this.name);
+                if st.threads == 0 {
+                    take_back(st)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// The next job a thread may take: an ordinary one first, else a background
+    /// one while fewer than the most run (`true` with it).
+    fn next_job(&self, st: &mut State<J>) -> Option<(J, bool)> {
+        if let Some(job) = st.queue.pop_front() {
+            return Some((job, false));
+        }
+        if st.background_running < self.background_max {
+            if let Some(job) = st.background.pop_front() {
+                st.background_running += 1;
+                return Some((job, true));
+            }
+        }
+        None
     }
 
     fn spawn(this: &Arc<Shared<J>>, n: usize) -> std::io::Result<()> {
@@ -164,16 +254,21 @@ impl<J: Send + 'static> Shared<J> {
     fn run(&self) {
         let mut st = self.lock();
         loop {
-            if let Some(job) = st.queue.pop_front() {
+            if let Some((job, background)) = self.next_job(&mut st) {
                 let closed = st.closed;
                 drop(st);
-                self.room.notify_one();
+                if !background {
+                    self.room.notify_one();
+                }
                 if closed {
                     (self.refuse)(job);
                 } else {
                     (self.work)(job);
                 }
                 st = self.lock();
+                if background {
+                    st.background_running -= 1;
+                }
                 continue;
             }
             if st.closed {
@@ -187,7 +282,9 @@ impl<J: Send + 'static> Shared<J> {
             st = next;
             let timed_out = waited.timed_out();
             st.idle -= 1;
-            if timed_out && st.queue.is_empty() {
+            let takeable = !st.queue.is_empty()
+                || (!st.background.is_empty() && st.background_running < self.background_max);
+            if timed_out && !takeable {
                 break;
             }
         }
@@ -199,9 +296,13 @@ impl<J: Send + 'static> Drop for Pool<J> {
     fn drop(&mut self) {
         let mut st = self.shared.lock();
         st.closed = true;
+        // Nobody waits for background jobs: those not begun are refused now,
+        // not left for threads that may be busy for a while yet.
+        let background = std::mem::take(&mut st.background);
         drop(st);
         self.shared.job_ready.notify_all();
         self.shared.room.notify_all();
+        background.into_iter().for_each(self.shared.refuse);
     }
 }
 
@@ -267,6 +368,64 @@ mod tests {
             assert!(pool.shared.lock().queue.len() <= 3);
         }
         wait_until("all jobs", || done.load(Ordering::SeqCst) == 50);
+    }
+
+    #[test]
+    fn background_jobs_wait_for_ordinary_ones_and_run_few_at_a_time() {
+        // Jobs are numbers: below 100 ordinary, from 100 background.
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let running_bg = Arc::new(AtomicUsize::new(0));
+        let most_bg = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(Mutex::new(()));
+        let held = gate.lock().unwrap();
+        let (s, r, m, g) = (
+            started.clone(),
+            running_bg.clone(),
+            most_bg.clone(),
+            gate.clone(),
+        );
+        let pool = Pool::start(
+            "bg",
+            3,
+            move |job: u32| {
+                s.lock().unwrap().push(job);
+                if job >= 100 {
+                    let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                    m.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(20));
+                    r.fetch_sub(1, Ordering::SeqCst);
+                } else {
+                    drop(g.lock().unwrap());
+                }
+            },
+            |_| panic!("refused"),
+        )
+        .unwrap()
+        .with_background(2);
+        let bg = pool.background();
+        // Every thread busy with an ordinary job held at the gate.
+        for i in 0..3 {
+            pool.send(i);
+        }
+        wait_until("three jobs to start", || started.lock().unwrap().len() == 3);
+        for i in 100..106 {
+            assert!(bg.send(i).is_ok());
+        }
+        for i in 3..8 {
+            pool.send(i);
+        }
+        drop(held);
+        wait_until("every job", || started.lock().unwrap().len() == 14);
+        let order = started.lock().unwrap().clone();
+        let first_bg = order.iter().position(|j| *j >= 100).unwrap();
+        assert!(
+            order[..first_bg].len() == 8,
+            "a background job began while ordinary ones waited: {order:?}"
+        );
+        assert!(most_bg.load(Ordering::SeqCst) <= 2);
+        // Gone with the pool: a background job is given back.
+        drop(pool);
+        assert_eq!(bg.send(200), Err(200));
     }
 
     #[test]

@@ -978,3 +978,99 @@ fn a_cloned_volume_is_a_copy_the_service_made_of_a_snapshot() {
     eprintln!("the controller's requests and answers: {carried} bytes");
     assert!(carried < 1 << 20, "{carried} bytes passed the controller");
 }
+
+/// The StorageClass parameter `warmUp` through gRPC: CreateVolume refuses a
+/// value other than "true" or "false" (INVALID_ARGUMENT, no blob made) and
+/// carries "true" in the volume's context; NodeStage of a context with another
+/// value is INVALID_ARGUMENT and mounts nothing; on a node plugin with
+/// `--disk-cache`, NodeStage stages the volume with a disk cache there and the
+/// warm-up starts as the mount becomes ready (the staged mount's `stats` shows
+/// one the mount started, which ends without an error).
+#[test]
+fn warm_up_is_a_checked_parameter_that_node_stage_starts() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
+    let cs = Azurite::shared().connection_string();
+    let container = unique_container("csi-warm");
+    let socket = dir.path().join("csi.sock");
+    let caches = dir.path().join("caches");
+    common::util::private_dir(&caches);
+    let args = [
+        "--node-id",
+        "n1",
+        "--container",
+        container.as_str(),
+        "--disk-cache",
+        caches.to_str().unwrap(),
+    ];
+    let _driver = Driver::start_with(&cs, &socket, &args, None);
+    let node = Plugin {
+        stubs: dir.path(),
+        socket: socket.clone(),
+    };
+    let create = |name: &str, warm: &str| {
+        node.call(
+            "CreateVolume",
+            format!(r#"{{"name": "{name}", "capacity_range": {{"required_bytes": 67108864}}, "volume_capabilities": [{MOUNT_CAP}], "parameters": {{"warmUp": "{warm}"}}}}"#),
+        )
+    };
+    let err = create("warm-bad", "yes").unwrap_err();
+    assert!(
+        err.starts_with("error INVALID_ARGUMENT") && err.contains("warmUp"),
+        "{err}"
+    );
+    let info = BD
+        .cmd(&["info", &format!("{container}/warm-bad.vhd")])
+        .cs(&cs)
+        .output();
+    assert!(!info.status.success(), "a refused volume was made");
+    let vol = create("warm-1", "true").unwrap();
+    assert_eq!(vol["volume"]["volume_context"]["warmUp"], "true", "{vol}");
+    let id = vol["volume"]["volume_id"].as_str().unwrap().to_string();
+    let staging = dir.path().join("staging");
+    let stage = |context: &str| {
+        node.call(
+            "NodeStageVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {MOUNT_CAP}, "volume_context": {{"warmUp": "{context}"}}}}"#,
+                staging.display()
+            ),
+        )
+    };
+    let err = stage("maybe").unwrap_err();
+    assert!(err.starts_with("error INVALID_ARGUMENT"), "{err}");
+    assert!(!blobdrive::mount::system::is_mountpoint(&staging));
+    stage("true").unwrap();
+    let stats = || {
+        let out = BD
+            .cmd(&["stats", staging.to_str().unwrap(), "--json"])
+            .cs("")
+            .output();
+        stdout_of_success(&"stats", out)
+    };
+    let s: serde_json::Value = serde_json::from_str(&stats()).unwrap();
+    assert_eq!(s["disk_cache"]["on"], true, "{s}");
+    let kept = s["disk_cache"]["dir"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(kept.starts_with(caches.to_str().unwrap()), "{s}");
+    assert_eq!(s["warm_up"]["started_by"], "mount", "{s}");
+    wait_for("the warm-up to end", Duration::from_secs(60), || {
+        let s: serde_json::Value = serde_json::from_str(&stats()).unwrap();
+        s["warm_up"]["running"] == false
+    });
+    let s: serde_json::Value = serde_json::from_str(&stats()).unwrap();
+    assert!(s["warm_up"]["error"].is_null(), "{s}");
+    assert!(s["warm_up"]["allocated"].as_u64().unwrap() > 0, "{s}");
+    node.ok(
+        "NodeUnstageVolume",
+        format!(
+            r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
+            staging.display()
+        ),
+    );
+    node.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
+}

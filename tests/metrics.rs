@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::bd::Harness;
 use common::mount::require_root;
-use common::util::{json, wait_for, wait_for_some};
+use common::util::{free_port, http_get as get, json, wait_for, wait_for_some};
 
 const MIB: u64 = 1 << 20;
 
@@ -31,33 +31,6 @@ fn tool(name: &str) -> PathBuf {
         p.display()
     );
     p
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A plain HTTP GET on loopback: (status line, body).
-fn get(port: u16, path: &str) -> (String, String) {
-    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        c,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = Vec::new();
-    c.read_to_end(&mut out).unwrap();
-    let out = String::from_utf8_lossy(&out).to_string();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    (
-        head.lines().next().unwrap_or("").to_string(),
-        body.to_string(),
-    )
 }
 
 fn scrape(port: u16) -> String {

@@ -57,6 +57,12 @@ pub struct Args {
     /// under the host's /sys/fs/cgroup, with hostPID.
     #[arg(long, value_name = "DIR")]
     pub volume_cgroup: Option<std::path::PathBuf>,
+    /// A directory on a local disk where every volume staged on this node keeps
+    /// a disk cache (`blobdrive mount --disk-cache`); it must be root's and
+    /// writable by no one else. Volumes of a StorageClass with `warmUp: "true"`
+    /// fill theirs as they are staged (`mount --warm`).
+    #[arg(long, value_name = "DIR")]
+    pub disk_cache: Option<std::path::PathBuf>,
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<()> {
@@ -72,12 +78,22 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
             "--node-id is required to serve the node service (or give --role controller)"
         ),
     };
+    let disk_cache = match &args.disk_cache {
+        Some(dir) => {
+            let dir = std::path::absolute(dir)?;
+            blobdrive::device::diskcache::files::check_dir(&dir)
+                .map_err(|e| anyhow::anyhow!("--disk-cache: {e}"))?;
+            Some(dir)
+        }
+        None => None,
+    };
     let driver = Driver {
         role: args.role,
         service: ctx.service()?,
         container: args.container,
         node_id,
         volume_cgroup,
+        disk_cache,
     };
     ctx.block_on(async move {
         let stop = async {

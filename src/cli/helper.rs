@@ -40,6 +40,9 @@ OPTIONS (comma-separated):
   metrics=HOST:PORT       serve Prometheus metrics at http://HOST:PORT/metrics
   disk-cache=DIR          keep a cache that survives remounts in DIR (root's, on a
                           local disk); disk-cache-size=SIZE bounds it
+  warm[=SIZE]             once mounted, fill the disk cache with the drive's data
+                          in the background (at most SIZE a second; needs
+                          disk-cache=DIR)
   run-as=USER             run the daemon's network-facing part as USER, walled off
                           from the host (default: BLOBDRIVE_RUN_AS, else blobdrive)
   credentials=FILE        KEY=VALUE lines for the daemon's environment, e.g.
@@ -113,6 +116,7 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
         metrics: o.metrics,
         disk_cache: o.disk_cache,
         disk_cache_size: o.disk_cache_size,
+        warm: o.warm,
         // fstab's run-as=, else the environment's, as for `blobdrive mount`.
         run_as: o.run_as.or_else(|| {
             std::env::var("BLOBDRIVE_RUN_AS")

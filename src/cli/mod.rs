@@ -21,6 +21,7 @@ mod stats;
 mod transfer;
 pub mod umount_helper;
 mod unmount;
+mod warm;
 
 use clap::{Parser, Subcommand};
 
@@ -136,6 +137,8 @@ pub enum Command {
     List(list::Args),
     /// Show a mounted drive's request and cache counters.
     Stats(stats::Args),
+    /// Fill a mounted drive's disk cache with its data (a mount with --disk-cache).
+    Warm(warm::Args),
     /// Take, list, delete and prune snapshots (point-in-time images), and list
     /// what changed between them.
     #[command(subcommand)]
@@ -193,6 +196,7 @@ impl Cli {
             Command::Unmount(a) => unmount::run(a),
             Command::List(a) => list::run(a),
             Command::Stats(a) => stats::run(a),
+            Command::Warm(a) => warm::run(a),
             Command::Snapshot(c) => snapshot::run(&ctx, c),
             Command::Upload(a) => transfer::upload(&ctx, a),
             Command::Download(a) => transfer::download(&ctx, a),

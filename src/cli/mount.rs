@@ -100,6 +100,19 @@ pub struct Args {
     /// the drive's size, at most half the space free on DIR's filesystem].
     #[arg(long, value_name = "SIZE", requires = "disk_cache")]
     pub disk_cache_size: Option<String>,
+    /// Once the mount is ready, fill the disk cache with the drive's data in
+    /// the background, as `blobdrive warm` does (without delaying the mount;
+    /// `blobdrive stats` shows how far it is); --warm=SIZE fetches at most SIZE
+    /// a second.
+    #[arg(
+        long,
+        value_name = "MAX_RATE",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "",
+        requires = "disk_cache"
+    )]
+    pub warm: Option<String>,
     /// The unprivileged user the network-facing part of the daemon runs as
     /// (HTTP, TLS, XML, tokens, the cache, FUSE), with no capability, a seccomp
     /// filter and Landlock; a small root part does the mounts. The user must
@@ -177,6 +190,14 @@ fn check_disk_cache_size(size: u64) -> Result<u64> {
     Ok(size)
 }
 
+/// A warm-up's rate must let it move.
+fn check_warm_rate(rate: u64) -> Result<u64> {
+    if rate == 0 {
+        bail!("--warm=0: a warm-up's rate must be more than 0 (leave it out for no limit)");
+    }
+    Ok(rate)
+}
+
 /// `blobdrive mount`. It makes its own account context, after its credentials
 /// file (if any) said what the account is.
 pub fn run(args: Args, connection_string: Option<&str>, auth: AuthChoice, say: Say) -> Result<()> {
@@ -251,6 +272,10 @@ fn mount(
         Some(s) => Some(check_disk_cache_size(parse_size(s)?)?),
         None => None,
     };
+    let warm_max_rate = match args.warm.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(check_warm_rate(parse_size(s)?)?),
+    };
     let disk_cache = match &args.disk_cache {
         Some(dir) => {
             let dir = std::path::absolute(dir)
@@ -286,6 +311,8 @@ fn mount(
         disk_cache_size,
         io: ctx.io.clone(),
         run_as: args.run_as.clone(),
+        warm: args.warm.is_some(),
+        warm_max_rate,
     };
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.

@@ -1,9 +1,11 @@
 //! `blobdrive stats`: a mounted drive's request and cache counters.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use blobdrive::mount::record::MountRecord;
+use blobdrive::mount::warmup::WarmStatus;
 use blobdrive::mount::{daemon, record};
 use blobdrive::size::human;
 
@@ -16,8 +18,10 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: Args) -> Result<()> {
-    let (mp, rec) = record::at_mountpoint(&args.mountpoint).map_err(anyhow::Error::msg)?;
+/// The record of the live mount at `mountpoint` (and the mountpoint as
+/// recorded), or why there is none to talk to.
+pub(super) fn live_mount(mountpoint: &Path) -> Result<(PathBuf, MountRecord)> {
+    let (mp, rec) = record::at_mountpoint(mountpoint).map_err(anyhow::Error::msg)?;
     let Some(rec) = rec else {
         bail!("nothing is mounted by blobdrive at {}", mp.display());
     };
@@ -29,6 +33,11 @@ pub fn run(args: Args) -> Result<()> {
             mp.display()
         );
     }
+    Ok((mp, rec))
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let (mp, rec) = live_mount(&args.mountpoint)?;
     let answer = daemon::control(&rec.socket, "stats", Some(Duration::from_secs(10)))?;
     let v: serde_json::Value = serde_json::from_str(&answer)
         .map_err(|_| anyhow::anyhow!("unexpected answer from the daemon: {answer}"))?;
@@ -101,6 +110,9 @@ pub fn run(args: Args) -> Result<()> {
             human(m("bytes")),
             human(m("size_limit"))
         );
+    }
+    if let Ok(w) = serde_json::from_value::<WarmStatus>(v["warm_up"].clone()) {
+        println!("warm-up:        {}", super::warm::status_line(&w));
     }
     Ok(())
 }

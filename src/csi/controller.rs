@@ -133,11 +133,16 @@ fn status_of_drive(e: DriveError) -> Status {
     }
 }
 
-fn volume(id: &VolumeId, size: u64, source: Option<VolumeContentSource>) -> Volume {
+fn volume(
+    id: &VolumeId,
+    size: u64,
+    source: Option<VolumeContentSource>,
+    context: HashMap<String, String>,
+) -> Volume {
     Volume {
         capacity_bytes: size as i64,
         volume_id: id.spec(),
-        volume_context: HashMap::new(),
+        volume_context: context,
         content_source: source,
         accessible_topology: vec![],
     }
@@ -170,6 +175,7 @@ impl Controller for ControllerService {
         };
         let clone_of = clone::source_asked(req.volume_content_source.as_ref())?;
         let id = VolumeId::for_name(&self.container_for(&req.parameters)?, &req.name)?;
+        let context = volume::context_of(&req.parameters)?;
         if let Some(d) = self.existing(&id).await? {
             // The same name again: the same volume if its size still fits.
             if !volume::size_fits(d.disk_size(), req.capacity_range.as_ref()) {
@@ -187,7 +193,7 @@ impl Controller for ControllerService {
             )
             .await?;
             return Ok(Response::new(CreateVolumeResponse {
-                volume: Some(volume(&id, d.disk_size(), source)),
+                volume: Some(volume(&id, d.disk_size(), source, context)),
             }));
         }
         let blob = self.blob(&id);
@@ -199,15 +205,16 @@ impl Controller for ControllerService {
             let (blob, req_ref) = (&blob, &req);
             let copy = |snapshot| async move { self.copy_snapshot(blob, &snapshot, req_ref).await };
             let size = clone::clone_volume(&self.driver.service, &source, &id, copy).await?;
+            let volume = volume(&id, size, req.volume_content_source.clone(), context);
             return Ok(Response::new(CreateVolumeResponse {
-                volume: Some(volume(&id, size, req.volume_content_source.clone())),
+                volume: Some(volume),
             }));
         }
         if let Some(snapshot) = from {
             let size = self.copy_snapshot(&blob, &snapshot, &req).await?;
             let source = req.volume_content_source.clone();
             return Ok(Response::new(CreateVolumeResponse {
-                volume: Some(volume(&id, size, source)),
+                volume: Some(volume(&id, size, source, context)),
             }));
         }
         let size = volume::size_for(req.capacity_range.as_ref())?;
@@ -224,7 +231,7 @@ impl Controller for ControllerService {
         }
         tracing::info!("created volume {} of {size} bytes", id.spec());
         Ok(Response::new(CreateVolumeResponse {
-            volume: Some(volume(&id, size, None)),
+            volume: Some(volume(&id, size, None, context)),
         }))
     }
 
@@ -407,7 +414,7 @@ impl Controller for ControllerService {
         let entries = all[window]
             .iter()
             .map(|(id, size)| list_volumes_response::Entry {
-                volume: Some(volume(id, *size, None)),
+                volume: Some(volume(id, *size, None, HashMap::new())),
                 status: None,
             })
             .collect();

@@ -86,6 +86,9 @@ pub struct Driver {
     /// The cgroup each staged volume's daemon is moved into, so that the node
     /// plugin's container can be killed without its volumes.
     pub volume_cgroup: Option<VolumeCgroup>,
+    /// The directory staged volumes keep their disk caches in
+    /// (`blobdrive mount --disk-cache`), if the node has one.
+    pub disk_cache: Option<PathBuf>,
 }
 
 /// Why the driver could not start.
@@ -166,6 +169,7 @@ pub async fn serve(
             driver.service,
             driver.node_id,
             driver.volume_cgroup,
+            driver.disk_cache,
         ))
     });
     let result = tonic::transport::Server::builder()

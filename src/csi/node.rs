@@ -38,6 +38,8 @@ pub struct NodeService {
     node_id: String,
     /// Where the volumes' daemons go, apart from this plugin's cgroup.
     volume_cgroup: Option<VolumeCgroup>,
+    /// Where staged volumes keep their disk caches, if anywhere.
+    disk_cache: Option<PathBuf>,
 }
 
 impl NodeService {
@@ -45,12 +47,34 @@ impl NodeService {
         service: BlobService,
         node_id: String,
         volume_cgroup: Option<VolumeCgroup>,
+        disk_cache: Option<PathBuf>,
     ) -> NodeService {
         NodeService {
             service,
             node_id,
             volume_cgroup,
+            disk_cache,
         }
+    }
+
+    /// The mount's options for the node's disk cache, and for a warm-up when
+    /// the volume asks for one (started as the mount is ready, which NodeStage
+    /// does not wait for). A volume that asks for a warm-up on a node without
+    /// a disk cache is staged without one, saying so in the log.
+    fn disk_cache_args(&self, spec: &str, warm: bool) -> Vec<String> {
+        let Some(dir) = &self.disk_cache else {
+            if warm {
+                tracing::warn!(
+                    "volume {spec} asks for warmUp, but this node has no --disk-cache: staged without a warm-up"
+                );
+            }
+            return Vec::new();
+        };
+        let mut args = vec!["--disk-cache".to_string(), dir.display().to_string()];
+        if warm {
+            args.push("--warm".to_string());
+        }
+        args
     }
 
     /// NOT_FOUND unless the volume's blob exists.
@@ -238,6 +262,7 @@ impl Node for NodeService {
         }
         let id = VolumeId::parse(&req.volume_id)
             .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
+        let warm = volume::warm_up(req.volume_context.get(volume::WARM_UP))?;
         if let Some(r) = staged_at(&staging) {
             if r.blob == id.spec() {
                 return Ok(Response::new(NodeStageVolumeResponse {}));
@@ -271,6 +296,8 @@ impl Node for NodeService {
         if read_only {
             args.push("--read-only");
         }
+        let cache_args = self.disk_cache_args(&spec, warm);
+        args.extend(cache_args.iter().map(String::as_str));
         blobdrive_in(&args, self.volume_cgroup.as_ref()).await?;
         tracing::info!("staged volume {spec} at {at} for node {}", self.node_id);
         Ok(Response::new(NodeStageVolumeResponse {}))

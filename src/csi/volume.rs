@@ -12,6 +12,36 @@ use super::proto::volume_capability::AccessType;
 use super::proto::{CapacityRange, VolumeCapability};
 use crate::vhd::{MAX_DISK_BYTES, MIB};
 
+/// The StorageClass parameter, carried to NodeStage in the volume's context,
+/// that has the node warm the disk cache as the volume is staged
+/// (`blobdrive mount --warm`): `"true"` or `"false"`.
+pub const WARM_UP: &str = "warmUp";
+
+/// Whether a `warmUp` value asks for a warm-up (none: no); anything but
+/// `"true"` or `"false"` is INVALID_ARGUMENT.
+pub fn warm_up(value: Option<&String>) -> Result<bool, Status> {
+    match value.map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(Status::invalid_argument(format!(
+            "{WARM_UP} is \"true\" or \"false\", not '{}'",
+            other.escape_debug()
+        ))),
+    }
+}
+
+/// The volume context a volume made with the StorageClass's `parameters`
+/// carries to NodeStage (checked, so a bad value makes nothing).
+pub fn context_of(
+    parameters: &std::collections::HashMap<String, String>,
+) -> Result<std::collections::HashMap<String, String>, Status> {
+    let mut context = std::collections::HashMap::new();
+    if warm_up(parameters.get(WARM_UP))? {
+        context.insert(WARM_UP.to_string(), "true".to_string());
+    }
+    Ok(context)
+}
+
 /// A volume asked for with no size: 1 GiB.
 pub const DEFAULT_SIZE: u64 = 1 << 30;
 
@@ -214,6 +244,20 @@ pub fn unsupported(caps: &[VolumeCapability]) -> Option<String> {
 mod tests {
     use super::*;
     use crate::csi::proto::volume_capability::{AccessMode, BlockVolume, MountVolume};
+
+    #[test]
+    fn warm_up_is_true_or_false_and_only_true_reaches_the_context() {
+        let params = |v: &str| std::collections::HashMap::from([(WARM_UP.into(), v.into())]);
+        assert_eq!(context_of(&params("true")).unwrap(), params("true"));
+        assert!(context_of(&params("false")).unwrap().is_empty());
+        assert!(context_of(&Default::default()).unwrap().is_empty());
+        for bad in ["True", "yes", "1", "", "\u{1b}[2J"] {
+            let e = context_of(&params(bad)).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad}");
+            assert!(e.message().starts_with("warmUp is"), "{}", e.message());
+            assert!(!e.message().contains('\u{1b}'), "{}", e.message());
+        }
+    }
 
     fn cap(mode: Mode, fs: Option<&str>) -> VolumeCapability {
         VolumeCapability {

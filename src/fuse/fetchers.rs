@@ -19,16 +19,21 @@
 //! CPU in a cold sequential read), so idle workers hold no memory of their own, and
 //! the bytes handed to them at once are capped ([`MAX_BYTES`]) so the daemon's fixed
 //! overhead stays bounded: past the cap a read is served on its FUSE thread.
+//!
+//! The same workers do the daemon's background fetches (a warm-up of the disk
+//! cache: [`BackgroundFetches`]), behind every read waiting for them and at most
+//! [`BACKGROUND`] at once, so the rest of the workers are always there for reads.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use fuser::{Errno, ReplyData};
 
 use crate::device::bufpool::BufPool;
 use crate::device::cache::Cache;
 use crate::device::Backend;
-use crate::pool::Pool;
+use crate::pool::{Background, Pool};
 
 /// Fetches in flight at once. Past the queue depth applications use (32) with
 /// room for read-ahead and a loop device's own queue; the kernel is told to send
@@ -45,10 +50,22 @@ const POOLED: usize = 1 << 20;
 /// Idle read buffers kept between jobs.
 const POOL_KEEP: usize = 8;
 
-struct Job {
+/// Background fetches running at once, at most: the warm-up's ranged reads in
+/// flight, which leave the other workers to the application's reads.
+pub const BACKGROUND: usize = 4;
+
+struct Read {
     offset: u64,
     len: usize,
     reply: ReplyData,
+}
+
+/// Work for the daemon that nobody waits on: it runs only while no read waits.
+pub type BackgroundJob = Box<dyn FnOnce() + Send>;
+
+enum Job {
+    Read(Read),
+    Background(BackgroundJob),
 }
 
 /// A pool of threads answering reads that miss the cache.
@@ -58,22 +75,61 @@ pub struct Fetchers {
     bytes: Arc<AtomicUsize>,
 }
 
+/// Where the daemon hands background work to the fetch workers. It holds
+/// nothing until the FUSE session starts them, and refuses work once they are
+/// gone (the drive is coming down).
+#[derive(Clone, Default)]
+pub struct BackgroundFetches(Arc<OnceLock<Background<Job>>>);
+
+impl BackgroundFetches {
+    /// Queues `job` behind every read; gives it back when the workers are not
+    /// there (not yet started within `wait`, or gone).
+    pub fn run(&self, job: BackgroundJob, wait: Duration) -> Result<(), BackgroundJob> {
+        let until = Instant::now() + wait;
+        let lane = loop {
+            if let Some(lane) = self.0.get() {
+                break lane;
+            }
+            if Instant::now() >= until {
+                return Err(job);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        lane.send(Job::Background(job)).map_err(|j| match j {
+            Job::Background(job) => job,
+            Job::Read(_) => unreachable!("only background jobs are sent here"),
+        })
+    }
+}
+
 impl Fetchers {
-    pub fn start<B: Backend>(cache: Arc<Cache<B>>) -> std::io::Result<Self> {
+    /// Starts the workers (as reads come) over `cache`; `background` is where
+    /// the daemon's background work reaches them from now on.
+    pub fn start<B: Backend>(
+        cache: Arc<Cache<B>>,
+        background: &BackgroundFetches,
+    ) -> std::io::Result<Self> {
         let bytes = Arc::new(AtomicUsize::new(0));
         let buffers = BufPool::new(POOLED, POOL_KEEP);
         let done = bytes.clone();
-        let work = move |job: Job| {
-            let len = job.len;
-            fetch(&cache, &buffers, job);
-            done.fetch_sub(len, Ordering::SeqCst);
+        let work = move |job: Job| match job {
+            Job::Read(read) => {
+                let len = read.len;
+                fetch(&cache, &buffers, read);
+                done.fetch_sub(len, Ordering::SeqCst);
+            }
+            Job::Background(job) => job(),
         };
         // Bounded: FUSE threads block (and the kernel queues) once every worker
         // is busy and as many jobs again wait, so memory stays bounded too.
-        let pool = Pool::start("fetch", WORKERS, work, |job: Job| {
-            job.reply.error(Errno::EIO)
+        let pool = Pool::start("fetch", WORKERS, work, |job: Job| match job {
+            Job::Read(read) => read.reply.error(Errno::EIO),
+            // Dropped: whoever sent it learns from the job's own channel.
+            Job::Background(_) => {}
         })?
-        .bounded(WORKERS);
+        .bounded(WORKERS)
+        .with_background(BACKGROUND);
+        let _ = background.0.set(pool.background());
         Ok(Fetchers { pool, bytes })
     }
 
@@ -85,7 +141,7 @@ impl Fetchers {
             self.bytes.fetch_sub(len, Ordering::SeqCst);
             return Some(reply);
         }
-        self.pool.send(Job { offset, len, reply });
+        self.pool.send(Job::Read(Read { offset, len, reply }));
         None
     }
 }
@@ -93,7 +149,7 @@ impl Fetchers {
 /// Serves one read. Large reads (a sequential stream's) take a pooled buffer;
 /// small ones (a random read's) a plain allocation, which the heap serves
 /// cheaply.
-fn fetch<B: Backend>(cache: &Cache<B>, buffers: &BufPool, job: Job) {
+fn fetch<B: Backend>(cache: &Cache<B>, buffers: &BufPool, job: Read) {
     let mut buf = buffers.take_filled(job.len);
     match cache.read(job.offset, &mut buf) {
         Ok(()) => job.reply.data(&buf),

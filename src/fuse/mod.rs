@@ -26,6 +26,7 @@ mod fetchers;
 mod syncers;
 mod writers;
 use fetchers::Fetchers;
+pub use fetchers::{BackgroundFetches, BackgroundJob, BACKGROUND as BACKGROUND_FETCHES};
 use syncers::Syncers;
 use writers::Writers;
 
@@ -52,6 +53,8 @@ pub struct DiskFs<B: Backend> {
     /// Where reads that miss the cache go; started by `init` (the FUSE session's
     /// start), so a filesystem that is never mounted starts no threads.
     fetchers: Option<Fetchers>,
+    /// Where the daemon's background work reaches the fetch workers.
+    background: BackgroundFetches,
     /// Where fsync and close of `disk` go, so no FUSE thread waits on a flush.
     syncers: Option<Syncers>,
     /// Where writes that must wait for room go, so no FUSE thread waits on one.
@@ -71,6 +74,7 @@ impl<B: Backend> DiskFs<B> {
         DiskFs {
             cache,
             fetchers: None,
+            background: BackgroundFetches::default(),
             syncers: None,
             writers: None,
             stats,
@@ -86,6 +90,13 @@ impl<B: Backend> DiskFs<B> {
     /// teardown reads it to refuse an unmount that would cut off a writer.
     pub fn open_disk_handles(&self) -> Arc<AtomicUsize> {
         self.open_disk.clone()
+    }
+
+    /// Where the daemon sends work for the fetch workers to do behind the
+    /// reads (a warm-up of the disk cache); it reaches them once the FUSE
+    /// session has started them.
+    pub fn background_fetches(&self) -> BackgroundFetches {
+        self.background.clone()
     }
 
     fn attr(&self, ino: u64) -> Option<FileAttr> {
@@ -158,7 +169,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO);
         let _ = config.set_max_background(fetchers::WORKERS as u16);
         let _ = config.set_congestion_threshold(fetchers::WORKERS as u16 * 3 / 4);
-        self.fetchers = Some(Fetchers::start(self.cache.clone())?);
+        self.fetchers = Some(Fetchers::start(self.cache.clone(), &self.background)?);
         self.syncers = Some(Syncers::start(self.cache.clone())?);
         self.writers = Some(Writers::start(self.cache.clone())?);
         Ok(())

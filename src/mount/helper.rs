@@ -58,7 +58,7 @@ const VALUED: &[&str] = &[
     "run-as",
     "comment",
 ];
-const ALONE: &[&str] = &["ro", "rw"];
+const ALONE: &[&str] = &["ro", "rw", "warm"];
 const REFUSED: &[&str] = &["user", "users", "owner", "group"];
 
 /// Every option name the helper knows (besides the `x-*` family), valued or not,
@@ -108,6 +108,9 @@ pub struct Options {
     /// `run-as=USER` (a plain user name, checked), for `--run-as`: the user
     /// the daemon's network-facing part runs as (issue 42).
     pub run_as: Option<String>,
+    /// `warm` or `warm=SIZE` (as written, checked to parse), for `--warm`:
+    /// fill the disk cache once mounted (at most SIZE a second).
+    pub warm: Option<String>,
 }
 
 impl Default for Options {
@@ -123,6 +126,7 @@ impl Default for Options {
             disk_cache: None,
             disk_cache_size: None,
             run_as: None,
+            warm: None,
         }
     }
 }
@@ -196,7 +200,7 @@ where
 
 fn unknown_option(opt: &str) -> UsageError {
     UsageError(format!(
-        "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, disk-cache=DIR, disk-cache-size=SIZE, credentials=FILE, metrics=HOST:PORT, run-as=USER, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
+        "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, disk-cache=DIR, disk-cache-size=SIZE, warm[=SIZE], credentials=FILE, metrics=HOST:PORT, run-as=USER, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
     ))
 }
 
@@ -232,6 +236,17 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
             _ if !known => return Err(unknown_option(opt)),
             "ro" if value.is_none() => o.read_only = true,
             "rw" if value.is_none() => o.read_only = false,
+            "warm" => match value {
+                None => o.warm = Some(String::new()),
+                Some(v) => {
+                    match parse_size(v) {
+                        Ok(n) if n > 0 => {}
+                        Ok(_) => return Err(UsageError("option warm=0: a warm-up's rate must be more than 0".into())),
+                        Err(e) => return Err(UsageError(format!("option warm={v}: {e}"))),
+                    }
+                    o.warm = Some(v.to_string());
+                }
+            },
             "mode" => {
                 o.mode = match need("fs|block|raw")? {
                     "fs" => Mode::Fs,
@@ -294,6 +309,11 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
             "option disk-cache-size needs disk-cache=DIR too".into(),
         ));
     }
+    if o.warm.is_some() && o.disk_cache.is_none() {
+        return Err(UsageError(
+            "option warm needs disk-cache=DIR too: the warm-up fills the disk cache".into(),
+        ));
+    }
     if o.mkfs.is_some() && o.read_only {
         return Err(UsageError(
             "option mkfs needs a writable mount, and ro was given".into(),
@@ -323,7 +343,7 @@ mod tests {
             "/data",
             "-v",
             "-o",
-            "rw,credentials=/etc/blobdrive/acct.env,_netdev,nofail,mode=fs,mkfs=ext4,cache-size=64MiB,nosuid,nodev,metrics=127.0.0.1:9101,disk-cache=/var/cache/blobdrive,disk-cache-size=20GiB,run-as=bd-worker",
+            "rw,credentials=/etc/blobdrive/acct.env,_netdev,nofail,mode=fs,mkfs=ext4,cache-size=64MiB,nosuid,nodev,metrics=127.0.0.1:9101,disk-cache=/var/cache/blobdrive,disk-cache-size=20GiB,run-as=bd-worker,warm=100MiB",
         ])
         .unwrap();
         assert_eq!(i.spec, "disks/data.vhd");
@@ -342,6 +362,7 @@ mod tests {
                 disk_cache: Some("/var/cache/blobdrive".into()),
                 disk_cache_size: Some("20GiB".into()),
                 run_as: Some("bd-worker".into()),
+                warm: Some("100MiB".into()),
             }
         );
         // Flags together, options attached, a subtype, several -o.
@@ -391,6 +412,21 @@ mod tests {
         assert!(e.starts_with("option disk-cache-size=1GB: "), "{e}");
         let e = parse_options("disk-cache-size=1GiB", false).unwrap_err().0;
         assert!(e.contains("needs disk-cache=DIR"), "{e}");
+        let e = parse_options("warm", false).unwrap_err().0;
+        assert!(e.contains("warm needs disk-cache=DIR"), "{e}");
+        assert_eq!(
+            parse_options("warm,disk-cache=/c", false)
+                .unwrap()
+                .warm
+                .as_deref(),
+            Some("")
+        );
+        for bad in ["warm=0", "warm=1MB", "warm="] {
+            let e = parse_options(&format!("disk-cache=/c,{bad}"), false)
+                .unwrap_err()
+                .0;
+            assert!(e.starts_with("option warm"), "{bad}: {e}");
+        }
         let e = parse_options("credentials=", false).unwrap_err().0;
         assert!(e.contains("credentials=FILE"), "{e}");
         let e = parse_options("user,noexec,nosuid,nodev", false)
@@ -438,6 +474,7 @@ mod tests {
                 "mode" => "mode=raw".to_string(),
                 "mkfs" => "mkfs=xfs".to_string(),
                 "cache-size" | "disk-cache-size" => format!("disk-cache=/c,{name}=1GiB"),
+                "warm" => "disk-cache=/c,warm".to_string(),
                 "metrics" => "metrics=127.0.0.1:9101".to_string(),
                 n if VALUED.contains(&n) => format!("{n}=x"),
                 n => n.to_string(),

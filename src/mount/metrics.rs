@@ -59,6 +59,8 @@ pub struct Sources {
     /// Whether the mount holds its lease now (false once lost, and for read-only
     /// mounts, which take none).
     pub lease_held: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// Its warm-ups, with a disk cache.
+    pub warm: Option<Arc<super::warmup::Warming>>,
 }
 
 impl std::fmt::Debug for Sources {
@@ -84,6 +86,9 @@ impl Collector for Sources {
             if let Some(tier) = cache.backend().disk_cache() {
                 disk_cache(&mut enc, &tier.stats())?;
             }
+        }
+        if let Some(w) = &self.warm {
+            w.encode(&mut enc)?;
         }
         Ok(())
     }
@@ -342,7 +347,7 @@ fn disk_cache(enc: &mut DescriptorEncoder, d: &DiskCacheStats) -> Result<(), std
     )
 }
 
-fn counter(
+pub(crate) fn counter(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -353,7 +358,7 @@ fn counter(
         .encode_counter::<NoLabelSet, _, u64>(&v, None)
 }
 
-fn gauge(
+pub(crate) fn gauge(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -575,6 +580,7 @@ mod tests {
             service: BlobService::new(account),
             cache: None,
             lease_held: Arc::new(|| true),
+            warm: None,
         }
     }
 

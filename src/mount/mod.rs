@@ -13,6 +13,7 @@ pub mod rootpart;
 pub mod superblock;
 pub mod system;
 pub mod utab;
+pub mod warmup;
 
 use std::path::PathBuf;
 
@@ -81,6 +82,13 @@ pub struct MountRequest {
     /// `mount::rootpart`). `None`: `privsep::DEFAULT_USER`.
     #[serde(default)]
     pub run_as: Option<String>,
+    /// Fill the disk cache with the drive's allocated pages once the mount is
+    /// ready (`--warm`, fstab's `warm`), in the background.
+    #[serde(default)]
+    pub warm: bool,
+    /// At most this many bytes a second (`--warm=SIZE`, fstab's `warm=SIZE`).
+    #[serde(default)]
+    pub warm_max_rate: Option<u64>,
 }
 
 /// How long and how often a mount's I/O tries the storage service.

@@ -144,3 +144,32 @@ pub fn wait_for_exit(pid: u64, what: &str, limit: Duration) {
     let proc = format!("/proc/{pid}");
     wait_for(what, limit, || !std::path::Path::new(&proc).exists());
 }
+
+/// A port on 127.0.0.1 free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP GET on loopback: (status line, body).
+pub fn http_get(port: u16, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).unwrap();
+    let out = String::from_utf8_lossy(&out).to_string();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}

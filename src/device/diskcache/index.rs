@@ -116,6 +116,24 @@ impl Index {
         Some(found)
     }
 
+    /// Whether piece `piece` is held, without counting it as used.
+    pub fn holds(&self, piece: u64) -> bool {
+        let (chunk, i) = split(piece);
+        self.chunks
+            .peek(&chunk)
+            .is_some_and(|c| c.valid & (1 << i) != 0)
+    }
+
+    /// Counts `chunk` as just used, if it is cached.
+    pub fn touch(&mut self, chunk: u64) {
+        self.chunks.promote(&chunk);
+    }
+
+    /// Slots in all.
+    pub fn slots(&self) -> u32 {
+        self.pins.len() as u32
+    }
+
     pub fn unpin(&mut self, slot: u32) {
         let p = &mut self.pins[slot as usize];
         *p = p.saturating_sub(1);

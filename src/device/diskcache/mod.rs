@@ -21,6 +21,7 @@ mod direct;
 pub mod files;
 pub mod index;
 pub mod tier;
+pub mod warm;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};

@@ -1,5 +1,5 @@
-//! The control socket: how `blobdrive unmount`, `stats` and `snapshot` talk to a
-//! running daemon. The daemon side (`serve`: one line in, progress lines and one
+//! The control socket: how `blobdrive unmount`, `stats`, `snapshot` and `warm`
+//! talk to a running daemon. The daemon side (`serve`: one line in, progress lines and one
 //! answer line out) and the client side (`control`, `control_with_progress`).
 //! Debug builds also answer `probe-walls DIR`, the tests' look at the worker's
 //! walls from inside (see [`probe`]).
@@ -17,6 +17,7 @@ use tracing::{error, info, warn};
 use super::resize::Phase;
 use super::stats::{lease_state, StatsValues};
 use super::teardown::finished;
+use super::warm::{self, Warmer};
 use super::Mounted;
 use crate::device::cache::Cache;
 use crate::device::stack::Stack;
@@ -165,6 +166,7 @@ fn start_control_thread(
     tx: mpsc::Sender<Event>,
 ) -> Result<(), MountError> {
     let stats = m.stats.clone();
+    let warmer = m.warmer.clone();
     let discard = Discard {
         requested: m.discard.clone(),
         fuse_gone: m.fuse_gone.clone(),
@@ -175,7 +177,7 @@ fn start_control_thread(
         .name("blobdrive-control".into())
         .spawn(move || {
             for conn in listener.incoming().flatten() {
-                handle_conn(conn, &tx, stats.as_ref(), &discard);
+                handle_conn(conn, &tx, stats.as_ref(), &discard, warmer.as_ref());
             }
         })
         .map(drop)
@@ -486,13 +488,14 @@ impl Discard {
 }
 
 /// Reads one command line and answers it: `stats` (and in debug builds
-/// `probe-walls`) here and now (also while the main thread is busy taking the
+/// `probe-walls`) here and now, `warm` on a thread of its own (also while the main thread is busy taking the
 /// drive down), the rest by handing it, with its connection, to the main thread.
 fn handle_conn(
     conn: UnixStream,
     tx: &mpsc::Sender<Event>,
     stats: Option<&StatsValues>,
     discard: &Discard,
+    warmer: Option<&Arc<Warmer>>,
 ) {
     // Only root may steer a root daemon: the socket is 0600 in a 0700 directory,
     // and the peer is checked too, so a socket made reachable by mistake (a
@@ -531,6 +534,13 @@ fn handle_conn(
         .filter(|rest| rest.is_empty() || rest.starts_with(' '))
     {
         return Reply(conn).send(&probe::answer(dir.trim()));
+    }
+    if let Some(args) = cmd
+        .strip_prefix(warm::CMD)
+        .filter(|rest| rest.is_empty() || rest.starts_with(' '))
+    {
+        // On a thread of its own: it lasts as long as the warm-up.
+        return warm::serve_client(warmer.cloned(), conn, args);
     }
     if cmd == DISCARD_CMD {
         warn!("unmount --discard-dirty: data that cannot be written will be dropped");
@@ -580,7 +590,18 @@ pub fn control_with_progress(
     timeout: Option<Duration>,
     on_progress: &mut dyn FnMut(&str),
 ) -> std::io::Result<String> {
-    let mut s = UnixStream::connect(socket)?;
+    control_on(UnixStream::connect(socket)?, cmd, timeout, on_progress)
+}
+
+/// Like [`control_with_progress`], on a connection already open (a client that
+/// needs its descriptor: `warm` closes its side on Ctrl-C). `timeout` bounds
+/// each wait for a line.
+pub fn control_on(
+    mut s: UnixStream,
+    cmd: &str,
+    timeout: Option<Duration>,
+    on_progress: &mut dyn FnMut(&str),
+) -> std::io::Result<String> {
     s.set_read_timeout(timeout)?;
     writeln!(s, "{cmd}")?;
     let mut reader = BufReader::new(s);

@@ -17,7 +17,8 @@
 //!   `snapshot`) talks to the daemon, both sides of it;
 //! - `snapshot.rs`: the consistent snapshot the socket's `snapshot` takes;
 //! - `resize.rs`: growing the mounted drive, on the socket's `resize`;
-//! - `stats.rs`: the counters `stats` shows.
+//! - `stats.rs`: the counters `stats` shows;
+//! - `warm.rs`: the warm-up of the disk cache (`warm`, `mount --warm`).
 
 mod control;
 mod handles;
@@ -26,8 +27,10 @@ mod setup;
 mod snapshot;
 mod stats;
 mod teardown;
+mod warm;
 
-pub use control::{control, control_with_progress, DISCARD_CMD};
+pub use control::{control, control_on, control_with_progress, DISCARD_CMD};
+pub use warm::CMD as WARM_CMD;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -98,6 +101,8 @@ struct Mounted {
     /// The drive's directory in the disk cache directory, opened (and given to
     /// the worker's user) by the root part.
     disk_cache_dir: Option<std::fs::File>,
+    /// The warm-ups of the disk cache (with one).
+    warmer: Option<Arc<warm::Warmer>>,
 }
 
 impl Mounted {
@@ -140,6 +145,7 @@ impl Mounted {
             unmounting_fs: Arc::new(AtomicBool::new(false)),
             disk_state: None,
             disk_cache_dir: None,
+            warmer: None,
         })
     }
 
@@ -165,6 +171,7 @@ impl Mounted {
             lease_held: Arc::new(move || {
                 had_lease && !fenced.load(std::sync::atomic::Ordering::SeqCst)
             }),
+            warm: self.warmer.as_ref().map(|w| w.figures.clone()),
         };
         let registry = super::metrics::registry(&self.target, sources);
         if let Err(e) = std::thread::Builder::new()
@@ -269,6 +276,9 @@ fn run_worker(
         notes: said.notes,
         auth: Some(m.blob.service().account().credential.describe()),
     })?;
+    if m.req.warm {
+        m.warm_at_mount();
+    }
     serve(&mut m, control)
 }
 
@@ -278,7 +288,7 @@ mod tests {
     /// channel to the root part: `mount::system` (the root part's room) is
     /// named here only for the filesystem steps' value types. (`control/probe.rs`, which tries root operations on
     /// purpose to show them refused, is not part of it.)
-    const WORKER_SOURCES: [(&str, &str); 9] = [
+    const WORKER_SOURCES: [(&str, &str); 10] = [
         ("mod.rs", include_str!("mod.rs")),
         ("control.rs", include_str!("control.rs")),
         ("handles.rs", include_str!("handles.rs")),
@@ -287,6 +297,7 @@ mod tests {
         ("snapshot.rs", include_str!("snapshot.rs")),
         ("stats.rs", include_str!("stats.rs")),
         ("teardown.rs", include_str!("teardown.rs")),
+        ("warm.rs", include_str!("warm.rs")),
         (
             "../rootpart/channel.rs",
             include_str!("../rootpart/channel.rs"),

@@ -5,7 +5,7 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use fuser::{BackgroundSession, Config, SessionACL};
@@ -13,6 +13,7 @@ use tracing::{error, info, warn};
 
 use super::handles::{AttachedLoop, FsMount};
 use super::stats::{lease_state, stats_value, StatsValues};
+use super::warm::Warmer;
 use super::Mounted;
 use std::path::Path;
 
@@ -198,18 +199,36 @@ fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<Stack>>, Moun
     Ok(cache)
 }
 
-/// The FUSE filesystem over the cache: the files `disk` and `stats`.
+/// The FUSE filesystem over the cache: the files `disk` and `stats`; and with a
+/// disk cache, its warm-ups, done by the filesystem's fetch workers.
 fn disk_fs(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> DiskFs<Stack> {
     let svc = m.blob.service().clone();
     let stats_cache = cache.clone();
     let fenced = m.fenced.clone();
     let had_lease = m.lease.is_some();
-    let values: StatsValues =
-        Arc::new(move || stats_value(&svc, Some(&stats_cache), lease_state(had_lease, &fenced)));
-    m.stats = Some(values.clone());
-    let stats: StatsFn =
-        Arc::new(move || serde_json::to_string_pretty(&values()).unwrap_or_default() + "\n");
+    // The `stats` file is the filesystem's, which the warm-ups need first.
+    let content: Arc<OnceLock<StatsValues>> = Arc::new(OnceLock::new());
+    let said = content.clone();
+    let stats: StatsFn = Arc::new(move || {
+        let v = said.get().map(|values| values()).unwrap_or_default();
+        serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
+    });
     let fs = DiskFs::new(cache.clone(), stats, m.req.read_only, m.req.uid, m.req.gid);
+    m.warmer = cache.backend().disk_cache().is_some().then(|| {
+        Arc::new(Warmer::new(
+            cache.clone(),
+            m.blob.clone(),
+            m.rt.handle().clone(),
+            fs.background_fetches(),
+        ))
+    });
+    let warming = m.warmer.as_ref().map(|w| w.figures.clone());
+    let values: StatsValues = Arc::new(move || {
+        let lease = lease_state(had_lease, &fenced);
+        stats_value(&svc, Some(&stats_cache), lease, warming.as_deref())
+    });
+    let _ = content.set(values.clone());
+    m.stats = Some(values);
     m.open_disk = Some(fs.open_disk_handles());
     fs
 }

@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::azure::BlobService;
 use crate::device::cache::Cache;
 use crate::device::stack::Stack;
+use crate::mount::warmup::Warming;
 
 /// The daemon's counters as JSON, computed on each call.
 pub(super) type StatsValues = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
@@ -27,6 +28,7 @@ pub(super) fn stats_value(
     svc: &BlobService,
     cache: Option<&Cache<Stack>>,
     lease: &str,
+    warm: Option<&Warming>,
 ) -> serde_json::Value {
     let s = svc.stats();
     let c = cache.map(|c| c.snapshot()).unwrap_or_default();
@@ -63,5 +65,6 @@ pub(super) fn stats_value(
         "stalled_secs": h.stalled.as_secs_f64(),
         "last_error": h.last_error,
         "disk_cache": cache.and_then(|c| c.backend().disk_cache()).map(|t| t.stats()),
+        "warm_up": warm.and_then(Warming::status),
     })
 }

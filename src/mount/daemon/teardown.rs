@@ -187,6 +187,7 @@ impl Mounted {
             }
         }
         self.fuse_gone.store(true, Ordering::SeqCst);
+        self.stop_warm_up();
         if let Some(cache) = self.cache.clone() {
             if !self.req.read_only && losses.is_empty() {
                 losses.extend(self.write_back(&cache));

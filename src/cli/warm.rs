@@ -1,0 +1,239 @@
+//! `blobdrive warm`: fill a mounted drive's disk cache with its data, through the
+//! mount's daemon (which does the fetching, behind the applications' reads).
+//!
+//! The daemon's words are hostile here as everywhere: its progress and its
+//! answer are read as JSON into numbers, and any text it sends (a reason) is
+//! printed with its control characters escaped.
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use blobdrive::azure::text::escape_controls;
+use blobdrive::mount::daemon;
+use blobdrive::mount::warmup::WarmStatus;
+use blobdrive::size::{human, parse_size};
+use blobdrive::transfer::progress::Progress;
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Fetches every allocated page of the drive (as Get Page Ranges lists them; holes are
+never fetched) that the disk cache does not hold yet, in offset order, until the
+cache is full. The mount's own fetch workers do it, at most 4 ranged reads at a
+time and only while no application read waits for them. A bar shows the bytes of
+allocated pages gone through on a terminal; plain lines otherwise.
+
+Ctrl-C stops it after the reads in flight (exit status 1); run it again and it
+fetches only what is still missing. `blobdrive stats` and the metrics show a
+warm-up while it runs. `blobdrive mount --warm` (fstab `warm`) starts one as the
+mount becomes ready. See docs/disk-cache.md for what a warm-up can and cannot
+keep current.
+
+Example:
+  sudo blobdrive warm /data --max-rate 100MiB")]
+pub struct Args {
+    /// Where the drive is mounted (with --disk-cache).
+    pub mountpoint: PathBuf,
+    /// Fetch at most SIZE a second (e.g. 100MiB) [default: no limit].
+    #[arg(long, value_name = "SIZE")]
+    pub max_rate: Option<String>,
+    /// Print a JSON summary (fetched, already_cached, skipped, seconds) instead of
+    /// progress and a line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The connection's descriptor, for the Ctrl-C handler (-1: none).
+static SOCKET: AtomicI32 = AtomicI32::new(-1);
+
+/// Ctrl-C: closes this side of the connection, which the daemon takes as "stop"
+/// (it answers once the reads in flight end). A second Ctrl-C is the default
+/// one (`SA_RESETHAND`).
+extern "C" fn on_interrupt(_: libc::c_int) {
+    let fd = SOCKET.load(Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: shutdown(2) is async-signal-safe; a closed descriptor only
+        // makes it fail.
+        unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+    }
+}
+
+fn catch_interrupt() {
+    // SAFETY: a zeroed sigaction with a plain handler is a valid argument.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_interrupt as extern "C" fn(libc::c_int) as usize;
+        sa.sa_flags = libc::SA_RESETHAND;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let max_rate = match &args.max_rate {
+        Some(s) => match parse_size(s)? {
+            0 => bail!("--max-rate must be more than 0"),
+            n => Some(n),
+        },
+        None => None,
+    };
+    let (mp, rec) = super::stats::live_mount(&args.mountpoint)?;
+    let conn = std::os::unix::net::UnixStream::connect(&rec.socket)?;
+    SOCKET.store(conn.as_raw_fd(), Ordering::SeqCst);
+    catch_interrupt();
+    let cmd = match max_rate {
+        Some(r) => format!("{} max-rate={r}", daemon::WARM_CMD),
+        None => daemon::WARM_CMD.to_string(),
+    };
+    let mut shown = Shown::new(args.json);
+    // Progress comes every second; a minute without a line is a daemon gone
+    // silent.
+    let answer = daemon::control_on(conn, &cmd, Some(Duration::from_secs(60)), &mut |line| {
+        if let Ok(s) = serde_json::from_str::<WarmStatus>(line) {
+            shown.update(&s);
+        }
+    });
+    SOCKET.store(-1, Ordering::SeqCst);
+    shown.finish();
+    let answer = answer?;
+    let end = match answer.split_once(' ') {
+        Some(("ok", json)) => serde_json::from_str::<WarmStatus>(json).ok(),
+        Some(("error", why)) => bail!("{}", escape_controls(why)),
+        _ => None,
+    };
+    let Some(end) = end else {
+        bail!(
+            "unexpected answer from the daemon: {}",
+            escape_controls(&answer.chars().take(200).collect::<String>())
+        );
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary(&end))?);
+    } else {
+        println!("warm-up of {}: {}", mp.display(), status_line(&end));
+    }
+    // (A Ctrl-C that came as the last reads ended stopped nothing.)
+    if end.stopped {
+        bail!(
+            "stopped before the end; run `blobdrive warm {}` again to fetch the rest",
+            mp.display()
+        );
+    }
+    Ok(())
+}
+
+/// The `--json` summary: the figures the issue's callers script against.
+fn summary(s: &WarmStatus) -> serde_json::Value {
+    serde_json::json!({
+        "fetched": s.fetched,
+        "already_cached": s.already_cached,
+        "skipped": s.skipped,
+        "seconds": s.seconds,
+        "allocated": s.allocated,
+        "stopped": s.stopped,
+    })
+}
+
+/// One line saying where a warm-up stands (for `warm` and `stats`).
+pub fn status_line(s: &WarmStatus) -> String {
+    let figures = format!(
+        "{} fetched, {} cached already, {} skipped{}",
+        human(s.fetched),
+        human(s.already_cached),
+        human(s.skipped),
+        if s.skipped > 0 {
+            " (no room left in the disk cache)"
+        } else {
+            ""
+        }
+    );
+    let pct = (s.done * 100).checked_div(s.allocated).unwrap_or(100);
+    match (&s.error, s.running, s.stopped) {
+        (Some(e), _, _) => format!(
+            "failed after {:.1} s ({}); {figures}",
+            s.seconds,
+            escape_controls(e)
+        ),
+        (None, true, _) => format!(
+            "running, {pct}% of {} allocated gone through, {figures}, {:.0} s so far",
+            human(s.allocated),
+            s.seconds
+        ),
+        (None, false, true) => format!(
+            "stopped at {pct}% of {} allocated after {:.1} s: {figures}",
+            human(s.allocated),
+            s.seconds
+        ),
+        (None, false, false) => format!(
+            "done, {} allocated in {:.1} s: {figures}",
+            human(s.allocated),
+            s.seconds
+        ),
+    }
+}
+
+/// The progress shown: a bar on a terminal, plain lines otherwise, nothing
+/// with `--json`. Made once the daemon says how much is allocated.
+struct Shown {
+    quiet: bool,
+    progress: Option<Progress>,
+    done: u64,
+}
+
+impl Shown {
+    fn new(quiet: bool) -> Shown {
+        Shown {
+            quiet,
+            progress: None,
+            done: 0,
+        }
+    }
+
+    fn update(&mut self, s: &WarmStatus) {
+        if s.allocated == 0 {
+            return;
+        }
+        let quiet = self.quiet;
+        let p = self
+            .progress
+            .get_or_insert_with(|| Progress::new("warming", s.allocated, quiet));
+        let done = s.done.min(s.allocated);
+        if done > self.done {
+            p.add(done - self.done);
+            self.done = done;
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(p) = &self.progress {
+            p.finish();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_from_the_daemon_is_shown_escaped() {
+        let s = WarmStatus {
+            allocated: 100,
+            done: 50,
+            error: Some("\x1b]0;owned\x07bad".into()),
+            ..WarmStatus::default()
+        };
+        let line = status_line(&s);
+        assert!(!line.contains('\x1b') && !line.contains('\x07'), "{line}");
+        assert!(line.contains("\\u{1b}]0;owned"), "{line}");
+        let running = WarmStatus {
+            running: true,
+            allocated: 200,
+            done: 50,
+            ..WarmStatus::default()
+        };
+        assert!(status_line(&running).starts_with("running, 25% of 200 bytes"));
+    }
+}
