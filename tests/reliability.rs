@@ -5,7 +5,7 @@
 mod common;
 mod faultproxy;
 
-use common::util::{json, rt, sh, sh_ok, wait_for_exit};
+use common::util::{json, rt, sh, sh_ok, wait_for, wait_for_exit};
 use std::collections::HashSet;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -201,7 +201,13 @@ fn sigkill_mid_workload_recovers_every_fsynced_file() {
         ))
         .spawn()
         .unwrap();
+    // Kill once the workload has fsynced a few files, however slow the
+    // machine is (a fixed wait left two files under load), and at least
+    // 2.5 s in, so the kill lands amid a steady stream of writes.
     std::thread::sleep(Duration::from_millis(2500));
+    wait_for("four files fsynced", Duration::from_secs(120), || {
+        std::fs::read_to_string(&jp).is_ok_and(|j| j.lines().count() > 3)
+    });
     let pid = mp.pid();
     sh_ok(&format!("kill -KILL {pid}"));
     let _ = writer.wait();
