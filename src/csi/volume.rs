@@ -9,7 +9,7 @@ use tonic::Status;
 
 use super::proto::volume_capability::access_mode::Mode;
 use super::proto::volume_capability::AccessType;
-use super::proto::{CapacityRange, VolumeCapability};
+use super::proto::{CapacityRange, Volume, VolumeCapability};
 use crate::vhd::{MAX_DISK_BYTES, MIB};
 
 /// The StorageClass parameter, carried to NodeStage in the volume's context,
@@ -71,10 +71,7 @@ impl VolumeId {
     /// (an unknown volume, NOT_FOUND where the spec asks it).
     pub fn parse(id: &str) -> Option<VolumeId> {
         let (container, blob) = id.split_once('/')?;
-        let ok_container = (3..=63).contains(&container.len())
-            && container
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        let ok_container = super::parameters::is_container_name(container);
         let name = blob.strip_suffix(".vhd")?;
         let ok_name = !name.is_empty()
             && name
@@ -89,6 +86,17 @@ impl VolumeId {
     /// `container/NAME.vhd`, as a BLOB argument of every command takes it.
     pub fn spec(&self) -> String {
         format!("{}/{}", self.container, self.blob)
+    }
+}
+
+/// The CSI message for volume `id` of `size` bytes (no source).
+pub fn message(id: &VolumeId, size: u64) -> Volume {
+    Volume {
+        capacity_bytes: size as i64,
+        volume_id: id.spec(),
+        volume_context: Default::default(),
+        content_source: None,
+        accessible_topology: vec![],
     }
 }
 
@@ -306,6 +314,8 @@ mod tests {
             "Vols/a.vhd",
             "v/a.vhd",
             "vols/a/b.vhd",
+            "-vols/a.vhd",
+            "vo--ls/a.vhd",
         ] {
             assert_eq!(VolumeId::parse(bad), None, "{bad}");
         }
