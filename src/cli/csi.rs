@@ -13,8 +13,11 @@ sidecars, and the node DaemonSet serves `--role node` on every node beside node-
 (privileged, hostPID, the kubelet's directory with Bidirectional mount propagation).
 deploy/kubernetes/ has the manifests; docs/kubernetes.md says how to deploy them.
 
-Volumes are drives (fixed VHD page blobs) named container/NAME.vhd. A volume is
-published to one node at a time. Unpublishing it from a node that never unstaged it
+Volumes are drives (fixed VHD page blobs) named container/NAME.vhd. Each node plugin
+records itself in --container (blobdrive-csi/nodes/NODE), and the controller publishes
+only to a node that did, no more volumes than it takes. A volume is published for
+writing to one node at a time, and read-only to many, never beside a writer.
+Unpublishing it from a node that never unstaged it
 (the node died or was cut off) breaks that node's lease and raises the blob's
 sequence number before it answers, so the node's late writes are refused by the
 storage service itself and its I/O fails with EIO: failover by fencing, not by a
@@ -59,10 +62,10 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = csi::MAX_VOLUMES_PER_NODE,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(csi::MOST_VOLUMES)))]
     pub max_volumes_per_node: u32,
-    /// A cgroup v2 directory (made if missing) that each staged volume's
-    /// daemon is moved into, so that killing this plugin's container (all of
-    /// its cgroup) leaves the volumes serving. The node DaemonSet passes one
-    /// under the host's /sys/fs/cgroup, with hostPID.
+    /// A cgroup v2 directory (made if missing, in a cgroup v2 directory) that
+    /// each staged volume's daemon is moved into, so that killing this
+    /// plugin's container (all of its cgroup) leaves the volumes serving. The
+    /// node DaemonSet passes one under the host's /sys/fs/cgroup, with hostPID.
     #[arg(long, value_name = "DIR")]
     pub volume_cgroup: Option<std::path::PathBuf>,
     /// A directory on a local disk where every volume staged on this node keeps

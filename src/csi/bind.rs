@@ -178,7 +178,7 @@ fn bind_at(from: &OwnedFd, mut p: Published) -> Result<Published, Status> {
     };
     if let Err(e) = restricted {
         if is_ours(&top, &p) {
-            let _ = paths::unmount(&top);
+            let _ = paths::unmount(top, &target, dir);
         }
         undo(&p);
         return Err(internal("restrict the bind mount at", &target, e));
@@ -209,7 +209,7 @@ pub fn unpublish(req: NodeUnpublishVolumeRequest) -> Result<(), Status> {
     }
     match paths::open_path(&target, !p.block) {
         Ok(fd) if is_ours(&fd, &p) => {
-            paths::unmount(&fd).map_err(|e| internal("unmount", &target, e))?;
+            paths::unmount(fd, &target, !p.block).map_err(|e| internal("unmount", &target, e))?;
         }
         _ if mounted(p.mount_id) => {
             return Err(Status::failed_precondition(format!(

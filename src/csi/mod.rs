@@ -172,6 +172,9 @@ fn bind(path: &std::path::Path) -> Result<UnixListener, CsiError> {
     Ok(listener)
 }
 
+/// How long a node plugin's start waits to record the node in the account.
+const REGISTER_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Serves Identity and the services of the driver's role on `endpoint` until
 /// `stop` resolves.
 pub async fn serve(
@@ -180,6 +183,20 @@ pub async fn serve(
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), CsiError> {
     let path = socket_path(endpoint)?;
+    if driver.role != Role::Controller {
+        // Recorded before the socket is there, so the controller knows this
+        // node as soon as the kubelet can; a storage service out of reach
+        // delays the start by a few seconds only (NodeGetInfo records it
+        // again, and fails if it cannot).
+        let said = match tokio::time::timeout(REGISTER_LIMIT, node::register(&driver)).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.message().to_string()),
+            Err(_) => Some(format!("no answer in {} s", REGISTER_LIMIT.as_secs())),
+        };
+        if let Some(why) = said {
+            tracing::warn!("cannot record this node in the account yet: {why}");
+        }
+    }
     let listener = bind(&path)?;
     tracing::info!("CSI driver {PLUGIN_NAME} serving on {}", path.display());
     let controller = (driver.role != Role::Node).then(|| {
@@ -192,20 +209,8 @@ pub async fn serve(
             metadata::MetadataService::new(driver.service.clone()),
         )
     });
-    let node = (driver.role != Role::Controller).then(|| {
-        let registering = driver.clone();
-        // Recorded at once, so the controller knows this node before the
-        // kubelet does; NodeGetInfo records it again, and fails if it cannot.
-        tokio::spawn(async move {
-            if let Err(e) = node::register(&registering).await {
-                tracing::warn!(
-                    "cannot record this node in the account yet: {}",
-                    e.message()
-                );
-            }
-        });
-        proto::node_server::NodeServer::new(node::NodeService::new(driver.clone()))
-    });
+    let node = (driver.role != Role::Controller)
+        .then(|| proto::node_server::NodeServer::new(node::NodeService::new(driver.clone())));
     let result = tonic::transport::Server::builder()
         .add_service(proto::identity_server::IdentityServer::new(
             identity::IdentityService {

@@ -118,16 +118,19 @@ pub fn restrict(at: &OwnedFd, read_only: bool, device: bool) -> std::io::Result<
     mount_on("none", at, "", flags, "")
 }
 
-/// Unmounts the mount whose root `fd` is open on.
-pub fn unmount(fd: &OwnedFd) -> std::io::Result<()> {
-    let c = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .expect("no NUL in a /proc path");
-    // SAFETY: `c` is a valid NUL-terminated path; the magic link leads to the
-    // mount root `fd` was opened on, not to anything a path could be changed to.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
-        return Err(std::io::Error::last_os_error());
+/// Unmounts the mount at `path` (its last part not followed) if it still is
+/// the mount `mount_id` `fd` was checked to be on: `fd` is closed first (an
+/// open descriptor keeps a mount busy), then the path's top mount is looked at
+/// again just before it goes.
+pub fn unmount(fd: OwnedFd, path: &Path, dir: bool) -> std::io::Result<()> {
+    let want = mount_id(&fd)?;
+    drop(fd);
+    let again = open_path(path, dir)?;
+    if mount_id(&again)? != want {
+        return Err(std::io::Error::other("the mount there changed meanwhile"));
     }
-    Ok(())
+    drop(again);
+    crate::mount::system::umount(path, false).map_err(std::io::Error::other)
 }
 
 /// Makes the directory (or, for a block volume, the empty file) `path`, not

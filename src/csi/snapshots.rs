@@ -5,7 +5,6 @@
 
 use tonic::Status;
 
-use super::origin::DIGEST_META;
 use super::proto::{CreateSnapshotRequest, ListSnapshotsRequest, ListSnapshotsResponse, Snapshot};
 use super::volume::VolumeId;
 use super::{parameters, status_of, Driver};
@@ -15,6 +14,11 @@ use crate::vhd::FOOTER_SIZE;
 
 /// The metadata name of the CSI name a snapshot was taken as.
 pub const SNAPSHOT_META: &str = "blobdrive_csi_snapshot";
+
+/// The metadata name of the digest of the parameters a snapshot was taken
+/// with (not the volume's own record of what made it, which the snapshot
+/// carries along).
+const DIGEST_META: &str = "blobdrive_csi_snapshot_request";
 
 /// A snapshot of a volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
