@@ -498,7 +498,7 @@ fn a_bad_endpoint_or_a_file_in_the_sockets_place_is_one_line_and_nothing_served(
         (format!("unix://{}", file.display()), "is not a socket"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_blobdrive"))
-            .args(["csi", "--node-id", "n", "--endpoint", &endpoint])
+            .args(["csi", "--role", "controller", "--endpoint", &endpoint])
             .env("AZURE_STORAGE_CONNECTION_STRING", &cs)
             .output()
             .unwrap();

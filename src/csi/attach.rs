@@ -113,12 +113,21 @@ pub async fn unpublish(
     let blob = driver.service.blob(&id.container, &id.blob);
     let mut from = publish::unpublish(&blob, node).await?;
     from.extend(node.map(str::to_string));
-    from.sort();
-    from.dedup();
-    let container = nodes_container(driver)?;
-    for n in &from {
+    forget(driver, &id, &from).await
+}
+
+/// Takes volume `id` out of the records of `nodes` (those that recorded
+/// themselves; none without a container to look in).
+pub async fn forget(driver: &Driver, id: &VolumeId, nodes: &[String]) -> Result<(), Status> {
+    let Some(container) = driver.container.as_deref() else {
+        return Ok(());
+    };
+    let mut nodes = nodes.to_vec();
+    nodes.sort();
+    nodes.dedup();
+    for n in &nodes {
         if let Some(record) = NodeRecord::read(&driver.service, container, n).await? {
-            record.remove(&id).await?;
+            record.remove(id).await?;
         }
     }
     Ok(())

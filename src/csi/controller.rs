@@ -134,6 +134,14 @@ impl Controller for ControllerService {
             Err(e) => return Err(status_of(e)),
         }
         tracing::info!("deleted volume {}", id.spec());
+        // Deleted while still published (a CO that did not unpublish first):
+        // the nodes' records let it go, or it would hold a place there.
+        let nodes: Vec<String> = super::publish::published_to(&props)
+            .into_iter()
+            .chain(super::publish::readers(&props))
+            .map(str::to_string)
+            .collect();
+        attach::forget(&self.driver, &id, &nodes).await?;
         Ok(Response::new(DeleteVolumeResponse {}))
     }
 
