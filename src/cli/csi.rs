@@ -13,8 +13,11 @@ sidecars, and the node DaemonSet serves `--role node` on every node beside node-
 (privileged, hostPID, the kubelet's directory with Bidirectional mount propagation).
 deploy/kubernetes/ has the manifests; docs/kubernetes.md says how to deploy them.
 
-Volumes are drives (fixed VHD page blobs) named container/NAME.vhd. A volume is
-published to one node at a time. Unpublishing it from a node that never unstaged it
+Volumes are drives (fixed VHD page blobs) named container/NAME.vhd. Each node plugin
+records itself in --container (blobdrive-csi/nodes/NODE), and the controller publishes
+only to a node that did, no more volumes than it takes. A volume is published for
+writing to one node at a time, and read-only to many, never beside a writer.
+Unpublishing it from a node that never unstaged it
 (the node died or was cut off) breaks that node's lease and raises the blob's
 sequence number before it answers, so the node's late writes are refused by the
 storage service itself and its I/O fails with EIO: failover by fencing, not by a
@@ -48,13 +51,21 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Role::All)]
     pub role: Role,
     /// The container new volumes go to, unless their StorageClass names one
-    /// (parameter `container`); ListVolumes lists it.
+    /// (parameter `container`); ListVolumes lists it. The node plugins record
+    /// themselves there and the controller looks for them there, so every
+    /// role is given the same one (required unless --role controller).
     #[arg(long, value_name = "NAME")]
     pub container: Option<String>,
-    /// A cgroup v2 directory (made if missing) that each staged volume's
-    /// daemon is moved into, so that killing this plugin's container (all of
-    /// its cgroup) leaves the volumes serving. The node DaemonSet passes one
-    /// under the host's /sys/fs/cgroup, with hostPID.
+    /// How many volumes this node takes at most (NodeGetInfo's
+    /// max_volumes_per_node; the controller refuses one more with
+    /// RESOURCE_EXHAUSTED).
+    #[arg(long, value_name = "N", default_value_t = csi::MAX_VOLUMES_PER_NODE,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(csi::MOST_VOLUMES)))]
+    pub max_volumes_per_node: u32,
+    /// A cgroup v2 directory (made if missing, in a cgroup v2 directory) that
+    /// each staged volume's daemon is moved into, so that killing this
+    /// plugin's container (all of its cgroup) leaves the volumes serving. The
+    /// node DaemonSet passes one under the host's /sys/fs/cgroup, with hostPID.
     #[arg(long, value_name = "DIR")]
     pub volume_cgroup: Option<std::path::PathBuf>,
     /// A directory on a local disk where every volume staged on this node keeps
@@ -66,18 +77,30 @@ pub struct Args {
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<()> {
-    let volume_cgroup = args
-        .volume_cgroup
-        .as_deref()
-        .map(VolumeCgroup::open)
-        .transpose()?;
-    let node_id = match (args.role, args.node_id) {
+    // Every argument is checked before anything is made (the volume cgroup,
+    // the socket).
+    csi::socket_path(&args.endpoint)?;
+    let serves_node = args.role != Role::Controller;
+    let node_id = match (serves_node, args.node_id) {
+        (_, Some(id)) if !csi::is_node_id(&id) => anyhow::bail!(
+            "--node-id {:?}: 1 to 253 letters, digits, '.', '-' and '_' (a Kubernetes node name)",
+            id
+        ),
         (_, Some(id)) => id,
-        (Role::Controller, None) => String::new(),
-        (_, None) => anyhow::bail!(
+        (false, None) => String::new(),
+        (true, None) => anyhow::bail!(
             "--node-id is required to serve the node service (or give --role controller)"
         ),
     };
+    match &args.container {
+        Some(c) if !csi::is_container_name(c) => anyhow::bail!(
+            "--container {c:?}: not a container name (3 to 63 lowercase letters, digits and '-', starting and ending with a letter or digit, no '--')"
+        ),
+        None if serves_node => anyhow::bail!(
+            "--container is required to serve the node service: the node records itself there, where the controller looks for it"
+        ),
+        _ => {}
+    }
     let disk_cache = match &args.disk_cache {
         Some(dir) => {
             let dir = std::path::absolute(dir)?;
@@ -87,13 +110,20 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         }
         None => None,
     };
+    let service = ctx.service()?;
+    let volume_cgroup = args
+        .volume_cgroup
+        .as_deref()
+        .map(VolumeCgroup::open)
+        .transpose()?;
     let driver = Driver {
         role: args.role,
-        service: ctx.service()?,
+        service,
         container: args.container,
         node_id,
         volume_cgroup,
         disk_cache,
+        max_volumes: args.max_volumes_per_node,
     };
     ctx.block_on(async move {
         let stop = async {

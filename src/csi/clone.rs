@@ -9,18 +9,17 @@
 //! in time) instead of taking another, and a repeat that finds the volume made
 //! deletes what such a call left. Marked snapshots are no VolumeSnapshots:
 //! ListSnapshots does not list them. The new volume records which volume it
-//! was cloned from, so that the same CreateVolume asked again answers with the
-//! same content source.
+//! was cloned from (`CLONED_FROM_META`, besides the record of what made it that
+//! a repeated CreateVolume answers from: `origin.rs`).
 
 use std::future::Future;
 
 use tonic::Status;
 
-use super::proto::{volume_content_source, VolumeContentSource};
 use super::snapshots::SnapshotId;
 use super::status_of;
 use super::volume::VolumeId;
-use crate::azure::{BlobProperties, BlobService, DeleteSnapshots};
+use crate::azure::{BlobService, DeleteSnapshots};
 use crate::drive::{Drive, DriveError};
 
 /// On a snapshot taken for a clone: the id of the volume it is copied to.
@@ -38,17 +37,6 @@ fn meta<'a>(metadata: &'a [(String, String)], name: &str) -> Option<&'a str> {
 /// Whether a listed snapshot was taken for a clone (not a VolumeSnapshot).
 pub fn taken_for_a_clone(metadata: &[(String, String)]) -> bool {
     meta(metadata, CLONE_FOR_META).is_some()
-}
-
-/// The volume a CreateVolume asks to clone, if it names one; NOT_FOUND for an
-/// id this driver never made.
-pub fn source_asked(source: Option<&VolumeContentSource>) -> Result<Option<VolumeId>, Status> {
-    match source.and_then(|s| s.r#type.as_ref()) {
-        Some(volume_content_source::Type::Volume(v)) => VolumeId::parse(&v.volume_id)
-            .map(Some)
-            .ok_or_else(|| Status::not_found(format!("no volume {}", v.volume_id))),
-        _ => Ok(None),
-    }
 }
 
 /// Makes volume `target` a copy of volume `source` at one point in time:
@@ -110,25 +98,6 @@ where
     Ok(size)
 }
 
-/// The content source a repeated CreateVolume answers with for the existing
-/// volume `props` describes: the volume it asks to clone from when that is the
-/// one the volume was cloned from (and what the first call left is deleted).
-pub async fn repeated(
-    svc: &BlobService,
-    props: &BlobProperties,
-    asked: Option<&VolumeContentSource>,
-    target: &VolumeId,
-) -> Result<Option<VolumeContentSource>, Status> {
-    let Some(source) = source_asked(asked)? else {
-        return Ok(None);
-    };
-    if meta(&props.metadata, CLONED_FROM_META) != Some(source.spec().as_str()) {
-        return Ok(None);
-    }
-    tidy(svc, &source, target).await?;
-    Ok(asked.cloned())
-}
-
 /// Takes the snapshot of `source` a clone to `target` copies from. NOT_FOUND
 /// when there is no such volume.
 async fn take_snapshot(
@@ -177,7 +146,7 @@ async fn left_for(
 }
 
 /// Deletes the snapshots of `source` taken for a clone to `target`.
-async fn tidy(svc: &BlobService, source: &VolumeId, target: &VolumeId) -> Result<(), Status> {
+pub async fn tidy(svc: &BlobService, source: &VolumeId, target: &VolumeId) -> Result<(), Status> {
     let blob = svc.blob(&source.container, &source.blob);
     for at in left_for(svc, source, target).await? {
         match blob

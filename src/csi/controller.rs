@@ -1,23 +1,18 @@
 //! The Controller service: volumes as drives. A volume is a fixed-VHD page blob,
 //! created and deleted as `blobdrive create` and `delete` do, found again by its
-//! id alone (see `volume.rs`).
-
-use std::collections::HashMap;
+//! id alone (see `volume.rs`). CreateVolume is `create.rs`, publishing
+//! `attach.rs`, snapshots `snapshots.rs`.
 
 use tonic::{Request, Response, Status};
 
 use super::proto::controller_server::Controller;
 use super::proto::controller_service_capability::{self, rpc};
 use super::proto::*;
-use super::snapshots;
 use super::volume::{self, VolumeId};
-use super::{clone, publish};
-use super::{status_of, Driver};
-use crate::azure::{BlobClient, DeleteSnapshots};
-use crate::drive::{self, Drive, DriveError};
-
-/// The StorageClass parameter that names the container of new volumes.
-pub const CONTAINER_PARAM: &str = "container";
+use super::{attach, create, parameters, snapshots};
+use super::{status_of, status_of_drive, Driver};
+use crate::azure::DeleteSnapshots;
+use crate::drive::{Drive, DriveError};
 
 /// The most volumes one ListVolumes page holds when the caller names no limit.
 const LIST_PAGE: usize = 500;
@@ -31,88 +26,41 @@ impl ControllerService {
         ControllerService { driver }
     }
 
-    fn blob(&self, id: &VolumeId) -> BlobClient {
+    fn blob(&self, id: &VolumeId) -> crate::azure::BlobClient {
         self.driver.service.blob(&id.container, &id.blob)
     }
 
-    /// The container a new volume goes to: the StorageClass's, else the driver's.
-    fn container_for(&self, parameters: &HashMap<String, String>) -> Result<String, Status> {
-        parameters
-            .get(CONTAINER_PARAM)
-            .or(self.driver.container.as_ref())
-            .cloned()
-            .ok_or_else(|| {
-                Status::invalid_argument(
-                    "no container: give the StorageClass a `container` parameter, or the driver --container",
-                )
-            })
-    }
-
-    /// Makes `blob` a new drive with `snapshot`'s bytes, grown to the size asked
-    /// for if that is more; returns its disk size.
-    async fn copy_snapshot(
+    /// Why volume `blob`, in use (leased), cannot be grown where it is used: an
+    /// ext4 filesystem on it, and the node it is published to cannot grow a
+    /// mounted ext4 (no CAP_SYS_RESOURCE). FAILED_PRECONDITION then tells
+    /// csi-resizer to grow it once it is not in use: the blob then, and its
+    /// filesystem when it is next staged, neither of which needs the capability.
+    async fn not_growable_in_use(
         &self,
-        blob: &BlobClient,
-        snapshot: &snapshots::SnapshotId,
-        req: &CreateVolumeRequest,
-    ) -> Result<u64, Status> {
-        let source = snapshot.blob(&self.driver.service);
-        let has = match Drive::open(&source).await {
-            Ok(d) => d.disk_size(),
-            Err(DriveError::Azure(e)) if e.is_not_found() => {
-                return Err(Status::not_found(format!(
-                    "no snapshot {}",
-                    snapshot.spec()
-                )))
-            }
-            Err(DriveError::BlobMissing(_) | DriveError::ContainerMissing(_)) => {
-                return Err(Status::not_found(format!(
-                    "no snapshot {}",
-                    snapshot.spec()
-                )))
-            }
-            Err(e) => return Err(status_of_drive(e)),
+        blob: &crate::azure::BlobClient,
+        props: &crate::azure::BlobProperties,
+    ) -> Result<Option<String>, Status> {
+        let (Some(node), Some(container)) = (
+            super::publish::published_to(props),
+            self.driver.container.as_deref(),
+        ) else {
+            return Ok(None);
         };
-        let range = req.capacity_range.as_ref();
-        let asked = match range {
-            Some(r) if r.required_bytes > 0 => volume::size_for(range)?,
-            _ => has,
-        };
-        if range.is_some_and(|r| r.limit_bytes > 0 && (r.limit_bytes as u64) < has) {
-            return Err(Status::out_of_range(format!(
-                "snapshot {} holds {has} bytes, more than the limit asked",
-                snapshot.spec()
-            )));
+        let record = super::nodes::NodeRecord::read(&self.driver.service, container, node).await?;
+        if record.is_none_or(|r| r.grows_mounted_ext4) {
+            return Ok(None);
         }
-        blob.copy_from(&source, None, None)
+        let head = blob
+            .read(0, crate::mount::superblock::HEAD_BYTES as u64)
             .await
             .map_err(status_of)?;
-        // The copy brings the snapshot's metadata, not all of which is the
-        // new volume's.
-        let props = blob.properties().await.map_err(status_of)?;
-        let kept: Vec<(&str, &str)> = props
-            .metadata
-            .iter()
-            .filter(|(k, _)| snapshots::kept_by_a_copy(k))
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        if kept.len() != props.metadata.len() {
-            blob.set_metadata_if_match(&kept, None, props.etag.as_deref())
-                .await
-                .map_err(status_of)?;
-        }
-        let size = asked.max(has);
-        if size > has {
-            crate::resize::grow(blob, size)
-                .await
-                .map_err(status_of_drive)?;
-        }
-        tracing::info!(
-            "made volume {} of {size} bytes from snapshot {}",
-            blob.target(),
-            snapshot.spec()
-        );
-        Ok(size)
+        let ext4 = crate::mount::superblock::detect(&head).is_some_and(|f| f.fstype == "ext4");
+        Ok(ext4.then(|| {
+            format!(
+                "volume {} is in use on node {node}, whose plugin cannot grow a mounted ext4 (it lacks CAP_SYS_RESOURCE): it is grown once it is not in use (stop the pods that use it), its filesystem when it is staged next",
+                blob.target()
+            )
+        }))
     }
 
     /// The drive of volume `id`; `None` when there is no such blob.
@@ -126,112 +74,15 @@ impl ControllerService {
     }
 }
 
-fn status_of_drive(e: DriveError) -> Status {
-    match e {
-        DriveError::Azure(a) => status_of(a),
-        other => Status::failed_precondition(other.to_string()),
-    }
-}
-
-fn volume(
-    id: &VolumeId,
-    size: u64,
-    source: Option<VolumeContentSource>,
-    context: HashMap<String, String>,
-) -> Volume {
-    Volume {
-        capacity_bytes: size as i64,
-        volume_id: id.spec(),
-        volume_context: context,
-        content_source: source,
-        accessible_topology: vec![],
-    }
-}
-
 #[tonic::async_trait]
 impl Controller for ControllerService {
     async fn create_volume(
         &self,
         request: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
-        let req = request.into_inner();
-        if req.name.is_empty() {
-            return Err(Status::invalid_argument("a volume name is required"));
-        }
-        if let Some(why) = volume::unsupported(&req.volume_capabilities) {
-            return Err(Status::invalid_argument(why));
-        }
-        let from = match req
-            .volume_content_source
-            .as_ref()
-            .and_then(|s| s.r#type.as_ref())
-        {
-            None => None,
-            Some(volume_content_source::Type::Snapshot(s)) => Some(
-                snapshots::SnapshotId::parse(&s.snapshot_id)
-                    .ok_or_else(|| Status::not_found(format!("no snapshot {}", s.snapshot_id)))?,
-            ),
-            Some(volume_content_source::Type::Volume(_)) => None,
-        };
-        let clone_of = clone::source_asked(req.volume_content_source.as_ref())?;
-        let id = VolumeId::for_name(&self.container_for(&req.parameters)?, &req.name)?;
-        let context = volume::context_of(&req.parameters)?;
-        if let Some(d) = self.existing(&id).await? {
-            // The same name again: the same volume if its size still fits.
-            if !volume::size_fits(d.disk_size(), req.capacity_range.as_ref()) {
-                return Err(Status::already_exists(format!(
-                    "volume {} exists with {} bytes, outside the range asked",
-                    id.spec(),
-                    d.disk_size()
-                )));
-            }
-            let source = clone::repeated(
-                &self.driver.service,
-                &d.props,
-                req.volume_content_source.as_ref(),
-                &id,
-            )
-            .await?;
-            return Ok(Response::new(CreateVolumeResponse {
-                volume: Some(volume(&id, d.disk_size(), source, context)),
-            }));
-        }
-        let blob = self.blob(&id);
-        match blob.container().create().await {
-            Ok(_) => {}
-            Err(e) => return Err(status_of(e)),
-        }
-        if let Some(source) = clone_of {
-            let (blob, req_ref) = (&blob, &req);
-            let copy = |snapshot| async move { self.copy_snapshot(blob, &snapshot, req_ref).await };
-            let size = clone::clone_volume(&self.driver.service, &source, &id, copy).await?;
-            let volume = volume(&id, size, req.volume_content_source.clone(), context);
-            return Ok(Response::new(CreateVolumeResponse {
-                volume: Some(volume),
-            }));
-        }
-        if let Some(snapshot) = from {
-            let size = self.copy_snapshot(&blob, &snapshot, &req).await?;
-            let source = req.volume_content_source.clone();
-            return Ok(Response::new(CreateVolumeResponse {
-                volume: Some(volume(&id, size, source, context)),
-            }));
-        }
-        let size = volume::size_for(req.capacity_range.as_ref())?;
-        match drive::create(&blob, size).await {
-            Ok(()) => {}
-            // Made meanwhile by another call of the same name: answered as above.
-            Err(DriveError::Azure(e)) if e.code() == Some("BlobAlreadyExists") => {
-                return Err(Status::aborted(format!(
-                    "volume {} is being created by another call; try again",
-                    id.spec()
-                )))
-            }
-            Err(e) => return Err(status_of_drive(e)),
-        }
-        tracing::info!("created volume {} of {size} bytes", id.spec());
+        let volume = create::create_volume(&self.driver, &request.into_inner()).await?;
         Ok(Response::new(CreateVolumeResponse {
-            volume: Some(volume(&id, size, None, context)),
+            volume: Some(volume),
         }))
     }
 
@@ -283,63 +134,31 @@ impl Controller for ControllerService {
             Err(e) => return Err(status_of(e)),
         }
         tracing::info!("deleted volume {}", id.spec());
+        // Deleted while still published (a CO that did not unpublish first):
+        // the nodes' records let it go, or it would hold a place there.
+        let nodes: Vec<String> = super::publish::published_to(&props)
+            .into_iter()
+            .chain(super::publish::readers(&props))
+            .map(str::to_string)
+            .collect();
+        attach::forget(&self.driver, &id, &nodes).await?;
         Ok(Response::new(DeleteVolumeResponse {}))
     }
 
-    /// Publishing for writing records the node on the blob: one node at a
-    /// time. A read-only publication records nothing (a read-only mount takes
-    /// no lease, and many nodes may hold one).
     async fn controller_publish_volume(
         &self,
         request: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
-        let req = request.into_inner();
-        if req.volume_id.is_empty() {
-            return Err(Status::invalid_argument("a volume id is required"));
-        }
-        if req.node_id.is_empty() {
-            return Err(Status::invalid_argument("a node id is required"));
-        }
-        let Some(cap) = req.volume_capability else {
-            return Err(Status::invalid_argument("a volume capability is required"));
-        };
-        if let Some(why) = volume::unsupported(std::slice::from_ref(&cap)) {
-            return Err(Status::invalid_argument(why));
-        }
-        let id = VolumeId::parse(&req.volume_id)
-            .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
-        let readonly = req.readonly || volume::read_only(&cap);
-        if readonly {
-            if self.existing(&id).await?.is_none() {
-                return Err(Status::not_found(format!("no volume {}", id.spec())));
-            }
-        } else {
-            publish::publish(&self.blob(&id), &req.node_id).await?;
-            tracing::info!("published volume {} to node {}", id.spec(), req.node_id);
-        }
-        Ok(Response::new(ControllerPublishVolumeResponse {
-            publish_context: HashMap::from([(
-                volume::READONLY_CONTEXT.to_string(),
-                readonly.to_string(),
-            )]),
-        }))
+        Ok(Response::new(
+            attach::publish(&self.driver, request.into_inner()).await?,
+        ))
     }
 
-    /// Unpublishing a node that still holds the volume's lease (it never
-    /// unstaged: dead or cut off) fences it before answering: see `publish.rs`.
     async fn controller_unpublish_volume(
         &self,
         request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
-        let req = request.into_inner();
-        if req.volume_id.is_empty() {
-            return Err(Status::invalid_argument("a volume id is required"));
-        }
-        let Some(id) = VolumeId::parse(&req.volume_id) else {
-            return Ok(Response::new(ControllerUnpublishVolumeResponse {}));
-        };
-        let node = (!req.node_id.is_empty()).then_some(req.node_id.as_str());
-        publish::unpublish(&self.blob(&id), node).await?;
+        attach::unpublish(&self.driver, request.into_inner()).await?;
         Ok(Response::new(ControllerUnpublishVolumeResponse {}))
     }
 
@@ -359,7 +178,20 @@ impl Controller for ControllerService {
         if self.existing(&id).await?.is_none() {
             return Err(Status::not_found(format!("no volume {}", id.spec())));
         }
-        let answer = match volume::unsupported(&req.volume_capabilities) {
+        // What cannot be served is said in the message, not confirmed; an
+        // unknown parameter is named without its value.
+        let refused = volume::unsupported(&req.volume_capabilities)
+            .or_else(|| {
+                parameters::check_volume(&req.parameters)
+                    .err()
+                    .map(|s| s.message().to_string())
+            })
+            .or_else(|| {
+                parameters::check_mutable(&req.mutable_parameters)
+                    .err()
+                    .map(|s| s.message().to_string())
+            });
+        let answer = match refused {
             Some(why) => ValidateVolumeCapabilitiesResponse {
                 confirmed: None,
                 message: why,
@@ -414,7 +246,7 @@ impl Controller for ControllerService {
         let entries = all[window]
             .iter()
             .map(|(id, size)| list_volumes_response::Entry {
-                volume: Some(volume(id, *size, None, HashMap::new())),
+                volume: Some(volume::message(id, *size)),
                 status: None,
             })
             .collect();
@@ -461,59 +293,9 @@ impl Controller for ControllerService {
         &self,
         request: Request<CreateSnapshotRequest>,
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
-        let req = request.into_inner();
-        if req.source_volume_id.is_empty() {
-            return Err(Status::invalid_argument("a source volume id is required"));
-        }
-        if req.name.is_empty() {
-            return Err(Status::invalid_argument("a snapshot name is required"));
-        }
-        volume::check_name(&req.name, "snapshot")?;
-        let source = VolumeId::parse(&req.source_volume_id)
-            .ok_or_else(|| Status::not_found(format!("no volume {}", req.source_volume_id)))?;
-        // Taken already by this name: the same answer, or ALREADY_EXISTS if it
-        // was of another volume.
-        let mut containers = vec![source.container.clone()];
-        containers.extend(self.driver.container.clone());
-        containers.dedup();
-        for container in &containers {
-            let all = snapshots::in_container(&self.driver.service, container)
-                .await
-                .map_err(status_of)?;
-            let taken = all
-                .into_iter()
-                .find(|(_, item)| snapshots::name_of(item) == Some(req.name.as_str()));
-            if let Some((id, item)) = taken {
-                if id.volume != source {
-                    return Err(Status::already_exists(format!(
-                        "snapshot {} was taken of volume {}, not {}",
-                        req.name,
-                        id.volume.spec(),
-                        source.spec()
-                    )));
-                }
-                let len = item.content_length.unwrap_or_default();
-                return Ok(Response::new(CreateSnapshotResponse {
-                    snapshot: Some(snapshots::message(&id, len)),
-                }));
-            }
-        }
-        let blob = self.blob(&source);
-        let props = match blob.properties().await {
-            Ok(p) => p,
-            Err(e) if e.is_not_found() => {
-                return Err(Status::not_found(format!("no volume {}", source.spec())))
-            }
-            Err(e) => return Err(status_of(e)),
-        };
-        let at = blob
-            .create_snapshot_with(&[(snapshots::SNAPSHOT_META, &req.name)])
-            .await
-            .map_err(status_of)?;
-        let id = snapshots::SnapshotId { volume: source, at };
-        tracing::info!("took snapshot {} as {}", id.spec(), req.name);
+        let snapshot = snapshots::create(&self.driver, &request.into_inner()).await?;
         Ok(Response::new(CreateSnapshotResponse {
-            snapshot: Some(snapshots::message(&id, props.content_length)),
+            snapshot: Some(snapshot),
         }))
     }
 
@@ -544,39 +326,9 @@ impl Controller for ControllerService {
         &self,
         request: Request<ListSnapshotsRequest>,
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
-        let req = request.into_inner();
-        let by_id =
-            (!req.snapshot_id.is_empty()).then(|| snapshots::SnapshotId::parse(&req.snapshot_id));
-        let by_source =
-            (!req.source_volume_id.is_empty()).then(|| VolumeId::parse(&req.source_volume_id));
-        // A snapshot or a volume this driver never made: none to list.
-        if matches!(by_id, Some(None)) || matches!(by_source, Some(None)) {
-            return Ok(Response::new(ListSnapshotsResponse::default()));
-        }
-        let (by_id, by_source) = (by_id.flatten(), by_source.flatten());
-        let container = by_id
-            .as_ref()
-            .map(|i| i.volume.container.clone())
-            .or_else(|| by_source.as_ref().map(|v| v.container.clone()))
-            .or_else(|| self.driver.container.clone());
-        let Some(container) = container else {
-            return Err(Status::failed_precondition(
-                "ListSnapshots lists the driver's --container, and none was given",
-            ));
-        };
-        let all = snapshots::in_container(&self.driver.service, &container)
-            .await
-            .map_err(status_of)?
-            .into_iter()
-            .filter(|(id, _)| by_id.as_ref().is_none_or(|want| want == id))
-            .filter(|(id, _)| by_source.as_ref().is_none_or(|v| *v == id.volume))
-            .map(|(id, item)| snapshots::message(&id, item.content_length.unwrap_or_default()))
-            .collect();
-        Ok(Response::new(snapshots::page(
-            all,
-            &req.starting_token,
-            req.max_entries,
-        )?))
+        Ok(Response::new(
+            snapshots::list(&self.driver, &request.into_inner()).await?,
+        ))
     }
 
     async fn get_snapshot(
@@ -618,6 +370,9 @@ impl Controller for ControllerService {
             }));
         }
         if props.lease_state.as_deref() == Some("leased") {
+            if let Some(why) = self.not_growable_in_use(&blob, &props).await? {
+                return Err(Status::failed_precondition(why));
+            }
             return Ok(Response::new(ControllerExpandVolumeResponse {
                 capacity_bytes: size as i64,
                 node_expansion_required: true,

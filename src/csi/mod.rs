@@ -20,14 +20,25 @@
 //! `INVALID_ARGUMENT` before any lookup, an unknown volume `NOT_FOUND` (OK for
 //! deletes), a repeated call answers OK with the same answer.
 
+mod attach;
+mod authority;
+mod bind;
 mod cgroup;
 mod clone;
 mod controller;
+mod create;
 mod identity;
 mod metadata;
 mod node;
+mod nodes;
+mod origin;
+mod parameters;
+mod paths;
 mod publish;
 mod snapshots;
+mod stage;
+mod targets;
+mod usage;
 mod volume;
 
 use std::path::PathBuf;
@@ -35,12 +46,16 @@ use std::path::PathBuf;
 use thiserror::Error;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::StreamExt;
 
 use crate::azure::BlobService;
 
 pub use cgroup::{join_in_child, CgroupError, VolumeCgroup};
 
 pub use identity::PLUGIN_NAME;
+pub use node::MAX_VOLUMES_PER_NODE;
+pub use nodes::{is_node_id, MOST_VOLUMES};
+pub use parameters::is_container_name;
 
 /// The messages and service traits generated from the CSI spec.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -55,6 +70,16 @@ fn status_of(e: crate::azure::AzureError) -> tonic::Status {
         tonic::Status::unavailable(e.to_string())
     } else {
         tonic::Status::internal(e.to_string())
+    }
+}
+
+/// A status for a drive that cannot be used: the storage service's failures
+/// as [`status_of`] says, anything else (not a drive, a footer that does not
+/// fit) FAILED_PRECONDITION.
+fn status_of_drive(e: crate::drive::DriveError) -> tonic::Status {
+    match e {
+        crate::drive::DriveError::Azure(a) => status_of(a),
+        other => tonic::Status::failed_precondition(other.to_string()),
     }
 }
 
@@ -89,6 +114,9 @@ pub struct Driver {
     /// The directory staged volumes keep their disk caches in
     /// (`blobdrive mount --disk-cache`), if the node has one.
     pub disk_cache: Option<PathBuf>,
+    /// How many volumes this node takes (NodeGetInfo's max_volumes_per_node,
+    /// and what its record tells the controller).
+    pub max_volumes: u32,
 }
 
 /// Why the driver could not start.
@@ -144,6 +172,9 @@ fn bind(path: &std::path::Path) -> Result<UnixListener, CsiError> {
     Ok(listener)
 }
 
+/// How long a node plugin's start waits to record the node in the account.
+const REGISTER_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Serves Identity and the services of the driver's role on `endpoint` until
 /// `stop` resolves.
 pub async fn serve(
@@ -152,6 +183,20 @@ pub async fn serve(
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), CsiError> {
     let path = socket_path(endpoint)?;
+    if driver.role != Role::Controller {
+        // Recorded before the socket is there, so the controller knows this
+        // node as soon as the kubelet can; a storage service out of reach
+        // delays the start by a few seconds only (NodeGetInfo records it
+        // again, and fails if it cannot).
+        let said = match tokio::time::timeout(REGISTER_LIMIT, node::register(&driver)).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.message().to_string()),
+            Err(_) => Some(format!("no answer in {} s", REGISTER_LIMIT.as_secs())),
+        };
+        if let Some(why) = said {
+            tracing::warn!("cannot record this node in the account yet: {why}");
+        }
+    }
     let listener = bind(&path)?;
     tracing::info!("CSI driver {PLUGIN_NAME} serving on {}", path.display());
     let controller = (driver.role != Role::Node).then(|| {
@@ -164,14 +209,8 @@ pub async fn serve(
             metadata::MetadataService::new(driver.service.clone()),
         )
     });
-    let node = (driver.role != Role::Controller).then(|| {
-        proto::node_server::NodeServer::new(node::NodeService::new(
-            driver.service,
-            driver.node_id,
-            driver.volume_cgroup,
-            driver.disk_cache,
-        ))
-    });
+    let node = (driver.role != Role::Controller)
+        .then(|| proto::node_server::NodeServer::new(node::NodeService::new(driver.clone())));
     let result = tonic::transport::Server::builder()
         .add_service(proto::identity_server::IdentityServer::new(
             identity::IdentityService {
@@ -181,7 +220,10 @@ pub async fn serve(
         .add_optional_service(controller)
         .add_optional_service(metadata)
         .add_optional_service(node)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener).map(|c| c.map(authority::AnyAuthority::new)),
+            stop,
+        )
         .await;
     let _ = std::fs::remove_file(&path);
     Ok(result?)

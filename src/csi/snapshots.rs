@@ -5,14 +5,20 @@
 
 use tonic::Status;
 
-use super::proto::{ListSnapshotsResponse, Snapshot};
+use super::proto::{CreateSnapshotRequest, ListSnapshotsRequest, ListSnapshotsResponse, Snapshot};
 use super::volume::VolumeId;
+use super::{parameters, status_of, Driver};
 use crate::azure::xml::BlobItem;
 use crate::azure::{AzureError, BlobClient, BlobService};
 use crate::vhd::FOOTER_SIZE;
 
 /// The metadata name of the CSI name a snapshot was taken as.
 pub const SNAPSHOT_META: &str = "blobdrive_csi_snapshot";
+
+/// The metadata name of the digest of the parameters a snapshot was taken
+/// with (not the volume's own record of what made it, which the snapshot
+/// carries along).
+const DIGEST_META: &str = "blobdrive_csi_snapshot_request";
 
 /// A snapshot of a volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,26 +74,129 @@ pub async fn in_container(
         .collect())
 }
 
-/// Whether a volume copied from a snapshot keeps the snapshot's metadata
-/// `name`: not its source's publication (a new volume is published nowhere),
-/// the name it was taken as, nor what a clone records of its own.
-pub fn kept_by_a_copy(name: &str) -> bool {
-    ![
-        super::publish::PUBLISHED_META,
-        SNAPSHOT_META,
-        super::clone::CLONE_FOR_META,
-        super::clone::CLONED_FROM_META,
-    ]
-    .iter()
-    .any(|m| name.eq_ignore_ascii_case(m))
-}
-
 /// The CSI name `item` was taken as, if any.
 pub fn name_of(item: &BlobItem) -> Option<&str> {
     item.metadata
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case(SNAPSHOT_META))
         .map(|(_, v)| v.as_str())
+}
+
+/// The digest of the request `item` was taken with (see
+/// [`parameters::digest`]), if it was recorded.
+fn digest_of(item: &BlobItem) -> Option<&str> {
+    item.metadata
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(DIGEST_META))
+        .map(|(_, v)| v.as_str())
+}
+
+/// Answers CreateSnapshot: a blob snapshot of the volume, its name and the
+/// digest of its parameters in its metadata. The same name asked again
+/// answers the snapshot taken then, found by listing; asked of another volume
+/// or with other parameters, ALREADY_EXISTS.
+pub async fn create(driver: &Driver, req: &CreateSnapshotRequest) -> Result<Snapshot, Status> {
+    if req.source_volume_id.is_empty() {
+        return Err(Status::invalid_argument("a source volume id is required"));
+    }
+    if req.name.is_empty() {
+        return Err(Status::invalid_argument("a snapshot name is required"));
+    }
+    super::volume::check_name(&req.name, "snapshot")?;
+    parameters::check_snapshot(&req.parameters)?;
+    let source = VolumeId::parse(&req.source_volume_id)
+        .ok_or_else(|| Status::not_found(format!("no volume {}", req.source_volume_id)))?;
+    let digest = parameters::digest(&req.parameters, &[]);
+    if let Some(found) = taken_as(driver, &source, &req.name, &digest).await? {
+        return Ok(found);
+    }
+    let blob = driver.service.blob(&source.container, &source.blob);
+    let props = match blob.properties().await {
+        Ok(p) => p,
+        Err(e) if e.is_not_found() => {
+            return Err(Status::not_found(format!("no volume {}", source.spec())))
+        }
+        Err(e) => return Err(status_of(e)),
+    };
+    let at = blob
+        .create_snapshot_with(&[(SNAPSHOT_META, &req.name), (DIGEST_META, &digest)])
+        .await
+        .map_err(status_of)?;
+    let id = SnapshotId { volume: source, at };
+    tracing::info!("took snapshot {} as {}", id.spec(), req.name);
+    Ok(message(&id, props.content_length))
+}
+
+/// The snapshot taken already by `name` (in the source's container or the
+/// driver's), if any: the same answer, or ALREADY_EXISTS if it was of another
+/// volume or with other parameters.
+async fn taken_as(
+    driver: &Driver,
+    source: &VolumeId,
+    name: &str,
+    digest: &str,
+) -> Result<Option<Snapshot>, Status> {
+    let mut containers = vec![source.container.clone()];
+    containers.extend(driver.container.clone());
+    containers.dedup();
+    for container in &containers {
+        let all = in_container(&driver.service, container)
+            .await
+            .map_err(status_of)?;
+        let Some((id, item)) = all.into_iter().find(|(_, i)| name_of(i) == Some(name)) else {
+            continue;
+        };
+        if id.volume != *source {
+            return Err(Status::already_exists(format!(
+                "snapshot {name} was taken of volume {}, not {}",
+                id.volume.spec(),
+                source.spec()
+            )));
+        }
+        if digest_of(&item).is_some_and(|d| d != digest) {
+            return Err(Status::already_exists(format!(
+                "snapshot {name} was taken with other parameters"
+            )));
+        }
+        let len = item.content_length.unwrap_or_default();
+        return Ok(Some(message(&id, len)));
+    }
+    Ok(None)
+}
+
+/// Answers ListSnapshots: by id, by source volume, or every snapshot of the
+/// volumes in the driver's container, in pages.
+pub async fn list(
+    driver: &Driver,
+    req: &ListSnapshotsRequest,
+) -> Result<ListSnapshotsResponse, Status> {
+    let by_id = (!req.snapshot_id.is_empty()).then(|| SnapshotId::parse(&req.snapshot_id));
+    let by_source =
+        (!req.source_volume_id.is_empty()).then(|| VolumeId::parse(&req.source_volume_id));
+    // A snapshot or a volume this driver never made: none to list.
+    if matches!(by_id, Some(None)) || matches!(by_source, Some(None)) {
+        return Ok(ListSnapshotsResponse::default());
+    }
+    let (by_id, by_source) = (by_id.flatten(), by_source.flatten());
+    let container = by_id
+        .as_ref()
+        .map(|i| i.volume.container.clone())
+        .or_else(|| by_source.as_ref().map(|v| v.container.clone()))
+        .or_else(|| driver.container.clone());
+    let Some(container) = container else {
+        return Err(Status::failed_precondition(
+            "ListSnapshots lists the driver's --container, and none was given",
+        ));
+    };
+    let all = in_container(&driver.service, &container)
+        .await
+        .map_err(status_of)?
+        .into_iter()
+        .filter(|(id, _)| by_id.as_ref().is_none_or(|want| want == id))
+        .filter(|(id, _)| by_source.as_ref().is_none_or(|v| *v == id.volume))
+        .map(|(id, item)| message(&id, item.content_length.unwrap_or_default()))
+        .collect();
+    page(all, &req.starting_token, req.max_entries)
 }
 
 /// The CSI message for a snapshot of a `size`-byte blob (footer included).

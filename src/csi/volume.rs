@@ -9,7 +9,7 @@ use tonic::Status;
 
 use super::proto::volume_capability::access_mode::Mode;
 use super::proto::volume_capability::AccessType;
-use super::proto::{CapacityRange, VolumeCapability};
+use super::proto::{CapacityRange, Volume, VolumeCapability};
 use crate::vhd::{MAX_DISK_BYTES, MIB};
 
 /// The StorageClass parameter, carried to NodeStage in the volume's context,
@@ -71,15 +71,9 @@ impl VolumeId {
     /// (an unknown volume, NOT_FOUND where the spec asks it).
     pub fn parse(id: &str) -> Option<VolumeId> {
         let (container, blob) = id.split_once('/')?;
-        let ok_container = (3..=63).contains(&container.len())
-            && container
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        let ok_container = super::parameters::is_container_name(container);
         let name = blob.strip_suffix(".vhd")?;
-        let ok_name = !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+        let ok_name = !name.is_empty() && name.bytes().all(name_byte);
         (ok_container && ok_name).then(|| VolumeId {
             container: container.to_string(),
             blob: blob.to_string(),
@@ -92,21 +86,36 @@ impl VolumeId {
     }
 }
 
+/// The CSI message for volume `id` of `size` bytes (no source).
+pub fn message(id: &VolumeId, size: u64) -> Volume {
+    Volume {
+        capacity_bytes: size as i64,
+        volume_id: id.spec(),
+        volume_context: Default::default(),
+        content_source: None,
+        accessible_topology: vec![],
+    }
+}
+
+/// Whether `b` may be in a volume's or a snapshot's name: letters, digits, `.`,
+/// `-`, `_` and `+` (csi-sanity names one `...-vol+1-...`); never a `/`, nor
+/// anything a blob's name or metadata would take otherwise.
+fn name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'+')
+}
+
 /// Refuses a `what` (volume, snapshot) name that is not 1 to 200 letters,
-/// digits, `.`, `-` or `_`: Kubernetes names them `pvc-UID` and `snapshot-UID`,
-/// and the name goes into a blob's name or metadata.
+/// digits, `.`, `-`, `_` or `+`: Kubernetes names them `pvc-UID` and
+/// `snapshot-UID`, and the name goes into a blob's name or metadata.
 pub fn check_name(name: &str, what: &str) -> Result<(), Status> {
-    let fits = !name.is_empty()
-        && name.len() <= 200
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+    let fits = !name.is_empty() && name.len() <= 200 && name.bytes().all(name_byte);
     if fits {
         return Ok(());
     }
+    let shown: String = name.chars().take(64).collect();
     Err(Status::invalid_argument(format!(
-        "{what} name '{}' must be 1 to 200 letters, digits, '.', '-' or '_'",
-        name.escape_debug()
+        "{what} name '{}' must be 1 to 200 letters, digits, '.', '-', '_' or '+'",
+        shown.escape_debug()
     )))
 }
 
@@ -306,6 +315,8 @@ mod tests {
             "Vols/a.vhd",
             "v/a.vhd",
             "vols/a/b.vhd",
+            "-vols/a.vhd",
+            "vo--ls/a.vhd",
         ] {
             assert_eq!(VolumeId::parse(bad), None, "{bad}");
         }

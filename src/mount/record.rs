@@ -84,7 +84,7 @@ pub fn check_dirs() -> Result<(), String> {
     check_private_dir(&mounts_dir())
 }
 
-fn check_private_dir(dir: &Path) -> Result<(), String> {
+pub(crate) fn check_private_dir(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let meta = match fs::symlink_metadata(dir) {
         Ok(m) => m,
@@ -116,7 +116,7 @@ fn check_private_dir(dir: &Path) -> Result<(), String> {
 
 /// Opens a file of the run directory for reading: not through a symlink, not
 /// blocking, and only a regular file of this user's of at most `max` bytes.
-fn read_private(path: &Path, max: u64) -> Option<String> {
+pub(crate) fn read_private(path: &Path, max: u64) -> Option<String> {
     use std::io::Read;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let f = OpenOptions::new()

@@ -287,6 +287,26 @@ impl BlobClient {
     /// [`Self::set_metadata`] only while the blob's ETag is `etag` (else 412
     /// `ConditionNotMet`): a record kept in the metadata (a CSI publication)
     /// changes only from the state it was read in.
+    /// The `x-ms-meta-*` headers of `metadata`; an error for a name that is no
+    /// identifier (the service would refuse it).
+    fn metadata_headers(
+        &self,
+        op: Op,
+        metadata: &[(&str, &str)],
+    ) -> Result<Vec<(String, String)>, AzureError> {
+        let mut names = Vec::new();
+        for (k, v) in metadata {
+            if k.is_empty()
+                || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                || k.starts_with(|c: char| c.is_ascii_digit())
+            {
+                return Err(self.invalid(op, format!("metadata name '{k}' is not an identifier")));
+            }
+            names.push((format!("x-ms-meta-{k}"), v.to_string()));
+        }
+        Ok(names)
+    }
+
     pub async fn set_metadata_if_match(
         &self,
         metadata: &[(&str, &str)],
@@ -299,20 +319,8 @@ impl BlobClient {
             &[("comp", "metadata")],
             &[200],
         );
-        let mut names = Vec::new();
-        for (k, v) in metadata {
-            if k.is_empty()
-                || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                || k.starts_with(|c: char| c.is_ascii_digit())
-            {
-                return Err(self.invalid(
-                    Op::SetMetadata,
-                    format!("metadata name '{k}' is not an identifier"),
-                ));
-            }
-            names.push((format!("x-ms-meta-{k}"), v.to_string()));
-        }
-        req.headers.extend(names);
+        req.headers
+            .extend(self.metadata_headers(Op::SetMetadata, metadata)?);
         req.lease(lease);
         req.if_match(etag);
         self.count(|s| ClientStats::add(&s.other_requests, 1));
@@ -353,6 +361,31 @@ impl BlobClient {
         lease: Option<&str>,
         if_match: Option<&str>,
     ) -> Result<(), AzureError> {
+        let mut req = self.copy_request(source);
+        req.lease(lease);
+        req.if_match(if_match);
+        self.finish_copy(req).await
+    }
+
+    /// Copies `source` to this blob only if it does not exist yet (`If-None-Match:
+    /// *`: an existing blob is never replaced, the service refuses with 409
+    /// `BlobAlreadyExists` or 412 `ConditionNotMet`), with `metadata` instead
+    /// of the source's, set by the copy itself: the new blob never exists
+    /// without it. Waits until the copy finished.
+    pub async fn copy_new_from(
+        &self,
+        source: &BlobClient,
+        metadata: &[(&str, &str)],
+    ) -> Result<(), AzureError> {
+        let mut req = self.copy_request(source);
+        req.header("if-none-match", "*");
+        req.headers
+            .extend(self.metadata_headers(Op::Copy, metadata)?);
+        self.finish_copy(req).await
+    }
+
+    /// A Copy Blob request of `source` (a blob or snapshot of the same account).
+    fn copy_request(&self, source: &BlobClient) -> Request {
         let mut src = source.svc.url(&[&source.container, &source.name], &[]);
         if let Some(s) = source.snapshot.as_deref() {
             src.query_pairs_mut().append_pair("snapshot", s);
@@ -360,8 +393,12 @@ impl BlobClient {
         source.svc.inner.auth.authorize_copy_source(&mut src);
         let mut req = self.request(Op::Copy, Method::PUT, &[], &[202]);
         req.header("x-ms-copy-source", src.to_string());
-        req.lease(lease);
-        req.if_match(if_match);
+        req
+    }
+
+    /// Sends the Copy Blob request `req` and waits until the service reports the
+    /// copy finished.
+    async fn finish_copy(&self, req: Request) -> Result<(), AzureError> {
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         let resp = self.svc.execute(req).await?;
         let mut status = resp

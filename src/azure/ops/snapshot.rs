@@ -42,11 +42,10 @@ impl BlobClient {
         loop {
             attempt += 1;
             let mut req = self.request(Op::Snapshot, Method::PUT, &[("comp", "snapshot")], &[201]);
-            for (k, v) in base
-                .metadata
-                .iter()
-                .filter(|(k, _)| k != SNAPSHOT_TOKEN_META)
-            {
+            // A name given in `extra` replaces the base's (one header each).
+            for (k, v) in base.metadata.iter().filter(|(k, _)| {
+                k != SNAPSHOT_TOKEN_META && !extra.iter().any(|(e, _)| e.eq_ignore_ascii_case(k))
+            }) {
                 req.header(&format!("x-ms-meta-{k}"), v.clone());
             }
             for (k, v) in extra {

@@ -214,7 +214,7 @@ fn mount_at(
 /// `at` opened by [`super::open_dir`], through `/proc/self/fd` so that the
 /// mount lands on the directory that was checked, whatever its path leads to
 /// now.
-pub(super) fn mount_on(
+pub fn mount_on(
     source: &str,
     at: &std::os::fd::OwnedFd,
     fstype: &str,

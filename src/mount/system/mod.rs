@@ -14,7 +14,7 @@ pub(crate) use dirs::unescape_mountinfo;
 pub use dirs::{check_same_dir, dir_id, is_mountpoint, make_private_dir, open_dir, umount};
 pub use fs::{
     free_space, freeze, fs_size, fs_type, grow_ext4_unmounted, grow_fs, has_capability, mkfs,
-    mount_fs, statvfs, thaw, CAP_SYS_RESOURCE,
+    mount_fs, mount_on, statvfs, thaw, CAP_SYS_RESOURCE,
 };
 pub use fuse::mount_fuse;
 pub use loopdev::{LoopDevice, LOOP_DIRTY_MAX};

@@ -1,0 +1,256 @@
+//! CreateVolume: a new drive (a fixed-VHD page blob, as `blobdrive create`
+//! makes one), a copy of a snapshot, or a clone of a volume (`clone.rs`: the
+//! copy of a snapshot taken for it), recorded with what made it (see
+//! `origin.rs`) so that the same name asked again answers as the first call
+//! did, and a name asked for something else is ALREADY_EXISTS.
+
+use std::collections::HashMap;
+
+use tonic::Status;
+
+use super::origin::{Origin, Source};
+use super::proto::{CreateVolumeRequest, Volume};
+use super::snapshots::SnapshotId;
+use super::volume::{self, VolumeId};
+use super::{clone, parameters, status_of, status_of_drive, Driver};
+use crate::azure::{BlobClient, BlobProperties, BlobService};
+use crate::drive::{self, Drive, DriveError};
+
+/// What a CreateVolume asks for, checked: where, from what, the digest of the
+/// rest (see [`parameters::digest`]), and the context the volume carries to
+/// NodeStage.
+struct Asked<'a> {
+    req: &'a CreateVolumeRequest,
+    id: VolumeId,
+    source: Option<Source>,
+    digest: String,
+    context: HashMap<String, String>,
+}
+
+/// Answers CreateVolume: every field checked before anything is looked up,
+/// then the volume found again (a repeat) or made.
+pub async fn create_volume(driver: &Driver, req: &CreateVolumeRequest) -> Result<Volume, Status> {
+    let asked = check(driver, req)?;
+    let blob = driver.service.blob(&asked.id.container, &asked.id.blob);
+    if let Some(found) = repeated(&driver.service, &blob, &asked).await? {
+        return Ok(found);
+    }
+    blob.container().create().await.map_err(status_of)?;
+    let size = match &asked.source {
+        Some(Source::Snapshot(s)) => copy_snapshot(driver, &blob, s, &asked).await?,
+        Some(Source::Volume(v)) => {
+            let source = VolumeId::parse(v).expect("checked");
+            let (blob, asked) = (&blob, &asked);
+            let copy = |snapshot: SnapshotId| async move {
+                copy_snapshot(driver, blob, &snapshot.spec(), asked).await
+            };
+            clone::clone_volume(&driver.service, &source, &asked.id, copy).await?
+        }
+        None => fresh(&blob, &asked).await?,
+    };
+    Ok(answer(&asked, size))
+}
+
+fn check<'a>(driver: &Driver, req: &'a CreateVolumeRequest) -> Result<Asked<'a>, Status> {
+    if req.name.is_empty() {
+        return Err(Status::invalid_argument("a volume name is required"));
+    }
+    if let Some(why) = volume::unsupported(&req.volume_capabilities) {
+        return Err(Status::invalid_argument(why));
+    }
+    parameters::check_volume(&req.parameters)?;
+    parameters::check_mutable(&req.mutable_parameters)?;
+    let source = Source::asked(req.volume_content_source.as_ref());
+    match &source {
+        Some(Source::Snapshot(s)) if SnapshotId::parse(s).is_none() => {
+            return Err(Status::not_found(format!("no snapshot {s}")))
+        }
+        Some(Source::Volume(v)) if VolumeId::parse(v).is_none() => {
+            return Err(Status::not_found(format!("no volume {v}")))
+        }
+        _ => {}
+    }
+    let id = VolumeId::for_name(&container_for(driver, &req.parameters)?, &req.name)?;
+    Ok(Asked {
+        req,
+        id,
+        source,
+        digest: parameters::digest(&req.parameters, &req.volume_capabilities),
+        context: volume::context_of(&req.parameters)?,
+    })
+}
+
+/// The container a new volume goes to: the StorageClass's, else the driver's.
+fn container_for(driver: &Driver, parameters: &HashMap<String, String>) -> Result<String, Status> {
+    parameters
+        .get(parameters::CONTAINER)
+        .or(driver.container.as_ref())
+        .cloned()
+        .ok_or_else(|| {
+            Status::invalid_argument(
+                "no container: give the StorageClass a `container` parameter, or the driver --container",
+            )
+        })
+}
+
+fn answer(asked: &Asked, size: u64) -> Volume {
+    let mut v = volume::message(&asked.id, size);
+    v.content_source = asked.source.as_ref().map(Source::content_source);
+    v.volume_context = asked.context.clone();
+    v
+}
+
+fn being_made(id: &VolumeId) -> Status {
+    Status::aborted(format!(
+        "volume {} is being created by another call; try again",
+        id.spec()
+    ))
+}
+
+/// The answer to a request for a volume that exists already: the same as the
+/// first call's when it is what this one asks for, ALREADY_EXISTS when it is
+/// not; `None` when there is no such volume yet.
+async fn repeated(
+    svc: &BlobService,
+    blob: &BlobClient,
+    asked: &Asked<'_>,
+) -> Result<Option<Volume>, Status> {
+    let props = match blob.properties().await {
+        Ok(p) => p,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(status_of(e)),
+    };
+    if props.copy_status.as_deref() == Some("pending") {
+        return Err(being_made(&asked.id));
+    }
+    let conflict = |why: String| {
+        Status::already_exists(format!(
+            "volume {} exists and is not the one asked for: {why}",
+            asked.id.spec()
+        ))
+    };
+    let recorded = Origin::read(&props.metadata);
+    let why = match &recorded {
+        Some(o) => o.mismatch(asked.source.as_ref(), &asked.digest),
+        None => Origin::unrecorded_mismatch(asked.source.as_ref()),
+    };
+    if let Some(why) = why {
+        return Err(conflict(why));
+    }
+    if let Some(Source::Volume(v)) = &asked.source {
+        // What a first call stopped half-way left of the clone's snapshot.
+        clone::tidy(svc, &VolumeId::parse(v).expect("checked"), &asked.id).await?;
+    }
+    let mut size = disk_size(blob, &props).await?;
+    if let Some(o) = recorded.filter(|o| o.size > size) {
+        // The first call copied the source and stopped before growing it.
+        crate::resize::grow(blob, o.size)
+            .await
+            .map_err(status_of_drive)?;
+        size = o.size;
+    }
+    if !volume::size_fits(size, asked.req.capacity_range.as_ref()) {
+        return Err(conflict(format!(
+            "it has {size} bytes, outside the range asked"
+        )));
+    }
+    Ok(Some(answer(asked, size)))
+}
+
+/// The disk size of the drive `blob` (its footer checked).
+async fn disk_size(blob: &BlobClient, props: &BlobProperties) -> Result<u64, Status> {
+    match Drive::open(blob).await {
+        Ok(d) => Ok(d.disk_size()),
+        Err(DriveError::BlobMissing(_)) => Err(Status::aborted(format!(
+            "{} was deleted while it was being looked at; try again",
+            blob.target()
+        ))),
+        Err(e) => Err(Status::failed_precondition(format!(
+            "{} ({} bytes) is not a drive this driver can answer for: {e}",
+            blob.target(),
+            props.content_length
+        ))),
+    }
+}
+
+/// Makes a blank drive of the size asked, and records what made it.
+async fn fresh(blob: &BlobClient, asked: &Asked<'_>) -> Result<u64, Status> {
+    let size = volume::size_for(asked.req.capacity_range.as_ref())?;
+    match drive::create(blob, size).await {
+        Ok(()) => {}
+        Err(DriveError::Azure(e)) if e.code() == Some("BlobAlreadyExists") => {
+            return Err(being_made(&asked.id))
+        }
+        Err(e) => return Err(status_of_drive(e)),
+    }
+    let origin = Origin {
+        source: None,
+        digest: asked.digest.clone(),
+        size,
+    };
+    let metadata = origin.metadata();
+    let pairs: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    blob.set_metadata(&pairs, None).await.map_err(status_of)?;
+    tracing::info!("created volume {} of {size} bytes", asked.id.spec());
+    Ok(size)
+}
+
+/// Makes `blob` a new drive with the bytes of snapshot `spec`, grown to the
+/// size asked for if that is more; returns its disk size. The copy brings the
+/// record of what made it (and nothing of the snapshot's metadata: not its
+/// source's publication, nor the name it was taken as).
+async fn copy_snapshot(
+    driver: &Driver,
+    blob: &BlobClient,
+    spec: &str,
+    asked: &Asked<'_>,
+) -> Result<u64, Status> {
+    let snapshot =
+        SnapshotId::parse(spec).ok_or_else(|| Status::not_found(format!("no snapshot {spec}")))?;
+    let source = snapshot.blob(&driver.service);
+    let has = match Drive::open(&source).await {
+        Ok(d) => d.disk_size(),
+        Err(DriveError::Azure(e)) if e.is_not_found() => {
+            return Err(Status::not_found(format!("no snapshot {spec}")))
+        }
+        Err(DriveError::BlobMissing(_) | DriveError::ContainerMissing(_)) => {
+            return Err(Status::not_found(format!("no snapshot {spec}")))
+        }
+        Err(e) => return Err(status_of_drive(e)),
+    };
+    let range = asked.req.capacity_range.as_ref();
+    let wanted = match range {
+        Some(r) if r.required_bytes > 0 => volume::size_for(range)?,
+        _ => has,
+    };
+    if range.is_some_and(|r| r.limit_bytes > 0 && (r.limit_bytes as u64) < has) {
+        return Err(Status::out_of_range(format!(
+            "snapshot {spec} holds {has} bytes, more than the limit asked"
+        )));
+    }
+    let size = wanted.max(has);
+    let origin = Origin {
+        source: asked.source.clone(),
+        digest: asked.digest.clone(),
+        size,
+    };
+    let metadata = origin.metadata();
+    let pairs: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    match blob.copy_new_from(&source, &pairs).await {
+        Ok(()) => {}
+        Err(e) if e.code() == Some("BlobAlreadyExists") || e.is_changed_since_read() => {
+            return Err(being_made(&asked.id))
+        }
+        Err(e) => return Err(status_of(e)),
+    }
+    if size > has {
+        crate::resize::grow(blob, size)
+            .await
+            .map_err(status_of_drive)?;
+    }
+    tracing::info!(
+        "made volume {} of {size} bytes from snapshot {spec}",
+        blob.target()
+    );
+    Ok(size)
+}

@@ -1,0 +1,231 @@
+//! NodeStageVolume and NodeUnstageVolume: a volume staged on this node is an
+//! ordinary blobdrive mount at the staging path, made by running `blobdrive
+//! mount` (so each volume's daemon outlives the CSI process: a node plugin
+//! restarted, or killed, takes no volume with it), and taken down by `blobdrive
+//! unmount` only when the mount's own record says it is that volume's.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tonic::Status;
+
+use super::cgroup::{join_in_child, VolumeCgroup};
+use super::node::NodeService;
+use super::paths::{self, Found};
+use super::proto::volume_capability::AccessType;
+use super::proto::{NodeStageVolumeRequest, NodeUnstageVolumeRequest};
+use super::volume::{self, VolumeId};
+use crate::mount::record::{self, MountRecord};
+use crate::mount::Mode;
+
+/// How long a mount, an unmount or a resize run by the node may take: a
+/// mount writes a filesystem onto a new drive, an unmount writes back what
+/// is cached. Past it the call fails and the CO calls again.
+const COMMAND_LIMIT: Duration = Duration::from_secs(300);
+
+/// The live mount at `path` (a resolved path), if any.
+pub fn staged_at(path: &Path) -> Option<MountRecord> {
+    record::load_all()
+        .into_iter()
+        .find(|r| r.mountpoint == path && record::alive(r))
+}
+
+/// Runs this program with `args` (an unmount, a resize), bounded in time; its
+/// one-line error becomes the status's message (INTERNAL).
+pub async fn blobdrive(args: &[&str]) -> Result<String, Status> {
+    blobdrive_in(args, None).await
+}
+
+/// [`blobdrive`], started inside `cgroup` when one is given: a mount's daemon
+/// then lives there, not in this plugin's cgroup (see [`cgroup`](super::cgroup)).
+async fn blobdrive_in(args: &[&str], cgroup: Option<&VolumeCgroup>) -> Result<String, Status> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Status::internal(format!("cannot find this program: {e}")))?;
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    if let Some(cgroup) = cgroup {
+        let procs = cgroup
+            .procs()
+            .map_err(|e| Status::internal(format!("cannot open the volume cgroup: {e}")))?;
+        // SAFETY: the closure only calls write(2) on a descriptor opened
+        // before the fork, which is async-signal-safe.
+        unsafe {
+            command.pre_exec(move || join_in_child(&procs));
+        }
+    }
+    let child = command.output();
+    let out = tokio::time::timeout(COMMAND_LIMIT, child)
+        .await
+        .map_err(|_| {
+            Status::deadline_exceeded(format!(
+                "blobdrive {} did not finish in {} s",
+                args.first().copied().unwrap_or_default(),
+                COMMAND_LIMIT.as_secs()
+            ))
+        })?
+        .map_err(|e| Status::internal(format!("cannot run blobdrive: {e}")))?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.lines().last().unwrap_or("no message").to_string();
+    Err(Status::internal(line))
+}
+
+/// Mounts the drive at the staging path: its filesystem (made if the drive is
+/// blank), or for a block volume its loop device (FUSE at the path).
+pub async fn stage(node: &NodeService, req: NodeStageVolumeRequest) -> Result<(), Status> {
+    if req.volume_id.is_empty() {
+        return Err(Status::invalid_argument("a volume id is required"));
+    }
+    let asked = super::node::path_arg(&req.staging_target_path, "staging target path")?;
+    let Some(cap) = req.volume_capability else {
+        return Err(Status::invalid_argument("a volume capability is required"));
+    };
+    if let Some(why) = volume::unsupported(std::slice::from_ref(&cap)) {
+        return Err(Status::invalid_argument(why));
+    }
+    let id = VolumeId::parse(&req.volume_id)
+        .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
+    let warm = volume::warm_up(req.volume_context.get(volume::WARM_UP))?;
+    let staging = paths::resolve_arg(&asked, "staging target path")?;
+    let read_only = req
+        .publish_context
+        .get(volume::READONLY_CONTEXT)
+        .is_some_and(|v| v == "true")
+        || volume::read_only(&cap);
+    let block = matches!(cap.access_type, Some(AccessType::Block(_)));
+    if let Some(r) = staged_at(&staging) {
+        return already_staged(&r, &id, &staging, read_only, block);
+    }
+    let props = node.volume_properties(&id).await?;
+    if read_only && props.lease_state.as_deref() == Some("leased") {
+        return Err(Status::failed_precondition(format!(
+            "volume {} is held by a writer (its lease is held): a read-only mount beside it would not see what it writes; take the writer down first",
+            id.spec()
+        )));
+    }
+    match paths::found(&staging) {
+        Ok(Found::Nothing) => {
+            paths::make(&staging, true)
+                .map_err(|e| Status::internal(format!("cannot make {}: {e}", staging.display())))?;
+        }
+        Ok(Found::Dir(_)) => {}
+        Ok(_) => return Err(not_a_directory(&staging)),
+        Err(e) => {
+            return Err(Status::internal(format!(
+                "cannot look at {}: {e}",
+                staging.display()
+            )))
+        }
+    }
+    let spec = id.spec();
+    let at = staging.to_string_lossy().to_string();
+    let mut args = vec!["mount", spec.as_str(), at.as_str()];
+    let fs_type = match &cap.access_type {
+        Some(AccessType::Mount(m)) if !m.fs_type.is_empty() => m.fs_type.clone(),
+        _ => "ext4".to_string(),
+    };
+    match &cap.access_type {
+        Some(AccessType::Block(_)) => args.extend(["--mode", "block"]),
+        _ if read_only => {}
+        _ => args.extend(["--mkfs", fs_type.as_str()]),
+    }
+    if read_only {
+        args.push("--read-only");
+    }
+    let cache_args = node.disk_cache_args(&spec, warm);
+    args.extend(cache_args.iter().map(String::as_str));
+    blobdrive_in(&args, node.volume_cgroup()).await?;
+    // `blobdrive mount` mounts where it checked, through a descriptor; had the
+    // path become a symlink since it was looked at here, that is elsewhere.
+    if staged_at(&staging).is_none_or(|r| r.blob != spec) {
+        return Err(Status::internal(format!(
+            "blobdrive mount of {spec} did not mount at {at} (was the path replaced meanwhile?)"
+        )));
+    }
+    tracing::info!("staged volume {spec} at {at} for node {}", node.node_id());
+    Ok(())
+}
+
+/// The answer to staging at a path where a volume is staged already: OK for
+/// the same volume staged the same way, ALREADY_EXISTS for the same volume
+/// asked another way, FAILED_PRECONDITION for another volume.
+fn already_staged(
+    r: &MountRecord,
+    id: &VolumeId,
+    staging: &Path,
+    read_only: bool,
+    block: bool,
+) -> Result<(), Status> {
+    if r.blob != id.spec() {
+        return Err(Status::failed_precondition(format!(
+            "{} holds volume {} already",
+            staging.display(),
+            r.blob
+        )));
+    }
+    if r.read_only != read_only || (r.mode == Mode::Block) != block {
+        return Err(Status::already_exists(format!(
+            "volume {} is staged at {} already, {} and as a {} volume: unstage it first",
+            r.blob,
+            staging.display(),
+            if r.read_only { "read-only" } else { "writable" },
+            if r.mode == Mode::Block {
+                "block"
+            } else {
+                "filesystem"
+            }
+        )));
+    }
+    Ok(())
+}
+
+fn not_a_directory(path: &Path) -> Status {
+    Status::invalid_argument(format!(
+        "{} is not a directory (a symlink there is not followed)",
+        path.display()
+    ))
+}
+
+/// Takes the drive down (`blobdrive unmount`): everything cached written, the
+/// lease released. A drive fenced meanwhile (its volume unpublished from this
+/// node) comes down too, saying what it could not write. Only the mount of
+/// that volume, by its record: a path holding another volume, or nothing of
+/// this driver's, is left as it is (the volume asked for is not staged there:
+/// OK, as the spec says).
+pub async fn unstage(req: NodeUnstageVolumeRequest) -> Result<(), Status> {
+    if req.volume_id.is_empty() {
+        return Err(Status::invalid_argument("a volume id is required"));
+    }
+    let asked = super::node::path_arg(&req.staging_target_path, "staging target path")?;
+    let Some(staging) = paths::resolve(&asked) else {
+        return Ok(());
+    };
+    let Some(r) = staged_at(&staging) else {
+        return Ok(());
+    };
+    if r.blob != req.volume_id {
+        tracing::warn!(
+            "NodeUnstageVolume of {} at {}: it holds volume {}, left as it is",
+            req.volume_id,
+            staging.display(),
+            r.blob
+        );
+        return Ok(());
+    }
+    let at = staging.to_string_lossy().to_string();
+    if let Err(e) = blobdrive(&["unmount", &at]).await {
+        // What a fenced drive could not write is lost either way; the
+        // mount is gone all the same.
+        if staged_at(&staging).is_some() {
+            return Err(e);
+        }
+        tracing::warn!("unstaged {at}: {}", e.message());
+    }
+    tracing::info!("unstaged volume {} from {at}", req.volume_id);
+    Ok(())
+}
