@@ -69,6 +69,8 @@ SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null ||
 export SOURCE_DATE_EPOCH
 
 mkdir -p "$out"
+# Absolute: the control data is made from inside the stage (below).
+out="$(cd "$out" && pwd)"
 stage="$(mktemp -d "$out/stage.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
 root="$stage/root"
@@ -120,12 +122,17 @@ chmod 644 "$doc"/*
 # runs: mkfs.ext4 and resize2fs (e2fsprogs), mount, umount and losetup (mount),
 # and FUSE (fuse3); adduser for postinst. xfsprogs only for xfs drives. blkid's
 # util-linux is Essential, so not named (lintian counts naming it an error).
-shlibs="$(
-    cd "$stage" && mkdir -p debian &&
-        printf 'Source: %s\n\nPackage: %s\nArchitecture: any\n' "$name" "$name" >debian/control &&
-        dpkg-shlibdeps -O "$root/usr/bin/blobdrive" 2>/dev/null | sed -n 's/^shlibs:Depends=//p'
-)"
-[ -n "$shlibs" ] || { echo "package.sh: dpkg-shlibdeps found no libraries (dpkg-dev installed?)" >&2; exit 1; }
+# dpkg-shlibdeps reads a debian/control in the directory it runs in; what it
+# says on failure is shown (a failed substitution would otherwise end the script
+# under `set -e` without a word).
+mkdir -p "$stage/debian"
+printf 'Source: %s\n\nPackage: %s\nArchitecture: any\n' "$name" "$name" >"$stage/debian/control"
+if ! shlibs="$(cd "$stage" && dpkg-shlibdeps -O "$root/usr/bin/blobdrive" 2>"$stage/shlibdeps.err")"; then
+    echo "package.sh: dpkg-shlibdeps failed (dpkg-dev installed?): $(cat "$stage/shlibdeps.err")" >&2
+    exit 1
+fi
+shlibs="$(sed -n 's/^shlibs:Depends=//p' <<<"$shlibs")"
+[ -n "$shlibs" ] || { echo "package.sh: dpkg-shlibdeps found no libraries: $(cat "$stage/shlibdeps.err")" >&2; exit 1; }
 install -d -m 755 "$root/DEBIAN"
 cat >"$root/DEBIAN/control" <<EOF
 Package: $name
