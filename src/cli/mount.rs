@@ -125,6 +125,12 @@ pub struct Args {
     /// helper from an fstab line.
     #[arg(skip)]
     pub fs_flags: Vec<String>,
+    /// The drive already mounted at MOUNTPOINT by blobdrive is success, not an
+    /// error: set by the mount(8) helper, which `mount -a` runs again for a
+    /// line it cannot tell is mounted (the kernel shows the loop device or
+    /// `blobdrive:SPEC` as the source, not the line's SPEC).
+    #[arg(skip)]
+    pub mounted_is_done: bool,
 }
 
 /// How a mount tells its outcome: `blobdrive mount` says what it mounted; the
@@ -285,6 +291,15 @@ fn mount(
         }
         None => None,
     };
+    if let Some(there) = mounted_here(ctx, &r, &args.mountpoint, read_only)? {
+        if !args.mounted_is_done {
+            bail!("{r} is already mounted at {}", there.display());
+        }
+        if say == Say::Mounted {
+            println!("{r} is already mounted at {}", there.display());
+        }
+        return Ok(());
+    }
     preflight(&args.mountpoint)?;
     let mountpoint = args.mountpoint.canonicalize()?;
     let mountpoint_id = system::dir_id(&mountpoint)?;
@@ -348,6 +363,52 @@ fn mount(
         &r.to_string(),
         say,
     )
+}
+
+/// Where this machine already has the drive `r` mounted at `mountpoint` (the
+/// same drive, account and snapshot, its daemon running): a second `mount -a`
+/// asks for it again. A writable mount of it elsewhere here is refused naming
+/// that place: the service would only say that another mount holds its lease,
+/// "on this or another host".
+fn mounted_here(
+    ctx: &Context,
+    r: &BlobRef,
+    mountpoint: &Path,
+    read_only: bool,
+) -> Result<Option<PathBuf>> {
+    let endpoint = ctx.unsigned_account_for(r)?.endpoint_for_messages();
+    let base = r.base().to_string();
+    let wanted = mountpoint.canonicalize().ok();
+    if let Some(mp) = &wanted {
+        let same = |m: &record::MountRecord| {
+            (m.endpoint.is_empty() || m.endpoint == endpoint)
+                && m.blob == base
+                && m.snapshot == r.snapshot
+                && record::alive(m)
+        };
+        if let Ok((_, Some(m))) = record::at_mountpoint(mp) {
+            if same(&m) && system::is_mountpoint(mp) {
+                return Ok(Some(m.mountpoint));
+            }
+        }
+    }
+    if read_only {
+        return Ok(None);
+    }
+    match record::writable_mount(&endpoint, &base) {
+        Some(m) if Some(&m.mountpoint) == wanted.as_ref() => Ok(None),
+        Some(m) if record::alive(&m) => bail!(
+            "{base} is already mounted writable on this machine, at {}, which holds its lease: unmount it there first (blobdrive unmount {}), or mount it here --read-only",
+            m.mountpoint.display(),
+            m.mountpoint.display()
+        ),
+        Some(m) => bail!(
+            "{base} was mounted at {} on this machine, and that mount ended without an unmount (its daemon is gone) holding the lease: run `blobdrive unmount {}` first",
+            m.mountpoint.display(),
+            m.mountpoint.display()
+        ),
+        None => Ok(None),
+    }
 }
 
 /// Refusals that need no network: root, /dev/fuse, an empty directory that is not
