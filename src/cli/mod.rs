@@ -208,6 +208,13 @@ impl Cli {
     }
 }
 
+/// A command's `--json` result: one pretty-printed object on standard output,
+/// as `info --json` prints it.
+fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
 /// `e` and its causes joined with ": ", as anyhow's `{:#}` prints them, but
 /// without a cause the text before it already ends with: an error that shows
 /// its source in its own message, as `MountError::System` does, would
