@@ -11,11 +11,17 @@
 #   bash, zsh and fish completions              `blobdrive completions SHELL`
 #   /usr/share/doc/blobdrive/                   copyright (machine-readable,
 #                                               scripts/debian/copyright),
-#                                               changelog.Debian.gz
+#                                               changelog.Debian.gz, and the
+#                                               manual: README.md and docs/*.md
+#                                               (the man pages point there)
+#   /usr/share/lintian/overrides/blobdrive      lintian's two warnings that do
+#                                               not apply, with the reason
+#                                               (scripts/debian/lintian-overrides)
 # and maintainer scripts that make the blobdrive system user and /etc/blobdrive,
-# refuse removal while drives are mounted, and on purge remove /etc/blobdrive
-# (if the admin left nothing in it) and the logs of past mounts in /run/blobdrive
-# (the directory too, once empty; never a live mount's files).
+# refuse removal while drives are mounted (naming them), and on purge remove
+# /etc/blobdrive if the admin left nothing in it (saying so if it is kept) and
+# the logs the package's own program left in /run/blobdrive (the directory too,
+# once empty; never a live mount's files, nor another install's logs).
 #
 # Made with dpkg-deb from a staged tree: everything it needs comes with dpkg
 # (cargo-deb would first have to be built from crates.io, minutes on 2 cores),
@@ -116,7 +122,13 @@ commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo
     echo " -- $maintainer  $(date -u -R -d "@$SOURCE_DATE_EPOCH")"
 } | gzip -9n >"$doc/changelog.Debian.gz"
-chmod 644 "$doc"/*
+chmod 644 "$doc"/copyright "$doc"/changelog.Debian.gz
+# The manual, laid out as in the source so that its links between pages work:
+# the man pages and --help name its pages (boot.md, kubernetes.md, ...).
+install -m 644 README.md "$doc/README.md"
+install -d -m 755 "$doc/docs"
+install -m 644 docs/*.md "$doc/docs/"
+install -D -m 644 scripts/debian/lintian-overrides "$root/usr/share/lintian/overrides/$name"
 
 # Control data. Depends: what the binary links (dpkg-shlibdeps), the programs it
 # runs: mkfs.ext4 and resize2fs (e2fsprogs), mount, umount and losetup (mount),

@@ -463,8 +463,11 @@ fn spawn_daemon(
     })?;
     let id = record::id_for(&req.mountpoint);
     let (_, _, log_path, _) = record::paths(&id);
-    let log = record::create_private(&log_path, true)
+    let mut log = record::create_private(&log_path, true)
         .with_context(|| format!("cannot open {}", log_path.display()))?;
+    let header = format!("mounting {blob} at {}", req.mountpoint.display());
+    std::io::Write::write_all(&mut log, record::log_header(&header).as_bytes())
+        .with_context(|| format!("cannot write {}", log_path.display()))?;
     let exe = std::env::current_exe().context("cannot find the blobdrive executable")?;
     let mut cmd = Command::new(exe);
     cmd.arg("__daemon")
