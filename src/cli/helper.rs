@@ -52,9 +52,12 @@ OPTIONS (comma-separated):
                           AZURE_STORAGE_CONNECTION_STRING=... or the Entra ID variables;
                           root's, mode 600 or stricter (secrets stay out of argv and
                           /proc/mounts)
-  nosuid,nodev,noexec,noatime,relatime,...   passed to the filesystem mount (mode fs)
+  nosuid,nodev,noexec,noatime,relatime,...   passed to the filesystem mount (mode fs);
+                          suid and dev only by hand: mount(8) never passes its defaults
   _netdev,nofail,auto,noauto,defaults,x-*    for mount(8) and systemd; ignored here
-Anything else is refused, naming the option (-s: ignored instead).
+Anything else is refused, naming the option (-s: ignored instead), and so is an option
+given twice or contradicted (rw,ro: read from the line in /etc/fstab, as mount(8)
+passes only the last). A line mounted at DIR already is left as it is (exit 0).
   -f  check everything, mount nothing    -v  say what was mounted
   -n  accepted (no mtab is kept)          -s  sloppy: ignore unknown options
 
@@ -112,7 +115,8 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
         cache_size: o.cache_size,
         foreground: false,
         credentials: o.credentials,
-        // fstab's `suid` and `dev` arrive among the flags.
+        // `suid` and `dev` arrive among the flags (when the helper is run by
+        // hand: mount(8) never passes them, its defaults).
         suid: false,
         dev: false,
         fs_flags: o.fs_flags,
