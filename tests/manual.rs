@@ -35,16 +35,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::azurite::{delete_every_container, put_container, Azurite};
-use common::bd::Harness;
+use common::bd::{isolated_cs, Harness};
 use common::mount::require_root;
 
-/// Blobdrive's own commands against this binary's own emulator: the test wipes
-/// its account before each page.
+/// Blobdrive's own commands against this binary's own emulator (never one
+/// shared through BLOBDRIVE_TEST_AZURITE_PORT): the test wipes its account
+/// before each page.
 const BD: Harness = Harness::new("manual-run").account(isolated_cs);
-
-fn isolated_cs() -> String {
-    Azurite::isolated().connection_string()
-}
 
 fn checkout() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
