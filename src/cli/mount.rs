@@ -367,9 +367,11 @@ fn mount(
 
 /// Where this machine already has the drive `r` mounted at `mountpoint` (the
 /// same drive, account and snapshot, its daemon running): a second `mount -a`
-/// asks for it again. A writable mount of it elsewhere here is refused naming
-/// that place: the service would only say that another mount holds its lease,
-/// "on this or another host".
+/// asks for it again. A writable mount of it elsewhere here that holds its
+/// lease is refused naming that place: the service would only say that another
+/// mount holds it, "on this or another host". (One whose lease was broken, a
+/// fenced mount that has not let go yet, holds nothing: the new mount goes
+/// ahead, as on another machine.)
 fn mounted_here(
     ctx: &Context,
     r: &BlobRef,
@@ -395,8 +397,10 @@ fn mounted_here(
     if read_only {
         return Ok(None);
     }
-    match record::writable_mount(&endpoint, &base) {
-        Some(m) if Some(&m.mountpoint) == wanted.as_ref() => Ok(None),
+    let holder = record::writable_mount(&endpoint, &base)
+        .filter(|m| Some(&m.mountpoint) != wanted.as_ref())
+        .filter(|_| lease_held(ctx, r));
+    match holder {
         Some(m) if record::alive(&m) => bail!(
             "{base} is already mounted writable on this machine, at {}, which holds its lease: unmount it there first (blobdrive unmount {}), or mount it here --read-only",
             m.mountpoint.display(),
@@ -409,6 +413,18 @@ fn mounted_here(
         ),
         None => Ok(None),
     }
+}
+
+/// Whether the service says drive `r` is leased. Anything else, a failure to
+/// ask included, is left to the mount itself to find out and say.
+fn lease_held(ctx: &Context, r: &BlobRef) -> bool {
+    let Ok((_, client)) = ctx.blob(&r.base().to_string()) else {
+        return false;
+    };
+    matches!(
+        ctx.block_on(client.properties()),
+        Ok(Ok(p)) if p.lease_state.as_deref() == Some("leased")
+    )
 }
 
 /// Refusals that need no network: root, /dev/fuse, an empty directory that is not
