@@ -549,8 +549,16 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
     let pid = mp.pid();
     sh_ok(&format!("kill -KILL {pid}"));
     std::thread::sleep(Duration::from_millis(300));
-    BD.cmd(&["mount", &spec, BD.mp().s()])
-        .fails_with("lease break");
+    // Mounting it elsewhere here names the mount that died holding its lease,
+    // and the way: unmount there (a lease break from here is refused, below).
+    let err = BD.cmd(&["mount", &spec, BD.mp().s()]).fails_saying(&format!(
+        "was mounted at {} on this machine, and that mount ended without an unmount (its daemon is gone)",
+        mp.s()
+    ));
+    assert!(
+        err.contains(&format!("blobdrive unmount {}", mp.s())),
+        "{err}"
+    );
     // Its lease is not broken from here while its mount is not cleaned up.
     let err = BD
         .cmd(&["lease", "break", &spec, "--yes"])
