@@ -53,6 +53,8 @@ case "$mode" in
         pkg_of[dpkg-shlibdeps]=dpkg-dev
         pkg_of[lintian]=lintian
         pkg_of[man]=man-db
+        # tests/manual.rs runs the manual's commands as written, sudo included.
+        pkg_of[sudo]=sudo
         # The test tools' virtual environment (below).
         pkg_of[py:ensurepip]=python3-venv
         ;;

@@ -11,11 +11,17 @@
 #   bash, zsh and fish completions              `blobdrive completions SHELL`
 #   /usr/share/doc/blobdrive/                   copyright (machine-readable,
 #                                               scripts/debian/copyright),
-#                                               changelog.Debian.gz
+#                                               changelog.Debian.gz, and the
+#                                               manual: README.md and docs/*.md
+#                                               (the man pages point there)
+#   /usr/share/lintian/overrides/blobdrive      lintian's two warnings that do
+#                                               not apply, with the reason
+#                                               (scripts/debian/lintian-overrides)
 # and maintainer scripts that make the blobdrive system user and /etc/blobdrive,
-# refuse removal while drives are mounted, and on purge remove /etc/blobdrive
-# (if the admin left nothing in it) and the logs of past mounts in /run/blobdrive
-# (the directory too, once empty; never a live mount's files).
+# refuse removal while drives are mounted (naming them), and on purge remove
+# /etc/blobdrive if the admin left nothing in it (saying so if it is kept) and
+# the logs the package's own program left in /run/blobdrive (the directory too,
+# once empty; never a live mount's files, nor another install's logs).
 #
 # Made with dpkg-deb from a staged tree: everything it needs comes with dpkg
 # (cargo-deb would first have to be built from crates.io, minutes on 2 cores),
@@ -69,6 +75,8 @@ SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null ||
 export SOURCE_DATE_EPOCH
 
 mkdir -p "$out"
+# Absolute: the control data is made from inside the stage (below).
+out="$(cd "$out" && pwd)"
 stage="$(mktemp -d "$out/stage.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
 root="$stage/root"
@@ -114,18 +122,29 @@ commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo
     echo " -- $maintainer  $(date -u -R -d "@$SOURCE_DATE_EPOCH")"
 } | gzip -9n >"$doc/changelog.Debian.gz"
-chmod 644 "$doc"/*
+chmod 644 "$doc"/copyright "$doc"/changelog.Debian.gz
+# The manual, laid out as in the source so that its links between pages work:
+# the man pages and --help name its pages (boot.md, kubernetes.md, ...).
+install -m 644 README.md "$doc/README.md"
+install -d -m 755 "$doc/docs"
+install -m 644 docs/*.md "$doc/docs/"
+install -D -m 644 scripts/debian/lintian-overrides "$root/usr/share/lintian/overrides/$name"
 
 # Control data. Depends: what the binary links (dpkg-shlibdeps), the programs it
 # runs: mkfs.ext4 and resize2fs (e2fsprogs), mount, umount and losetup (mount),
 # and FUSE (fuse3); adduser for postinst. xfsprogs only for xfs drives. blkid's
 # util-linux is Essential, so not named (lintian counts naming it an error).
-shlibs="$(
-    cd "$stage" && mkdir -p debian &&
-        printf 'Source: %s\n\nPackage: %s\nArchitecture: any\n' "$name" "$name" >debian/control &&
-        dpkg-shlibdeps -O "$root/usr/bin/blobdrive" 2>/dev/null | sed -n 's/^shlibs:Depends=//p'
-)"
-[ -n "$shlibs" ] || { echo "package.sh: dpkg-shlibdeps found no libraries (dpkg-dev installed?)" >&2; exit 1; }
+# dpkg-shlibdeps reads a debian/control in the directory it runs in; what it
+# says on failure is shown (a failed substitution would otherwise end the script
+# under `set -e` without a word).
+mkdir -p "$stage/debian"
+printf 'Source: %s\n\nPackage: %s\nArchitecture: any\n' "$name" "$name" >"$stage/debian/control"
+if ! shlibs="$(cd "$stage" && dpkg-shlibdeps -O "$root/usr/bin/blobdrive" 2>"$stage/shlibdeps.err")"; then
+    echo "package.sh: dpkg-shlibdeps failed (dpkg-dev installed?): $(cat "$stage/shlibdeps.err")" >&2
+    exit 1
+fi
+shlibs="$(sed -n 's/^shlibs:Depends=//p' <<<"$shlibs")"
+[ -n "$shlibs" ] || { echo "package.sh: dpkg-shlibdeps found no libraries: $(cat "$stage/shlibdeps.err")" >&2; exit 1; }
 install -d -m 755 "$root/DEBIAN"
 cat >"$root/DEBIAN/control" <<EOF
 Package: $name

@@ -456,6 +456,33 @@ fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
     refused(&format!("{creds},cache-size=1GB"), "cache-size=1GB");
     refused(&format!("ro,{creds},mkfs=ext4"), "writable");
     refused(&format!("{creds},user"), "option user");
+    // An option given twice, or contradicted: which one would count is not
+    // what the line's reader sees.
+    refused(
+        &format!("{creds},rw,ro"),
+        "options rw and ro contradict each other",
+    );
+    refused(
+        &format!("{creds},metrics=127.0.0.1:9101,metrics=127.0.0.1:9102"),
+        "option metrics is given twice",
+    );
+    refused(
+        &format!("{creds},mode=fs,mode=raw"),
+        "option mode is given twice",
+    );
+    refused(
+        &format!("{creds},cache-size=64MiB,cache-size=128MiB"),
+        "option cache-size is given twice",
+    );
+    // The worker's user: a bad fstab option (1), named as the line says it.
+    refused(
+        &format!("{creds},run-as=nosuchuser"),
+        "option run-as=nosuchuser: there is no user nosuchuser",
+    );
+    refused(
+        &format!("{creds},run-as=root"),
+        "option run-as=root: that is root",
+    );
     // The credentials file: readable by others, writable by the group, not root's.
     for mode in [0o644, 0o620, 0o604] {
         std::fs::set_permissions(s.creds(), std::fs::Permissions::from_mode(mode)).unwrap();
@@ -506,6 +533,132 @@ fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
         text(&out)
     );
     assert_all_gone(&mnt, &spec);
+}
+
+/// An fstab line that contradicts itself is refused through mount(8) too, which
+/// passes the helper only the last of `rw,ro`: the helper reads the line as
+/// written (from the fstab libmount reads, `LIBMOUNT_FSTAB` here) and names it.
+/// A repeated option, which mount(8) passes as it is, the same; and so a
+/// run-as= naming no user, as a bad option (1), not a failed mount (32).
+#[test]
+fn an_fstab_line_that_contradicts_itself_is_refused_through_mount() {
+    require_root();
+    let spec = BD.new_drive("fstabtwice", "64MiB");
+    let s = Scratch::new();
+    let mnt = s.mnt();
+    let line = |opts: &str| {
+        format!(
+            "{spec}  {}  blobdrive  _netdev,credentials={},{opts}  0 0\n",
+            mnt.display(),
+            s.creds().display()
+        )
+    };
+    for (n, (opts, needle)) in [
+        ("rw,noatime,ro", "options rw and ro contradict each other"),
+        (
+            "metrics=127.0.0.1:9101,metrics=127.0.0.1:9102",
+            "option metrics is given twice",
+        ),
+        ("mode=raw,run-as=nosuchuser", "option run-as=nosuchuser"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let fstab = s.path(&format!("fstab{n}"));
+        std::fs::write(&fstab, format!("# a test fstab\n{}", line(opts))).unwrap();
+        let out = s.in_namespace(&format!(
+            "LIBMOUNT_FSTAB='{}' mount '{}'",
+            fstab.display(),
+            mnt.display()
+        ));
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{opts}: {t}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{opts}: one line: {t}");
+        assert!(err.contains(needle), "{opts}: expected '{needle}': {t}");
+        if opts.contains("rw,") {
+            assert!(err.contains(&format!("{} line 2", fstab.display())), "{t}");
+        }
+        assert_all_gone(&mnt, &spec);
+    }
+}
+
+/// `mount -a` as a boot runs it, and again, as an administrator does after
+/// adding a line: a blobdrive line already mounted is not mounted twice and is
+/// no failure (mount(8) cannot tell it is mounted: the kernel shows the loop
+/// device as the source, not the line's SPEC); `mkfs=` says nothing once the
+/// disk has the filesystem it made; and the same drive asked for at a second
+/// path names where this machine has it.
+#[test]
+fn mount_a_again_mounts_nothing_twice_and_says_nothing() {
+    require_root();
+    let spec = BD.new_drive("mountagain", "64MiB");
+    let s = Scratch::new();
+    let mnt = s.mnt();
+    let other = s.path("other");
+    std::fs::create_dir(&other).unwrap();
+    let line = |dir: &Path| {
+        format!(
+            "{spec}  {}  blobdrive  _netdev,nofail,credentials={},mkfs=ext4  0 0\n",
+            dir.display(),
+            s.creds().display()
+        )
+    };
+    let fstab = s.path("fstab");
+    std::fs::write(&fstab, line(&mnt)).unwrap();
+    let second = s.path("fstab.second");
+    std::fs::write(&second, line(&other)).unwrap();
+    let out = s.in_namespace(&format!(
+        r#"
+mount -a -T '{fstab}'
+echo hello > '{mnt}/hello'
+umount '{mnt}'
+# The next boot: the filesystem mkfs= made is there.
+mount -a -T '{fstab}' 2>'{boot}'
+mount -a -T '{fstab}' 2>'{again}' || echo "again_rc=$?"
+findmnt -n -o FSTYPE '{mnt}' | sed 's/^/fs=/'
+cat '{mnt}/hello'
+mount -T '{second}' '{other}' 2>'{elsewhere}' || echo "elsewhere_rc=$?"
+mountpoint -q '{other}' && echo MOUNTED-TWICE
+umount '{mnt}'
+"#,
+        fstab = fstab.display(),
+        second = second.display(),
+        mnt = mnt.display(),
+        other = other.display(),
+        boot = s.path("boot.err").display(),
+        again = s.path("again.err").display(),
+        elsewhere = s.path("elsewhere.err").display(),
+    ));
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let said = |f: &str| std::fs::read_to_string(s.path(f)).unwrap();
+    assert_eq!(
+        said("boot.err"),
+        "",
+        "the mount at the next boot said something"
+    );
+    assert!(
+        !stdout.contains("again_rc="),
+        "mount -a again: {t}{}",
+        said("again.err")
+    );
+    assert_eq!(said("again.err"), "", "mount -a again said something");
+    assert!(stdout.contains("fs=ext4\nhello\n"), "{t}");
+    assert!(!stdout.contains("MOUNTED-TWICE"), "{t}");
+    assert!(stdout.contains("elsewhere_rc=32"), "{t}");
+    let err = said("elsewhere.err");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "{spec} is already mounted writable on this machine, at {}",
+            mnt.display()
+        )),
+        "{err}"
+    );
+    assert_all_gone(&mnt, &spec);
+    assert_all_gone(&other, &spec);
 }
 
 /// What the service manager heard, each message with whether the mountpoint had

@@ -96,6 +96,88 @@ fn create_info_lease_delete_lifecycle() {
     BD.cmd(&["info", &spec]).fails_saying("does not exist");
 }
 
+/// Every command that prints a result prints it as one JSON object with
+/// `--json`, the objects saying what the text says, each checked against the
+/// service (`info --json`, `snapshot list --json`).
+#[test]
+fn every_command_that_prints_a_result_has_json() {
+    let c = unique_container("json");
+    let spec = format!("{c}/data.vhd");
+    let made = json(&BD.ok(&[
+        "create",
+        &spec,
+        "--size",
+        "64MiB",
+        "--create-container",
+        "--json",
+    ]));
+    assert_eq!(
+        made,
+        serde_json::json!({"blob": spec, "size_bytes": 64 * MIB, "blob_bytes": 64 * MIB + 512, "container_created": true})
+    );
+    let grown = json(&BD.ok(&["resize", &spec, "--size", "96MiB", "--json"]));
+    assert_eq!(grown["blob"], spec.as_str());
+    assert_eq!(grown["from_bytes"], 64 * MIB);
+    assert_eq!(grown["size_bytes"], 96 * MIB);
+    assert_eq!(grown["blob_bytes"], 96 * MIB + 512);
+    assert_eq!(grown["grown"], true);
+    assert_eq!(grown["mountpoint"], Value::Null);
+    assert_eq!(grown["note"], Value::Null, "a blank disk has no filesystem");
+    let same = json(&BD.ok(&["resize", &spec, "--size", "96MiB", "--json"]));
+    assert_eq!(same["grown"], false);
+    assert_eq!(same["from_bytes"], 96 * MIB);
+    let snapshot = || {
+        json(&BD.ok(&["snapshot", "create", &spec, "--json"]))["snapshot"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let first = snapshot();
+    BD.ok(&["resize", &spec, "--size", "128MiB"]);
+    let (second, third) = (snapshot(), snapshot());
+    let restored = json(&BD.ok(&["restore", &spec, "--from", &first, "--yes", "--json"]));
+    assert_eq!(
+        restored,
+        serde_json::json!({"blob": spec, "snapshot": first, "was_bytes": 128 * MIB, "size_bytes": 96 * MIB})
+    );
+    assert_eq!(
+        json(&BD.ok(&["info", &spec, "--json"]))["size_bytes"],
+        96 * MIB
+    );
+    let would = json(&BD.ok(&[
+        "snapshot",
+        "prune",
+        &spec,
+        "--keep",
+        "2",
+        "--dry-run",
+        "--json",
+    ]));
+    assert_eq!(
+        would,
+        serde_json::json!({"blob": spec, "dry_run": true, "deleted": [first], "kept": [second, third], "skipped": []})
+    );
+    let gone = json(&BD.ok(&["snapshot", "delete", &format!("{spec}@{third}"), "--json"]));
+    assert_eq!(
+        gone,
+        serde_json::json!({"deleted": format!("{spec}@{third}")})
+    );
+    let pruned = json(&BD.ok(&["snapshot", "prune", &spec, "--keep", "1", "--json"]));
+    assert_eq!(
+        pruned,
+        serde_json::json!({"blob": spec, "dry_run": false, "deleted": [first], "kept": [second], "skipped": []})
+    );
+    let left = json(&BD.ok(&["snapshot", "list", &spec, "--json"]));
+    assert_eq!(left.as_array().unwrap().len(), 1, "{left}");
+    assert_eq!(left[0]["snapshot"], second.as_str());
+    let deleted = json(&BD.ok(&["delete", &spec, "--snapshots", "--yes", "--json"]));
+    assert_eq!(
+        deleted,
+        serde_json::json!({"deleted": spec, "snapshots": true})
+    );
+    BD.cmd(&["info", &spec]).fails_saying("does not exist");
+}
+
 #[test]
 fn create_refuses_bad_sizes_and_existing_blobs() {
     let c = BD.new_container("sizes");

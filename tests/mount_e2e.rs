@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::util::{json, rt, sh, sh_ok, wait_for_exit};
+use common::util::{json, output_text as text, rt, sh, sh_ok, wait_for_exit};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -290,10 +290,14 @@ fn one_writer_many_readers_and_snapshot_mounts() {
     sh_ok(&format!(
         "printf 'version-1' | dd of='{disk}' conv=notrunc,fsync status=none"
     ));
-    // A second writable mount, anywhere, is refused and leaves nothing behind.
+    // A second writable mount is refused naming where this machine has it,
+    // and leaves nothing behind.
     let second = BD.mp();
     BD.cmd(&["mount", &spec, second.s(), "--mode", "raw"])
-        .fails_with("in use");
+        .fails_saying(&format!(
+            "{spec} is already mounted writable on this machine, at {}",
+            writer.s()
+        ));
     let list = json(&BD.ok(&["list", "--json"]));
     assert!(!list
         .as_array()
@@ -302,7 +306,7 @@ fn one_writer_many_readers_and_snapshot_mounts() {
         .any(|m| m["mountpoint"] == second.s()));
     // The same mountpoint cannot be used twice.
     BD.cmd(&["mount", &spec, writer.s(), "--mode", "raw"])
-        .fails_with("already a mount point");
+        .fails_saying(&format!("{spec} is already mounted at {}", writer.s()));
     // Read-only mounts take no lease and run beside the writer.
     let r1 = BD.mp();
     let r2 = BD.mp();
@@ -383,6 +387,11 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
         "the blob changed after the lease was broken"
     );
     assert_eq!(&rt().block_on(blob.read(0, 6)).unwrap()[..], b"before");
+    // Fenced, the mount holds nothing: the drive mounts writable at another
+    // place on this machine, as it would on another.
+    let second = BD.mp();
+    BD.ok(&["mount", &spec, second.s(), "--mode", "raw"]);
+    BD.ok(&["unmount", second.s()]);
     // Unmount still ends the mount, but fails saying what was lost.
     BD.cmd(&["unmount", mp.s()])
         .fails_with("512 bytes written to the drive but not yet on the blob were dropped");
@@ -540,8 +549,16 @@ fn dead_daemon_is_cleaned_up_and_the_lease_named() {
     let pid = mp.pid();
     sh_ok(&format!("kill -KILL {pid}"));
     std::thread::sleep(Duration::from_millis(300));
-    BD.cmd(&["mount", &spec, BD.mp().s()])
-        .fails_with("lease break");
+    // Mounting it elsewhere here names the mount that died holding its lease,
+    // and the way: unmount there (a lease break from here is refused, below).
+    let err = BD.cmd(&["mount", &spec, BD.mp().s()]).fails_saying(&format!(
+        "was mounted at {} on this machine, and that mount ended without an unmount (its daemon is gone)",
+        mp.s()
+    ));
+    assert!(
+        err.contains(&format!("blobdrive unmount {}", mp.s())),
+        "{err}"
+    );
     // Its lease is not broken from here while its mount is not cleaned up.
     let err = BD
         .cmd(&["lease", "break", &spec, "--yes"])
@@ -716,10 +733,17 @@ fn mkfs_over_another_filesystem_is_ignored_and_said_by_mount() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
-        err.contains("warning: --mkfs ext4 ignored: the disk already holds an xfs filesystem"),
+        err.contains(
+            "warning: the disk already holds an xfs filesystem, not the ext4 that mkfs asks for"
+        ),
         "{err}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("(xfs"));
+    BD.ok(&["unmount", mp.s()]);
+    // Asking for what is there says nothing: it formats only a blank disk.
+    let out = BD.cmd(&["mount", &spec, mp.s(), "--mkfs", "xfs"]).output();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.stderr.is_empty(), "{}", text(&out));
     BD.ok(&["unmount", mp.s()]);
 }
 

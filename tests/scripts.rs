@@ -51,6 +51,8 @@ fn benchmark_only_packages_are_installed_by_the_benchmark_only() {
         "dpkg-dev",
         "lintian",
         "man-db",
+        // tests/manual.rs: the manual's commands as written.
+        "sudo",
     ] {
         assert!(tests.contains(&p.to_string()), "{tests:?}");
         assert!(!demo.contains(&p.to_string()), "{demo:?}");

@@ -17,6 +17,10 @@ pub struct Args {
     /// Create the container first if it does not exist.
     #[arg(long)]
     pub create_container: bool,
+    /// Print one JSON object instead of text: blob, size_bytes, blob_bytes and
+    /// container_created.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<()> {
@@ -25,17 +29,26 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
     if r.snapshot.is_some() {
         bail!("cannot create a snapshot ({r}); name the base blob");
     }
-    ctx.block_on(async {
-        if args.create_container && blob.container().create().await? {
+    let container_created = ctx.block_on(async {
+        let made = args.create_container && blob.container().create().await?;
+        if made && !args.json {
             eprintln!("created container '{}'", blob.container_name());
         }
         match drive::create(&blob, size).await {
             Err(DriveError::Azure(e)) if e.code() == Some("ContainerNotFound") => {
                 bail!("{e}; add --create-container to create it")
             }
-            done => Ok(done?),
+            done => done.map(|()| made).map_err(Into::into),
         }
     })??;
+    if args.json {
+        return super::print_json(&serde_json::json!({
+            "blob": r.to_string(),
+            "size_bytes": size,
+            "blob_bytes": size + FOOTER_SIZE,
+            "container_created": container_created,
+        }));
+    }
     println!(
         "created {r}: {} fixed VHD ({} bytes of disk, blob {} bytes)",
         human(size),

@@ -11,7 +11,8 @@ Kubernetes runs it twice: the controller Deployment serves `--role controller` b
 the csi-provisioner, csi-attacher, csi-snapshotter, csi-resizer and csi-snapshot-metadata
 sidecars, and the node DaemonSet serves `--role node` on every node beside node-driver-registrar
 (privileged, hostPID, the kubelet's directory with Bidirectional mount propagation).
-deploy/kubernetes/ has the manifests; docs/kubernetes.md says how to deploy them.
+The source's deploy/kubernetes/ has the manifests; the manual's kubernetes.md says how
+to deploy them (/usr/share/doc/blobdrive/docs/ with the package, docs/ in the source).
 
 Volumes are drives (fixed VHD page blobs) named container/NAME.vhd. Each node plugin
 records itself in --container (blobdrive-csi/nodes/NODE), and the controller publishes

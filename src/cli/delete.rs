@@ -16,6 +16,10 @@ pub struct Args {
     /// Confirm: the drive's data is destroyed.
     #[arg(long)]
     pub yes: bool,
+    /// Print one JSON object instead of text: deleted (the drive or snapshot)
+    /// and snapshots (whether the drive's snapshots went with it).
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<()> {
@@ -52,6 +56,12 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         }
         anyhow::Ok(())
     })??;
+    if args.json {
+        return super::print_json(&serde_json::json!({
+            "deleted": r.to_string(),
+            "snapshots": args.snapshots,
+        }));
+    }
     if args.snapshots {
         println!("deleted {r} and its snapshots");
     } else {

@@ -16,8 +16,11 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use blobdrive::blobref::BlobRef;
-use blobdrive::mount::credentials;
-use blobdrive::mount::helper::{parse_args, Invocation, EXIT_MOUNT_FAILED, EXIT_USAGE};
+use blobdrive::mount::helper::{
+    check_repeats, parse_args, Invocation, EXIT_MOUNT_FAILED, EXIT_USAGE,
+};
+use blobdrive::mount::{credentials, fstab};
+use blobdrive::privsep::{WallError, WorkerUser, DEFAULT_USER};
 
 use super::mount::{self, Say};
 
@@ -49,9 +52,12 @@ OPTIONS (comma-separated):
                           AZURE_STORAGE_CONNECTION_STRING=... or the Entra ID variables;
                           root's, mode 600 or stricter (secrets stay out of argv and
                           /proc/mounts)
-  nosuid,nodev,noexec,noatime,relatime,...   passed to the filesystem mount (mode fs)
+  nosuid,nodev,noexec,noatime,relatime,...   passed to the filesystem mount (mode fs);
+                          suid and dev only by hand: mount(8) never passes its defaults
   _netdev,nofail,auto,noauto,defaults,x-*    for mount(8) and systemd; ignored here
-Anything else is refused, naming the option (-s: ignored instead).
+Anything else is refused, naming the option (-s: ignored instead), and so is an option
+given twice or contradicted (rw,ro: read from the line in /etc/fstab, as mount(8)
+passes only the last). A line mounted at DIR already is left as it is (exit 0).
   -f  check everything, mount nothing    -v  say what was mounted
   -n  accepted (no mtab is kept)          -s  sloppy: ignore unknown options
 
@@ -109,7 +115,8 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
         cache_size: o.cache_size,
         foreground: false,
         credentials: o.credentials,
-        // fstab's `suid` and `dev` arrive among the flags.
+        // `suid` and `dev` arrive among the flags (when the helper is run by
+        // hand: mount(8) never passes them, its defaults).
         suid: false,
         dev: false,
         fs_flags: o.fs_flags,
@@ -117,12 +124,9 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
         disk_cache: o.disk_cache,
         disk_cache_size: o.disk_cache_size,
         warm: o.warm,
-        // fstab's run-as=, else the environment's, as for `blobdrive mount`.
-        run_as: o.run_as.or_else(|| {
-            std::env::var("BLOBDRIVE_RUN_AS")
-                .ok()
-                .filter(|u| !u.is_empty())
-        }),
+        run_as: o.run_as.or_else(run_as_env),
+        // `mount -a` again: the line is mounted already, and that is success.
+        mounted_is_done: true,
     };
     let connection_string = std::env::var("AZURE_STORAGE_CONNECTION_STRING").ok();
     let say = if inv.verbose {
@@ -144,12 +148,49 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
     }
 }
 
+/// The environment's `BLOBDRIVE_RUN_AS`, which an fstab line without `run-as=`
+/// goes by, as `blobdrive mount` does.
+fn run_as_env() -> Option<String> {
+    std::env::var("BLOBDRIVE_RUN_AS")
+        .ok()
+        .filter(|u| !u.is_empty())
+}
+
 /// What can be refused before anything is done, with the exit status of a bad
-/// invocation: the drive's name and the credentials file.
+/// invocation: the drive's name, the fstab line as written (mount(8) passes on
+/// only the last of `rw,ro`), the credentials file and the worker's user.
 fn check(inv: &Invocation) -> Result<(), String> {
     BlobRef::parse(&inv.spec).map_err(|e| e.to_string())?;
+    for line in fstab::lines_for(&inv.spec, &inv.dir) {
+        check_repeats(&line.options).map_err(|e| format!("{} ({})", e.0, line.place))?;
+    }
     if let Some(path) = &inv.options.credentials {
         credentials::load(path).map_err(|e| e.to_string())?;
     }
-    Ok(())
+    check_worker_user(inv.options.run_as.as_deref())
+}
+
+/// The user the mount's network-facing part will run as must exist and not be
+/// root; the message names where the user came from as the administrator wrote
+/// it: the line's `run-as=`, else `BLOBDRIVE_RUN_AS`, else the default.
+fn check_worker_user(run_as: Option<&str>) -> Result<(), String> {
+    let env = run_as_env();
+    let (user, said) = match (run_as, &env) {
+        (Some(u), _) => (u.to_string(), format!("option run-as={u}")),
+        (None, Some(u)) => (u.clone(), format!("BLOBDRIVE_RUN_AS={u}")),
+        (None, None) => (
+            DEFAULT_USER.to_string(),
+            format!("the default run-as user {DEFAULT_USER}"),
+        ),
+    };
+    match WorkerUser::lookup(&user) {
+        Ok(_) => Ok(()),
+        Err(WallError::NoSuchUser(_)) => Err(format!(
+            "{said}: there is no user {user} on this machine to run the network-facing part of the mount as; create it with `useradd --system --no-create-home --shell /usr/sbin/nologin {user}` (the Debian package and scripts/install.sh make blobdrive), or name another with the fstab option run-as=USER"
+        )),
+        Err(WallError::RootUser(_)) => Err(format!(
+            "{said}: that is root (uid 0), and the network-facing part of a mount runs as an unprivileged user; name one with the fstab option run-as=USER"
+        )),
+        Err(e) => Err(format!("{said}: {e}")),
+    }
 }

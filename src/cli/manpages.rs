@@ -91,7 +91,7 @@ fn command_page(cmd: &clap::Command, extra: &str) -> String {
         man.render_title(&mut out)?;
         out.extend_from_slice(NO_HYPHENATION.as_bytes());
         man.render_name_section(&mut out)?;
-        man.render_synopsis_section(&mut out)?;
+        out.extend_from_slice(synopsis(cmd).as_bytes());
         man.render_description_section(&mut out)?;
         if cmd.get_arguments().any(|a| !a.is_hide_set()) {
             man.render_options_section(&mut out)?;
@@ -131,6 +131,77 @@ fn command_page(cmd: &clap::Command, extra: &str) -> String {
     }
     page.push_str(&with_version(extra));
     page
+}
+
+/// SYNOPSIS with each option's value, as `--help` shows it (`[--auth HOW]`,
+/// `[--mode fs|block|raw]`): clap_mangen's leaves values out, and an option
+/// shown bare reads as a flag.
+fn synopsis(cmd: &clap::Command) -> String {
+    let bold = |t: &str| format!("\\fB{}\\fR", escape(t));
+    let italic = |t: &str| format!("\\fI{}\\fR", escape(t));
+    // As it is typed: `blobdrive lease status`, not the page's name.
+    let name = cmd
+        .get_bin_name()
+        .or(cmd.get_display_name())
+        .unwrap_or(cmd.get_name());
+    let mut words = vec![bold(name)];
+    for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+        // A name the definition gave (`HOW`), else the values there are
+        // (`fs|block|raw`), else the argument's name in capitals.
+        let value = || {
+            let default_name = arg.get_id().as_str().to_uppercase();
+            let named = arg
+                .get_value_names()
+                .map(|n| {
+                    n.iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .filter(|n| *n != default_name);
+            let values: Vec<String> = arg
+                .get_possible_values()
+                .iter()
+                .filter(|v| !v.is_hide_set())
+                .map(|v| v.get_name().to_string())
+                .collect();
+            match named {
+                Some(n) => n,
+                None if values.is_empty() => default_name,
+                None => values.join("|"),
+            }
+        };
+        if arg.is_positional() {
+            let v = italic(&value());
+            words.push(if arg.is_required_set() {
+                v
+            } else {
+                format!("[{v}]")
+            });
+            continue;
+        }
+        let flag = match (arg.get_short(), arg.get_long()) {
+            (Some(s), Some(l)) => format!("{}|{}", bold(&format!("-{s}")), bold(&format!("--{l}"))),
+            (Some(s), None) => bold(&format!("-{s}")),
+            (None, Some(l)) => bold(&format!("--{l}")),
+            (None, None) => continue,
+        };
+        // A value is kept on its option's line (`\ `, roff's unbreakable space).
+        let taken = if arg.get_action().takes_values() {
+            format!("{flag}\\ {}", italic(&value()))
+        } else {
+            flag
+        };
+        let repeated = matches!(
+            arg.get_action(),
+            clap::ArgAction::Count | clap::ArgAction::Append
+        );
+        words.push(format!("[{taken}]{}", if repeated { "..." } else { "" }));
+    }
+    if cmd.get_subcommands().any(|s| !s.is_hide_set()) {
+        words.push(italic("COMMAND"));
+    }
+    format!(".SH SYNOPSIS\n{}\n", words.join(" "))
 }
 
 /// `--help` prose as roff: paragraphs filled, and the indented lines (examples,
@@ -259,8 +330,31 @@ mod tests {
         ] {
             assert!(p.contains(section), "blobdrive.8 lacks {section}");
         }
-        // Straight from the clap definitions.
+        // Straight from the clap definitions, options with their values.
         assert!(p.contains("blobdrive\\-mount(8)"));
+        let plain_page = plain(&p);
+        let synopsis = plain_page
+            .lines()
+            .skip_while(|l| *l != ".SH SYNOPSIS")
+            .nth(1)
+            .unwrap();
+        for option in [
+            "[--connection-string CS]",
+            "[--auth HOW]",
+            "[-v|--verbose]...",
+            "COMMAND",
+        ] {
+            assert!(synopsis.contains(option), "{option}: {synopsis}");
+        }
+        let m = plain(&page("blobdrive-mount.8"));
+        for option in [
+            "BLOB MOUNTPOINT",
+            "[--mode fs|block|raw]",
+            "[--mkfs ext4|xfs]",
+            "[--read-only]",
+        ] {
+            assert!(m.contains(option), "{option}: {m}");
+        }
         assert!(p.contains("\\-\\-connection\\-string"));
         assert!(!p.contains("@VERSION@"));
         let m = page("blobdrive-mount.8");
@@ -273,6 +367,7 @@ mod tests {
             .replace("\\fI", "")
             .replace("\\fR", "")
             .replace("\\-", "-")
+            .replace("\\ ", " ")
             .replace('"', " ")
     }
 

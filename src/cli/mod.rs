@@ -73,8 +73,11 @@ At boot (with the Debian package, or after `sudo scripts/install.sh`): an fstab 
 of type blobdrive, e.g.
   disks/data.vhd  /data  blobdrive  _netdev,nofail,credentials=/etc/blobdrive/acct.env  0 0
 (mount.blobdrive(8) and `mount.blobdrive --help` list its options), or the unit
-blobdrive@.service (see docs/boot.md). A plain `umount` of such a filesystem writes
-everything and releases the lease.";
+blobdrive@.service (see the manual's boot.md). A plain `umount` of such a filesystem
+writes everything and releases the lease.
+
+The manual, a page per topic: /usr/share/doc/blobdrive/README.md and docs/*.md with
+the package, README.md and docs/ in the source.";
 
 /// Azure page blobs (fixed VHDs) as Linux drives.
 #[derive(Debug, Parser)]
@@ -206,6 +209,13 @@ impl Cli {
             Command::Completions(_) | Command::Manpages(_) => unreachable!("handled above"),
         }
     }
+}
+
+/// A command's `--json` result: one pretty-printed object on standard output,
+/// as `info --json` prints it.
+fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
 }
 
 /// `e` and its causes joined with ": ", as anyhow's `{:#}` prints them, but

@@ -125,6 +125,12 @@ pub struct Args {
     /// helper from an fstab line.
     #[arg(skip)]
     pub fs_flags: Vec<String>,
+    /// The drive already mounted at MOUNTPOINT by blobdrive is success, not an
+    /// error: set by the mount(8) helper, which `mount -a` runs again for a
+    /// line it cannot tell is mounted (the kernel shows the loop device or
+    /// `blobdrive:SPEC` as the source, not the line's SPEC).
+    #[arg(skip)]
+    pub mounted_is_done: bool,
 }
 
 /// How a mount tells its outcome: `blobdrive mount` says what it mounted; the
@@ -285,6 +291,15 @@ fn mount(
         }
         None => None,
     };
+    if let Some(there) = mounted_here(ctx, &r, &args.mountpoint, read_only)? {
+        if !args.mounted_is_done {
+            bail!("{r} is already mounted at {}", there.display());
+        }
+        if say == Say::Mounted {
+            println!("{r} is already mounted at {}", there.display());
+        }
+        return Ok(());
+    }
     preflight(&args.mountpoint)?;
     let mountpoint = args.mountpoint.canonicalize()?;
     let mountpoint_id = system::dir_id(&mountpoint)?;
@@ -350,6 +365,68 @@ fn mount(
     )
 }
 
+/// Where this machine already has the drive `r` mounted at `mountpoint` (the
+/// same drive, account and snapshot, its daemon running): a second `mount -a`
+/// asks for it again. A writable mount of it elsewhere here that holds its
+/// lease is refused naming that place: the service would only say that another
+/// mount holds it, "on this or another host". (One whose lease was broken, a
+/// fenced mount that has not let go yet, holds nothing: the new mount goes
+/// ahead, as on another machine.)
+fn mounted_here(
+    ctx: &Context,
+    r: &BlobRef,
+    mountpoint: &Path,
+    read_only: bool,
+) -> Result<Option<PathBuf>> {
+    let endpoint = ctx.unsigned_account_for(r)?.endpoint_for_messages();
+    let base = r.base().to_string();
+    let wanted = mountpoint.canonicalize().ok();
+    if let Some(mp) = &wanted {
+        let same = |m: &record::MountRecord| {
+            (m.endpoint.is_empty() || m.endpoint == endpoint)
+                && m.blob == base
+                && m.snapshot == r.snapshot
+                && record::alive(m)
+        };
+        if let Ok((_, Some(m))) = record::at_mountpoint(mp) {
+            if same(&m) && system::is_mountpoint(mp) {
+                return Ok(Some(m.mountpoint));
+            }
+        }
+    }
+    if read_only {
+        return Ok(None);
+    }
+    let holder = record::writable_mount(&endpoint, &base)
+        .filter(|m| Some(&m.mountpoint) != wanted.as_ref())
+        .filter(|_| lease_held(ctx, r));
+    match holder {
+        Some(m) if record::alive(&m) => bail!(
+            "{base} is already mounted writable on this machine, at {}, which holds its lease: unmount it there first (blobdrive unmount {}), or mount it here --read-only",
+            m.mountpoint.display(),
+            m.mountpoint.display()
+        ),
+        Some(m) => bail!(
+            "{base} was mounted at {} on this machine, and that mount ended without an unmount (its daemon is gone) holding the lease: run `blobdrive unmount {}` first",
+            m.mountpoint.display(),
+            m.mountpoint.display()
+        ),
+        None => Ok(None),
+    }
+}
+
+/// Whether the service says drive `r` is leased. Anything else, a failure to
+/// ask included, is left to the mount itself to find out and say.
+fn lease_held(ctx: &Context, r: &BlobRef) -> bool {
+    let Ok((_, client)) = ctx.blob(&r.base().to_string()) else {
+        return false;
+    };
+    matches!(
+        ctx.block_on(client.properties()),
+        Ok(Ok(p)) if p.lease_state.as_deref() == Some("leased")
+    )
+}
+
 /// Refusals that need no network: root, /dev/fuse, an empty directory that is not
 /// already a mount.
 fn preflight(mountpoint: &Path) -> Result<()> {
@@ -402,8 +479,11 @@ fn spawn_daemon(
     })?;
     let id = record::id_for(&req.mountpoint);
     let (_, _, log_path, _) = record::paths(&id);
-    let log = record::create_private(&log_path, true)
+    let mut log = record::create_private(&log_path, true)
         .with_context(|| format!("cannot open {}", log_path.display()))?;
+    let header = format!("mounting {blob} at {}", req.mountpoint.display());
+    std::io::Write::write_all(&mut log, record::log_header(&header).as_bytes())
+        .with_context(|| format!("cannot write {}", log_path.display()))?;
     let exe = std::env::current_exe().context("cannot find the blobdrive executable")?;
     let mut cmd = Command::new(exe);
     cmd.arg("__daemon")

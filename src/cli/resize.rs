@@ -45,6 +45,24 @@ pub struct Args {
     /// data and is refused).
     #[arg(long, value_name = "SIZE")]
     pub size: String,
+    /// Print one JSON object instead of text: blob, from_bytes, size_bytes,
+    /// blob_bytes, grown, mountpoint (null when not mounted here) and note (what
+    /// became of the filesystem, or null).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `resize --json` prints.
+#[derive(Debug, serde::Serialize)]
+struct Outcome {
+    blob: String,
+    /// The disk size before (null when a mount's daemon could not say).
+    from_bytes: Option<u64>,
+    size_bytes: u64,
+    blob_bytes: u64,
+    grown: bool,
+    mountpoint: Option<std::path::PathBuf>,
+    note: Option<String>,
 }
 
 /// How long a mounted drive's daemon may take: it may first wait for a flush
@@ -62,7 +80,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
                 mp.display()
             );
         };
-        return online(&m, size);
+        return online(&m, size, args.json);
     }
     let (r, blob) = ctx.blob(&args.drive)?;
     if r.snapshot.is_some() {
@@ -70,23 +88,41 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
     }
     let endpoint = blob.service().account().endpoint_for_messages();
     if let Some(m) = record::writable_mount(&endpoint, &r.base().to_string()) {
-        return online(&m, size);
+        return online(&m, size, args.json);
     }
-    match ctx.block_on(resize::grow(&blob, size))?? {
-        Resized::Grown { from, to } => {
-            println!(
-                "grew {r} from {} to {} ({to} bytes of disk, blob {} bytes)",
-                human(from),
-                human(to),
-                to + FOOTER_SIZE
-            );
-            if let Some(next) = ctx.block_on(filesystem_left_small(&blob, to))? {
-                println!("{next}");
-            }
-        }
-        Resized::Unchanged(s) => println!("{r} is already {} ({s} bytes): nothing to do", human(s)),
+    let (from, to, note) = match ctx.block_on(resize::grow(&blob, size))?? {
+        Resized::Grown { from, to } => (from, to, ctx.block_on(filesystem_left_small(&blob, to))?),
+        Resized::Unchanged(s) => (s, s, None),
+    };
+    if args.json {
+        return print_outcome(Outcome {
+            blob: r.to_string(),
+            from_bytes: Some(from),
+            size_bytes: to,
+            blob_bytes: to + FOOTER_SIZE,
+            grown: to != from,
+            mountpoint: None,
+            note,
+        });
+    }
+    if from == to {
+        println!("{r} is already {} ({to} bytes): nothing to do", human(to));
+        return Ok(());
+    }
+    println!(
+        "grew {r} from {} to {} ({to} bytes of disk, blob {} bytes)",
+        human(from),
+        human(to),
+        to + FOOTER_SIZE
+    );
+    if let Some(next) = note {
+        println!("{next}");
     }
     Ok(())
+}
+
+fn print_outcome(o: Outcome) -> Result<()> {
+    super::print_json(&serde_json::to_value(o)?)
 }
 
 /// What to do next when the drive holds a filesystem that is now smaller than
@@ -116,7 +152,7 @@ fn is_path(arg: &str) -> bool {
 }
 
 /// Has the daemon of mount `m` grow it.
-fn online(m: &record::MountRecord, size: u64) -> Result<()> {
+fn online(m: &record::MountRecord, size: u64, json: bool) -> Result<()> {
     let mp = m.mountpoint.display();
     if let Some(snap) = &m.snapshot {
         bail!(
@@ -134,6 +170,7 @@ fn online(m: &record::MountRecord, size: u64) -> Result<()> {
             m.pid
         );
     }
+    let from = served_size(m);
     // A large filesystem takes a while to grow: the daemon says what it is at
     // every few seconds.
     let answer = daemon::control_with_progress(
@@ -142,9 +179,26 @@ fn online(m: &record::MountRecord, size: u64) -> Result<()> {
         Some(ONLINE_TIMEOUT),
         &mut |p| eprintln!("{p}"),
     )?;
-    match answer.strip_prefix("ok ") {
-        Some(what) => println!("{what}"),
-        None => bail!("{}", answer.strip_prefix("error ").unwrap_or(&answer)),
+    let Some(what) = answer.strip_prefix("ok ") else {
+        bail!("{}", answer.strip_prefix("error ").unwrap_or(&answer));
+    };
+    if json {
+        return print_outcome(Outcome {
+            blob: m.blob.clone(),
+            from_bytes: from,
+            size_bytes: size,
+            blob_bytes: size + FOOTER_SIZE,
+            grown: from != Some(size),
+            mountpoint: Some(m.mountpoint.clone()),
+            note: Some(what.to_string()),
+        });
     }
+    println!("{what}");
     Ok(())
+}
+
+/// The disk size the daemon of mount `m` serves now, from its `stats`.
+fn served_size(m: &record::MountRecord) -> Option<u64> {
+    let answer = daemon::control(&m.socket, "stats", Some(Duration::from_secs(10))).ok()?;
+    serde_json::from_str::<serde_json::Value>(&answer).ok()?["disk_size"].as_u64()
 }

@@ -34,6 +34,9 @@ pub enum Command {
         /// The snapshot to delete: container/name.vhd@SNAPSHOT, as `snapshot list`
         /// prints it (the drive itself is never deleted here).
         blob: String,
+        /// Print {"deleted": "BLOB@SNAPSHOT"}.
+        #[arg(long)]
+        json: bool,
     },
     /// Delete all but the newest N snapshots.
     Prune {
@@ -45,6 +48,11 @@ pub enum Command {
         /// Only print what would be deleted.
         #[arg(long)]
         dry_run: bool,
+        /// Print one JSON object instead of text: blob, dry_run, deleted (the
+        /// snapshots deleted, or with --dry-run to be), kept, and skipped (those
+        /// mounted here, each with its mountpoint).
+        #[arg(long)]
+        json: bool,
     },
     /// List the extents that changed between two snapshots (or since one), or
     /// that a drive or snapshot holds.
@@ -55,12 +63,13 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
     match cmd {
         Command::Create { blob, json } => create(ctx, &blob, json),
         Command::List { blob, json } => list(ctx, &blob, json),
-        Command::Delete { blob } => delete(ctx, &blob),
+        Command::Delete { blob, json } => delete(ctx, &blob, json),
         Command::Prune {
             blob,
             keep,
             dry_run,
-        } => prune(ctx, &blob, keep, dry_run),
+            json,
+        } => prune(ctx, &blob, keep, dry_run, json),
         Command::Changes(a) => super::changes::run(ctx, a),
     }
 }
@@ -141,7 +150,7 @@ fn list(ctx: &Context, blob: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn delete(ctx: &Context, blob: &str) -> Result<()> {
+fn delete(ctx: &Context, blob: &str, json: bool) -> Result<()> {
     let (r, client) = ctx.blob(blob)?;
     let Some(id) = r.snapshot.clone() else {
         bail!("name the snapshot to delete as BLOB@SNAPSHOT (see `blobdrive snapshot list {r}`)");
@@ -158,12 +167,15 @@ fn delete(ctx: &Context, blob: &str) -> Result<()> {
         client.delete(DeleteSnapshots::None, None).await?;
         anyhow::Ok(())
     })??;
+    if json {
+        return super::print_json(&serde_json::json!({ "deleted": r.to_string() }));
+    }
     println!("deleted snapshot {r}");
     Ok(())
 }
 
 /// `snapshot prune`: deletes all but the newest `keep`, never one mounted here.
-fn prune(ctx: &Context, blob: &str, keep: usize, dry_run: bool) -> Result<()> {
+fn prune(ctx: &Context, blob: &str, keep: usize, dry_run: bool, json: bool) -> Result<()> {
     let (r, client) = ctx.blob(blob)?;
     if r.snapshot.is_some() {
         bail!("prune takes the drive, not a snapshot ({r})");
@@ -171,43 +183,59 @@ fn prune(ctx: &Context, blob: &str, keep: usize, dry_run: bool) -> Result<()> {
     let list = ctx.block_on(snapshot::list(&client, false))??;
     let ids: Vec<String> = list.into_iter().map(|s| s.snapshot).collect();
     let doomed = snapshot::to_prune(&ids, keep);
-    if doomed.is_empty() {
-        println!("{r} has {} snapshot(s); nothing to prune", ids.len());
-        return Ok(());
-    }
+    let say = |line: String| {
+        if !json {
+            println!("{line}");
+        }
+    };
     let endpoint = client.service().account().endpoint_for_messages();
-    let mut deleted = 0;
-    let mut skipped = 0;
+    let mut deleted = Vec::new();
+    let mut skipped = Vec::new();
     for id in &doomed {
         // A snapshot mounted here is never deleted from under its mount.
         if let Some(m) = mounted_here(&endpoint, &r.to_string(), id) {
-            println!(
+            say(format!(
                 "skipping {r}@{id}: mounted at {} (unmount it to prune it)",
                 m.mountpoint.display()
-            );
-            skipped += 1;
+            ));
+            skipped.push(serde_json::json!({ "snapshot": id, "mountpoint": m.mountpoint }));
             continue;
         }
         if dry_run {
-            println!("would delete {r}@{id}");
+            say(format!("would delete {r}@{id}"));
         } else {
             ctx.block_on(
                 client
                     .at_snapshot(Some(id))
                     .delete(DeleteSnapshots::None, None),
             )??;
-            println!("deleted {r}@{id}");
+            say(format!("deleted {r}@{id}"));
         }
-        deleted += 1;
+        deleted.push(id.clone());
+    }
+    if json {
+        let kept: Vec<&String> = ids.iter().filter(|i| !doomed.contains(i)).collect();
+        return super::print_json(&serde_json::json!({
+            "blob": r.to_string(),
+            "dry_run": dry_run,
+            "deleted": deleted,
+            "kept": kept,
+            "skipped": skipped,
+        }));
+    }
+    if doomed.is_empty() {
+        println!("{r} has {} snapshot(s); nothing to prune", ids.len());
+        return Ok(());
     }
     println!(
-        "{} {deleted} snapshot(s), kept the newest {}{}",
+        "{} {} snapshot(s), kept the newest {}{}",
         if dry_run { "would delete" } else { "deleted" },
+        deleted.len(),
         ids.len() - doomed.len(),
-        if skipped > 0 {
-            format!(" and {skipped} mounted one(s)")
-        } else {
+        if skipped.is_empty() {
             String::new()
+        } else {
+            format!(" and {} mounted one(s)", skipped.len())
         }
     );
     Ok(())

@@ -58,6 +58,10 @@ pub struct RestoreArgs {
     /// Confirm: the drive's current content is replaced.
     #[arg(long)]
     pub yes: bool,
+    /// Print one JSON object instead of text: blob, snapshot, was_bytes (the
+    /// disk size before) and size_bytes (after: the snapshot's).
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn summary(verb: &str, what: &str, r: &Report, json: bool) -> Result<()> {
@@ -168,6 +172,14 @@ pub fn restore(ctx: &Context, a: RestoreArgs) -> Result<()> {
         bail!("refusing to restore {r} without --yes: its current content would be replaced by {r}@{from}");
     }
     let sizes = ctx.block_on(blobdrive::snapshot::restore(&blob, &from))??;
+    if a.json {
+        return super::print_json(&serde_json::json!({
+            "blob": r.to_string(),
+            "snapshot": from,
+            "was_bytes": sizes.was,
+            "size_bytes": sizes.now,
+        }));
+    }
     println!("restored {r} from {r}@{from}");
     let (was, now) = (human(sizes.was), human(sizes.now));
     if sizes.now < sizes.was {

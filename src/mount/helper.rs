@@ -61,6 +61,17 @@ const VALUED: &[&str] = &[
 const ALONE: &[&str] = &["ro", "rw", "warm"];
 const REFUSED: &[&str] = &["user", "users", "owner", "group"];
 
+/// Flags of which a line may give at most one: each says the opposite of the
+/// others, and which one mount(8) or the kernel would keep is not what the
+/// reader of the line sees.
+const EXCLUSIVE: &[&[&str]] = &[
+    &["ro", "rw"],
+    &["suid", "nosuid"],
+    &["dev", "nodev"],
+    &["exec", "noexec"],
+    &["noatime", "relatime", "strictatime"],
+];
+
 /// Every option name the helper knows (besides the `x-*` family), valued or not,
 /// refused with a reason or taken.
 pub fn option_names() -> impl Iterator<Item = &'static str> {
@@ -216,11 +227,53 @@ fn value_of(
         .ok_or_else(|| UsageError(format!("{flag} needs a value")))
 }
 
+/// The options of a comma-separated list, blanks dropped.
+fn options_of(list: &str) -> impl Iterator<Item = &str> {
+    list.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// Refuses an option given twice with a value (`metrics=` twice: which one
+/// counts?; `warm` with or without one) and flags that contradict each other (`rw,ro`), naming them. The
+/// same flag twice says nothing twice and is let be. Options the helper does
+/// not take (mount(8)'s own, `x-*`, `comment=`) are not looked at: mount(8)
+/// handles them.
+pub fn check_repeats(list: &str) -> Result<(), UsageError> {
+    let opts: Vec<&str> = options_of(list).collect();
+    let name_of = |o: &str| o.split_once('=').map_or(o, |(n, _)| n).to_string();
+    for (i, opt) in opts.iter().enumerate() {
+        let name = name_of(opt);
+        // `warm` takes a value or none; the others always take one.
+        let once = (VALUED.contains(&name.as_str()) && name != "comment") || name == "warm";
+        if !once {
+            continue;
+        }
+        if let Some(again) = opts[i + 1..].iter().find(|o| name_of(o) == name) {
+            return Err(UsageError(format!(
+                "option {name} is given twice ({opt} and {again}): give it once"
+            )));
+        }
+    }
+    for group in EXCLUSIVE {
+        let mut given = opts.iter().filter(|o| group.contains(o));
+        if let Some(first) = given.next() {
+            if let Some(other) = given.find(|o| *o != first) {
+                return Err(UsageError(format!(
+                    "options {first} and {other} contradict each other: keep one"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Parses a comma-separated option list. With `sloppy` (mount's `-s`), options
-/// blobdrive does not know are ignored instead of refused.
+/// blobdrive does not know are ignored instead of refused. An option given
+/// twice, or flags that contradict each other, are refused either way
+/// ([`check_repeats`]).
 pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
+    check_repeats(list)?;
     let mut o = Options::default();
-    for opt in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    for opt in options_of(list) {
         let (name, value) = match opt.split_once('=') {
             Some((n, v)) => (n, Some(v)),
             None => (opt, None),
@@ -462,6 +515,53 @@ mod tests {
                 .as_deref(),
             Some("_bd")
         );
+    }
+
+    #[test]
+    fn an_option_given_twice_or_contradicted_is_named() {
+        for (list, needle) in [
+            ("rw,ro", "options rw and ro contradict each other"),
+            ("ro,credentials=/c,rw", "options ro and rw contradict"),
+            ("nosuid,suid", "options nosuid and suid"),
+            ("noatime,relatime", "options noatime and relatime"),
+            (
+                "metrics=127.0.0.1:1,metrics=127.0.0.1:2",
+                "option metrics is given twice (metrics=127.0.0.1:1 and metrics=127.0.0.1:2)",
+            ),
+            ("mode=fs,mode=raw", "option mode is given twice"),
+            (
+                "cache-size=64MiB,cache-size=64MiB",
+                "option cache-size is given twice",
+            ),
+            (
+                "credentials=/a,credentials=/b",
+                "option credentials is given twice",
+            ),
+            (
+                "disk-cache=/c,warm,warm=8MiB",
+                "option warm is given twice (warm and warm=8MiB)",
+            ),
+        ] {
+            let e = parse_options(list, false).unwrap_err().0;
+            assert!(e.starts_with(needle), "{list}: {e}");
+            assert!(!e.contains('\n'));
+            // Sloppy or not: -s is for options blobdrive does not know.
+            assert!(parse_options(list, true).is_err(), "{list}");
+        }
+        // The same flag twice says the same; mount(8)'s own options are its.
+        for fine in [
+            "ro,ro",
+            "nosuid,nosuid,nodev",
+            "comment=a,comment=b",
+            "x-a=1,x-a=2",
+            "noatime,nodiratime",
+        ] {
+            assert!(parse_options(fine, false).is_ok(), "{fine}");
+        }
+        // The check alone, as the helper runs it on an fstab line as written:
+        // it does not judge options mount(8) takes for itself.
+        assert!(check_repeats("defaults,async,user,rw").is_ok());
+        assert!(check_repeats("defaults,rw,noauto,ro").is_err());
     }
 
     /// Every name in the list is one the parser handles (none falls through to

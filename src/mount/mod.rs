@@ -4,6 +4,7 @@
 
 pub mod credentials;
 pub mod daemon;
+pub mod fstab;
 pub mod helper;
 pub mod metrics;
 pub mod notify;

@@ -226,6 +226,22 @@ pub fn remove_log(id: &str) {
     let _ = fs::remove_file(log);
 }
 
+/// The line each log of a mount starts with (and its continuation after
+/// [`rotate_log`]): the program that wrote it, by the path the kernel knows it
+/// by, its version and `what`. The Debian package's purge reads it to take the
+/// logs its own program left (`(/usr/bin/blobdrive)`), and not those of a
+/// blobdrive installed another way, whose failed mounts' logs are kept to be
+/// read. Never a secret: `what` names the drive as `container/name`.
+pub fn log_header(what: &str) -> String {
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "?".to_string());
+    format!(
+        "== blobdrive {} ({exe}): {what}\n",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
 /// How big a daemon log grows before it is moved aside to `ID.log.1`.
 pub const LOG_MAX_BYTES: u64 = 16 << 20;
 
@@ -249,7 +265,9 @@ pub fn rotate_log(path: &Path, max: u64, fd: std::os::fd::RawFd) -> std::io::Res
         return Ok(false);
     }
     fs::rename(path, path.with_extension("log.1"))?;
-    let fresh = create_private(path, true)?;
+    let mut fresh = create_private(path, true)?;
+    let older = path.with_extension("log.1");
+    fresh.write_all(log_header(&format!("continued from {}", older.display())).as_bytes())?;
     // SAFETY: both descriptors are valid; dup2 atomically replaces `fd`.
     if unsafe { libc::dup2(fresh.as_raw_fd(), fd) } < 0 {
         return Err(std::io::Error::last_os_error());
@@ -391,7 +409,18 @@ mod tests {
         assert!(rotate_log(&path, 100, writer.as_raw_fd()).unwrap());
         writer.write_all(b"new").unwrap();
         assert_eq!(fs::read(dir.join("x.log.1")).unwrap().len(), 101);
-        assert_eq!(fs::read_to_string(&path).unwrap(), "new");
+        // The fresh file says whose it is first (see `log_header`).
+        let fresh = fs::read_to_string(&path).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(
+            fresh,
+            format!(
+                "== blobdrive {} ({}): continued from {}.1\nnew",
+                env!("CARGO_PKG_VERSION"),
+                exe.display(),
+                path.display()
+            )
+        );
         fs::remove_dir_all(dir).unwrap();
     }
 }

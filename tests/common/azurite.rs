@@ -247,11 +247,44 @@ pub fn create_container(az: &Azurite, name: &str) {
 /// plain TCP socket (independent of the project's client) and returns the HTTP
 /// status and body: 201 when created, 409 when it exists already.
 pub fn put_container(az: &Azurite, name: &str) -> (u16, String) {
+    signed_request(az, "PUT", name, "restype", "container")
+}
+
+/// Every container of the emulator's account, emptied and deleted: the account
+/// as new (Azurite deletes at once; the name can be used again straight away).
+pub fn delete_every_container(az: &Azurite) {
+    let (status, body) = signed_request(az, "GET", "", "comp", "list");
+    assert_eq!(status, 200, "list containers: HTTP {status}\n{body}");
+    for part in body.split("<Name>").skip(1) {
+        let name = part.split("</Name>").next().unwrap_or_default();
+        let (status, body) = signed_request(az, "DELETE", name, "restype", "container");
+        assert_eq!(
+            status, 202,
+            "delete container {name}: HTTP {status}\n{body}"
+        );
+    }
+}
+
+/// Sends a Shared Key-signed request without a body to `/devstoreaccount1/<path>`
+/// with one query parameter over a plain TCP socket (independent of the
+/// project's client): the HTTP status and body.
+fn signed_request(
+    az: &Azurite,
+    method: &str,
+    path: &str,
+    param: &str,
+    value: &str,
+) -> (u16, String) {
     let date = httpdate::fmt_http_date(SystemTime::now());
+    let resource = if path.is_empty() {
+        format!("/{DEV_ACCOUNT}/{DEV_ACCOUNT}")
+    } else {
+        format!("/{DEV_ACCOUNT}/{DEV_ACCOUNT}/{path}")
+    };
     let string_to_sign = format!(
-        "PUT\n\n\n\n\n\n\n\n\n\n\n\n\
+        "{method}\n\n\n\n\n\n\n\n\n\n\n\n\
          x-ms-date:{date}\nx-ms-version:{API_VERSION}\n\
-         /{DEV_ACCOUNT}/{DEV_ACCOUNT}/{name}\nrestype:container"
+         {resource}\n{param}:{value}"
     );
     let key = base64::engine::general_purpose::STANDARD
         .decode(DEV_KEY)
@@ -259,9 +292,9 @@ pub fn put_container(az: &Azurite, name: &str) -> (u16, String) {
     let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("any key length works");
     mac.update(string_to_sign.as_bytes());
     let signature = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
-
+    let url_path = &resource[DEV_ACCOUNT.len() + 1..];
     let request = format!(
-        "PUT /{DEV_ACCOUNT}/{name}?restype=container HTTP/1.1\r\n\
+        "{method} {url_path}?{param}={value} HTTP/1.1\r\n\
          Host: 127.0.0.1:{port}\r\n\
          x-ms-date: {date}\r\n\
          x-ms-version: {API_VERSION}\r\n\

@@ -66,7 +66,7 @@ impl Mounted {
             // grow, the filesystem not.
             let mp = self.req.mountpoint.display();
             return Err(MountError::system(format!(
-                "growing a mounted ext4 filesystem needs the capability CAP_SYS_RESOURCE, which this daemon does not have (a container that drops it?); nothing was changed. Grow it unmounted instead: `blobdrive unmount {mp}`, `blobdrive resize {} --size {}MiB`, then e2fsck -f and resize2fs on the device of a --mode block mount",
+                "growing a mounted ext4 filesystem needs the capability CAP_SYS_RESOURCE, which this daemon does not have (a container that drops it?); nothing was changed. Grow it unmounted instead: `blobdrive unmount {mp}`, `blobdrive resize {} --size {}MiB`, then mount it again, which grows the filesystem to fill the disk",
                 self.target,
                 size >> 20
             )));

@@ -36,8 +36,12 @@ pub struct MountedFs {
 pub fn prepare(dev: &LoopDevice, req: &MountRequest, zeroed: bool) -> Result<Prepared, MountError> {
     let mut out = Prepared::default();
     let t = match (fs_type(dev)?, req.mkfs.as_deref()) {
+        // What mkfs asks for is there already: it formats only a blank disk,
+        // so an fstab line keeps it for good, and every later mount (every
+        // boot) finds the filesystem it made. Nothing to say.
+        (Some(t), Some(wanted)) if t == wanted => t,
         (Some(t), Some(wanted)) => {
-            let w = format!("--mkfs {wanted} ignored: the disk already holds {} {t} filesystem, which is mounted as it is", article(&t));
+            let w = format!("the disk already holds {} {t} filesystem, not the {wanted} that mkfs asks for: it is mounted as it is, and nothing was formatted", article(&t));
             warn!("{w}");
             out.warnings.push(w);
             t
