@@ -578,6 +578,7 @@ fn the_worker_tried_from_inside_is_refused_secrets_exec_mount_and_root() {
         ("mount tmpfs", libc::EPERM),
         ("setuid 0", libc::EPERM),
         ("unshare a UTS namespace", libc::EPERM),
+        ("fork", libc::EPERM),
     ];
     for mode in ["raw", "block"] {
         let mp = BD.mp();

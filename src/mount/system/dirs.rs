@@ -78,6 +78,36 @@ pub fn is_mountpoint(path: &Path) -> bool {
     })
 }
 
+/// The device (`MAJOR:MINOR`) of the newest mount of type `fstype` at `path`
+/// in /proc/self/mountinfo: a mount's own name, which a later mount at the
+/// same place does not share.
+pub fn mount_id_at(path: &Path, fstype: &str) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = path.to_string_lossy();
+    info.lines()
+        .filter(|l| mount_type(l) == Some(fstype))
+        .filter(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|mp| unescape_mountinfo(mp) == want)
+        })
+        .filter_map(|l| l.split(' ').nth(2).map(str::to_string))
+        .next_back()
+}
+
+/// Whether the mount table `mountinfo` still has a mount of type `fstype`
+/// whose device is `id` (see [`mount_id_at`]), wherever it is now.
+pub fn mounted_with_id(mountinfo: &str, id: &str, fstype: &str) -> bool {
+    mountinfo
+        .lines()
+        .any(|l| l.split(' ').nth(2) == Some(id) && mount_type(l) == Some(fstype))
+}
+
+/// The filesystem type of a line of /proc/self/mountinfo (after ` - `).
+fn mount_type(line: &str) -> Option<&str> {
+    line.split_once(" - ")?.1.split(' ').next()
+}
+
 /// Undoes the octal escapes (`\040` for a space) of a path in
 /// /proc/self/mountinfo, as the kernel writes them, and in libmount's utab.
 pub(crate) fn unescape_mountinfo(s: &str) -> String {

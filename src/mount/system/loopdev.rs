@@ -259,13 +259,25 @@ impl LoopDevice {
         if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_SET_CAPACITY, 0) } != 0 {
             return Err(fail(std::io::Error::last_os_error()));
         }
-        let mut size: u64 = 0;
-        // SAFETY: BLKGETSIZE64 writes one u64 into `size`.
-        if unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size) } != 0 {
-            return Err(fail(std::io::Error::last_os_error()));
-        }
-        Ok(size)
+        block_size(&f).map_err(fail)
     }
+
+    /// The device's size in bytes.
+    pub fn size(&self) -> Result<u64, MountError> {
+        let fail = |e| MountError::with_source(format!("cannot read the size of {self}"), e);
+        block_size(&std::fs::File::open(&self.path).map_err(fail)?).map_err(fail)
+    }
+}
+
+/// The size in bytes of the block device open as `f` (BLKGETSIZE64).
+fn block_size(f: &std::fs::File) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 into `size`.
+    if unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(size)
 }
 
 /// `struct loop_info64` of <linux/loop.h>.
