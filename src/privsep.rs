@@ -422,9 +422,10 @@ const NEW_NAMESPACES: &[u64] = &[
 /// Calls a tool makes that a worker does not: starting its own program.
 const TOOL_MAY: &[libc::c_long] = &[libc::SYS_execve, libc::SYS_execveat];
 
-/// Three programs: the refused calls and namespace clones (EPERM); clone3
-/// (ENOSYS, so that the C library falls back to clone, which is filtered); and
-/// for a tool, socket(2) (EACCES: it reads and writes a device, nothing else).
+/// The refused calls and namespace clones (EPERM); clone3 (ENOSYS, so that
+/// the C library falls back to clone, which is filtered); and for a tool,
+/// socket(2) (EACCES: it reads and writes a device, nothing else) and two
+/// ioctls of root's (see [`root_only_block_ioctls`]).
 fn seccomp_programs(purpose: Purpose) -> Result<Vec<BpfProgram>, WallError> {
     let arch = std::env::consts::ARCH
         .try_into()
@@ -477,11 +478,40 @@ fn seccomp_programs(purpose: Purpose) -> Result<Vec<BpfProgram>, WallError> {
             eacces,
             arch,
         ));
+        filters.push(SeccompFilter::new(
+            [(libc::SYS_ioctl, root_only_block_ioctls()?)]
+                .into_iter()
+                .collect(),
+            SeccompAction::Allow,
+            SeccompAction::Errno(0),
+            arch,
+        ));
     }
     filters
         .into_iter()
         .map(|f| {
             f.and_then(BpfProgram::try_from)
+                .map_err(|e| WallError::Seccomp(e.to_string()))
+        })
+        .collect()
+}
+
+/// The block device ioctls the kernel allows CAP_SYS_ADMIN alone, and
+/// mkfs.xfs gives up without: a tool's filter answers them with success and
+/// does not carry them out; the root part does instead, as root, around the
+/// tool's run (`system::confined`). `BLKBSZSET`: it sets the device's block
+/// size to its sector size first, which is what mkfs.xfs asks for, and holds
+/// it open meanwhile. `BLKFLSBUF`: it writes and drops the device's buffers
+/// once the tool is done.
+fn root_only_block_ioctls() -> Result<Vec<SeccompRule>, WallError> {
+    /// `_IOW(0x12, 113, size_t)` and `_IO(0x12, 97)` of linux/fs.h.
+    const BLKBSZSET: u64 = 0x4008_1271;
+    const BLKFLSBUF: u64 = 0x1261;
+    [BLKBSZSET, BLKFLSBUF]
+        .into_iter()
+        .map(|request| {
+            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
+                .and_then(|c| SeccompRule::new(vec![c]))
                 .map_err(|e| WallError::Seccomp(e.to_string()))
         })
         .collect()

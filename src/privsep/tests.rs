@@ -61,7 +61,7 @@ fn the_seccomp_programs_build_for_this_machine() {
     assert!(programs.iter().all(|p| !p.is_empty()));
     // A tool's: its own program may start, sockets are refused besides.
     let programs = seccomp_programs(Purpose::Tool).unwrap();
-    assert_eq!(programs.len(), 3);
+    assert_eq!(programs.len(), 4);
     assert!(programs.iter().all(|p| !p.is_empty()));
 }
 

@@ -1,8 +1,9 @@
 //! The control socket: how `blobdrive unmount`, `stats`, `snapshot` and `warm`
 //! talk to a running daemon. The daemon side (`serve`: one line in, progress
 //! lines and one answer line out), and the client side in `control/client.rs`.
-//! Debug builds also answer `probe-walls DIR` and `probe-scope PID NAME`, the
-//! tests' look at the worker's walls from inside (see [`probe`]).
+//! Debug builds also answer `probe-walls DIR`, `probe-scope PID NAME` and
+//! `probe-root REQUEST`, the tests' look at the worker's walls from inside and
+//! their way to speak for it to the root part (see [`probe`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -21,7 +22,7 @@ use super::warm::{self, Warmer};
 use super::Mounted;
 use crate::device::cache::Cache;
 use crate::device::stack::Stack;
-use crate::mount::rootpart::Request;
+use crate::mount::rootpart::{Request, RootClient};
 use crate::mount::MountError;
 use crate::size::human as human_bytes;
 
@@ -170,6 +171,7 @@ fn start_control_thread(
 ) -> Result<(), MountError> {
     let stats = m.stats.clone();
     let warmer = m.warmer.clone();
+    let root = m.root.clone();
     let discard = Discard {
         requested: m.discard.clone(),
         fuse_gone: m.fuse_gone.clone(),
@@ -180,7 +182,7 @@ fn start_control_thread(
         .name("blobdrive-control".into())
         .spawn(move || {
             for conn in listener.incoming().flatten() {
-                handle_conn(conn, &tx, stats.as_ref(), &discard, warmer.as_ref());
+                handle_conn(conn, &tx, stats.as_ref(), &discard, warmer.as_ref(), &root);
             }
         })
         .map(drop)
@@ -499,6 +501,7 @@ fn handle_conn(
     stats: Option<&StatsValues>,
     discard: &Discard,
     warmer: Option<&Arc<Warmer>>,
+    root: &RootClient,
 ) {
     // Only root may steer a root daemon: the socket is 0600 in a 0700 directory,
     // and the peer is checked too, so a socket made reachable by mistake (a
@@ -549,6 +552,12 @@ fn handle_conn(
     if let Some(args) = cmd.strip_prefix(probe::SCOPE_CMD) {
         return Reply(conn).send(&probe::answer_scope(args));
     }
+    #[cfg(debug_assertions)]
+    if let Some(json) = cmd.strip_prefix(probe::ROOT_CMD) {
+        return Reply(conn).send(&probe::answer_root(root, json));
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = root;
     if cmd == DISCARD_CMD {
         warn!("unmount --discard-dirty: data that cannot be written will be dropped");
         discard.request();

@@ -289,8 +289,9 @@ impl RootPart {
             self.undo(None);
             return Err(MountError::system(msg));
         }
-        let lost = if self.record_claimed {
-            // It never said the drive was down: whatever it held is gone.
+        let lost = if self.record_claimed && self.failed.is_none() {
+            // It never said the drive was down: whatever it held is gone. (A
+            // mount that failed never served: nothing was lost.)
             let msg = format!(
                 "the network-facing part of the mount (pid {worker}) {how} while the drive was mounted: what was written to it but not yet on the blob is lost, and its lease may still be held (`blobdrive lease break` frees it)"
             );

@@ -210,7 +210,10 @@ pub fn mkfs(dev: &LoopDevice, fstype: &str, zeroed: bool) -> Result<(), MountErr
             &["-q", "-F", "-E", ext4_options, dev.path()],
         )
         .map(|_| ()),
-        "xfs" => run_on(dev, "mkfs.xfs", &["-q", "-f", "-K", dev.path()]).map(|_| ()),
+        "xfs" => {
+            let _held = dev.held_at_sector_size()?;
+            run_on(dev, "mkfs.xfs", &["-q", "-f", "-K", dev.path()]).map(|_| ())
+        }
         other => Err(MountError::system(format!(
             "--mkfs {other}: only ext4 and xfs are supported"
         ))),

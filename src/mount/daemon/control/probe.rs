@@ -16,14 +16,25 @@
 //! only asks whether the process may be signalled) to the process PID, and a
 //! connection to the abstract unix socket NAME, both the client's, outside the
 //! walls.
+//!
+//! `probe-root REQUEST` sends the request (one line of the channel's JSON) to
+//! the root part through the worker's own channel and answers the root part's
+//! answer: the tests play a compromised worker with it where taking the
+//! channel from outside would race the worker's own requests.
 
 use std::ffi::CString;
 use std::io;
+
+use crate::mount::rootpart::{Request, RootClient};
 
 /// The command's word; its argument is the directory to try a mount on.
 pub(super) const CMD: &str = "probe-walls";
 /// The scopes' command's word; its arguments a process and a socket's name.
 pub(super) const SCOPE_CMD: &str = "probe-scope";
+/// The word of the command that sends a request of the client's choosing to
+/// the root part, as a compromised worker could: its argument the request's
+/// JSON line.
+pub(super) const ROOT_CMD: &str = "probe-root ";
 
 /// The answer line to `probe-walls DIR`.
 pub(super) fn answer(dir: &str) -> String {
@@ -76,6 +87,18 @@ pub(super) fn answer_scope(args: &str) -> String {
         "connect abstract": said(connect),
     })
     .to_string()
+}
+
+/// The answer line to `probe-root REQUEST`: the root part's answer, as JSON.
+pub(super) fn answer_root(root: &RootClient, json: &str) -> String {
+    let req: Request = match serde_json::from_str(json) {
+        Ok(r) => r,
+        Err(e) => return format!("error not a request: {e}"),
+    };
+    match root.call(&req) {
+        Ok(answer) => serde_json::to_string(&answer).unwrap_or_default(),
+        Err(e) => format!("error {e}"),
+    }
 }
 
 fn said(r: io::Result<()>) -> String {
