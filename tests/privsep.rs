@@ -740,13 +740,6 @@ fn the_worker_can_neither_flood_the_log_nor_remove_it_while_mounted() {
     require_root();
     let (mp, spec, daemon, worker) = raw_mount("privsep-flood");
     let log = std::path::PathBuf::from(record_of(&mp)["log"].as_str().unwrap());
-    {
-        let _stopped = Stopped::new(worker);
-        let channel = channel_of(worker, daemon);
-        let answer = ask(&channel, r#"{"op":"remove_log"}"#).unwrap();
-        assert!(answer.starts_with(r#"{"refused":"#), "{answer}");
-    }
-    assert!(log.exists(), "{} removed while mounted", log.display());
     let stderr = std::fs::OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -783,6 +776,13 @@ fn the_worker_can_neither_flood_the_log_nor_remove_it_while_mounted() {
         String::from_utf8_lossy(&text).contains("\\u{1b}]0;owned"),
         "the worker's lines, escaped"
     );
+    {
+        let _stopped = Stopped::new(worker);
+        let channel = channel_of(worker, daemon);
+        let answer = ask(&channel, r#"{"op":"remove_log"}"#).unwrap();
+        assert!(answer.starts_with(r#"{"refused":"#), "{answer}");
+    }
+    assert!(log.exists(), "{} removed while mounted", log.display());
     unmount_cleanly(&mp, &spec, daemon);
     assert!(!log.exists(), "a clean unmount removes the log");
 }
