@@ -14,9 +14,10 @@ storage service (it says every few seconds what it waits for), then releases the
 lease. It is refused, leaving everything mounted, while the filesystem is busy or a
 process holds the raw disk file open. It exits non-zero, naming what happened, if the
 lease was lost with data not yet written, or could not be released, and after
-cleaning up behind a daemon that died while holding the lease. A plain `umount DIR`
-does the same through /sbin/umount.blobdrive (installed by the package, or by
-scripts/install.sh).")]
+cleaning up behind a daemon that died while holding the lease. A part of the daemon
+stopped (SIGSTOP, a debugger) for 15 s ends the wait, naming the process and what to
+do. A plain `umount DIR` does the same through /sbin/umount.blobdrive (installed by
+the package, or by scripts/install.sh).")]
 pub struct Args {
     /// Where the drive is mounted (as given to `blobdrive mount`).
     pub mountpoint: PathBuf,
