@@ -208,6 +208,14 @@ fn a_split_raw_mount_reads_the_network_only_behind_the_walls() {
     }
     let stats = mp.stats();
     assert!(stats.is_object(), "stats answer: {stats}");
+    // libmount's entry, made by the root part for its FUSE mount, known by its
+    // device (not by a stat of the mountpoint, which waits on the worker).
+    let utab = std::fs::read_to_string("/run/mount/utab").unwrap_or_default();
+    assert!(
+        utab.lines()
+            .any(|l| l.contains(&format!(" TARGET={} ", mp.s())) && l.contains("helper=blobdrive")),
+        "{utab}"
+    );
 
     let holders = assert_split_from_outside(daemon);
 

@@ -20,7 +20,7 @@ use crate::mount::notify::Notifier;
 use crate::mount::record::{self, MountRecord};
 use crate::mount::system::filesystem::Prepared;
 use crate::mount::system::{self, LoopDevice};
-use crate::mount::{utab, MountError, MountRequest, Ready};
+use crate::mount::{utab, Mode, MountError, MountRequest, Ready};
 
 /// What the root part did and still answers for.
 pub(super) struct RootPart {
@@ -459,7 +459,16 @@ impl RootPart {
                 warn!("could not say how the mount signed in in its record: {e}");
             }
         }
-        match utab::add(&self.req.mountpoint) {
+        // The mount at the mountpoint is the root part's own, known by its
+        // device: a stat of the mountpoint would wait on the worker's FUSE.
+        let devno = match self.req.mode {
+            Mode::Fs => self.loop_dev.as_ref().and_then(|(d, _)| d.devno()),
+            Mode::Block | Mode::Raw => self.fuse_id.clone(),
+        };
+        let added = devno
+            .ok_or_else(|| "its device is not known".to_string())
+            .and_then(|d| utab::add(&self.req.mountpoint, &d));
+        match added {
             Ok(()) => self.utab = true,
             Err(e) => warn!(
                 "a plain umount of {} will not wait for the lease to be released: {e}",

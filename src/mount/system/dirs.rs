@@ -83,7 +83,14 @@ pub fn is_mountpoint(path: &Path) -> bool {
 /// same place does not share.
 pub fn mount_id_at(path: &Path, fstype: &str) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = path.to_string_lossy();
+    // The kernel writes the path without links; only the parent is resolved
+    // (a stat of a FUSE mount itself would wait for its server).
+    let real = path
+        .parent()
+        .and_then(|p| p.canonicalize().ok())
+        .zip(path.file_name())
+        .map(|(p, name)| p.join(name));
+    let want = real.as_deref().unwrap_or(path).to_string_lossy();
     info.lines()
         .filter(|l| mount_type(l) == Some(fstype))
         .filter(|l| {

@@ -208,6 +208,17 @@ impl LoopDevice {
 
     /// [`LoopDevice::is_mounted`], per the mount table `mountinfo` read already.
     pub fn is_mounted_per(&self, mountinfo: &str) -> Option<bool> {
+        let want = self.devno()?;
+        Some(
+            mountinfo
+                .lines()
+                .any(|l| l.split(' ').nth(2) == Some(want.as_str())),
+        )
+    }
+
+    /// The device's number as the mount table writes it (`MAJOR:MINOR`);
+    /// `None` when its node is gone or is not a block device.
+    pub fn devno(&self) -> Option<String> {
         use std::os::unix::fs::FileTypeExt;
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(&self.path).ok()?;
@@ -215,12 +226,7 @@ impl LoopDevice {
             return None;
         }
         let rdev = meta.rdev();
-        let want = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
-        Some(
-            mountinfo
-                .lines()
-                .any(|l| l.split(' ').nth(2) == Some(want.as_str())),
-        )
+        Some(format!("{}:{}", libc::major(rdev), libc::minor(rdev)))
     }
 
     /// Sets the autoclear flag: the kernel detaches the device by itself when its
