@@ -415,15 +415,15 @@ impl RootPart {
     }
 
     /// What of this mount the kernel still has mounted, in words: the root
-    /// part's FUSE mount (known by its device), the filesystem on its loop
-    /// device. `None` when neither is. An unreadable mount table counts as
+    /// part's FUSE mount (known by its device and its place), the filesystem
+    /// on its loop device (while the device is still this mount's). `None` when neither is. An unreadable mount table counts as
     /// mounted.
     pub(super) fn still_mounted(&mut self) -> Option<String> {
         let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
             return Some("(the mount table cannot be read, so maybe) the drive".into());
         };
         let fuse = match &self.fuse_id {
-            Some(id) => system::mounted_with_id(&table, id, "fuse.blobdrive"),
+            Some(id) => system::mounted_with_id(&table, id, "fuse.blobdrive", &self.fuse_dir),
             None => self.fuse_mounted,
         };
         if fuse {
