@@ -164,9 +164,15 @@ impl WorkerLog {
         }
     }
 
-    /// Points stderr at a new log file where the removed one was.
+    /// Points stderr at a new log file where the removed one was, which
+    /// says whose it is first as every mount's log does.
     fn start_afresh(&self) {
-        match record::create_private(&self.path, true) {
+        let fresh = record::create_private(&self.path, true).and_then(|mut f| {
+            use std::io::Write;
+            f.write_all(record::log_header("started afresh: the log was removed").as_bytes())?;
+            Ok(f)
+        });
+        match fresh {
             // SAFETY: both descriptors are valid; dup2 atomically replaces stderr.
             Ok(f) if unsafe { libc::dup2(f.as_raw_fd(), 2) } >= 0 => {
                 warn!("the log was removed while the mount ran: a new one is started")
@@ -178,5 +184,49 @@ impl WorkerLog {
                 unsafe { libc::ftruncate(2, 0) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In a child of a fork (its stderr is the log): a log past its bound and
+    /// removed while written to is started afresh where it was, saying whose
+    /// it is, and stderr writes there.
+    #[test]
+    fn a_log_removed_while_written_to_is_started_afresh_where_it_was() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.log");
+        let (pipe, _writer) = super::super::errand::pipe().unwrap();
+        // SAFETY: the child makes system calls and small allocations, then
+        // exits; the parent only waits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let ok = (|| {
+                let f = record::create_private(&path, true).ok()?;
+                // SAFETY: our descriptors; stderr becomes the log, past its bound.
+                unsafe {
+                    libc::dup2(f.as_raw_fd(), 2);
+                    libc::ftruncate(2, record::LOG_MAX_BYTES as libc::off_t + 1);
+                }
+                std::fs::remove_file(&path).ok()?;
+                WorkerLog::new(pipe, path.clone()).keep_bounded();
+                // SAFETY: fstat writes only into the zeroed struct it is given.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                unsafe { libc::fstat(2, &mut st) };
+                let there = std::fs::metadata(&path).ok()?;
+                let text = std::fs::read_to_string(&path).ok()?;
+                (there.ino() == st.st_ino && text.starts_with("== blobdrive ")).then_some(())
+            })();
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if ok.is_some() { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
     }
 }
