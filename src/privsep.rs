@@ -19,20 +19,27 @@
 //! - `PR_SET_NO_NEW_PRIVS` (nothing exec'd could gain privileges) and not
 //!   dumpable (no core with the account key in it, no ptrace by the same user);
 //! - Landlock, where the kernel has it: files only beneath the paths allowed
-//!   (read-only ones, and read-write ones such as the disk cache);
+//!   (read-only ones, and read-write ones such as the disk cache), and (ABI 6)
+//!   no signal to a process and no connection to an abstract unix socket
+//!   outside the walls (another mount's worker runs as the same user);
 //! - seccomp: mount and the new mount API, umount, setns, unshare, new
-//!   namespaces through clone, ptrace, bpf, perf events, the key syscalls,
+//!   namespaces through clone, a new process (fork, vfork, a clone that is
+//!   not a thread's), ptrace, bpf, perf events, the key syscalls,
 //!   module loading, kexec, execve, chroot, pivot_root, swap and reboot answer
 //!   EPERM; clone3 answers ENOSYS (its flags are behind a pointer a filter
 //!   cannot read; the C library then creates threads with clone).
+//!
+//! The same walls, with a uid of their own and a seccomp filter that lets the
+//! one program start but refuses sockets, confine the filesystem tools the root
+//! part runs on a drive's device ([`Purpose::Tool`]).
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreated, RulesetCreatedAttr, RulesetStatus, ABI,
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -174,6 +181,19 @@ impl Allowed {
     }
 }
 
+/// Who the walls are for: they differ in what the seccomp filter and Landlock
+/// let through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// A mount's worker: it talks to the storage service (sockets, TCP) and
+    /// never runs a program.
+    Worker,
+    /// A filesystem tool the root part runs on a drive's device (blkid, e2fsck,
+    /// mkfs): it must start its own program, and has no use for a socket or a
+    /// TCP port.
+    Tool,
+}
+
 /// The walls, built and ready to put up (see the module's doc).
 pub struct Walls {
     user: WorkerUser,
@@ -190,14 +210,40 @@ pub enum LandlockState {
 }
 
 impl Walls {
-    /// Builds the walls for `user`, allowing the files of `allowed`.
+    /// Builds a worker's walls for `user`, allowing the files of `allowed`.
     pub fn prepare(user: WorkerUser, allowed: &Allowed) -> Result<Walls, WallError> {
+        Walls::prepare_for(Purpose::Worker, user, allowed)
+    }
+
+    /// Builds the walls for `purpose`, run as `user`, allowing the files of
+    /// `allowed`.
+    pub fn prepare_for(
+        purpose: Purpose,
+        user: WorkerUser,
+        allowed: &Allowed,
+    ) -> Result<Walls, WallError> {
         Ok(Walls {
             user,
-            seccomp: seccomp_programs()?,
-            landlock: landlock_ruleset(allowed)?,
+            seccomp: seccomp_programs(purpose)?,
+            landlock: landlock_ruleset(purpose, allowed)?,
             last_cap: last_capability(),
         })
+    }
+
+    /// Allows reading and writing beneath the directory `dir` too: for a
+    /// directory made after the walls were built (a tool's private `/dev`,
+    /// mounted in its child), which no path of [`Allowed`] can name. Landlock
+    /// rules hold for a directory itself, not for a mount on it.
+    pub fn allow_read_write(mut self, dir: std::os::fd::BorrowedFd) -> Result<Walls, WallError> {
+        let abi = ABI::V5;
+        self.landlock = self
+            .landlock
+            .add_rule(PathBeneath::new(
+                dir,
+                AccessFs::from_all(abi) & !AccessFs::Execute,
+            ))
+            .map_err(|e| WallError::Landlock(e.to_string()))?;
+        Ok(self)
     }
 
     /// Puts the walls up on the calling thread, which must be the process's
@@ -373,14 +419,22 @@ const NEW_NAMESPACES: &[u64] = &[
     0x80, // CLONE_NEWTIME
 ];
 
-/// Two programs: the refused calls and namespace clones (EPERM), and clone3
-/// (ENOSYS, so that the C library falls back to clone, which is filtered).
-fn seccomp_programs() -> Result<Vec<BpfProgram>, WallError> {
+/// Calls a tool makes that a worker does not: starting its own program.
+const TOOL_MAY: &[libc::c_long] = &[libc::SYS_execve, libc::SYS_execveat];
+
+/// The refused calls and namespace clones (EPERM); clone3 (ENOSYS, so that
+/// the C library falls back to clone, which is filtered); and for a tool,
+/// socket(2) (EACCES: it reads and writes a device, nothing else) and two
+/// ioctls of root's (see [`root_only_block_ioctls`]).
+fn seccomp_programs(purpose: Purpose) -> Result<Vec<BpfProgram>, WallError> {
     let arch = std::env::consts::ARCH
         .try_into()
         .map_err(|e| WallError::Seccomp(format!("{e}")))?;
-    let mut refused: BTreeMap<i64, Vec<SeccompRule>> =
-        REFUSED.iter().map(|&nr| (nr, Vec::new())).collect();
+    let mut refused: BTreeMap<i64, Vec<SeccompRule>> = REFUSED
+        .iter()
+        .filter(|nr| purpose == Purpose::Worker || !TOOL_MAY.contains(nr))
+        .map(|&nr| (nr, Vec::new()))
+        .collect();
     let clone_rules = NEW_NAMESPACES
         .iter()
         .map(|&flag| {
@@ -394,18 +448,45 @@ fn seccomp_programs() -> Result<Vec<BpfProgram>, WallError> {
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| WallError::Seccomp(e.to_string()))?;
+    // A new process, not a thread: the walled process stays one, so that its
+    // end (its FUSE connection's with it) is the end of all it does.
+    let no_thread = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+        0,
+    )
+    .and_then(|c| SeccompRule::new(vec![c]))
+    .map_err(|e| WallError::Seccomp(e.to_string()))?;
+    let mut clone_rules = clone_rules;
+    clone_rules.push(no_thread);
     refused.insert(libc::SYS_clone, clone_rules);
+    refused.insert(libc::SYS_fork, Vec::new());
+    refused.insert(libc::SYS_vfork, Vec::new());
     let eperm = SeccompAction::Errno(libc::EPERM as u32);
     let enosys = SeccompAction::Errno(libc::ENOSYS as u32);
-    let filters = [
+    let eacces = SeccompAction::Errno(libc::EACCES as u32);
+    let only = |nr: libc::c_long| [(nr, Vec::new())].into_iter().collect();
+    let mut filters = vec![
         SeccompFilter::new(refused, SeccompAction::Allow, eperm, arch),
-        SeccompFilter::new(
-            [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
-            SeccompAction::Allow,
-            enosys,
-            arch,
-        ),
+        SeccompFilter::new(only(libc::SYS_clone3), SeccompAction::Allow, enosys, arch),
     ];
+    if purpose == Purpose::Tool {
+        filters.push(SeccompFilter::new(
+            only(libc::SYS_socket),
+            SeccompAction::Allow,
+            eacces,
+            arch,
+        ));
+        filters.push(SeccompFilter::new(
+            [(libc::SYS_ioctl, root_only_block_ioctls()?)]
+                .into_iter()
+                .collect(),
+            SeccompAction::Allow,
+            SeccompAction::Errno(0),
+            arch,
+        ));
+    }
     filters
         .into_iter()
         .map(|f| {
@@ -415,17 +496,48 @@ fn seccomp_programs() -> Result<Vec<BpfProgram>, WallError> {
         .collect()
 }
 
+/// The block device ioctls the kernel allows CAP_SYS_ADMIN alone, and
+/// mkfs.xfs gives up without: a tool's filter answers them with success and
+/// does not carry them out; the root part does instead, as root, around the
+/// tool's run (`system::confined`). `BLKBSZSET`: it sets the device's block
+/// size to its sector size first, which is what mkfs.xfs asks for, and holds
+/// it open meanwhile. `BLKFLSBUF`: it writes and drops the device's buffers
+/// once the tool is done.
+fn root_only_block_ioctls() -> Result<Vec<SeccompRule>, WallError> {
+    /// `_IOW(0x12, 113, size_t)` and `_IO(0x12, 97)` of linux/fs.h.
+    const BLKBSZSET: u64 = 0x4008_1271;
+    const BLKFLSBUF: u64 = 0x1261;
+    [BLKBSZSET, BLKFLSBUF]
+        .into_iter()
+        .map(|request| {
+            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .map_err(|e| WallError::Seccomp(e.to_string()))
+        })
+        .collect()
+}
+
 /// The Landlock ruleset for `allowed`: best effort, as the kernel has Landlock
 /// or not (the other walls hold without it; [`Walls::apply`] says which).
-fn landlock_ruleset(allowed: &Allowed) -> Result<RulesetCreated, WallError> {
+/// Signals and abstract unix sockets are scoped (ABI 6) for every purpose: a
+/// walled process reaches no process outside its walls that way, another
+/// mount's worker of the same user included. A tool handles TCP too (ABI 4),
+/// with no port allowed.
+fn landlock_ruleset(purpose: Purpose, allowed: &Allowed) -> Result<RulesetCreated, WallError> {
     let abi = ABI::V5;
     let err = |e: &dyn std::fmt::Display| WallError::Landlock(e.to_string());
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(abi))
         .map_err(|e| err(&e))?
-        .create()
+        .scope(Scope::from_all(ABI::V6))
         .map_err(|e| err(&e))?;
+    if purpose == Purpose::Tool {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(ABI::V4))
+            .map_err(|e| err(&e))?;
+    }
+    let mut ruleset = ruleset.create().map_err(|e| err(&e))?;
     let rules = [
         (&allowed.read_only, AccessFs::from_read(abi)),
         (
@@ -456,6 +568,61 @@ fn landlock_ruleset(allowed: &Allowed) -> Result<RulesetCreated, WallError> {
             .map_err(|e| err(&e))?;
     }
     Ok(ruleset)
+}
+
+/// Closes every descriptor above standard error: what the process that
+/// started this one left open (a shell's redirection, a service manager's or a
+/// node plugin's sockets) must not reach a mount's daemon, whose worker would
+/// hold it behind its walls. Called first thing, before anything is opened.
+pub fn close_inherited_descriptors() -> std::io::Result<()> {
+    close_range(3, libc::c_uint::MAX)
+}
+
+/// Closes every descriptor above standard error but `keep`: what a walled
+/// process was handed, and nothing its parent held besides.
+pub fn close_descriptors_but(keep: &[std::os::fd::RawFd]) -> std::io::Result<()> {
+    let mut keep: Vec<libc::c_uint> = keep
+        .iter()
+        .filter(|&&fd| fd > 2)
+        .map(|&fd| fd as libc::c_uint)
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut from: libc::c_uint = 3;
+    for fd in keep {
+        if fd > from {
+            close_range(from, fd - 1)?;
+        }
+        from = fd + 1;
+    }
+    close_range(from, libc::c_uint::MAX)
+}
+
+/// close_range(2) of `first..=last`; on a kernel without it (before 5.9),
+/// close(2) of each up to the descriptor limit.
+fn close_range(first: libc::c_uint, last: libc::c_uint) -> std::io::Result<()> {
+    // SAFETY: close_range with integer arguments; the descriptors it closes
+    // are owned by nothing that uses them after this (see the callers).
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ENOSYS) {
+        return Err(e);
+    }
+    // SAFETY: a zeroed rlimit is a valid out-parameter.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: getrlimit writes only `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let end = u64::from(last).min(lim.rlim_cur.min(1 << 20));
+    for fd in u64::from(first)..=end {
+        // SAFETY: as above; a descriptor not open is EBADF, which is fine.
+        unsafe { libc::close(fd as libc::c_int) };
+    }
+    Ok(())
 }
 
 #[cfg(test)]

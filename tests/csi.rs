@@ -162,6 +162,30 @@ impl Driver {
         Driver::start_with(cs, socket, &args, cgroups)
     }
 
+    /// [`Driver::start_in`], holding `held` open as descriptor 9, not closed
+    /// on exec: what a plugin may have been started with (a kubelet's, a
+    /// runtime's descriptor).
+    fn start_holding(
+        cs: &str,
+        socket: &Path,
+        node: &str,
+        container: &str,
+        cgroups: Option<(&TestCgroup, &TestCgroup)>,
+        held: std::os::fd::RawFd,
+    ) -> Driver {
+        use std::os::unix::process::CommandExt;
+        let args = ["--node-id", node, "--container", container];
+        let mut command = Driver::command(cs, socket, &args, cgroups, &csi_run(), None);
+        // SAFETY: dup2 alone, between fork and exec.
+        unsafe {
+            command.pre_exec(move || match libc::dup2(held, 9) {
+                9 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            });
+        }
+        Driver::launch(command, socket)
+    }
+
     /// `blobdrive csi ARGS --endpoint unix://SOCKET`, answering.
     fn start_with(
         cs: &str,
@@ -182,6 +206,18 @@ impl Driver {
         run: &Path,
         log: Option<&Path>,
     ) -> Driver {
+        Driver::launch(Driver::command(cs, socket, args, cgroups, run, log), socket)
+    }
+
+    /// The command [`Driver::spawn`] starts.
+    fn command(
+        cs: &str,
+        socket: &Path,
+        args: &[&str],
+        cgroups: Option<(&TestCgroup, &TestCgroup)>,
+        run: &Path,
+        log: Option<&Path>,
+    ) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
         command
             .arg("csi")
@@ -210,6 +246,11 @@ impl Driver {
                 command.pre_exec(move || blobdrive::csi::join_in_child(&procs));
             }
         }
+        command
+    }
+
+    /// Starts `command` and waits until it answers on `socket`.
+    fn launch(mut command: Command, socket: &Path) -> Driver {
         let child = command.spawn().expect("start blobdrive csi");
         // Until it answers: a file there is not enough, since a plugin killed
         // before leaves its socket behind for the new one to replace.
@@ -879,7 +920,22 @@ fn a_block_volume_outlives_its_node_plugin_killed() {
     let container = unique_container("csi-block");
     let socket = dir.path().join("a.sock");
     let cgroups = Some((&plugin_cgroup, &volume_cgroup));
-    let mut driver = Driver::start_in(&cs, &socket, "node-a", &container, cgroups);
+    // The plugin holds a descriptor of a file only root may read, as one it
+    // was started with: the volume's daemon must not.
+    let secret = dir.path().join("root-only");
+    std::fs::write(&secret, "not the worker's").unwrap();
+    let held = std::fs::File::open(&secret).unwrap();
+    let mut driver = {
+        use std::os::fd::AsRawFd;
+        Driver::start_holding(
+            &cs,
+            &socket,
+            "node-a",
+            &container,
+            cgroups,
+            held.as_raw_fd(),
+        )
+    };
     let a = Plugin {
         stubs: dir.path(),
         socket: socket.clone(),
@@ -950,6 +1006,16 @@ fn a_block_volume_outlives_its_node_plugin_killed() {
     assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
     assert_eq!(field("NoNewPrivs:"), "1", "{status}");
     assert_eq!(field("Seccomp:"), "2", "{status}");
+    for pid in &in_cgroup {
+        for (n, link) in common::worker::fd_links(*pid as u64) {
+            assert_ne!(
+                link,
+                secret.to_string_lossy(),
+                "process {pid} of the volume holds the plugin's descriptor as fd {n}"
+            );
+        }
+    }
+    drop(held);
     // The plugin's container dies; the volume goes on serving.
     plugin_cgroup.kill();
     driver.child.wait().unwrap();

@@ -13,7 +13,7 @@ mod common;
 mod faultproxy;
 
 use std::collections::HashSet;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::process::Command;
 use std::time::Duration;
@@ -21,31 +21,14 @@ use std::time::Duration;
 use common::bd::Harness;
 use common::mount::{require_root, Mp};
 use common::user::USER;
-use common::util::wait_for_exit;
+use common::util::{wait_for, wait_for_exit};
+use common::worker::{
+    ask, channel_of, fd_links, listener_of, mount_processes, signal_pending, worker_of, Stopped,
+};
 use common::Azurite;
 use faultproxy::{Config, Proxy};
 
 const BD: Harness = Harness::new("privsep-run").env(&[("BLOBDRIVE_RETRY_BUDGET_SECS", "10")]);
-
-/// The processes of a mount: its daemon (the record's pid) and its children.
-fn mount_processes(daemon: u64) -> Vec<u64> {
-    let mut out = vec![daemon];
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u64>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // The fields after the command's closing parenthesis: state, ppid, ...
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let ppid: u64 = after.split(' ').nth(1).unwrap().parse().unwrap();
-        if ppid == daemon {
-            out.push(pid);
-        }
-    }
-    out
-}
 
 /// The inodes of the TCP sockets in `pid`'s network namespace connected to
 /// 127.0.0.1:`port`.
@@ -66,21 +49,9 @@ fn connections_to(pid: u64, port: u16) -> HashSet<String> {
     inodes
 }
 
-/// What `pid`'s descriptors lead to.
-fn fd_links(pid: u64) -> Vec<String> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| std::fs::read_link(e.path()).ok())
-                .map(|l| l.to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Whether `pid` holds one of the sockets `inodes` open.
 fn holds_any(pid: u64, inodes: &HashSet<String>) -> bool {
-    fd_links(pid).iter().any(|l| {
+    fd_links(pid).iter().any(|(_, l)| {
         l.strip_prefix("socket:[")
             .and_then(|s| s.strip_suffix(']'))
             .is_some_and(|i| inodes.contains(i))
@@ -199,7 +170,7 @@ fn assert_split_from_outside(daemon: u64) -> Vec<u64> {
     }
     for &worker in &holders {
         assert_walled(worker);
-        for link in fd_links(worker) {
+        for (_, link) in fd_links(worker) {
             assert!(
                 !link.starts_with("/dev/loop") && !link.contains("credentials"),
                 "the worker {worker} holds {link} open"
@@ -237,6 +208,14 @@ fn a_split_raw_mount_reads_the_network_only_behind_the_walls() {
     }
     let stats = mp.stats();
     assert!(stats.is_object(), "stats answer: {stats}");
+    // libmount's entry, made by the root part for its FUSE mount, known by its
+    // device (not by a stat of the mountpoint, which waits on the worker).
+    let utab = std::fs::read_to_string("/run/mount/utab").unwrap_or_default();
+    assert!(
+        utab.lines()
+            .any(|l| l.contains(&format!(" TARGET={} ", mp.s())) && l.contains("helper=blobdrive")),
+        "{utab}"
+    );
 
     let holders = assert_split_from_outside(daemon);
 
@@ -527,6 +506,7 @@ fn when_an_fs_worker_dies_the_root_part_takes_the_filesystem_down() {
     BD.mount(&spec, &mp, &["--mkfs", "ext4", "--run-as", USER]);
     let daemon = mp.pid();
     let dev = recorded_device(&mp);
+    let fuse_dir = record_of(&mp)["fuse_dir"].as_str().unwrap().to_string();
     kill_worker(daemon);
     wait_for_exit(daemon, "the root part", Duration::from_secs(30));
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -535,8 +515,13 @@ fn when_an_fs_worker_dies_the_root_part_takes_the_filesystem_down() {
         "the filesystem left at {}",
         mp.s()
     );
+    // (Once detached, the device may be another mount's already: tests run
+    // side by side.)
     let still = backing_file(&dev);
-    assert!(still.trim().is_empty(), "{dev} still attached to {still}");
+    assert!(
+        !still.contains(&fuse_dir),
+        "{dev} still attached to {still}"
+    );
     let out = BD.cmd(&["unmount", mp.s()]).output();
     let text = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(text.contains("killed"), "{text}");
@@ -544,9 +529,8 @@ fn when_an_fs_worker_dies_the_root_part_takes_the_filesystem_down() {
     BD.assert_nothing_left(mp.path(), &spec);
 }
 
-/// The control socket of the mount at `mp`, as its record in the run
-/// directory names it.
-fn control_socket(mp: &Mp) -> std::path::PathBuf {
+/// The record of the mount at `mp` in the run directory.
+fn record_of(mp: &Mp) -> serde_json::Value {
     let mounts = BD.run_dir().join("mounts");
     std::fs::read_dir(&mounts)
         .unwrap()
@@ -555,8 +539,12 @@ fn control_socket(mp: &Mp) -> std::path::PathBuf {
         .filter_map(|e| std::fs::read_to_string(e.path()).ok())
         .filter_map(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
         .find(|r| r["mountpoint"] == mp.s())
-        .and_then(|r| r["socket"].as_str().map(Into::into))
         .unwrap_or_else(|| panic!("no record of {} in {}", mp.s(), mounts.display()))
+}
+
+/// The control socket of the mount at `mp`, as its record names it.
+fn control_socket(mp: &Mp) -> std::path::PathBuf {
+    record_of(mp)["socket"].as_str().unwrap().into()
 }
 
 /// The walls from inside, in raw and block mode: the worker, asked on the
@@ -578,6 +566,7 @@ fn the_worker_tried_from_inside_is_refused_secrets_exec_mount_and_root() {
         ("mount tmpfs", libc::EPERM),
         ("setuid 0", libc::EPERM),
         ("unshare a UTS namespace", libc::EPERM),
+        ("fork", libc::EPERM),
     ];
     for mode in ["raw", "block"] {
         let mp = BD.mp();
@@ -617,6 +606,7 @@ fn a_worker_killed_while_its_filesystem_is_frozen_leaves_it_thawed_and_down() {
     let mp = BD.via(&cs, &[]).mount(&spec, &["--mkfs", "ext4"]);
     let daemon = mp.pid();
     let dev = recorded_device(&mp);
+    let fuse_dir = record_of(&mp)["fuse_dir"].as_str().unwrap().to_string();
     // Fsynced: on the blob. Then data a snapshot's flush must send first.
     let kept: Vec<u8> = (0..(1 << 20)).map(|i| (i * 17 % 251) as u8).collect();
     let kept_path = mp.path().join("kept");
@@ -662,7 +652,7 @@ fn a_worker_killed_while_its_filesystem_is_frozen_leaves_it_thawed_and_down() {
         mp.s()
     );
     let until = std::time::Instant::now() + Duration::from_secs(30);
-    while !backing_file(&dev).trim().is_empty() {
+    while backing_file(&dev).contains(&fuse_dir) {
         assert!(
             std::time::Instant::now() < until,
             "{dev} still attached: the frozen filesystem holds it"
@@ -681,4 +671,446 @@ fn a_worker_killed_while_its_filesystem_is_frozen_leaves_it_thawed_and_down() {
     assert!(std::fs::read(mp2.path().join("kept")).unwrap() == kept);
     BD.unmount(&mp2);
     BD.assert_nothing_left(mp2.path(), &spec);
+}
+
+/// A raw mount of a new drive of 16 MiB tagged `tag`, split as every mount is:
+/// its mountpoint, spec, root part and worker.
+fn raw_mount(tag: &str) -> (Mp, String, u64, u64) {
+    let spec = BD.new_drive(tag, "16MiB");
+    let mp = BD.mp();
+    BD.mount(&spec, &mp, &["--mode", "raw", "--run-as", USER]);
+    let daemon = mp.pid();
+    let worker = worker_of(daemon);
+    (mp, spec, daemon, worker)
+}
+
+/// The mount's processes after a clean unmount: gone, and nothing left.
+fn unmount_cleanly(mp: &Mp, spec: &str, daemon: u64) {
+    BD.unmount(mp);
+    wait_for_exit(daemon, "the root part", Duration::from_secs(30));
+    BD.assert_nothing_left(mp.path(), spec);
+}
+
+/// Item 1: `( exec 8</root-only; blobdrive mount ... )` left fd 8 to the
+/// worker, which read the file behind its walls. Neither process of the
+/// mount holds a descriptor the caller left open.
+#[test]
+fn a_descriptor_the_caller_left_open_reaches_neither_process_of_the_mount() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    require_root();
+    let spec = BD.new_drive("privsep-fds", "16MiB");
+    let mp = BD.mp();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("root-only");
+    std::fs::write(&secret, "not the worker's").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let held = std::fs::File::open(&secret).unwrap();
+    let raw = held.as_raw_fd();
+    let mut cmd = BD
+        .cmd(&["mount", &spec, mp.s(), "--mode", "raw", "--run-as", USER])
+        .command();
+    // SAFETY: dup2 alone, between fork and exec: fd 8 without close-on-exec,
+    // as a shell's `exec 8<` leaves it.
+    unsafe {
+        cmd.pre_exec(move || match libc::dup2(raw, 8) {
+            8 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        });
+    }
+    common::bd::Bd::from(cmd).ok();
+    let daemon = mp.pid();
+    let procs = mount_processes(daemon);
+    assert_eq!(procs.len(), 2, "a root part and a worker: {procs:?}");
+    let secret = secret.to_string_lossy().into_owned();
+    for p in procs {
+        for (n, link) in fd_links(p) {
+            assert_ne!(link, secret, "process {p} of the mount holds it as fd {n}");
+        }
+    }
+    drop(held);
+    unmount_cleanly(&mp, &spec, daemon);
+}
+
+/// The mount's log and its rotated part, in bytes.
+fn log_bytes(log: &std::path::Path) -> u64 {
+    let rotated = log.with_extension("log.1");
+    [log, rotated.as_path()]
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Item 2: writing into the worker's stderr put 7.6 GiB into the mount's log
+/// in 19 s, and `remove_log` let the root part write on into a file nobody
+/// could see. Now: refused while mounted, and 20 s of writing into
+/// /proc/WORKER/fd/2 as fast as the pipe takes it leaves the run directory's
+/// logs under 64 MiB, the escape sequences in it shown, not raw.
+#[test]
+fn the_worker_can_neither_flood_the_log_nor_remove_it_while_mounted() {
+    use std::io::ErrorKind;
+    use std::os::unix::fs::OpenOptionsExt;
+    require_root();
+    let (mp, spec, daemon, worker) = raw_mount("privsep-flood");
+    let log = std::path::PathBuf::from(record_of(&mp)["log"].as_str().unwrap());
+    let stderr = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(format!("/proc/{worker}/fd/2"))
+        .unwrap();
+    let mut line = b"\x1b]0;owned\x07\x1b[2J flooding the log ".to_vec();
+    line.resize(4095, b'x');
+    line.push(b'\n');
+    let chunk = line.repeat(16);
+    let (mut written, mut most) = (0u64, 0u64);
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < until {
+        match (&stderr).write(&chunk) {
+            Ok(n) => written += n as u64,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                most = most.max(log_bytes(&log));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("writing into the worker's stderr: {e}"),
+        }
+    }
+    drop(stderr);
+    most = most.max(log_bytes(&log));
+    eprintln!("wrote {written} bytes into the worker's stderr in 20 s; the logs held at most {most} bytes");
+    assert!(most < 64 << 20, "the logs grew to {most} bytes");
+    // (Rotated at its bound: the flood is in both parts.)
+    let mut text = std::fs::read(log.with_extension("log.1")).unwrap_or_default();
+    text.extend(std::fs::read(&log).unwrap());
+    assert!(
+        !text.contains(&0x1b) && !text.contains(&0x07),
+        "raw escapes in the log"
+    );
+    assert!(
+        String::from_utf8_lossy(&text).contains("\\u{1b}]0;owned"),
+        "the worker's lines, escaped"
+    );
+    {
+        let _stopped = Stopped::new(worker);
+        let channel = channel_of(worker, daemon);
+        let answer = ask(&channel, r#"{"op":"remove_log"}"#).unwrap();
+        assert!(answer.starts_with(r#"{"refused":"#), "{answer}");
+    }
+    assert!(log.exists(), "{} removed while mounted", log.display());
+    unmount_cleanly(&mp, &spec, daemon);
+    assert!(!log.exists(), "a clean unmount removes the log");
+}
+
+/// What a command printed, both streams.
+fn printed(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// Item 3: the control socket is the worker's, and `stats`, `resize`,
+/// `snapshot create` and `unmount` printed what it said raw (a terminal's
+/// title set, its screen cleared). With the worker stopped, the test answers
+/// on its listening socket with escape sequences in every answer and
+/// progress line: nothing any command prints holds one.
+#[test]
+fn what_the_worker_says_on_the_control_socket_reaches_the_terminal_escaped() {
+    require_root();
+    let (mp, spec, daemon, worker) = raw_mount("privsep-escape");
+    let outputs = {
+        let _stopped = Stopped::new(worker);
+        let listener = listener_of(worker);
+        let server = std::thread::spawn(move || {
+            for conn in listener.incoming().take(5) {
+                let mut conn = conn.unwrap();
+                let mut cmd = String::new();
+                std::io::BufReader::new(&conn).read_line(&mut cmd).unwrap();
+                let answer = match cmd.split_whitespace().next().unwrap_or_default() {
+                    "stats" => r#"{"lease_state":"\u001b]0;owned\u0007","disk_size":1,"disk_cache":{"dir":"\u001b[2J","off_reason":"\u009b2J"}}"#.to_string(),
+                    "resize" => "progress \x1b]0;owned\x07\nok grew\x1b[2J".to_string(),
+                    "snapshot" => "ok \x1b]0;owned\x07".to_string(),
+                    _ => "progress \x1b[2J\x1b]0;owned\x07\nerror \x1b]0;owned\x07".to_string(),
+                };
+                let _ = writeln!(conn, "{answer}");
+            }
+        });
+        let run = |args: &[&str]| printed(&BD.cmd(args).output());
+        let outputs = [
+            run(&["stats", mp.s()]),
+            run(&["stats", mp.s(), "--json"]),
+            run(&["resize", mp.s(), "--size", "32MiB"]),
+            run(&["snapshot", "create", &spec]),
+            run(&["unmount", mp.s()]),
+        ];
+        server.join().unwrap();
+        outputs
+    };
+    for out in &outputs {
+        assert!(
+            !out.contains('\x1b') && !out.contains('\x07') && !out.contains('\u{9b}'),
+            "printed raw: {out:?}"
+        );
+    }
+    assert!(outputs[0].contains("\\u{1b}]0;owned"), "{}", outputs[0]);
+    unmount_cleanly(&mp, &spec, daemon);
+}
+
+/// Item 4: a `finished` request with made-up losses removed the record while
+/// FUSE stayed mounted, and `list` and `unmount` no longer saw the mount.
+/// The root part asks the kernel: refused while its mount is there.
+#[test]
+fn a_finished_request_cannot_hide_a_mount_that_is_still_there() {
+    require_root();
+    let (mp, spec, daemon, worker) = raw_mount("privsep-finished");
+    {
+        let _stopped = Stopped::new(worker);
+        let channel = channel_of(worker, daemon);
+        let answer = ask(&channel, r#"{"op":"finished","losses":["made up"]}"#).unwrap();
+        assert!(answer.starts_with(r#"{"refused":"#), "{answer}");
+    }
+    assert_eq!(mp.listed()["pid"], daemon, "the mount is listed still");
+    let mut first = [0u8; 512];
+    std::fs::File::open(mp.disk())
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    unmount_cleanly(&mp, &spec, daemon);
+}
+
+/// Item 6: `disk_size` while the worker does not answer FUSE held the root
+/// part in the kernel, deaf to SIGTERM. Now the root part answers within its
+/// bound that the call is still under way, and passes SIGTERM on to the
+/// worker at once while the call waits; the worker, let go on, takes the
+/// mount down.
+#[test]
+fn a_worker_that_leaves_fuse_unanswered_cannot_hold_the_root_part() {
+    require_root();
+    let (mp, spec, daemon, worker) = raw_mount("privsep-hold");
+    let stopped = Stopped::new(worker);
+    let channel = channel_of(worker, daemon);
+    let answer = ask(&channel, r#"{"op":"disk_size"}"#)
+        .unwrap_or_else(|e| panic!("the root part did not answer disk_size: {e}"));
+    assert!(answer.starts_with(r#"{"pending":"#), "{answer}");
+    // SAFETY: kill with integer arguments, to the test's own mount.
+    unsafe { libc::kill(daemon as i32, libc::SIGTERM) };
+    wait_for(
+        "SIGTERM passed on to the worker",
+        Duration::from_secs(10),
+        || signal_pending(worker, libc::SIGTERM),
+    );
+    drop(channel);
+    drop(stopped);
+    wait_for_exit(daemon, "the root part", Duration::from_secs(60));
+    BD.assert_nothing_left(mp.path(), &spec);
+}
+
+/// Item 6: a filesystem frozen for a snapshot and never thawed (the worker
+/// asks `freeze`, through the debug builds' `probe-root`, and nothing more)
+/// is thawed by the root part once BLOBDRIVE_FREEZE_LIMIT_SECS passed: a
+/// write that waited goes through.
+#[test]
+fn a_freeze_without_a_thaw_is_thawed_by_the_root_part() {
+    require_root();
+    let spec = BD.new_drive("privsep-freeze", "64MiB");
+    let mp = BD.mp();
+    BD.cmd(&["mount", &spec, mp.s(), "--mkfs", "ext4", "--run-as", USER])
+        .env("BLOBDRIVE_FREEZE_LIMIT_SECS", "4")
+        .ok();
+    let daemon = mp.pid();
+    let answer = blobdrive::mount::daemon::control(
+        &control_socket(&mp),
+        r#"probe-root {"op":"freeze"}"#,
+        Some(Duration::from_secs(30)),
+    )
+    .unwrap();
+    assert_eq!(answer, r#""done""#);
+    let mut touch = Command::new("touch")
+        .arg(mp.path().join("after-the-freeze"))
+        .spawn()
+        .unwrap();
+    wait_for("the write to go through", Duration::from_secs(60), || {
+        touch.try_wait().unwrap().is_some()
+    });
+    let log = std::fs::read_to_string(record_of(&mp)["log"].as_str().unwrap()).unwrap();
+    assert!(log.contains("not thawed: thawing it"), "{log}");
+    unmount_cleanly(&mp, &spec, daemon);
+}
+
+/// Item 7: `blobdrive unmount` of a mount whose root part is stopped printed
+/// "unmounting" every 3 s for ever. It gives up, in one error line naming the
+/// process and what to do; let go on, the daemon finishes the unmount itself.
+#[test]
+fn unmount_gives_up_on_a_stopped_root_part_and_says_what_to_do() {
+    require_root();
+    let (mp, spec, daemon, _worker) = raw_mount("privsep-stopped");
+    let stopped = Stopped::new(daemon);
+    let mut unmount = BD.cmd(&["unmount", mp.s()]).spawn_piped();
+    let ended = (0..600).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        unmount.try_wait().unwrap().is_some()
+    });
+    if !ended {
+        let _ = unmount.kill();
+    }
+    let out = unmount.wait_with_output().unwrap();
+    assert!(ended, "unmount still waits after 60 s: {}", printed(&out));
+    let err = common::bd::the_error_line(
+        &String::from_utf8_lossy(&out.stderr),
+        &["does not answer", &format!("(pid {daemon})"), "kill -CONT"],
+    );
+    assert!(!out.status.success(), "{err}");
+    drop(stopped);
+    wait_for_exit(daemon, "the root part", Duration::from_secs(60));
+    BD.assert_nothing_left(mp.path(), &spec);
+}
+
+/// Item 8: workers of all mounts run as one user, and Landlock before ABI 6
+/// let one signal another and connect to any abstract unix socket. One
+/// mount's worker, asked through the debug builds' `probe-scope`, may neither
+/// signal another mount's worker nor connect to an abstract socket this test
+/// listens on.
+#[test]
+fn a_worker_can_neither_signal_another_nor_reach_an_abstract_socket() {
+    use std::os::linux::net::SocketAddrExt;
+    require_root();
+    let (mp_a, spec_a, daemon_a, _) = raw_mount("privsep-scope-a");
+    let (mp_b, spec_b, daemon_b, worker_b) = raw_mount("privsep-scope-b");
+    let name = format!("blobdrive-test-scope-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let _listening = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    let answer = blobdrive::mount::daemon::control(
+        &control_socket(&mp_a),
+        &format!("probe-scope {worker_b} {name}"),
+        Some(Duration::from_secs(30)),
+    )
+    .unwrap();
+    let tries: serde_json::Value = serde_json::from_str(&answer)
+        .unwrap_or_else(|e| panic!("probe-scope answered {answer:?}: {e}"));
+    for what in ["signal", "connect abstract"] {
+        let said = tries[what].as_str().unwrap_or_default();
+        assert!(
+            said.starts_with("refused: ") && said.ends_with(&format!("(os error {})", libc::EPERM)),
+            "{what}: {said:?} (all: {tries})"
+        );
+    }
+    unmount_cleanly(&mp_a, &spec_a, daemon_a);
+    unmount_cleanly(&mp_b, &spec_b, daemon_b);
+}
+
+/// Item 5: root ran blkid, e2fsck, resize2fs and mkfs on a device whose
+/// bytes the worker serves. A `blkid` first on the daemon's PATH reports
+/// what it may do, then fails the mount with that report as its error line:
+/// it runs as a uid of its own without capability, no_new_privs, seccomp, in
+/// network and mount namespaces of its own whose /dev holds the drive's loop
+/// device (which it may open for writing) and nothing of the machine's; it
+/// cannot read a file outside what Landlock allows it, nor reach the
+/// emulator's port.
+#[test]
+fn filesystem_tools_run_on_the_drive_without_root_network_or_the_machine() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root();
+    let spec = BD.new_drive("privsep-tools", "32MiB");
+    let mp = BD.mp();
+    let open = |dir: &tempfile::TempDir| {
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    let (tools, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    open(&tools);
+    open(&elsewhere);
+    let outside = elsewhere.path().join("world-readable");
+    std::fs::write(&outside, "anyone's").unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let port = Azurite::shared().port;
+    // Python, not a shell: a tool may not start a process, and a shell's
+    // every `$(...)` does.
+    let python = "/usr/bin/python3";
+    assert!(
+        std::path::Path::new(python).exists(),
+        "this test needs {python}"
+    );
+    let script = format!(
+        r#"#!{python} -I
+import os, socket, sys
+def tried(f):
+    try:
+        f()
+        return "yes"
+    except OSError:
+        return "no"
+def field(k):
+    for line in open("/proc/self/status"):
+        if line.startswith(k + ":"):
+            return line.split()[1]
+def tcp():
+    s = socket.socket()
+    s.settimeout(5)
+    s.connect(("127.0.0.1", {port}))
+dev = sys.argv[-1]
+said = dict(
+    uid=os.getuid(), capeff=field("CapEff"), capbnd=field("CapBnd"),
+    nnp=field("NoNewPrivs"), seccomp=field("Seccomp"),
+    net=os.readlink("/proc/self/ns/net"), mnt=os.readlink("/proc/self/ns/mnt"),
+    dev=",".join(sorted(os.listdir("/dev"))),
+    device=tried(lambda: os.close(os.open(dev, os.O_RDWR))),
+    outside=tried(lambda: open("{outside}").read()),
+    shadow=tried(lambda: open("/etc/shadow").read()),
+    tcp=tried(tcp),
+)
+print(" ".join(f"{{k}}={{v}}" for k, v in said.items()), file=sys.stderr)
+sys.exit(1)
+"#,
+        outside = outside.display()
+    );
+    let fake = tools.path().join("blkid");
+    std::fs::write(&fake, script).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        tools.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let err = BD
+        .cmd(&["mount", &spec, mp.s(), "--mkfs", "ext4", "--run-as", USER])
+        .env("PATH", path)
+        .fails();
+    let report: std::collections::HashMap<&str, &str> = err
+        .split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .collect();
+    let mine = |ns: &str| {
+        std::fs::read_link(format!("/proc/self/ns/{ns}"))
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    };
+    let want = [
+        ("uid", "65533"),
+        ("capeff", "0000000000000000"),
+        ("capbnd", "0000000000000000"),
+        ("nnp", "1"),
+        ("seccomp", "2"),
+        ("device", "yes"),
+        ("outside", "no"),
+        ("shadow", "no"),
+        ("tcp", "no"),
+    ];
+    for (k, v) in want {
+        assert_eq!(report.get(k).copied(), Some(v), "{k} in: {err}");
+    }
+    assert_ne!(
+        report.get("net").copied(),
+        Some(mine("net").as_str()),
+        "{err}"
+    );
+    assert_ne!(
+        report.get("mnt").copied(),
+        Some(mine("mnt").as_str()),
+        "{err}"
+    );
+    let dev = report.get("dev").copied().unwrap_or_default();
+    let mut names: Vec<&str> = dev.split(',').filter(|n| !n.is_empty()).collect();
+    names.sort_unstable();
+    assert_eq!(names.len(), 4, "{err}");
+    assert!(names[0].starts_with("loop"), "{err}");
+    assert_eq!(names[1..], ["null", "urandom", "zero"], "{err}");
+    BD.assert_nothing_left(mp.path(), &spec);
 }

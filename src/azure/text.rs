@@ -38,6 +38,56 @@ pub fn escape_controls(text: &str) -> String {
     out
 }
 
+/// The bytes of a log, as whoever reads it with `cat` or `less` sees them:
+/// lines (newlines and tabs) kept, every other control character escaped as
+/// [`escape_controls`] does, bytes that are not UTF-8 as U+FFFD. `carry` holds
+/// the start of a character cut at the end of `bytes` (at most 3 bytes) for the
+/// next call, which joins it; at the end of the stream, call with no bytes and
+/// `last` set to flush it.
+pub fn escape_log_bytes(bytes: &[u8], carry: &mut Vec<u8>, last: bool) -> Vec<u8> {
+    let mut input = std::mem::take(carry);
+    input.extend_from_slice(bytes);
+    let mut out = String::with_capacity(input.len());
+    let push = |out: &mut String, text: &str| {
+        for c in text.chars() {
+            if c == '\n' || c == '\t' {
+                out.push(c);
+            } else {
+                push_printable(out, c);
+            }
+        }
+    };
+    let mut rest = &input[..];
+    loop {
+        match std::str::from_utf8(rest) {
+            Ok(text) => {
+                push(&mut out, text);
+                break;
+            }
+            Err(e) => {
+                let (valid, after) = rest.split_at(e.valid_up_to());
+                // (from_utf8 said this much is valid.)
+                push(&mut out, std::str::from_utf8(valid).unwrap_or_default());
+                match e.error_len() {
+                    None if !last => {
+                        carry.extend_from_slice(after);
+                        break;
+                    }
+                    None => {
+                        out.push('\u{FFFD}');
+                        break;
+                    }
+                    Some(n) => {
+                        out.push('\u{FFFD}');
+                        rest = &after[n..];
+                    }
+                }
+            }
+        }
+    }
+    out.into_bytes()
+}
+
 /// Pushes `c`, or `\u{..}` for a character a terminal would act on: C0 and C1
 /// controls, DEL, and the bidirectional overrides that reorder what is shown.
 fn push_printable(out: &mut String, c: char) {
@@ -53,6 +103,28 @@ fn push_printable(out: &mut String, c: char) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_keeps_its_lines_and_shows_every_other_control_character() {
+        let mut carry = Vec::new();
+        let hostile = "a\tb\n\x1b]0;owned\x07\r\u{9b}2J\n".as_bytes();
+        let out = escape_log_bytes(hostile, &mut carry, false);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "a\tb\n\\u{1b}]0;owned\\u{7}\\u{d}\\u{9b}2J\n"
+        );
+        // A character cut between two reads is joined, not replaced.
+        let e_acute = "é".as_bytes();
+        let out = escape_log_bytes(&[b'x', e_acute[0]], &mut carry, false);
+        assert_eq!(out, b"x");
+        assert_eq!(carry, [e_acute[0]]);
+        let out = escape_log_bytes(&e_acute[1..], &mut carry, false);
+        assert_eq!(String::from_utf8(out).unwrap(), "é");
+        // Bytes that are no UTF-8, and a cut one at the very end.
+        let out = escape_log_bytes(&[0xff, b'y', 0xc3], &mut carry, true);
+        assert_eq!(String::from_utf8(out).unwrap(), "\u{FFFD}y\u{FFFD}");
+        assert!(carry.is_empty());
+    }
 
     #[test]
     fn escape_sequences_are_shown_not_acted_on() {

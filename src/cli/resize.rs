@@ -26,12 +26,12 @@ the disk (ext4 before it is mounted, xfs after).
 
 Mounted writable here (named by its mountpoint, or by the blob): the mount's daemon
 does it under its own lease while I/O goes on, then the disk file and the loop
-device take the new size, and a mounted filesystem grows in place (resize2fs for
-ext4, xfs_growfs for xfs). With --mode block, grow what is on the device yourself.
-Growing a mounted ext4 needs CAP_SYS_RESOURCE; without it (some containers) the
-resize is refused before anything changes, naming the way round. A read-only mount
-of the drive (here or elsewhere) keeps the size it was mounted with until it is
-mounted again.
+device take the new size, and a mounted filesystem grows in place (the kernel grows
+it, as resize2fs and xfs_growfs ask it to). With --mode block, grow what is on the
+device yourself. Growing a mounted ext4 needs CAP_SYS_RESOURCE; without it (some
+containers) the resize is refused before anything changes, naming the way round. A
+read-only mount of the drive (here or elsewhere) keeps the size it was mounted with
+until it is mounted again.
 
 If it is interrupted (a crash, the network), the drive says so: `info` and `mount`
 refuse it with \"resize incomplete\", naming the resize that completes it, and running

@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use blobdrive::azure::RetryPolicy;
 use blobdrive::device::remote::DEFAULT_IO_TIMEOUT;
-use blobdrive::mount::IoSettings;
+use blobdrive::mount::{IoSettings, DEFAULT_FREEZE_LIMIT};
 
-/// The retry policy and I/O timeout the environment asks for.
+/// The retry policy, I/O timeout and freeze limit the environment asks for.
 pub fn io_settings() -> IoSettings {
     IoSettings {
         retry: retry_policy(),
         io_timeout: secs("BLOBDRIVE_IO_TIMEOUT_SECS").unwrap_or(DEFAULT_IO_TIMEOUT),
+        freeze_limit: secs("BLOBDRIVE_FREEZE_LIMIT_SECS").unwrap_or(DEFAULT_FREEZE_LIMIT),
     }
 }
 

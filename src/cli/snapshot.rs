@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use blobdrive::azure::xml::is_snapshot_id;
 use blobdrive::azure::DeleteSnapshots;
 use blobdrive::mount::{daemon, record, Mode};
 use blobdrive::size::human;
@@ -87,6 +88,16 @@ fn create(ctx: &Context, blob: &str, json: bool) -> Result<()> {
     let (id, how) = match local {
         Some(m) => {
             let answer = daemon::control(&m.socket, "snapshot", Some(Duration::from_secs(600)))?;
+            // The worker's word: an id is a timestamp, and nothing else is printed.
+            let answer = match answer.strip_prefix("ok ") {
+                Some(id) if !is_snapshot_id(id) => {
+                    bail!(
+                        "the daemon of {} answered a snapshot id that is not a timestamp: '{id}'",
+                        m.mountpoint.display()
+                    )
+                }
+                _ => answer,
+            };
             match answer.strip_prefix("ok ") {
                 Some(id) if m.mode == Mode::Fs => (
                     id.to_string(),

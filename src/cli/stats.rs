@@ -39,8 +39,9 @@ pub(super) fn live_mount(mountpoint: &Path) -> Result<(PathBuf, MountRecord)> {
 pub fn run(args: Args) -> Result<()> {
     let (mp, rec) = live_mount(&args.mountpoint)?;
     let answer = daemon::control(&rec.socket, "stats", Some(Duration::from_secs(10)))?;
-    let v: serde_json::Value = serde_json::from_str(&answer)
+    let mut v: serde_json::Value = serde_json::from_str(&answer)
         .map_err(|_| anyhow::anyhow!("unexpected answer from the daemon: {answer}"))?;
+    plain(&mut v);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -115,4 +116,44 @@ pub fn run(args: Args) -> Result<()> {
         println!("warm-up:        {}", super::warm::status_line(&w));
     }
     Ok(())
+}
+
+/// Escapes every control character in the strings (keys too) of `v`: the
+/// answer is the worker's word, and JSON carries an escape sequence as
+/// `\u001b` to be printed raw once parsed.
+fn plain(v: &mut serde_json::Value) {
+    use blobdrive::azure::text::escape_controls;
+    use serde_json::Value;
+    match v {
+        Value::String(s) => *s = escape_controls(s),
+        Value::Array(items) => items.iter_mut().for_each(plain),
+        Value::Object(map) => {
+            let taken = std::mem::take(map);
+            for (k, mut item) in taken {
+                plain(&mut item);
+                map.insert(escape_controls(&k), item);
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_hostile_answer_s_strings_are_shown_not_acted_on() {
+        let mut v: serde_json::Value = serde_json::from_str(
+            r#"{"lease_state": "\u001b]0;owned\u0007", "disk_cache": {"dir": ["\u009b2J"], "k\u001b": 1}}"#,
+        )
+        .unwrap();
+        super::plain(&mut v);
+        let shown = format!("{} {v:#}", v["lease_state"].as_str().unwrap());
+        // (Pretty JSON has its own newlines.)
+        assert!(
+            !shown.chars().any(|c| c.is_control() && c != '\n'),
+            "{shown:?}"
+        );
+        assert_eq!(v["lease_state"], "\\u{1b}]0;owned\\u{7}");
+        assert_eq!(v["disk_cache"]["k\\u{1b}"], 1);
+    }
 }

@@ -14,9 +14,10 @@ storage service (it says every few seconds what it waits for), then releases the
 lease. It is refused, leaving everything mounted, while the filesystem is busy or a
 process holds the raw disk file open. It exits non-zero, naming what happened, if the
 lease was lost with data not yet written, or could not be released, and after
-cleaning up behind a daemon that died while holding the lease. A plain `umount DIR`
-does the same through /sbin/umount.blobdrive (installed by the package, or by
-scripts/install.sh).")]
+cleaning up behind a daemon that died while holding the lease. A part of the daemon
+stopped (SIGSTOP, a debugger) for 15 s ends the wait, naming the process and what to
+do. A plain `umount DIR` does the same through /sbin/umount.blobdrive (installed by
+the package, or by scripts/install.sh).")]
 pub struct Args {
     /// Where the drive is mounted (as given to `blobdrive mount`).
     pub mountpoint: PathBuf,
@@ -83,7 +84,8 @@ pub fn take_down(
         } else {
             "unmount"
         };
-        let answer = daemon::control_with_progress(&rec.socket, cmd, None, progress);
+        let mut stalled = Stalled::new(rec.pid, mp);
+        let answer = daemon::control_watching(&rec.socket, cmd, progress, &mut || stalled.check());
         match answer {
             Ok(a) if a == "ok" => {
                 wait_gone(rec.pid);
@@ -98,6 +100,7 @@ pub fn take_down(
                 bail!("{}", &a["failed ".len()..]);
             }
             Ok(a) => bail!("{}", a.strip_prefix("error ").unwrap_or(&a)),
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => bail!("{e}"),
             Err(e) if record::alive(&rec) => {
                 bail!(
                     "cannot reach the daemon (pid {}) of {}: {e}",
@@ -140,6 +143,57 @@ pub fn take_down(
         );
     }
     Ok(true)
+}
+
+/// How long a part of the daemon may stay stopped while `unmount` waits on it.
+const STOPPED_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Watches a mount's daemon while `unmount` waits for its answer: the wait has
+/// no time limit (an outage is waited out), but a daemon whose root part or
+/// worker is stopped (SIGSTOP, a debugger) cannot answer until someone lets it
+/// go on, so after [`STOPPED_GIVE_UP`] of that the wait ends, saying which
+/// process and what to do.
+struct Stalled<'a> {
+    root: u32,
+    mp: &'a Path,
+    since: Option<std::time::Instant>,
+}
+
+impl<'a> Stalled<'a> {
+    fn new(root: u32, mp: &'a Path) -> Stalled<'a> {
+        Stalled {
+            root,
+            mp,
+            since: None,
+        }
+    }
+
+    /// `Err` with what to say once a part of the daemon was stopped for long.
+    fn check(&mut self) -> Result<(), String> {
+        let stopped = |pid: u32| matches!(system::state(pid), Some('T' | 't'));
+        let which = if stopped(self.root) {
+            Some(("its root part", self.root))
+        } else {
+            system::children(self.root)
+                .into_iter()
+                .find(|&w| stopped(w))
+                .map(|w| ("its network-facing part", w))
+        };
+        let Some((part, pid)) = which else {
+            self.since = None;
+            return Ok(());
+        };
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < STOPPED_GIVE_UP {
+            return Ok(());
+        }
+        let mp = self.mp.display();
+        Err(format!(
+            "the daemon of {mp} does not answer: {part} (pid {pid}) has been stopped for {} s (kill -STOP, or a debugger), and the unmount waits on it. Nothing more is done until it runs again: `kill -CONT {pid}` lets it go on, and the unmount then finishes by itself (`blobdrive list` shows when it is gone); or `kill -KILL {}` ends the mount at once, dropping what it had not written, after which `blobdrive unmount {mp}` cleans up",
+            STOPPED_GIVE_UP.as_secs(),
+            self.root
+        ))
+    }
 }
 
 /// Removes what a dead daemon left: its filesystem mount, loop device and FUSE

@@ -100,6 +100,19 @@ pub struct IoSettings {
     pub retry: crate::azure::RetryPolicy,
     /// How long one I/O waits through an outage (`BLOBDRIVE_IO_TIMEOUT_SECS`).
     pub io_timeout: std::time::Duration,
+    /// How long the root part leaves a filesystem frozen for a snapshot before
+    /// it thaws it itself, if the worker has not asked it to
+    /// (`BLOBDRIVE_FREEZE_LIMIT_SECS`): every writer waits while it is frozen.
+    #[serde(default = "default_freeze_limit")]
+    pub freeze_limit: std::time::Duration,
+}
+
+/// See [`IoSettings::freeze_limit`]: as long as `blobdrive snapshot create`
+/// waits for the daemon.
+pub const DEFAULT_FREEZE_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+fn default_freeze_limit() -> std::time::Duration {
+    DEFAULT_FREEZE_LIMIT
 }
 
 impl Default for IoSettings {
@@ -107,6 +120,7 @@ impl Default for IoSettings {
         IoSettings {
             retry: crate::azure::RetryPolicy::default(),
             io_timeout: crate::device::remote::DEFAULT_IO_TIMEOUT,
+            freeze_limit: DEFAULT_FREEZE_LIMIT,
         }
     }
 }

@@ -31,8 +31,8 @@ const MAX_BYTES: u64 = 1 << 20;
 
 /// Records the helper for the mount on top of `target` (the last one there in
 /// /proc/self/mountinfo whose device is the one `target` now shows).
-pub fn add(target: &Path) -> Result<(), String> {
-    let (id, source) = mount_at(target)?;
+pub fn add(target: &Path, devno: &str) -> Result<(), String> {
+    let (id, source) = mount_at(target, devno)?;
     edit(Path::new(UTAB_DIR), |text| {
         with_entry(text, id, &source, target)
     })
@@ -50,12 +50,10 @@ pub fn remove(target: &Path) -> Result<(), String> {
     edit(dir, |text| without_entry(text, target))
 }
 
-/// The mount on top of `target`: its ID and source, from /proc/self/mountinfo.
-fn mount_at(target: &Path) -> Result<(u64, String), String> {
-    let dev = fs::symlink_metadata(target)
-        .map_err(|e| format!("cannot look at {}: {e}", target.display()))?
-        .dev();
-    let devno = format!("{}:{}", libc::major(dev), libc::minor(dev));
+/// The mount on top of `target` whose device is `devno` (`MAJOR:MINOR`, as the
+/// caller knows its own mount: not by a stat of `target`, which would wait on
+/// the worker's FUSE answers): its ID and source, from /proc/self/mountinfo.
+fn mount_at(target: &Path, devno: &str) -> Result<(u64, String), String> {
     let info = fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
     let want = target.to_string_lossy();

@@ -56,9 +56,54 @@ fn only_plain_user_names_are_taken() {
 
 #[test]
 fn the_seccomp_programs_build_for_this_machine() {
-    let programs = seccomp_programs().unwrap();
+    let programs = seccomp_programs(Purpose::Worker).unwrap();
     assert_eq!(programs.len(), 2);
     assert!(programs.iter().all(|p| !p.is_empty()));
+    // A tool's: its own program may start, sockets are refused besides.
+    let programs = seccomp_programs(Purpose::Tool).unwrap();
+    assert_eq!(programs.len(), 4);
+    assert!(programs.iter().all(|p| !p.is_empty()));
+}
+
+/// In a child of a fork: the descriptors of `fds` still open after
+/// `close_descriptors_but(keep)`, as bits of the exit status.
+fn open_after_closing_but(fds: &[libc::c_int], keep: &[libc::c_int]) -> i32 {
+    // SAFETY: the child makes system calls only, then exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let mut bits = 0;
+        if close_descriptors_but(keep).is_ok() {
+            for (i, &fd) in fds.iter().enumerate() {
+                // SAFETY: F_GETFD only looks.
+                if unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0 {
+                    bits |= 1 << i;
+                }
+            }
+        } else {
+            bits = 0x7f;
+        }
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(bits) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    libc::WEXITSTATUS(status)
+}
+
+#[test]
+fn only_the_descriptors_kept_stay_open() {
+    use std::os::fd::AsRawFd;
+    let files: Vec<std::fs::File> = (0..4)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect();
+    let fds: Vec<libc::c_int> = files.iter().map(|f| f.as_raw_fd()).collect();
+    // The second and the fourth kept (given out of order, with stderr).
+    assert_eq!(open_after_closing_but(&fds, &[fds[3], 2, fds[1]]), 0b1010);
+    assert_eq!(open_after_closing_but(&fds, &[]), 0);
+    // In this process, they are all still open.
+    assert_eq!(open_after_closing_but(&fds, &fds), 0b1111);
 }
 
 /// errno of the last failed call, 0 if `rc` says it succeeded.

@@ -8,6 +8,7 @@ pub mod mount;
 pub mod sdk;
 pub mod user;
 pub mod util;
+pub mod worker;
 
 #[allow(unused_imports)]
 pub use azurite::{

@@ -1,8 +1,9 @@
 //! The control socket: how `blobdrive unmount`, `stats`, `snapshot` and `warm`
-//! talk to a running daemon. The daemon side (`serve`: one line in, progress lines and one
-//! answer line out) and the client side (`control`, `control_with_progress`).
-//! Debug builds also answer `probe-walls DIR`, the tests' look at the worker's
-//! walls from inside (see [`probe`]).
+//! talk to a running daemon. The daemon side (`serve`: one line in, progress
+//! lines and one answer line out), and the client side in `control/client.rs`.
+//! Debug builds also answer `probe-walls DIR`, `probe-scope PID NAME` and
+//! `probe-root REQUEST`, the tests' look at the worker's walls from inside and
+//! their way to speak for it to the root part (see [`probe`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -21,12 +22,15 @@ use super::warm::{self, Warmer};
 use super::Mounted;
 use crate::device::cache::Cache;
 use crate::device::stack::Stack;
-use crate::mount::rootpart::Request;
+use crate::mount::rootpart::{Request, RootClient};
 use crate::mount::MountError;
 use crate::size::human as human_bytes;
 
+mod client;
 #[cfg(debug_assertions)]
 mod probe;
+
+pub use client::{control, control_on, control_watching, control_with_progress};
 
 enum Event {
     Control(String, Reply),
@@ -167,6 +171,7 @@ fn start_control_thread(
 ) -> Result<(), MountError> {
     let stats = m.stats.clone();
     let warmer = m.warmer.clone();
+    let root = m.root.clone();
     let discard = Discard {
         requested: m.discard.clone(),
         fuse_gone: m.fuse_gone.clone(),
@@ -177,7 +182,7 @@ fn start_control_thread(
         .name("blobdrive-control".into())
         .spawn(move || {
             for conn in listener.incoming().flatten() {
-                handle_conn(conn, &tx, stats.as_ref(), &discard, warmer.as_ref());
+                handle_conn(conn, &tx, stats.as_ref(), &discard, warmer.as_ref(), &root);
             }
         })
         .map(drop)
@@ -496,6 +501,7 @@ fn handle_conn(
     stats: Option<&StatsValues>,
     discard: &Discard,
     warmer: Option<&Arc<Warmer>>,
+    root: &RootClient,
 ) {
     // Only root may steer a root daemon: the socket is 0600 in a 0700 directory,
     // and the peer is checked too, so a socket made reachable by mistake (a
@@ -542,6 +548,16 @@ fn handle_conn(
         // On a thread of its own: it lasts as long as the warm-up.
         return warm::serve_client(warmer.cloned(), conn, args);
     }
+    #[cfg(debug_assertions)]
+    if let Some(args) = cmd.strip_prefix(probe::SCOPE_CMD) {
+        return Reply(conn).send(&probe::answer_scope(args));
+    }
+    #[cfg(debug_assertions)]
+    if let Some(json) = cmd.strip_prefix(probe::ROOT_CMD) {
+        return Reply(conn).send(&probe::answer_root(root, json));
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = root;
     if cmd == DISCARD_CMD {
         warn!("unmount --discard-dirty: data that cannot be written will be dropped");
         discard.request();
@@ -551,8 +567,6 @@ fn handle_conn(
 
 /// The longest command line the daemon reads (commands are a word or two).
 const CONTROL_LINE_MAX: usize = 4096;
-/// The longest answer line a client reads (the stats JSON is a few KiB).
-const ANSWER_LINE_MAX: u64 = 1 << 20;
 
 /// The uid of the process at the other end of `conn` (`SO_PEERCRED`).
 fn peer_uid(conn: &UnixStream) -> Option<u32> {
@@ -571,59 +585,4 @@ fn peer_uid(conn: &UnixStream) -> Option<u32> {
         )
     };
     (rc == 0).then_some(cred.uid)
-}
-
-/// Sends one command to a running daemon and returns its one-line answer.
-pub fn control(
-    socket: &std::path::Path,
-    cmd: &str,
-    timeout: Option<Duration>,
-) -> std::io::Result<String> {
-    control_with_progress(socket, cmd, timeout, &mut |_| {})
-}
-
-/// Like [`control`], handing every `progress` line that comes before the answer
-/// to `on_progress` (an `unmount` waiting out an outage hears why it waits).
-pub fn control_with_progress(
-    socket: &std::path::Path,
-    cmd: &str,
-    timeout: Option<Duration>,
-    on_progress: &mut dyn FnMut(&str),
-) -> std::io::Result<String> {
-    control_on(UnixStream::connect(socket)?, cmd, timeout, on_progress)
-}
-
-/// Like [`control_with_progress`], on a connection already open (a client that
-/// needs its descriptor: `warm` closes its side on Ctrl-C). `timeout` bounds
-/// each wait for a line.
-pub fn control_on(
-    mut s: UnixStream,
-    cmd: &str,
-    timeout: Option<Duration>,
-    on_progress: &mut dyn FnMut(&str),
-) -> std::io::Result<String> {
-    s.set_read_timeout(timeout)?;
-    writeln!(s, "{cmd}")?;
-    let mut reader = BufReader::new(s);
-    loop {
-        let mut line = String::new();
-        (&mut reader).take(ANSWER_LINE_MAX).read_line(&mut line)?;
-        if !line.is_empty() && !line.ends_with('\n') && line.len() as u64 >= ANSWER_LINE_MAX {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "the daemon's answer is too long",
-            ));
-        }
-        if line.is_empty() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the daemon closed the connection without answering",
-            ));
-        }
-        let line = line.trim_end();
-        match line.strip_prefix("progress ") {
-            Some(p) => on_progress(p),
-            None => return Ok(line.to_string()),
-        }
-    }
 }

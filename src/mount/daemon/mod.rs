@@ -29,7 +29,7 @@ mod stats;
 mod teardown;
 mod warm;
 
-pub use control::{control, control_on, control_with_progress, DISCARD_CMD};
+pub use control::{control, control_on, control_watching, control_with_progress, DISCARD_CMD};
 pub use warm::CMD as WARM_CMD;
 
 use std::path::PathBuf;
@@ -205,6 +205,14 @@ pub fn run(
     ready: &mut dyn FnMut(Result<&Ready, String>),
 ) -> Result<(), MountError> {
     limit_malloc_arenas();
+    // Nothing of the caller's (a shell's redirection, a node plugin's sockets)
+    // reaches either part of the mount: the root part opens what it needs
+    // after this, and hands the worker only its own.
+    if let Err(e) = crate::privsep::close_inherited_descriptors() {
+        let msg = format!("cannot close the descriptors the daemon was started with: {e}");
+        ready(Err(msg.clone()));
+        return Err(MountError::system(msg));
+    }
     let user = req
         .run_as
         .as_deref()
@@ -288,7 +296,7 @@ mod tests {
     /// channel to the root part: `mount::system` (the root part's room) is
     /// named here only for the filesystem steps' value types. (`control/probe.rs`, which tries root operations on
     /// purpose to show them refused, is not part of it.)
-    const WORKER_SOURCES: [(&str, &str); 10] = [
+    const WORKER_SOURCES: [(&str, &str); 11] = [
         ("mod.rs", include_str!("mod.rs")),
         ("control.rs", include_str!("control.rs")),
         ("handles.rs", include_str!("handles.rs")),
@@ -301,6 +309,10 @@ mod tests {
         (
             "../rootpart/channel.rs",
             include_str!("../rootpart/channel.rs"),
+        ),
+        (
+            "../rootpart/client.rs",
+            include_str!("../rootpart/client.rs"),
         ),
     ];
 

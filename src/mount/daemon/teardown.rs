@@ -185,6 +185,11 @@ impl Mounted {
                 Err(e) => warn!("stopping the FUSE session: {e}"),
                 Ok(()) => {}
             }
+        } else if let Err(e) = self.root.umount_fuse(true) {
+            // A setup that failed before FUSE was served: the root part's
+            // FUSE mount goes before the drive is said to be down (the root
+            // part takes that word only once its mounts are gone).
+            warn!("cannot unmount {}: {e}", self.fuse_dir.display());
         }
         self.fuse_gone.store(true, Ordering::SeqCst);
         self.stop_warm_up();

@@ -6,12 +6,10 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::mount::system::filesystem::{MountedFs, Prepared, Small};
 use crate::mount::MountError;
 
 /// The longest line either side reads: far above any request's size (a few
@@ -158,6 +156,10 @@ pub enum Answer {
     Refused(String),
     /// A file's text (the federated token).
     Text(String),
+    /// Still under way, after the longest the root part waits before it
+    /// answers (the kernel waits on the worker's FUSE answers for it): ask
+    /// again to wait on, or for its answer.
+    Pending(String),
 }
 
 /// Why the channel failed.
@@ -224,7 +226,10 @@ fn write_line<T: Serialize>(w: &mut impl Write, value: &T) -> Result<(), Channel
 }
 
 /// Sends `req` on `conn` and reads its answer.
-fn exchange(conn: &mut BufReader<UnixStream>, req: &Request) -> Result<Answer, ChannelError> {
+pub(super) fn exchange(
+    conn: &mut BufReader<UnixStream>,
+    req: &Request,
+) -> Result<Answer, ChannelError> {
     write_line(conn.get_mut(), req)?;
     let line = read_line(conn)?.ok_or(ChannelError::Closed)?;
     serde_json::from_str(&line).map_err(|e| ChannelError::Malformed(e.to_string()))
@@ -258,209 +263,9 @@ pub fn answer_one<O: Ops>(
     Ok(true)
 }
 
-/// The worker's end of the channel: one request at a time, from any thread.
-#[derive(Clone)]
-pub struct RootClient {
-    conn: Arc<Mutex<BufReader<UnixStream>>>,
-}
-
-impl RootClient {
-    pub fn new(stream: UnixStream) -> RootClient {
-        RootClient {
-            conn: Arc::new(Mutex::new(BufReader::new(stream))),
-        }
-    }
-
-    /// Sends `req` and waits for its answer.
-    pub fn call(&self, req: &Request) -> Result<Answer, ChannelError> {
-        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        exchange(&mut conn, req)
-    }
-
-    /// Tells the service manager something, unless another request is under
-    /// way (the root part may wait minutes in an unmount the worker asked
-    /// for): a status line is best effort and must not hold up its sender (an
-    /// unmount's progress lines to its client come from the same thread).
-    pub fn tell_if_free(&self, req: &Request) {
-        let mut conn = match self.conn.try_lock() {
-            Ok(c) => c,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
-        };
-        if let Err(e) = exchange(&mut conn, req) {
-            tracing::debug!("could not tell the root part {req:?}: {e}");
-        }
-    }
-
-    /// Sends `req`; `Ok` when it was done, the root part's reason otherwise.
-    pub fn done(&self, req: &Request) -> Result<(), MountError> {
-        match self.call(req)? {
-            Answer::Done => Ok(()),
-            other => Err(other.into_error()),
-        }
-    }
-
-    /// Tells the service manager something; best effort, as `Notifier` is.
-    pub fn tell(&self, req: &Request) {
-        if let Err(e) = self.done(req) {
-            tracing::debug!("could not tell the root part {req:?}: {e}");
-        }
-    }
-
-    /// Unmounts the FUSE mount (see [`Request::UmountFuse`]).
-    pub fn umount_fuse(&self, lazy: bool) -> Result<(), MountError> {
-        self.done(&Request::UmountFuse { lazy })
-    }
-
-    /// The processes holding `disk` open, as `Mounted::disk_busy` names them.
-    pub fn holders(&self) -> Vec<String> {
-        match self.call(&Request::Holders {}) {
-            Ok(Answer::Lines(l)) => l,
-            _ => Vec::new(),
-        }
-    }
-
-    /// Attaches the loop device over `disk` (see [`Request::AttachLoop`]); its path.
-    pub fn attach_loop(&self) -> Result<String, MountError> {
-        match self.call(&Request::AttachLoop {})? {
-            Answer::Device(dev) => Ok(dev),
-            other => Err(other.into_error()),
-        }
-    }
-
-    /// Whether the loop device is still attached over `disk`; `None` when the
-    /// root part cannot be asked (then nothing is concluded).
-    pub fn loop_attached(&self) -> Option<bool> {
-        match self.call(&Request::LoopAttached {}) {
-            Ok(Answer::Attached(yes)) => Some(yes),
-            _ => None,
-        }
-    }
-
-    /// Makes the loop device take the new size of `disk`; its size now.
-    pub fn loop_capacity(&self) -> Result<u64, MountError> {
-        self.size(&Request::LoopCapacity {})
-    }
-
-    /// The size of `disk` as the kernel sees it.
-    pub fn disk_size(&self) -> Result<u64, MountError> {
-        self.size(&Request::DiskSize {})
-    }
-
-    fn size(&self, req: &Request) -> Result<u64, MountError> {
-        match self.call(req)? {
-            Answer::Size(n) => Ok(n),
-            other => Err(other.into_error()),
-        }
-    }
-
-    /// Detaches the loop device (see [`Request::DetachLoop`]).
-    pub fn detach_loop(&self) -> Result<(), MountError> {
-        self.done(&Request::DetachLoop {})
-    }
-
-    /// The filesystem to mount (see [`Request::PrepareFs`]).
-    pub fn prepare_fs(&self, zeroed: bool) -> Result<Prepared, MountError> {
-        match self.call(&Request::PrepareFs { zeroed })? {
-            Answer::Prepared {
-                fstype,
-                formatted,
-                warnings,
-            } => Ok(Prepared {
-                fstype,
-                formatted,
-                warnings,
-            }),
-            other => Err(other.into_error()),
-        }
-    }
-
-    /// Mounts the filesystem (see [`Request::MountFs`]).
-    pub fn mount_fs(&self, small: Option<Small>) -> Result<MountedFs, MountError> {
-        let small = small.map(|s| (s.bytes, s.disk));
-        match self.call(&Request::MountFs { small })? {
-            Answer::MountedFs {
-                autoclear,
-                notes,
-                warnings,
-            } => Ok(MountedFs {
-                autoclear,
-                notes,
-                warnings,
-            }),
-            other => Err(other.into_error()),
-        }
-    }
-
-    /// Whether any mount has the loop device as its source; `None` when that
-    /// cannot be told.
-    pub fn loop_mounted(&self) -> Option<bool> {
-        self.flag(&Request::LoopMounted {}).ok()
-    }
-
-    /// Unmounts the filesystem (see [`Request::UmountFs`]).
-    pub fn umount_fs(&self, lazy: bool) -> Result<(), MountError> {
-        self.done(&Request::UmountFs { lazy })
-    }
-
-    pub fn freeze(&self) -> Result<(), MountError> {
-        self.done(&Request::Freeze {})
-    }
-
-    pub fn thaw(&self) -> Result<(), MountError> {
-        self.done(&Request::Thaw {})
-    }
-
-    /// Whether the root part may grow a mounted ext4.
-    pub fn can_grow_mounted_ext4(&self) -> bool {
-        self.flag(&Request::CanGrowMountedExt4 {}).unwrap_or(false)
-    }
-
-    /// Grows the mounted filesystem to fill its device; its size now.
-    pub fn grow_fs(&self) -> Result<u64, MountError> {
-        self.size(&Request::GrowFs {})
-    }
-
-    fn flag(&self, req: &Request) -> Result<bool, MountError> {
-        match self.call(req)? {
-            Answer::Flag(yes) => Ok(yes),
-            other => Err(other.into_error()),
-        }
-    }
-
-    /// The federated token file's text, as the root part read it now (see
-    /// [`Request::FederatedToken`]): a workload identity source's reader.
-    pub fn federated_token(&self) -> std::io::Result<String> {
-        match self.call(&Request::FederatedToken {}) {
-            Ok(Answer::Text(text)) => Ok(text),
-            Ok(Answer::Failed(why)) => Err(std::io::Error::other(why)),
-            Ok(other) => Err(std::io::Error::other(other.into_error().to_string())),
-            Err(e) => Err(std::io::Error::other(e.to_string())),
-        }
-    }
-}
-
-impl Answer {
-    fn into_error(self) -> MountError {
-        match self {
-            Answer::Busy(what) => MountError::Busy(what),
-            Answer::Failed(why) => MountError::system(why),
-            Answer::Refused(why) => MountError::system(format!("the root part refused: {why}")),
-            Answer::Done
-            | Answer::Lines(_)
-            | Answer::Device(_)
-            | Answer::Attached(_)
-            | Answer::Size(_)
-            | Answer::Flag(_)
-            | Answer::Prepared { .. }
-            | Answer::MountedFs { .. }
-            | Answer::Text(_) => MountError::system("an answer that does not fit the request"),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::client::RootClient;
     use super::*;
     use std::io::Read;
 
@@ -479,6 +284,11 @@ mod tests {
                 Request::LoopCapacity {} | Request::DiskSize {} => Answer::Size(1 << 20),
                 Request::DetachLoop {} => Answer::Failed("still in use".into()),
                 Request::FederatedToken {} => Answer::Text("eyJ.token.sig\n".into()),
+                // Still under way the first two times it is asked.
+                Request::GrowFs {} if self.asked.iter().filter(|r| **r == req).count() < 2 => {
+                    Answer::Pending("grow_fs".into())
+                }
+                Request::GrowFs {} => Answer::Size(3 << 20),
                 _ => Answer::Done,
             };
             self.asked.push(req);
@@ -535,10 +345,12 @@ mod tests {
             Err(MountError::System { .. })
         ));
         assert_eq!(client.federated_token().unwrap(), "eyJ.token.sig\n");
+        // Pending twice: asked again until it is done.
+        assert_eq!(client.grow_fs().unwrap(), 3 << 20);
         drop(client);
         let (result, asked) = served.join().unwrap();
         result.unwrap();
-        assert_eq!(asked.len(), 10);
+        assert_eq!(asked.len(), 13);
         assert_eq!(
             asked[0],
             Request::Ready {

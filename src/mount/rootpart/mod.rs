@@ -13,18 +13,30 @@
 //!
 //! Where each part lives:
 //! - `channel.rs`: the requests and answers, one JSON line each, every line
-//!   bounded ([`LINE_MAX`]); the worker's [`RootClient`] and the root part's
-//!   [`answer_one`];
+//!   bounded ([`LINE_MAX`]), and the root part's [`answer_one`];
+//! - `client.rs`: the worker's end, [`RootClient`];
 //! - `start.rs`: the root part's work before the fork, and the fork;
 //! - `server.rs`: what the root part does for each request, and what it does
-//!   when the worker stops (or dies).
+//!   when the worker stops (or dies);
+//! - `drive.rs`: the requests about FUSE, the loop device and the filesystem;
+//! - `errand.rs`: the calls that wait on the worker's files, each on a thread
+//!   of its own so that the root part never waits on the worker;
+//! - `watch.rs`: what the root part does whatever it waits for (signals, the
+//!   worker's log, a thaw owed);
+//! - `log.rs`: the worker's log, copied bounded and escaped.
 //!
 //! The worker's code (`mount::daemon`) reaches root operations only through a
 //! [`RootClient`]; `mount::system` is the root part's room.
 
 mod channel;
+mod client;
+mod drive;
+mod errand;
+mod log;
 mod server;
 mod start;
+mod watch;
 
-pub use channel::{answer_one, Answer, ChannelError, Ops, Request, RootClient, LINE_MAX};
+pub use channel::{answer_one, Answer, ChannelError, Ops, Request, LINE_MAX};
+pub use client::RootClient;
 pub use start::{split, Split, WorkerStart};

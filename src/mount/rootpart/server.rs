@@ -7,14 +7,18 @@ use std::io::BufReader;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
 use super::channel::{answer_one, Answer, Ops, Request};
+use super::errand::Errand;
+use super::log::WorkerLog;
+use super::watch::Watch;
 use crate::azure::auth::entra::workload_identity::read_token_file;
 use crate::mount::notify::Notifier;
 use crate::mount::record::{self, MountRecord};
-use crate::mount::system::filesystem::{self, Prepared, Small};
+use crate::mount::system::filesystem::Prepared;
 use crate::mount::system::{self, LoopDevice};
 use crate::mount::{utab, Mode, MountError, MountRequest, Ready};
 
@@ -32,21 +36,37 @@ pub(super) struct RootPart {
     pub fuse_mounted: bool,
     /// libmount's entry for the mountpoint was added.
     pub utab: bool,
+    /// The FUSE mount's device (`0:N` in /proc/self/mountinfo), as the kernel
+    /// named it right after mounting: how the root part tells its own FUSE
+    /// mount is still there.
+    pub fuse_id: Option<String>,
     /// The loop device this root part attached over `disk` (block mode), with
     /// its backing file as sysfs named it then: while sysfs still says so, the
     /// device is this mount's.
-    loop_dev: Option<(LoopDevice, Option<PathBuf>)>,
+    pub(super) loop_dev: Option<(LoopDevice, Option<PathBuf>)>,
     /// The FUSE directory was made by this root part (fs mode: in the run
     /// directory), to be removed at the end.
     pub made_dir: bool,
     /// The filesystem on the loop device as `PrepareFs` found (or made) it.
-    fs: Option<Prepared>,
+    pub(super) fs: Option<Prepared>,
     /// That filesystem is mounted at the mount's directory by this root part.
-    fs_mounted: bool,
+    pub(super) fs_mounted: bool,
     /// The filesystem frozen for a snapshot (the descriptor it is thawed on).
-    frozen: Option<std::fs::File>,
+    pub(super) frozen: Option<std::fs::File>,
+    /// When a filesystem frozen and not thawed is thawed by the root part.
+    pub(super) thaw_by: Option<Instant>,
     /// The mount table, read again only when it changed.
-    mount_table: MountTable,
+    pub(super) mount_table: MountTable,
+    /// The worker, the root part's signals and the worker's log, once served.
+    pub(super) watch: Option<Watch>,
+    /// The call under way on a thread of its own (see `errand.rs`).
+    pub(super) errand: Option<Errand>,
+    /// The answer of an errand that ended after its request was answered
+    /// `Pending`, for the worker's asking again.
+    pub(super) kept: Option<(Request, Answer)>,
+    /// The worker asked for the log to be removed (after a clean unmount):
+    /// done as the root part ends, when nothing writes to it any more.
+    remove_log: bool,
     pub notifier: Option<Notifier>,
     /// The worker's word on the mount, for `blobdrive mount`, not yet passed on.
     said: Option<Result<Ready, String>>,
@@ -68,12 +88,18 @@ impl RootPart {
             record_claimed: false,
             fuse_mounted: false,
             utab: false,
+            fuse_id: None,
             loop_dev: None,
             made_dir: false,
             fs: None,
             fs_mounted: false,
             frozen: None,
+            thaw_by: None,
             mount_table: MountTable::default(),
+            watch: None,
+            errand: None,
+            kept: None,
+            remove_log: false,
             notifier: Notifier::from_env(),
             said: None,
             has_said: false,
@@ -121,25 +147,19 @@ impl RootPart {
         }
     }
 
-    /// Attaches a loop device over `disk` as `setup::attach_loop` does for a
-    /// daemon of one process (read-ahead, direct I/O, a writeback limit when
-    /// writable), and names it in the record.
-    fn attach_loop(&mut self) -> Result<LoopDevice, MountError> {
-        if self.loop_dev.is_some() {
-            return Err(MountError::system("a loop device is attached already"));
-        }
-        let dev = LoopDevice::attach_for_network(&self.fuse_dir.join("disk"), self.req.read_only)?;
+    /// Takes on `dev`, attached over `disk` (see `drive.rs`), and names it in
+    /// the record.
+    pub(super) fn adopt_loop(&mut self, dev: &LoopDevice) {
         self.loop_dev = Some((dev.clone(), dev.backing_file()));
         self.rec.device = Some(dev.path().to_string());
         if let Err(e) = record::save(&self.rec) {
             warn!("could not name {dev} in the mount's record: {e}");
         }
-        Ok(dev)
     }
 
     /// The loop device, while it is still attached over `disk`; one that let go
     /// (autoclear) is forgotten, its writeback settings put back.
-    fn attached_loop(&mut self) -> Option<&LoopDevice> {
+    pub(super) fn attached_loop(&mut self) -> Option<&LoopDevice> {
         let (dev, backing) = self.loop_dev.as_ref()?;
         if backing.is_some() && dev.backing_file() != *backing {
             info!("{dev} let go of the drive by itself");
@@ -173,7 +193,9 @@ impl RootPart {
     }
 
     /// Answers the worker on `conn` until it is gone, then takes down what is
-    /// left. `ready` hears the mount's outcome exactly once.
+    /// left. `ready` hears the mount's outcome exactly once. The loop never
+    /// waits on the worker's files (see `errand.rs`), so SIGTERM is passed on
+    /// and the log copied whatever the worker does.
     pub fn serve(
         mut self,
         worker: libc::pid_t,
@@ -182,49 +204,35 @@ impl RootPart {
         log: OwnedFd,
         ready: &mut dyn FnMut(Result<&Ready, String>),
     ) -> Result<(), MountError> {
+        // A request must arrive whole, and its answer be taken, within
+        // LINE_TIME: half a line must not hold the root part.
+        let _ = conn.set_read_timeout(Some(LINE_TIME));
+        let _ = conn.set_write_timeout(Some(LINE_TIME));
         let mut conn = Some(BufReader::new(conn));
-        let mut log = Some(log);
         let log_path = record::paths(&self.record_id).2;
-        let mut since_rotation = std::time::Instant::now();
+        self.watch = Some(Watch {
+            worker,
+            signals,
+            log: WorkerLog::new(log, log_path),
+        });
         let status = loop {
             if let Some(status) = reap(worker, false) {
                 break status;
             }
-            let mut fds = [
-                libc::pollfd {
-                    fd: conn.as_ref().map_or(-1, |c| c.get_ref().as_raw_fd()),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: signals.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: log.as_ref().map_or(-1, |l| l.as_raw_fd()),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: three valid pollfd entries (a negative fd is skipped).
-            // SIGCHLD wakes it when the worker ends; the timeout is only for
-            // the log's rotation check.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, LOG_ROTATION_CHECK_MS) };
-            if n < 0 {
-                continue;
+            let conn_fd = conn.as_ref().map(|c| c.get_ref().as_raw_fd());
+            let errand_fd = self.errand.as_ref().map(|e| e.fd());
+            let wait = self.next_duty_in();
+            let readable = self.wait_watching(&[conn_fd, errand_fd], wait);
+            if readable[1] {
+                self.errand_done_meanwhile();
             }
-            if fds[2].revents != 0 && !copy_log(log.as_ref()) {
-                log = None;
-            }
-            if since_rotation.elapsed() >= LOG_ROTATION_CHECK {
-                since_rotation = std::time::Instant::now();
-                rotate_log(&log_path);
-            }
-            if fds[0].revents != 0 {
+            self.thaw_if_overdue();
+            if readable[0] {
                 if let Some(c) = conn.as_mut() {
                     match answer_one(c, &mut self) {
                         Ok(true) => {}
+                        // The worker closed its end: it is exiting (or was
+                        // killed); SIGCHLD says when it is gone.
                         Ok(false) => conn = None,
                         Err(e) => {
                             error!("{e}: stopping the worker (pid {worker})");
@@ -236,22 +244,11 @@ impl RootPart {
                 }
                 self.pass_on_word(ready);
             }
-            if fds[1].revents != 0 {
-                for sig in read_signals(&signals) {
-                    if sig == libc::SIGTERM as u32 || sig == libc::SIGINT as u32 {
-                        info!("signal {sig} received: passing it on to the worker (pid {worker})");
-                        // SAFETY: kill with integer arguments.
-                        unsafe { libc::kill(worker, libc::SIGTERM) };
-                    }
-                }
-            }
-            if conn.is_none() {
-                // The worker closed its end: it is exiting (or was killed).
-                break reap(worker, true).unwrap_or(-1);
-            }
         };
-        // What the worker logged last (its pipe is closed now that it is gone).
-        while copy_log(log.as_ref()) {}
+        if let Some(w) = self.watch.as_mut() {
+            // What the worker logged last.
+            w.log.drain();
+        }
         self.after_worker(worker, status, ready)
     }
 
@@ -279,6 +276,9 @@ impl RootPart {
     ) -> Result<(), MountError> {
         let how = describe(status);
         let clean = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        // A call still under way ends now that the worker's FUSE connection is
+        // gone; what it did is taken into account before the rest is undone.
+        self.settle_errand();
         if !self.has_said {
             self.has_said = true;
             let msg = format!(
@@ -289,8 +289,9 @@ impl RootPart {
             self.undo(None);
             return Err(MountError::system(msg));
         }
-        let lost = if self.record_claimed {
-            // It never said the drive was down: whatever it held is gone.
+        let lost = if self.record_claimed && self.failed.is_none() {
+            // It never said the drive was down: whatever it held is gone. (A
+            // mount that failed never served: nothing was lost.)
             let msg = format!(
                 "the network-facing part of the mount (pid {worker}) {how} while the drive was mounted: what was written to it but not yet on the blob is lost, and its lease may still be held (`blobdrive lease break` frees it)"
             );
@@ -317,13 +318,22 @@ impl RootPart {
                 "the network-facing part of the mount (pid {worker}) {how}"
             )));
         }
+        if self.remove_log {
+            // Nothing writes to it after this: the root part ends.
+            record::remove_log(&self.record_id);
+        }
         Ok(())
     }
 }
 
 impl Ops for RootPart {
     fn carry_out(&mut self, req: Request) -> Answer {
-        match plain_words(req) {
+        let req = plain_words(req);
+        // Asked again after `Pending`: the errand's answer, or more waiting.
+        if let Some(answer) = self.resumed(&req) {
+            return answer;
+        }
+        match req {
             Request::Ready {
                 status,
                 warnings,
@@ -352,60 +362,75 @@ impl Ops for RootPart {
                 }
                 Answer::Done
             }
-            Request::UmountFuse { lazy } => {
-                if !self.fuse_mounted {
-                    return Answer::Done;
-                }
-                match system::umount(&self.fuse_dir, lazy) {
-                    Ok(()) => {
-                        self.fuse_mounted = false;
-                        Answer::Done
-                    }
-                    Err(MountError::Busy(what)) => Answer::Busy(what),
-                    Err(e) => Answer::Failed(e.to_string()),
-                }
-            }
             Request::Holders {} => {
                 if !self.fuse_mounted {
                     return Answer::Lines(Vec::new());
                 }
                 Answer::Lines(system::holders(&self.fuse_dir.join("disk")))
             }
-            Request::Finished { losses } => {
-                self.forget_utab();
-                if self.record_claimed {
-                    if !losses.is_empty() {
-                        if let Err(e) = record::write_outcome(&self.record_id, &losses.join("; ")) {
-                            warn!("could not leave a note of what was lost for `blobdrive unmount`: {e}");
-                        }
-                    }
-                    record::remove(&self.record_id);
-                    self.record_claimed = false;
+            Request::Finished { losses } => self.finished(losses),
+            Request::RemoveLog {} => match self.still_mounted() {
+                Some(what) => {
+                    Answer::Refused(format!("the mount's log stays while {what} is mounted"))
                 }
-                self.losses = losses;
-                Answer::Done
-            }
-            Request::RemoveLog {} => {
-                record::remove_log(&self.record_id);
-                Answer::Done
-            }
-            loop_req @ (Request::AttachLoop {}
-            | Request::LoopAttached {}
-            | Request::LoopCapacity {}
-            | Request::DiskSize {}
-            | Request::DetachLoop {}) => self.carry_out_for_loop(loop_req),
-            fs_req @ (Request::PrepareFs { .. }
-            | Request::MountFs { .. }
-            | Request::LoopMounted {}
-            | Request::UmountFs { .. }
-            | Request::Freeze {}
-            | Request::Thaw {}
-            | Request::CanGrowMountedExt4 {}
-            | Request::GrowFs {}) => self.carry_out_for_fs(fs_req),
+                None => {
+                    self.remove_log = true;
+                    Answer::Done
+                }
+            },
             Request::FederatedToken {} => {
                 federated_token(std::env::var_os(FEDERATED_TOKEN_FILE_ENV).as_deref())
             }
+            drive_req => self.carry_out_on_drive(drive_req),
         }
+    }
+}
+
+impl RootPart {
+    /// The worker's `Finished`: the drive is down, so the record (with
+    /// `losses` left for `blobdrive unmount`) and libmount's entry go. The
+    /// kernel, not the worker, says whether it is: while the root part's own
+    /// FUSE mount or the filesystem on its loop device is still mounted, the
+    /// request is refused and the record stays, so a worker cannot make a
+    /// mount vanish from `blobdrive list` and `unmount`.
+    fn finished(&mut self, losses: Vec<String>) -> Answer {
+        if let Some(what) = self.still_mounted() {
+            warn!(
+                "the worker said the drive is down, but {what} is still mounted: the record stays"
+            );
+            return Answer::Refused(format!("the drive is not down: {what} is still mounted"));
+        }
+        self.forget_utab();
+        if self.record_claimed {
+            if !losses.is_empty() {
+                if let Err(e) = record::write_outcome(&self.record_id, &losses.join("; ")) {
+                    warn!("could not leave a note of what was lost for `blobdrive unmount`: {e}");
+                }
+            }
+            record::remove(&self.record_id);
+            self.record_claimed = false;
+        }
+        self.losses = losses;
+        Answer::Done
+    }
+
+    /// What of this mount the kernel still has mounted, in words: the root
+    /// part's FUSE mount (known by its device and its place), the filesystem
+    /// on its loop device (while the device is still this mount's). `None` when neither is. An unreadable mount table counts as
+    /// mounted.
+    pub(super) fn still_mounted(&mut self) -> Option<String> {
+        let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+            return Some("(the mount table cannot be read, so maybe) the drive".into());
+        };
+        let fuse = match &self.fuse_id {
+            Some(id) => system::mounted_with_id(&table, id, "fuse.blobdrive", &self.fuse_dir),
+            None => self.fuse_mounted,
+        };
+        if fuse {
+            return Some(format!("FUSE at {}", self.fuse_dir.display()));
+        }
+        let dev = self.attached_loop().cloned()?;
+        (dev.is_mounted_per(&table) != Some(false)).then(|| format!("the filesystem on {dev}"))
     }
 }
 
@@ -434,7 +459,16 @@ impl RootPart {
                 warn!("could not say how the mount signed in in its record: {e}");
             }
         }
-        match utab::add(&self.req.mountpoint) {
+        // The mount at the mountpoint is the root part's own, known by its
+        // device: a stat of the mountpoint would wait on the worker's FUSE.
+        let devno = match self.req.mode {
+            Mode::Fs => self.loop_dev.as_ref().and_then(|(d, _)| d.devno()),
+            Mode::Block | Mode::Raw => self.fuse_id.clone(),
+        };
+        let added = devno
+            .ok_or_else(|| "its device is not known".to_string())
+            .and_then(|d| utab::add(&self.req.mountpoint, &d));
+        match added {
             Ok(()) => self.utab = true,
             Err(e) => warn!(
                 "a plain umount of {} will not wait for the lease to be released: {e}",
@@ -458,180 +492,6 @@ impl RootPart {
             n.ready(&status);
         }
         Answer::Done
-    }
-}
-
-impl RootPart {
-    /// The requests about the loop device over `disk` (block mode) and the
-    /// size of `disk`.
-    fn carry_out_for_loop(&mut self, req: Request) -> Answer {
-        match req {
-            Request::AttachLoop {} => {
-                if !self.fuse_mounted {
-                    return Answer::Failed("the FUSE mount is gone".into());
-                }
-                match self.attach_loop() {
-                    Ok(dev) => Answer::Device(dev.path().to_string()),
-                    Err(e) => Answer::Failed(e.to_string()),
-                }
-            }
-            Request::LoopAttached {} => Answer::Attached(self.attached_loop().is_some()),
-            Request::LoopCapacity {} => match self.attached_loop() {
-                Some(dev) => match dev.take_new_capacity() {
-                    Ok(n) => Answer::Size(n),
-                    Err(e) => Answer::Failed(e.to_string()),
-                },
-                None => Answer::Failed("no loop device is attached".into()),
-            },
-            Request::DiskSize {} => {
-                if !self.fuse_mounted {
-                    return Answer::Failed("the FUSE mount is gone".into());
-                }
-                let disk = self.fuse_dir.join("disk");
-                match std::fs::metadata(&disk) {
-                    Ok(m) => Answer::Size(m.len()),
-                    Err(e) => Answer::Failed(format!("cannot stat {}: {e}", disk.display())),
-                }
-            }
-            Request::DetachLoop {} => match self.detach_loop() {
-                Ok(()) => Answer::Done,
-                Err(MountError::Busy(what)) => Answer::Busy(what),
-                Err(e) => Answer::Failed(e.to_string()),
-            },
-            other => Answer::Refused(format!("not a loop device request: {other:?}")),
-        }
-    }
-}
-
-impl RootPart {
-    /// The requests about the filesystem on the loop device (fs mode).
-    fn carry_out_for_fs(&mut self, req: Request) -> Answer {
-        if self.req.mode != Mode::Fs {
-            return Answer::Refused(format!("not a request of --mode {}", self.req.mode));
-        }
-        if let Request::CanGrowMountedExt4 {} = req {
-            return Answer::Flag(system::has_capability(system::CAP_SYS_RESOURCE));
-        }
-        let Some(dev) = self.attached_loop().cloned() else {
-            return Answer::Failed("no loop device is attached".into());
-        };
-        let failed = |e: MountError| match e {
-            MountError::Busy(what) => Answer::Busy(what),
-            e => Answer::Failed(e.to_string()),
-        };
-        match req {
-            Request::PrepareFs { zeroed } => {
-                if self.fs_mounted {
-                    return Answer::Refused("the filesystem is mounted already".into());
-                }
-                match filesystem::prepare(&dev, &self.req, zeroed) {
-                    Ok(p) => {
-                        self.fs = Some(p.clone());
-                        Answer::Prepared {
-                            fstype: p.fstype,
-                            formatted: p.formatted,
-                            warnings: p.warnings,
-                        }
-                    }
-                    Err(e) => failed(e),
-                }
-            }
-            Request::MountFs { small } => {
-                let Some(fstype) = self.fs.as_ref().map(|f| f.fstype.clone()) else {
-                    return Answer::Refused("no filesystem was prepared".into());
-                };
-                if self.fs_mounted {
-                    return Answer::Refused("the filesystem is mounted already".into());
-                }
-                let small = small.map(|(bytes, disk)| Small { bytes, disk });
-                match filesystem::mount(&dev, &fstype, &self.req, small) {
-                    Ok(done) => {
-                        self.fs_mounted = true;
-                        Answer::MountedFs {
-                            autoclear: done.autoclear,
-                            notes: done.notes,
-                            warnings: done.warnings,
-                        }
-                    }
-                    Err(e) => failed(e),
-                }
-            }
-            Request::LoopMounted {} => match self.mount_table.loop_mounted(&dev) {
-                Some(yes) => Answer::Flag(yes),
-                None => Answer::Failed(format!("cannot tell whether {dev} is mounted")),
-            },
-            Request::UmountFs { lazy } => {
-                if !self.fs_mounted {
-                    return Answer::Done;
-                }
-                match system::umount(&self.req.mountpoint, lazy) {
-                    Ok(()) => {
-                        self.fs_mounted = false;
-                        Answer::Done
-                    }
-                    Err(e) => failed(e),
-                }
-            }
-            Request::Freeze {} => {
-                if !self.fs_mounted || self.frozen.is_some() {
-                    return Answer::Refused("not a mounted filesystem that is not frozen".into());
-                }
-                match system::freeze(&self.req.mountpoint, &dev) {
-                    Ok(f) => {
-                        self.frozen = Some(f);
-                        Answer::Done
-                    }
-                    Err(e) => failed(e),
-                }
-            }
-            Request::Thaw {} => match self.frozen.take() {
-                Some(f) => match system::thaw(&f) {
-                    Ok(()) => Answer::Done,
-                    Err(e) => failed(e),
-                },
-                None => Answer::Done,
-            },
-            Request::GrowFs {} => {
-                let Some(fstype) = self.fs.as_ref().map(|f| f.fstype.clone()) else {
-                    return Answer::Failed("no filesystem is mounted".into());
-                };
-                if !self.fs_mounted {
-                    return Answer::Failed("no filesystem is mounted".into());
-                }
-                match system::grow_fs(&dev, &fstype, &self.req.mountpoint) {
-                    Ok(()) => Answer::Size(system::fs_size(&self.req.mountpoint).unwrap_or(0)),
-                    Err(e) => failed(e),
-                }
-            }
-            other => Answer::Refused(format!("not a filesystem request: {other:?}")),
-        }
-    }
-
-    /// Thaws the filesystem a snapshot froze (the worker died before it asked).
-    fn thaw_if_frozen(&mut self) {
-        if let Some(f) = self.frozen.take() {
-            match system::thaw(&f) {
-                Ok(()) => info!("thawed {}", self.req.mountpoint.display()),
-                Err(e) => error!("could not thaw {}: {e}", self.req.mountpoint.display()),
-            }
-        }
-    }
-
-    /// Unmounts the filesystem after its worker died: lazily when busy (its
-    /// files are gone with the drive either way).
-    fn take_fs_down(&mut self) {
-        let mp = self.req.mountpoint.clone();
-        if let Err(e) = system::umount(&mp, false) {
-            warn!(
-                "{} is busy ({e}): detaching it lazily; its files are gone with the drive",
-                mp.display()
-            );
-            if let Err(e) = system::umount(&mp, true) {
-                error!("cannot detach {}: {e}", mp.display());
-                return;
-            }
-        }
-        self.fs_mounted = false;
     }
 }
 
@@ -666,16 +526,16 @@ fn plain_words(req: Request) -> Request {
     }
 }
 
-/// How often the root part checks whether the mount's log outgrew its bound.
-const LOG_ROTATION_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
-const LOG_ROTATION_CHECK_MS: libc::c_int = 60_000;
+/// How long one line of the channel may take to arrive whole (once its first
+/// byte did) or to be taken.
+const LINE_TIME: Duration = Duration::from_secs(5);
 
 /// Whether the loop device is mounted, which an fs-mode worker asks every
 /// second (a plain `umount` has begun once it is not): the mount table is read
 /// again only when the kernel says it changed (`/proc/self/mountinfo` polls
 /// with `POLLPRI` after a mount or unmount), so an idle mount costs no parse.
 #[derive(Default)]
-struct MountTable {
+pub(super) struct MountTable {
     /// Held open: its poll state tells of changes since the last poll.
     file: Option<std::fs::File>,
     /// The answer as of the last read, per loop device path.
@@ -683,7 +543,7 @@ struct MountTable {
 }
 
 impl MountTable {
-    fn loop_mounted(&mut self, dev: &LoopDevice) -> Option<bool> {
+    pub(super) fn loop_mounted(&mut self, dev: &LoopDevice) -> Option<bool> {
         let changed = match &self.file {
             Some(f) => {
                 let mut p = libc::pollfd {
@@ -709,36 +569,6 @@ impl MountTable {
         let yes = dev.is_mounted_per(&text)?;
         self.last = Some((dev.path().to_string(), yes));
         Some(yes)
-    }
-}
-
-/// Copies what the worker wrote to its stderr (one read, at most 64 KiB) to
-/// the root part's, the mount's log; `false` once the worker's end is closed
-/// (or there is no pipe). Copied as bytes, never parsed.
-fn copy_log(log: Option<&OwnedFd>) -> bool {
-    let Some(log) = log else {
-        return false;
-    };
-    let mut buf = [0u8; 64 * 1024];
-    // SAFETY: reads at most `buf.len()` bytes into `buf`.
-    let n = unsafe { libc::read(log.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n <= 0 {
-        return n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR);
-    }
-    use std::io::Write;
-    let _ = std::io::stderr().write_all(&buf[..n as usize]);
-    true
-}
-
-/// Moves the mount's log aside once it outgrew [`record::LOG_MAX_BYTES`] (see
-/// `record::rotate_log`): the root part's stderr is the log, and the worker's
-/// reaches it through the root part.
-fn rotate_log(log: &std::path::Path) {
-    match record::rotate_log(log, record::LOG_MAX_BYTES, 2) {
-        Ok(true) => info!("log rotated: the older part is in {}.1", log.display()),
-        Ok(false) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => warn!("cannot rotate the log {}: {e}", log.display()),
     }
 }
 
@@ -800,7 +630,7 @@ pub(super) fn signal_fd(set: &libc::sigset_t) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn read_signals(fd: &OwnedFd) -> Vec<u32> {
+pub(super) fn read_signals(fd: &OwnedFd) -> Vec<u32> {
     let mut out = Vec::new();
     loop {
         // SAFETY: signalfd_siginfo is plain old data.

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 
 use tracing::{error, info};
 
-use super::channel::{Request, RootClient};
+use super::channel::Request;
+use super::client::RootClient;
 use super::server::{signal_fd, RootPart};
 use crate::azure::Account;
 use crate::blobref::BlobRef;
@@ -30,6 +31,9 @@ pub struct WorkerStart {
     /// The drive's directory in the `--disk-cache` directory, the worker's.
     pub disk_cache: Option<std::fs::File>,
 }
+
+/// The type of the FUSE mount (`system::mount_fuse`), as the mount table names it.
+const FUSE_TYPE: &str = "fuse.blobdrive";
 
 /// Which side of the fork this is.
 pub enum Split {
@@ -168,8 +172,8 @@ fn ends() -> Result<Ends, MountError> {
         .map_err(|e| MountError::with_source("cannot make the worker's channel", e))?;
     // The worker's log goes through the root part, which alone may rotate the
     // mount's log file (it holds the run directory).
-    let (root_log, worker_log) =
-        log_pipe().map_err(|e| MountError::with_source("cannot make the worker's log pipe", e))?;
+    let (root_log, worker_log) = super::errand::pipe()
+        .map_err(|e| MountError::with_source("cannot make the worker's log pipe", e))?;
     // SAFETY: sigset_t is plain old data, filled in by sigemptyset/sigaddset.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     let mut old_mask: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -224,7 +228,6 @@ fn in_the_child(
     drop((null, worker_log));
     // SAFETY: restores the mask the process had before the fork.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut()) };
-    let client = RootClient::new(worker_channel);
     let Opened {
         metrics,
         fuse,
@@ -232,7 +235,21 @@ fn in_the_child(
         disk_cache,
         walls,
     } = opened;
-    if let Err(why) = become_worker(walls, root_pid) {
+    // What the worker is handed; every other descriptor of the root part's
+    // closes once the walls are up (the Landlock ruleset's with them).
+    let mut kept = vec![
+        worker_channel.as_raw_fd(),
+        fuse.as_raw_fd(),
+        control.as_raw_fd(),
+    ];
+    kept.extend(metrics.as_ref().map(|m| m.as_raw_fd()));
+    kept.extend(disk_cache.as_ref().map(|d| d.as_raw_fd()));
+    let client = RootClient::new(worker_channel);
+    let walled = become_worker(walls, root_pid).and_then(|()| {
+        crate::privsep::close_descriptors_but(&kept)
+            .map_err(|e| format!("cannot close the root part's descriptors: {e}"))
+    });
+    if let Err(why) = walled {
         let message = format!("cannot wall the network-facing part of the mount: {why}");
         error!("{message}");
         client.tell(&Request::Failed { message });
@@ -279,6 +296,7 @@ fn prepare(
     let fuse = system::mount_fuse(&at, &format!("blobdrive:{blob_ref}"), req.read_only)
         .map_err(|e| MountError::system(format!("{e} at {}", root.fuse_dir.display())))?;
     root.fuse_mounted = true;
+    root.fuse_id = system::mount_id_at(&root.fuse_dir, FUSE_TYPE);
     let control = record::listen(rec)?;
     // The CA certificates the worker will trust, and a service principal's
     // certificate it will sign in with, read while root may.
@@ -356,18 +374,6 @@ fn become_worker(walls: Walls, root_pid: libc::pid_t) -> Result<(), String> {
         return Err("the root part is gone".into());
     }
     Ok(())
-}
-
-/// A pipe (read end, write end), both ends closed on exec.
-fn log_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    use std::os::fd::FromRawFd;
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two descriptors into `fds`.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: two fresh descriptors owned by nothing else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// How many threads the process runs (`/proc/self/task`).

@@ -2,27 +2,105 @@
 //! through a checked directory, growing it in place, and freezing it for a
 //! consistent snapshot.
 
+use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use super::{run, tool_command, LoopDevice};
+use super::{confined, run_on, LoopDevice};
 use crate::mount::MountError;
 
 /// Grows the filesystem of `dev`, mounted at `mountpoint`, to fill the device, in
-/// place and while in use: `resize2fs` for ext4, `xfs_growfs` for xfs. Only if
-/// `mountpoint` (not followed if a symlink) is still the root of `dev`'s
-/// filesystem.
+/// place and while in use. The kernel does it, asked as resize2fs and
+/// xfs_growfs ask it (`EXT4_IOC_RESIZE_FS`, `XFS_IOC_FSGROWFSDATA` with the
+/// size in the filesystem's blocks), so no tool running as root reads the
+/// drive's bytes first. Only if `mountpoint` (not followed if a symlink) is
+/// still the root of `dev`'s filesystem.
 pub fn grow_fs(dev: &LoopDevice, fstype: &str, mountpoint: &Path) -> Result<(), MountError> {
-    drop(open_root_of(mountpoint, dev, "growing")?);
-    let mp = mountpoint
-        .to_str()
-        .ok_or_else(|| MountError::system("mountpoint is not UTF-8"))?;
+    let root = open_root_of(mountpoint, dev, "growing")?;
+    let bytes = dev.size()?;
+    let failed = |e: std::io::Error| {
+        MountError::with_source(format!("cannot grow the {fstype} filesystem of {dev}"), e)
+    };
+    let last_os = || Err(failed(std::io::Error::last_os_error()));
     match fstype {
-        "ext4" => run("resize2fs", &[dev.path()]).map(|_| ()),
-        "xfs" => run("xfs_growfs", &["-d", mp]).map(|_| ()),
+        "ext4" => {
+            // SAFETY: fstatvfs writes only into the zeroed struct it is given.
+            let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+            if unsafe { libc::fstatvfs(root.as_raw_fd(), &mut st) } != 0 || st.f_bsize == 0 {
+                return last_os();
+            }
+            let blocks: u64 = bytes / st.f_bsize;
+            // SAFETY: the ioctl reads one u64, the new size in blocks.
+            if unsafe { libc::ioctl(root.as_raw_fd(), EXT4_IOC_RESIZE_FS, &blocks) } != 0 {
+                return last_os();
+            }
+            Ok(())
+        }
+        "xfs" => {
+            // SAFETY: an all-zero geometry is a valid value of this plain C struct.
+            let mut geo: XfsGeometryV1 = unsafe { std::mem::zeroed() };
+            // SAFETY: the ioctl writes one xfs_fsop_geom_v1 into `geo`.
+            if unsafe { libc::ioctl(root.as_raw_fd(), XFS_IOC_FSGEOMETRY_V1, &mut geo) } != 0
+                || geo.blocksize == 0
+            {
+                return last_os();
+            }
+            let newblocks = bytes / u64::from(geo.blocksize);
+            if newblocks <= geo.datablocks {
+                return Ok(());
+            }
+            let grow = XfsGrowfsData {
+                newblocks,
+                imaxpct: geo.imaxpct,
+            };
+            // SAFETY: the ioctl reads one xfs_growfs_data.
+            if unsafe { libc::ioctl(root.as_raw_fd(), XFS_IOC_FSGROWFSDATA, &grow) } != 0 {
+                return last_os();
+            }
+            Ok(())
+        }
         other => Err(MountError::system(format!(
             "a {other} filesystem is not grown by blobdrive"
         ))),
     }
+}
+
+/// `_IOW('f', 16, __u64)` of linux/ext4.h.
+const EXT4_IOC_RESIZE_FS: libc::c_ulong = 0x4008_6610;
+/// `_IOR('X', 100, struct xfs_fsop_geom_v1)` and `_IOW('X', 110, struct
+/// xfs_growfs_data)` of xfs_fs.h.
+const XFS_IOC_FSGEOMETRY_V1: libc::c_ulong = 0x8070_5864;
+const XFS_IOC_FSGROWFSDATA: libc::c_ulong = 0x4010_586e;
+
+/// `struct xfs_fsop_geom_v1` of xfs_fs.h (112 bytes).
+#[repr(C)]
+struct XfsGeometryV1 {
+    blocksize: u32,
+    rtextsize: u32,
+    agblocks: u32,
+    agcount: u32,
+    logblocks: u32,
+    sectsize: u32,
+    inodesize: u32,
+    imaxpct: u32,
+    datablocks: u64,
+    rtblocks: u64,
+    rtextents: u64,
+    logstart: u64,
+    uuid: [u8; 16],
+    sunit: u32,
+    swidth: u32,
+    version: i32,
+    flags: u32,
+    logsectsize: u32,
+    rtsectsize: u32,
+    dirblocksize: u32,
+}
+
+/// `struct xfs_growfs_data` of xfs_fs.h (16 bytes).
+#[repr(C)]
+struct XfsGrowfsData {
+    newblocks: u64,
+    imaxpct: u32,
 }
 
 /// Grows the ext4 filesystem on `dev`, not mounted, to fill the device:
@@ -31,10 +109,7 @@ pub fn grow_fs(dev: &LoopDevice, fstype: &str, mountpoint: &Path) -> Result<(), 
 /// replay included), then `resize2fs`. Unlike growing it mounted, this needs no
 /// `CAP_SYS_RESOURCE`.
 pub fn grow_ext4_unmounted(dev: &LoopDevice) -> Result<(), MountError> {
-    let out = tool_command("e2fsck")
-        .args(["-f", "-p", dev.path()])
-        .output()
-        .map_err(|e| MountError::with_source("cannot run e2fsck", e))?;
+    let out = confined::output_on(dev, "e2fsck", &["-f", "-p", dev.path()])?;
     // 0: clean; 1: errors corrected.
     if !matches!(out.status.code(), Some(0 | 1)) {
         let said = String::from_utf8_lossy(&out.stdout).to_string()
@@ -44,11 +119,12 @@ pub fn grow_ext4_unmounted(dev: &LoopDevice) -> Result<(), MountError> {
             .map(str::trim)
             .rfind(|l| !l.is_empty())
             .unwrap_or("no message");
+        let line = crate::azure::text::escape_controls(line);
         return Err(MountError::system(format!(
             "e2fsck -f -p {dev} found what it repairs only when asked ({line}), so the filesystem was not grown"
         )));
     }
-    run("resize2fs", &[dev.path()]).map(|_| ())
+    run_on(dev, "resize2fs", &[dev.path()]).map(|_| ())
 }
 
 /// `CAP_SYS_RESOURCE` of <linux/capability.h>: growing a mounted ext4 needs it
@@ -92,10 +168,11 @@ pub fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
 
 /// The filesystem type on a device, if any.
 pub fn fs_type(dev: &LoopDevice) -> Result<Option<String>, MountError> {
-    let out = tool_command("blkid")
-        .args(["-p", "-o", "value", "-s", "TYPE", dev.path()])
-        .output()
-        .map_err(|e| MountError::with_source("cannot run blkid", e))?;
+    let out = confined::output_on(
+        dev,
+        "blkid",
+        &["-p", "-o", "value", "-s", "TYPE", dev.path()],
+    )?;
     match out.status.code() {
         Some(0) => {
             let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -105,7 +182,7 @@ pub fn fs_type(dev: &LoopDevice) -> Result<Option<String>, MountError> {
         Some(2) => Ok(None),
         _ => Err(MountError::system(format!(
             "blkid {dev} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            crate::azure::text::escape_controls(String::from_utf8_lossy(&out.stderr).trim())
         ))),
     }
 }
@@ -127,8 +204,16 @@ pub fn mkfs(dev: &LoopDevice, fstype: &str, zeroed: bool) -> Result<(), MountErr
         "nodiscard"
     };
     match fstype {
-        "ext4" => run("mkfs.ext4", &["-q", "-F", "-E", ext4_options, dev.path()]).map(|_| ()),
-        "xfs" => run("mkfs.xfs", &["-q", "-f", "-K", dev.path()]).map(|_| ()),
+        "ext4" => run_on(
+            dev,
+            "mkfs.ext4",
+            &["-q", "-F", "-E", ext4_options, dev.path()],
+        )
+        .map(|_| ()),
+        "xfs" => {
+            let _held = dev.held_at_sector_size()?;
+            run_on(dev, "mkfs.xfs", &["-q", "-f", "-K", dev.path()]).map(|_| ())
+        }
         other => Err(MountError::system(format!(
             "--mkfs {other}: only ext4 and xfs are supported"
         ))),

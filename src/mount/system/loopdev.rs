@@ -208,6 +208,17 @@ impl LoopDevice {
 
     /// [`LoopDevice::is_mounted`], per the mount table `mountinfo` read already.
     pub fn is_mounted_per(&self, mountinfo: &str) -> Option<bool> {
+        let want = self.devno()?;
+        Some(
+            mountinfo
+                .lines()
+                .any(|l| l.split(' ').nth(2) == Some(want.as_str())),
+        )
+    }
+
+    /// The device's number as the mount table writes it (`MAJOR:MINOR`);
+    /// `None` when its node is gone or is not a block device.
+    pub fn devno(&self) -> Option<String> {
         use std::os::unix::fs::FileTypeExt;
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(&self.path).ok()?;
@@ -215,12 +226,7 @@ impl LoopDevice {
             return None;
         }
         let rdev = meta.rdev();
-        let want = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
-        Some(
-            mountinfo
-                .lines()
-                .any(|l| l.split(' ').nth(2) == Some(want.as_str())),
-        )
+        Some(format!("{}:{}", libc::major(rdev), libc::minor(rdev)))
     }
 
     /// Sets the autoclear flag: the kernel detaches the device by itself when its
@@ -259,13 +265,57 @@ impl LoopDevice {
         if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_SET_CAPACITY, 0) } != 0 {
             return Err(fail(std::io::Error::last_os_error()));
         }
-        let mut size: u64 = 0;
-        // SAFETY: BLKGETSIZE64 writes one u64 into `size`.
-        if unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size) } != 0 {
+        block_size(&f).map_err(fail)
+    }
+
+    /// The device opened, its block size set to its sector size, as mkfs.xfs
+    /// sets it (which the kernel allows root alone): held open while a tool
+    /// confined without that right runs, since the kernel sets the block
+    /// size anew when a device's first opener opens it.
+    pub fn held_at_sector_size(&self) -> Result<std::fs::File, MountError> {
+        use std::os::fd::AsRawFd;
+        let fail = |e| MountError::with_source(format!("cannot set the block size of {self}"), e);
+        let f = std::fs::File::open(&self.path).map_err(fail)?;
+        let mut sector: libc::c_int = 0;
+        // SAFETY: BLKSSZGET writes one int into `sector`; BLKBSZSET reads one.
+        if unsafe { libc::ioctl(f.as_raw_fd(), BLKSSZGET, &mut sector) } != 0
+            || unsafe { libc::ioctl(f.as_raw_fd(), BLKBSZSET, &sector) } != 0
+        {
             return Err(fail(std::io::Error::last_os_error()));
         }
-        Ok(size)
+        Ok(f)
     }
+
+    /// Writes the device's dirty buffers and drops its cached ones
+    /// (BLKFLSBUF, root's alone): what a tool confined without that right
+    /// asked for.
+    pub fn flush_buffers(&self) -> Result<(), MountError> {
+        use std::os::fd::AsRawFd;
+        let fail = |e| MountError::with_source(format!("cannot flush the buffers of {self}"), e);
+        let f = std::fs::File::open(&self.path).map_err(fail)?;
+        // SAFETY: BLKFLSBUF takes no argument.
+        if unsafe { libc::ioctl(f.as_raw_fd(), BLKFLSBUF, 0) } != 0 {
+            return Err(fail(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// The device's size in bytes.
+    pub fn size(&self) -> Result<u64, MountError> {
+        let fail = |e| MountError::with_source(format!("cannot read the size of {self}"), e);
+        block_size(&std::fs::File::open(&self.path).map_err(fail)?).map_err(fail)
+    }
+}
+
+/// The size in bytes of the block device open as `f` (BLKGETSIZE64).
+fn block_size(f: &std::fs::File) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 into `size`.
+    if unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(size)
 }
 
 /// `struct loop_info64` of <linux/loop.h>.
@@ -292,3 +342,8 @@ const LO_FLAGS_AUTOCLEAR: u32 = 4;
 const LOOP_SET_CAPACITY: libc::c_ulong = 0x4C07;
 /// `_IOR(0x12, 114, size_t)` of linux/fs.h.
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+/// `_IO(0x12, 104)`, `_IOW(0x12, 113, size_t)` and `_IO(0x12, 97)` of
+/// linux/fs.h.
+const BLKSSZGET: libc::c_ulong = 0x1268;
+const BLKBSZSET: libc::c_ulong = 0x4008_1271;
+const BLKFLSBUF: libc::c_ulong = 0x1261;

@@ -3,6 +3,7 @@
 //! mount points and directories (`dirs`), and processes (`procs`). Each failure
 //! becomes one line naming the tool and its reason.
 
+mod confined;
 mod dirs;
 pub mod filesystem;
 mod fs;
@@ -10,22 +11,27 @@ mod fuse;
 mod loopdev;
 mod procs;
 
+pub use confined::TOOL_USER;
 pub(crate) use dirs::unescape_mountinfo;
-pub use dirs::{check_same_dir, dir_id, is_mountpoint, make_private_dir, open_dir, umount};
+pub use dirs::{
+    check_same_dir, dir_id, is_mountpoint, make_private_dir, mount_id_at, mounted_with_id,
+    open_dir, umount,
+};
 pub use fs::{
     free_space, freeze, fs_size, fs_type, grow_ext4_unmounted, grow_fs, has_capability, mkfs,
     mount_fs, mount_on, statvfs, thaw, CAP_SYS_RESOURCE,
 };
 pub use fuse::mount_fuse;
 pub use loopdev::{LoopDevice, LOOP_DIRTY_MAX};
-pub use procs::{holders, pid_alive, threads_running};
+pub use procs::{children, holders, pid_alive, state, threads_running};
 
 use std::process::Command;
 
 use super::MountError;
 
 /// Where system tools are when nobody said (systemd's default `PATH`).
-const STANDARD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(super) const STANDARD_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// A system tool's command, without the daemon's secrets: the tools blobdrive runs
 /// (losetup, mkfs, mount, fsfreeze, blkid) need none of the account's variables,
@@ -54,12 +60,25 @@ pub(super) fn tool_command(name: &str) -> Command {
     c
 }
 
-/// Runs a tool; `Ok(stdout)` or an error with its first stderr line.
+/// Runs a tool that reads no byte of a drive (losetup); `Ok(stdout)` or an
+/// error with its first stderr line.
 pub fn run(tool: &str, args: &[&str]) -> Result<String, MountError> {
     let out = tool_command(tool)
         .args(args)
         .output()
         .map_err(|e| MountError::with_source(format!("cannot run {tool}"), e))?;
+    said(tool, args, out)
+}
+
+/// Runs a tool on the drive's device `dev`, confined (see `confined.rs`):
+/// `Ok(stdout)` or an error with its first stderr line.
+pub fn run_on(dev: &LoopDevice, tool: &str, args: &[&str]) -> Result<String, MountError> {
+    said(tool, args, confined::output_on(dev, tool, args)?)
+}
+
+/// A tool's stdout when it succeeded, else an error with the first stderr line
+/// that says something (escaped: a tool run on a drive may repeat its bytes).
+fn said(tool: &str, args: &[&str], out: std::process::Output) -> Result<String, MountError> {
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
@@ -73,7 +92,11 @@ pub fn run(tool: &str, args: &[&str]) -> Result<String, MountError> {
         Err(MountError::system(format!(
             "{tool} {} failed: {}",
             args.join(" "),
-            if line.is_empty() { "no message" } else { line }
+            if line.is_empty() {
+                "no message".to_string()
+            } else {
+                crate::azure::text::escape_controls(line)
+            }
         )))
     }
 }

@@ -21,6 +21,34 @@ fn is_zombie(stat: &Path) -> Option<bool> {
     Some(rest.trim_start().starts_with('Z'))
 }
 
+/// The state of process `pid`'s main thread as /proc says it (`R`, `S`, `D`,
+/// `T` stopped, `t` stopped by a debugger, `Z`); `None` when it is gone.
+pub fn state(pid: u32) -> Option<char> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
+/// The processes whose parent is `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|p| p.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|t| {
+                    let (_, rest) = t.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
 /// Whether any thread of process `pid` is still running. A process's main
 /// thread can be a zombie while its other threads are still being killed, and
 /// its sockets and files close only when the last of them is gone.
