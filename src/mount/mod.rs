@@ -13,6 +13,7 @@ pub mod record;
 pub mod rootpart;
 pub mod superblock;
 pub mod system;
+pub mod uids;
 pub mod utab;
 pub mod warmup;
 
