@@ -1279,6 +1279,20 @@ fn volumes_share_a_node_s_cache_budget_each_with_its_memory_limited_and_a_uid_of
     assert_eq!(lease_state(&cs, fourth), "available");
     assert!(!blobdrive::mount::system::is_mountpoint(&staging(3)));
     assert!(!mounted_in_csi_run().contains(&staging(3)));
+    // `blobdrive list`: each volume's cache, and the node's budget.
+    let listed = BD.cmd(&["list"]).cs("").output();
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        table.contains("CSI node dense-a: cache budget 192 MiB, 192 MiB taken by 3 volumes"),
+        "{table}"
+    );
+    for i in 0..3 {
+        let row = table
+            .lines()
+            .find(|l| l.contains(staging(i).to_str().unwrap()))
+            .unwrap_or_else(|| panic!("{table}"));
+        assert!(row.contains(" 64 MiB "), "{row}");
+    }
 
     // 300 MiB into each of the three at once.
     let writers: Vec<Child> = (0..3)

@@ -84,6 +84,9 @@ pub fn run(args: Args) -> Result<()> {
         ]);
     }
     print!("{}", table(&rows));
+    for line in blobdrive::csi::cache_budgets_here() {
+        println!("{line}");
+    }
     Ok(())
 }
 

@@ -116,9 +116,9 @@ pub struct Args {
     /// The unprivileged user the network-facing part of the daemon runs as
     /// (HTTP, TLS, XML, tokens, the cache, FUSE), with no capability, a seccomp
     /// filter and Landlock; a small root part does the mounts. The user must
-    /// exist: `useradd --system --no-create-home --shell /usr/sbin/nologin
-    /// blobdrive` (the package and scripts/install.sh create it)
-    /// [default: blobdrive]
+    /// exist. [default: a uid of the mount's own, which no account, process or
+    /// other mount has, from the range /etc/subuid and /etc/subgid reserve for
+    /// the user blobdrive (the package and scripts/install.sh reserve it)]
     #[arg(long, value_name = "USER", env = "BLOBDRIVE_RUN_AS")]
     pub run_as: Option<String>,
     /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)

@@ -46,6 +46,32 @@ pub struct Counted {
     pub cache_size: u64,
 }
 
+/// One line for each node plugin that ran on this host (`blobdrive list`):
+/// its budget and what its live volumes take of it.
+pub fn host_summaries() -> Vec<String> {
+    staged::budgets()
+        .into_iter()
+        .map(|b| {
+            let budget = Budget {
+                total: b.total,
+                default_cache: 0,
+                node_id: b.node_id.clone(),
+                pending: Mutex::new(HashMap::new()),
+            };
+            let counted = budget.counted();
+            let taken: u64 = counted.iter().map(|c| c.cache_size).sum();
+            format!(
+                "CSI node {}: cache budget {}, {} taken by {} volume{}",
+                b.node_id,
+                human(b.total),
+                human(taken),
+                counted.len(),
+                if counted.len() == 1 { "" } else { "s" }
+            )
+        })
+        .collect()
+}
+
 /// A node plugin's budget.
 pub struct Budget {
     pub total: u64,
@@ -57,6 +83,13 @@ pub struct Budget {
 
 impl Budget {
     pub fn new(total: u64, max_volumes: u64, node_id: &str) -> Budget {
+        let recorded = staged::NodeBudget {
+            node_id: node_id.to_string(),
+            total,
+        };
+        if let Err(e) = staged::save_budget(&recorded) {
+            tracing::warn!("cannot record node {node_id}'s cache budget for blobdrive list: {e}");
+        }
         Budget {
             total,
             default_cache: default_cache(total, max_volumes),

@@ -126,6 +126,12 @@ pub struct Driver {
     pub cache_budget: u64,
 }
 
+/// For `blobdrive list`: each node plugin's cache budget on this host, and
+/// what its volumes take of it, one line each.
+pub fn cache_budgets_here() -> Vec<String> {
+    budget::host_summaries()
+}
+
 /// The cache budget of a node with `mem_total` bytes of memory when
 /// `--cache-budget` is not given: a quarter of it.
 pub fn default_cache_budget(mem_total: u64) -> u64 {

@@ -53,6 +53,21 @@ fn ensure_dir() -> std::io::Result<()> {
     Ok(())
 }
 
+/// The entries of `csi/staged/` when it is there and root's alone at every
+/// level (nothing is made for a reader).
+fn entries() -> Vec<std::fs::DirEntry> {
+    let d = dir();
+    let private = [record::run_dir(), record::run_dir().join("csi"), d.clone()]
+        .iter()
+        .all(|level| level.is_dir() && record::check_private_dir(level).is_ok());
+    if !private {
+        return Vec::new();
+    }
+    std::fs::read_dir(d)
+        .map(|e| e.flatten().collect())
+        .unwrap_or_default()
+}
+
 /// Writes the record (atomically: a new file renamed over the old).
 pub fn save(s: &Staged) -> std::io::Result<()> {
     ensure_dir()?;
@@ -78,17 +93,49 @@ pub fn forget(staging: &Path) {
     }
 }
 
+/// A node plugin's budget as it last started with it, for `blobdrive list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeBudget {
+    pub node_id: String,
+    pub total: u64,
+}
+
+fn budget_path(node_id: &str) -> PathBuf {
+    let h = Sha256::digest(node_id.as_bytes());
+    let name: String = h[..12].iter().map(|b| format!("{b:02x}")).collect();
+    dir().join(format!("budget-{name}.json"))
+}
+
+/// Records node `b.node_id`'s budget (atomically).
+pub fn save_budget(b: &NodeBudget) -> std::io::Result<()> {
+    ensure_dir()?;
+    let path = budget_path(&b.node_id);
+    let tmp = path.with_extension("json.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = record::create_private(&tmp, false)?;
+    f.write_all(serde_json::to_string(b).expect("serialisable").as_bytes())?;
+    std::fs::rename(tmp, path)
+}
+
+/// The budgets of the node plugins that ran on this host.
+pub fn budgets() -> Vec<NodeBudget> {
+    let mut out: Vec<NodeBudget> = entries()
+        .into_iter()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("budget-"))
+        .filter_map(|e| record::read_private(&e.path(), MAX_BYTES))
+        .filter_map(|text| serde_json::from_str::<NodeBudget>(&text).ok())
+        .filter(|b| budget_path(&b.node_id).exists())
+        .collect();
+    out.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+    out
+}
+
 /// The records of node `node_id`.
 pub fn of_node(node_id: &str) -> Vec<Staged> {
-    if ensure_dir().is_err() {
-        return Vec::new();
-    }
-    let Ok(entries) = std::fs::read_dir(dir()) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
+    entries()
+        .into_iter()
         .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter(|e| !e.file_name().to_string_lossy().starts_with("budget-"))
         .filter_map(|e| record::read_private(&e.path(), MAX_BYTES))
         .filter_map(|text| serde_json::from_str::<Staged>(&text).ok())
         .filter(|s| s.node_id == node_id && path_of(&s.staging).exists())
