@@ -172,7 +172,7 @@ done
 # The uid range's reservation, shared with scripts/install.sh and
 # scripts/install-deps.sh, goes into postinst where it says #RESERVE_UIDS#.
 grep -qx '#RESERVE_UIDS#' "$root/DEBIAN/postinst" || { echo "package.sh: postinst has no #RESERVE_UIDS# line" >&2; exit 1; }
-sed -i -e '/^#RESERVE_UIDS#$/{r scripts/debian/reserve-uids' -e 'd}' "$root/DEBIAN/postinst
+sed -i -e '/^#RESERVE_UIDS#$/{r scripts/debian/reserve-uids' -e 'd}' "$root/DEBIAN/postinst"
 (cd "$root" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) >"$root/DEBIAN/md5sums"
 chmod 644 "$root/DEBIAN/md5sums" "$root/DEBIAN/control"
 
