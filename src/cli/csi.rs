@@ -82,8 +82,9 @@ pub struct Args {
     /// together (e.g. 4GiB; default: a quarter of the node's memory). A
     /// volume's cache is its StorageClass's `cacheSize`, or else this budget
     /// shared by max_volumes_per_node volumes (at least 32 MiB); a volume
-    /// whose cache does not fit what is left is refused (RESOURCE_EXHAUSTED)
-    /// and the scheduler places it elsewhere.
+    /// whose cache does not fit what is left is refused (RESOURCE_EXHAUSTED,
+    /// nothing made or leased), and staged when the kubelet asks again once
+    /// another volume has left the node.
     #[arg(long, value_name = "SIZE")]
     pub cache_budget: Option<String>,
 }

@@ -108,8 +108,9 @@ pub async fn stage(node: &NodeService, req: NodeStageVolumeRequest) -> Result<()
     }
     let cache_size = volume::cache_size(req.volume_context.get(volume::CACHE_SIZE))?
         .unwrap_or(node.budget().default_cache);
-    // Before anything is made or leased: a volume that does not fit is
-    // placed elsewhere by the scheduler.
+    // Before anything is made or leased: a volume that does not fit leaves
+    // nothing behind, and the kubelet asks again later (once another volume
+    // has left the node).
     let reservation = node.budget().reserve(&id.spec(), &staging, cache_size)?;
     match paths::found(&staging) {
         Ok(Found::Nothing) => {
