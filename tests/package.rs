@@ -84,7 +84,7 @@ done
 mount -t tmpfs -o mode=0755 tmpfs /run/mount 2>/dev/null || {{ mkdir -p /run/mount && mount -t tmpfs -o mode=0755 tmpfs /run/mount; }}
 # The system's run directory, which the package's purge cleans, private too:
 # other tests' drives are mounted in the real one meanwhile.
-mkdir -p /run/blobdrive && mount -t tmpfs -o mode=0700 tmpfs /run/blobdrive
+mkdir -p -m 0700 /run/blobdrive && mount -t tmpfs -o mode=0700 tmpfs /run/blobdrive
 export BLOBDRIVE_RUN_DIR='{run}'
 export DEBIAN_FRONTEND=noninteractive
 trap 'dpkg --purge blobdrive >/dev/null 2>&1 || true' EXIT

@@ -49,20 +49,20 @@ pub struct Locked {
 }
 
 impl ClaimsDir {
-    /// The directory at `path` (made 0700 with any missing parent), each of
-    /// `checked_from`'s levels down to it checked: a directory, not a link,
-    /// this user's, closed to group and others.
+    /// The directory at `path` (made 0700 with any missing parent), checked:
+    /// a directory, not a link, this user's, closed to group and others; and
+    /// each level above it from `checked_from` down a directory of this
+    /// user's that no one else can write to (so no one else can put another
+    /// in its place).
     pub fn open(path: &Path, checked_from: &Path) -> std::io::Result<ClaimsDir> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(path)?;
+        check_private(path, 0o077)?;
         let mut level = path.to_path_buf();
-        loop {
-            check_private(&level)?;
-            if level == checked_from || !level.pop() || !level.starts_with(checked_from) {
-                break;
-            }
+        while level != checked_from && level.pop() && level.starts_with(checked_from) {
+            check_private(&level, 0o022)?;
         }
         Ok(ClaimsDir {
             path: path.to_path_buf(),
@@ -150,15 +150,22 @@ fn read_claim(path: &Path) -> Option<Holder> {
     Holder::parse(&text)
 }
 
-/// A directory of this user's, not a link, closed to group and others.
-fn check_private(dir: &Path) -> std::io::Result<()> {
+/// A directory of this user's, not a link, with none of the mode bits
+/// `forbidden` (0o077: closed to group and others; 0o022: writable by no one
+/// else).
+fn check_private(dir: &Path, forbidden: u32) -> std::io::Result<()> {
     let meta = std::fs::symlink_metadata(dir)?;
     // SAFETY: geteuid cannot fail.
     let me = unsafe { libc::geteuid() };
-    if !meta.file_type().is_dir() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+    if !meta.file_type().is_dir() || meta.uid() != me || meta.mode() & forbidden != 0 {
         return Err(std::io::Error::other(format!(
-            "{} must be a directory of uid {me}'s, closed to group and others (it is uid {}, mode {:o}{})",
+            "{} must be a directory of uid {me}'s, {} (it is uid {}, mode {:o}{})",
             dir.display(),
+            if forbidden == 0o077 {
+                "closed to group and others"
+            } else {
+                "writable by no one else"
+            },
             meta.uid(),
             meta.mode() & 0o7777,
             if meta.file_type().is_symlink() {
@@ -202,10 +209,19 @@ mod tests {
     #[test]
     fn a_claims_directory_others_could_write_to_is_refused() {
         let top = tempfile::tempdir().unwrap();
+        // A run directory others may read, not write: the claims, 0700, in it.
         std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        ClaimsDir::open(&top.path().join("uids"), top.path()).unwrap();
+        std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o775)).unwrap();
         let err = ClaimsDir::open(&top.path().join("uids"), top.path())
             .err()
             .unwrap();
+        assert!(err.to_string().contains("writable by no one else"), "{err}");
+        std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let open = top.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let err = ClaimsDir::open(&open, top.path()).err().unwrap();
         assert!(
             err.to_string().contains("closed to group and others"),
             "{err}"
