@@ -1200,50 +1200,12 @@ fn memory_limit_of(pid: i32) -> Option<u64> {
     None
 }
 
-/// A dense node: the volumes a node plugin stages share its cache budget
-/// (`--cache-budget`), each with the cache its StorageClass's `cacheSize`
-/// gives; each runs in a cgroup of its own whose memory the kernel limits to
-/// that cache + the daemon's overhead, and its worker as a uid of its own.
-/// Three 64 MiB-cache block volumes stage under a 192 MiB budget, a fourth is
-/// RESOURCE_EXHAUSTED with the numbers, its blob not leased (the SDK) and
-/// nothing mounted; 300 MiB written into each of the three (at once) leaves
-/// every worker's peak resident memory (VmHWM) at most 64 + 150 MiB; their
-/// uids differ and none is 0. The other node plugin on the host counts only
-/// its own volumes, so it stages the fourth. The plugin restarted counts its
-/// three again: the fourth still does not fit, until one is unstaged.
-#[test]
-fn volumes_share_a_node_s_cache_budget_each_with_its_memory_limited_and_a_uid_of_its_own() {
-    require_root();
-    let dir = tempfile::tempdir().unwrap();
-    stubs(dir.path());
-    let (plugin_cgroup, volume_cgroup) = (TestCgroup::new("plugin"), TestCgroup::new("dense"));
-    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
-    let cs = Azurite::shared().connection_string();
-    let container = unique_container("csi-dense");
-    // Node ids of this test's own: the other tests' plugins, running beside
-    // it, keep their records in the same run directory.
-    let args = [
-        "--node-id",
-        "dense-a",
-        "--container",
-        container.as_str(),
-        "--cache-budget",
-        "192MiB",
-    ];
-    let socket = dir.path().join("a.sock");
-    let cgroups = Some((&plugin_cgroup, &volume_cgroup));
-    let mut driver = Driver::start_with(&cs, &socket, &args, cgroups);
-    let said = driver.log();
-    assert!(
-        said.contains("cache budget 192 MiB, 0 bytes taken by 0 volumes"),
-        "{said}"
-    );
-    let a = Plugin {
-        stubs: dir.path(),
-        socket: socket.clone(),
-    };
-    const BLOCK_CAP: &str = r#"{"block": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}"#;
-    let volumes: Vec<(String, serde_json::Value)> = (0..4)
+const BLOCK_CAP: &str = r#"{"block": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}"#;
+
+/// `n` block volumes of 320 MiB with `cacheSize: 64Mi`, published to `node`:
+/// each one's id and volume context.
+fn dense_volumes(a: &Plugin, n: usize, node: &str) -> Vec<(String, serde_json::Value)> {
+    (0..n)
         .map(|i| {
             let vol = a.ok(
                 "CreateVolume",
@@ -1253,55 +1215,39 @@ fn volumes_share_a_node_s_cache_budget_each_with_its_memory_limited_and_a_uid_of
             assert_eq!(vol["volume"]["volume_context"]["cacheSize"], "64Mi", "{vol}");
             a.ok(
                 "ControllerPublishVolume",
-                format!(r#"{{"volume_id": "{id}", "node_id": "dense-a", "volume_capability": {BLOCK_CAP}}}"#),
+                format!(r#"{{"volume_id": "{id}", "node_id": "{node}", "volume_capability": {BLOCK_CAP}}}"#),
             );
             (id, vol["volume"]["volume_context"].clone())
         })
-        .collect();
-    let staging = |i: usize| dir.path().join(format!("stage-{i}"));
-    let target = |i: usize| dir.path().join(format!("dev-{i}"));
-    for (i, (id, context)) in volumes.iter().enumerate().take(3) {
-        a.stage_in(id, &staging(i), BLOCK_CAP, context)
-            .unwrap_or_else(|e| panic!("stage {id}: {e}"));
-        a.publish(id, &staging(i), &target(i), BLOCK_CAP);
-    }
-    let (fourth, fourth_context) = &volumes[3];
-    let refused = a
-        .stage_in(fourth, &staging(3), BLOCK_CAP, fourth_context)
-        .unwrap_err();
-    assert!(
-        refused.starts_with("error RESOURCE_EXHAUSTED")
-            && refused.contains("a cache of 64 MiB")
-            && refused.contains("0 bytes of 192 MiB")
-            && refused.contains("192 MiB taken by 3 volumes"),
-        "{refused}"
-    );
-    assert_eq!(lease_state(&cs, fourth), "available");
-    assert!(!blobdrive::mount::system::is_mountpoint(&staging(3)));
-    assert!(!mounted_in_csi_run().contains(&staging(3)));
-    // `blobdrive list`: each volume's cache, and the node's budget.
+        .collect()
+}
+
+/// `blobdrive list` shows each volume staged at `stagings` with its 64 MiB
+/// cache, and `budget_line` for the node.
+fn assert_listed_with_their_caches(stagings: &[PathBuf], budget_line: &str) {
     let listed = BD.cmd(&["list"]).cs("").output();
     let table = String::from_utf8_lossy(&listed.stdout);
-    assert!(
-        table.contains("CSI node dense-a: cache budget 192 MiB, 192 MiB taken by 3 volumes"),
-        "{table}"
-    );
-    for i in 0..3 {
+    assert!(table.contains(budget_line), "{table}");
+    for staging in stagings {
         let row = table
             .lines()
-            .find(|l| l.contains(staging(i).to_str().unwrap()))
+            .find(|l| l.contains(staging.to_str().unwrap()))
             .unwrap_or_else(|| panic!("{table}"));
         assert!(row.contains(" 64 MiB "), "{row}");
     }
+}
 
-    // 300 MiB into each of the three at once.
-    let writers: Vec<Child> = (0..3)
-        .map(|i| {
+/// 300 MiB of random bytes written into each block device of `targets`, all
+/// at once, each with O_DIRECT and an fsync at the end.
+fn write_300_mib_into_each(targets: &[PathBuf]) {
+    let writers: Vec<Child> = targets
+        .iter()
+        .map(|t| {
             Command::new("sh")
                 .arg("-c")
                 .arg(format!(
                     "head -c 300M /dev/urandom | dd of='{}' bs=4M iflag=fullblock oflag=direct conv=fsync status=none",
-                    target(i).display()
+                    t.display()
                 ))
                 .spawn()
                 .unwrap()
@@ -1310,9 +1256,20 @@ fn volumes_share_a_node_s_cache_budget_each_with_its_memory_limited_and_a_uid_of
     for mut w in writers {
         assert!(w.wait().unwrap().success());
     }
+}
+
+/// Each worker of the mounts at `stagings` peaked at most at its 64 MiB cache +
+/// 150 MiB (VmHWM), runs in its volume's own cgroup with the memory limit of
+/// 64 + 192 MiB where the host has a memory controller (else the plugin's log
+/// said so), and as a uid that is not 0 and no other's: the uids.
+fn assert_workers_held_to_their_caches(
+    stagings: &[PathBuf],
+    volume_cgroup: &TestCgroup,
+    driver: &Driver,
+) -> Vec<String> {
     let mut uids = Vec::new();
-    for i in 0..3 {
-        let (pid, status) = worker_of(&staging(i));
+    for (i, staging) in stagings.iter().enumerate() {
+        let (pid, status) = worker_of(staging);
         let hwm_kib: u64 = status_field(&status, "VmHWM:")
             .trim_end_matches(" kB")
             .parse()
@@ -1326,9 +1283,7 @@ fn volumes_share_a_node_s_cache_budget_each_with_its_memory_limited_and_a_uid_of
         let uid = status_field(&status, "Uid:");
         assert!(!uid.split_whitespace().any(|u| u == "0"), "{uid}");
         uids.push(uid.split_whitespace().next().unwrap().to_string());
-        // In the volume's own cgroup, with its memory limited where the host
-        // has a memory controller (this project's machine: cgroup v1's).
-        assert!(pids_in(&volume_cgroup.of_volume(&staging(i))).contains(&pid));
+        assert!(pids_in(&volume_cgroup.of_volume(staging)).contains(&pid));
         match memory_limit_of(pid) {
             Some(limit) => assert_eq!(limit, (64 + 192) << 20, "volume {i}"),
             None => assert!(
@@ -1344,42 +1299,140 @@ fn volumes_share_a_node_s_cache_budget_each_with_its_memory_limited_and_a_uid_of
             "two workers run as uid {u}: {uids:?}"
         );
     }
+    uids
+}
 
-    // The other plugin on this host counts its own volumes only.
-    let b_socket = dir.path().join("b.sock");
-    let b_args = ["--node-id", "dense-b", "--container", container.as_str()];
-    let _b_driver = Driver::start_with(&cs, &b_socket, &b_args, None);
+/// NodeUnstageVolume of `id` at `staging`.
+fn unstage(p: &Plugin, id: &str, staging: &Path) {
+    p.ok(
+        "NodeUnstageVolume",
+        format!(
+            r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
+            staging.display()
+        ),
+    );
+}
+
+/// A second node plugin on this host (`dense-b`, its default budget) stages
+/// `volume` (moved to it from `dense-a`, then back) although `dense-a`'s
+/// budget is full: each counts its own volumes. Its worker's uid is none of
+/// `uids`.
+fn the_other_node_stages(
+    a: &Plugin,
+    cs: &str,
+    dir: &Path,
+    container: &str,
+    volume: &(String, serde_json::Value),
+    uids: &[String],
+) {
+    let (id, context) = volume;
+    let b_socket = dir.join("b.sock");
+    let b_args = ["--node-id", "dense-b", "--container", container];
+    let _b_driver = Driver::start_with(cs, &b_socket, &b_args, None);
     let b = Plugin {
-        stubs: dir.path(),
+        stubs: dir,
         socket: b_socket,
     };
-    let move_fourth = |from: &str, to: &str| {
+    let move_to = |from: &str, to: &str| {
         a.ok(
             "ControllerUnpublishVolume",
-            format!(r#"{{"volume_id": "{fourth}", "node_id": "{from}"}}"#),
+            format!(r#"{{"volume_id": "{id}", "node_id": "{from}"}}"#),
         );
         a.ok(
             "ControllerPublishVolume",
-            format!(r#"{{"volume_id": "{fourth}", "node_id": "{to}", "volume_capability": {BLOCK_CAP}}}"#),
+            format!(
+                r#"{{"volume_id": "{id}", "node_id": "{to}", "volume_capability": {BLOCK_CAP}}}"#
+            ),
         );
     };
-    move_fourth("dense-a", "dense-b");
-    let b_staging = dir.path().join("b-stage");
-    b.stage_in(fourth, &b_staging, BLOCK_CAP, fourth_context)
-        .unwrap();
+    move_to("dense-a", "dense-b");
+    let b_staging = dir.join("b-stage");
+    b.stage_in(id, &b_staging, BLOCK_CAP, context).unwrap();
     let b_uid = status_field(&worker_of(&b_staging).1, "Uid:");
+    let b_uid = b_uid.split_whitespace().next().unwrap().to_string();
+    assert!(!uids.contains(&b_uid), "{b_uid} {uids:?}");
+    unstage(&b, id, &b_staging);
+    move_to("dense-b", "dense-a");
+}
+
+/// A dense node: the volumes a node plugin stages share its cache budget
+/// (`--cache-budget`), each with the cache its StorageClass's `cacheSize`
+/// gives; each runs in a cgroup of its own whose memory the kernel limits to
+/// that cache + the daemon's overhead, and its worker as a uid of its own.
+/// Three 64 MiB-cache block volumes stage under a 192 MiB budget, a fourth is
+/// RESOURCE_EXHAUSTED with the numbers, its blob not leased (the SDK) and
+/// nothing mounted; `blobdrive list` shows the caches and the budget taken;
+/// 300 MiB written into each of the three (at once) leaves every worker's peak
+/// resident memory (VmHWM) at most 64 + 150 MiB; their uids differ and none is
+/// 0. The other node plugin on the host counts only its own volumes, so it
+/// stages the fourth. The plugin restarted counts its three again: the fourth
+/// still does not fit, until one is unstaged.
+#[test]
+fn volumes_share_a_node_s_cache_budget_each_with_its_memory_limited_and_a_uid_of_its_own() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let (plugin_cgroup, volume_cgroup) = (TestCgroup::new("plugin"), TestCgroup::new("dense"));
+    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
+    let cs = Azurite::shared().connection_string();
+    let container = unique_container("csi-dense");
+    // Node ids of this test's own: the other tests' plugins, running beside
+    // it, keep their records in the same run directory.
+    let c = container.as_str();
+    let args = [
+        "--node-id",
+        "dense-a",
+        "--container",
+        c,
+        "--cache-budget",
+        "192MiB",
+    ];
+    let socket = dir.path().join("a.sock");
+    let cgroups = Some((&plugin_cgroup, &volume_cgroup));
+    let mut driver = Driver::start_with(&cs, &socket, &args, cgroups);
+    let said = driver.log();
     assert!(
-        !uids.contains(&b_uid.split_whitespace().next().unwrap().to_string()),
-        "{b_uid} {uids:?}"
+        said.contains("cache budget 192 MiB, 0 bytes taken by 0 volumes"),
+        "{said}"
     );
-    b.ok(
-        "NodeUnstageVolume",
-        format!(
-            r#"{{"volume_id": "{fourth}", "staging_target_path": "{}"}}"#,
-            b_staging.display()
-        ),
+    let a = Plugin {
+        stubs: dir.path(),
+        socket: socket.clone(),
+    };
+    let volumes = dense_volumes(&a, 4, "dense-a");
+    let staging: Vec<PathBuf> = (0..4)
+        .map(|i| dir.path().join(format!("stage-{i}")))
+        .collect();
+    let target: Vec<PathBuf> = (0..4)
+        .map(|i| dir.path().join(format!("dev-{i}")))
+        .collect();
+    for (i, (id, context)) in volumes.iter().enumerate().take(3) {
+        a.stage_in(id, &staging[i], BLOCK_CAP, context)
+            .unwrap_or_else(|e| panic!("stage {id}: {e}"));
+        a.publish(id, &staging[i], &target[i], BLOCK_CAP);
+    }
+    let (fourth, fourth_context) = &volumes[3];
+    let refused = a
+        .stage_in(fourth, &staging[3], BLOCK_CAP, fourth_context)
+        .unwrap_err();
+    assert!(
+        refused.starts_with("error RESOURCE_EXHAUSTED")
+            && refused.contains("a cache of 64 MiB")
+            && refused.contains("0 bytes of 192 MiB")
+            && refused.contains("192 MiB taken by 3 volumes"),
+        "{refused}"
     );
-    move_fourth("dense-b", "dense-a");
+    assert_eq!(lease_state(&cs, fourth), "available");
+    assert!(!blobdrive::mount::system::is_mountpoint(&staging[3]));
+    assert!(!mounted_in_csi_run().contains(&staging[3]));
+    let taken = "CSI node dense-a: cache budget 192 MiB, 192 MiB taken by 3 volumes";
+    assert_listed_with_their_caches(&staging[..3], taken);
+
+    write_300_mib_into_each(&target[..3]);
+    let uids = assert_workers_held_to_their_caches(&staging[..3], &volume_cgroup, &driver);
+
+    // The other plugin on this host counts its own volumes only.
+    the_other_node_stages(&a, &cs, dir.path(), c, &volumes[3], &uids);
 
     // Restarted, the plugin counts its three volumes again.
     driver.stop();
@@ -1394,25 +1447,19 @@ fn volumes_share_a_node_s_cache_budget_each_with_its_memory_limited_and_a_uid_of
         "{said}"
     );
     let refused = a
-        .stage_in(fourth, &staging(3), BLOCK_CAP, fourth_context)
+        .stage_in(fourth, &staging[3], BLOCK_CAP, fourth_context)
         .unwrap_err();
     assert!(refused.starts_with("error RESOURCE_EXHAUSTED"), "{refused}");
-    a.take_down(&volumes[0].0, &staging(0), &target(0));
-    a.stage_in(fourth, &staging(3), BLOCK_CAP, fourth_context)
+    a.take_down(&volumes[0].0, &staging[0], &target[0]);
+    a.stage_in(fourth, &staging[3], BLOCK_CAP, fourth_context)
         .unwrap_or_else(|e| panic!("the fourth, once one left: {e}"));
     assert_eq!(lease_state(&cs, fourth), "leased");
-    a.ok(
-        "NodeUnstageVolume",
-        format!(
-            r#"{{"volume_id": "{fourth}", "staging_target_path": "{}"}}"#,
-            staging(3).display()
-        ),
-    );
+    unstage(&a, fourth, &staging[3]);
     for (i, (id, _)) in volumes.iter().enumerate().take(3).skip(1) {
-        a.take_down(id, &staging(i), &target(i));
+        a.take_down(id, &staging[i], &target[i]);
     }
     for (i, (id, _)) in volumes.iter().enumerate() {
-        assert!(!volume_cgroup.of_volume(&staging(i)).exists(), "{i}");
+        assert!(!volume_cgroup.of_volume(&staging[i]).exists(), "{i}");
         a.ok(
             "ControllerUnpublishVolume",
             format!(r#"{{"volume_id": "{id}", "node_id": "dense-a"}}"#),
