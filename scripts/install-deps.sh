@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages an entry point needs, when a command they provide is
-# missing (root; apt), and makes the system user blobdrive, which a mount daemon's
-# network-facing part runs as (issue 42), when there is none. Idempotent and silent
-# when all is there.
+# missing (root; apt), and makes the system user blobdrive when there is none, with
+# the range of ids mounts' network-facing parts run as (one each) in /etc/subuid
+# and /etc/subgid. Idempotent and silent when all is there.
 #   scripts/install-deps.sh           what the tests need (scripts/test.sh, .ci/run)
 #   scripts/install-deps.sh --demo    what scripts/demo.sh needs (a subset)
 #   scripts/install-deps.sh --bench   what scripts/bench.sh needs: the demo's set plus
@@ -80,6 +80,13 @@ if ! id blobdrive >/dev/null 2>&1; then
     else
         echo "warning: no user blobdrive, and making it needs root: sudo useradd --system --no-create-home --shell /usr/sbin/nologin blobdrive" >&2
     fi
+fi
+# Each mount's network-facing part runs as an id of its own, from the range
+# reserved for blobdrive in /etc/subuid and /etc/subgid. As scripts/install.sh
+# and the package reserve it.
+if [ "$(id -u)" = 0 ] && id blobdrive >/dev/null 2>&1; then
+    . "$(dirname "$0")/debian/reserve-uids"
+    reserve_uids
 fi
 
 present() {

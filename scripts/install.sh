@@ -15,10 +15,12 @@
 #                                         /usr/local (systemd reads both, and
 #                                         /etc/systemd/system stays the admin's),
 #                                         else /etc/systemd/system
-#   the system user blobdrive             what a mount daemon's network-facing part
-#                                         runs as, made when missing (not for a
-#                                         staged install; --uninstall keeps it, as
-#                                         Debian keeps system users)
+#   the system user blobdrive             made when missing, with 65536 ids in
+#                                         /etc/subuid and /etc/subgid: each mount's
+#                                         network-facing part runs as one of its
+#                                         own (not for a staged install;
+#                                         --uninstall keeps them, as Debian keeps
+#                                         system users)
 #
 #   sudo scripts/install.sh [--prefix DIR] [--binary FILE] [--destdir DIR]
 #   sudo scripts/install.sh --uninstall [--prefix DIR] [--destdir DIR]
@@ -130,5 +132,11 @@ echo "installed $unit"
 if [ -z "$destdir" ] && ! id blobdrive >/dev/null 2>&1; then
     useradd --system --no-create-home --shell /usr/sbin/nologin blobdrive
     echo "created the system user blobdrive"
+fi
+# And the ids each mount's network-facing part runs as, one a mount, reserved
+# for it in /etc/subuid and /etc/subgid (as the package's postinst does).
+if [ -z "$destdir" ]; then
+    . scripts/debian/reserve-uids
+    reserve_uids
 fi
 reload_systemd

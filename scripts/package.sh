@@ -17,7 +17,8 @@
 #   /usr/share/lintian/overrides/blobdrive      lintian's two warnings that do
 #                                               not apply, with the reason
 #                                               (scripts/debian/lintian-overrides)
-# and maintainer scripts that make the blobdrive system user and /etc/blobdrive,
+# and maintainer scripts that make the blobdrive system user (with its range of
+# ids for mounts, scripts/debian/reserve-uids) and /etc/blobdrive,
 # refuse removal while drives are mounted (naming them), and on purge remove
 # /etc/blobdrive if the admin left nothing in it (saying so if it is kept) and
 # the logs the package's own program left in /run/blobdrive (the directory too,
@@ -168,6 +169,10 @@ EOF
 for script in postinst prerm postrm; do
     install -m 755 "scripts/debian/$script" "$root/DEBIAN/$script"
 done
+# The uid range's reservation, shared with scripts/install.sh and
+# scripts/install-deps.sh, goes into postinst where it says #RESERVE_UIDS#.
+grep -qx '#RESERVE_UIDS#' "$root/DEBIAN/postinst" || { echo "package.sh: postinst has no #RESERVE_UIDS# line" >&2; exit 1; }
+sed -i -e '/^#RESERVE_UIDS#$/{r scripts/debian/reserve-uids' -e 'd}' "$root/DEBIAN/postinst"
 (cd "$root" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) >"$root/DEBIAN/md5sums"
 chmod 644 "$root/DEBIAN/md5sums" "$root/DEBIAN/control"
 

@@ -23,7 +23,7 @@ fn main() -> ExitCode {
         return cli::umount_helper::run(std::env::args_os().skip(1).collect());
     }
     let cli = cli::Cli::parse();
-    init_logging(cli.verbose);
+    init_logging(cli.log_level());
     let done = cli.run();
     // Output lost to a full disk or a failing device is a failure of the
     // command; output whose reader went away (`| head`) is not.

@@ -21,7 +21,8 @@
 //! - Landlock, where the kernel has it: files only beneath the paths allowed
 //!   (read-only ones, and read-write ones such as the disk cache), and (ABI 6)
 //!   no signal to a process and no connection to an abstract unix socket
-//!   outside the walls (another mount's worker runs as the same user);
+//!   outside the walls (mounts given one user with `--run-as` run their
+//!   workers as the same uid; each other mount's has a uid of its own);
 //! - seccomp: mount and the new mount API, umount, setns, unshare, new
 //!   namespaces through clone, a new process (fork, vfork, a clone that is
 //!   not a thread's), ptrace, bpf, perf events, the key syscalls,
@@ -521,7 +522,7 @@ fn root_only_block_ioctls() -> Result<Vec<SeccompRule>, WallError> {
 /// or not (the other walls hold without it; [`Walls::apply`] says which).
 /// Signals and abstract unix sockets are scoped (ABI 6) for every purpose: a
 /// walled process reaches no process outside its walls that way, another
-/// mount's worker of the same user included. A tool handles TCP too (ABI 4),
+/// mount's worker of the same user (`--run-as`) included. A tool handles TCP too (ABI 4),
 /// with no port allowed.
 fn landlock_ruleset(purpose: Purpose, allowed: &Allowed) -> Result<RulesetCreated, WallError> {
     let abi = ABI::V5;

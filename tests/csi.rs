@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::azurite::{unique_container, Azurite};
 use common::bd::Harness;
 use common::mount::require_root;
-use common::sdk::{csi_stubs as stubs, python, read_blob};
+use common::sdk::{csi_stubs as stubs, lease_state, python, read_blob};
 use common::util::{stdout_of_success, wait_for};
 
 /// The node plugins' mounts keep their records in the run directory of this
@@ -93,11 +93,7 @@ impl TestCgroup {
     }
 
     fn pids(&self) -> Vec<i32> {
-        std::fs::read_to_string(self.0.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
+        pids_in(&self.0)
     }
 
     /// Kills every process in it, as a container runtime stops a container,
@@ -116,14 +112,66 @@ impl TestCgroup {
     }
 }
 
+impl TestCgroup {
+    /// The cgroup the node plugin made in it for the volume staged at
+    /// `staging` (see `csi::memcg`).
+    fn of_volume(&self, staging: &Path) -> PathBuf {
+        self.0
+            .join(format!("vol-{}", blobdrive::mount::record::id_for(staging)))
+    }
+
+    /// The same path in the cgroup v1 memory hierarchy, where a hybrid host
+    /// limits the volumes' memory.
+    fn in_v1_memory(&self) -> Option<PathBuf> {
+        let relative = self.0.strip_prefix(cgroup2_root()).ok()?;
+        Some(cgroup_v1_memory_root()?.join(relative))
+    }
+}
+
 impl Drop for TestCgroup {
     fn drop(&mut self) {
         if !self.pids().is_empty() {
             let _ = std::fs::write(self.0.join("cgroup.kill"), "1");
             std::thread::sleep(Duration::from_millis(200));
         }
+        // The volumes' cgroups a node plugin made in it, and their twins in
+        // the v1 memory hierarchy, first.
+        for dir in [Some(self.0.clone()), self.in_v1_memory()]
+            .into_iter()
+            .flatten()
+        {
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                for e in entries.flatten().filter(|e| e.path().is_dir()) {
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+            if dir != self.0 {
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
         let _ = std::fs::remove_dir(&self.0);
     }
+}
+
+/// The processes in the cgroup `dir`.
+fn pids_in(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Where this machine's cgroup v1 memory hierarchy is mounted, if it is.
+fn cgroup_v1_memory_root() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut r = right.split(' ');
+        let (fstype, options) = (r.next()?, r.nth(1)?);
+        (fstype == "cgroup" && options.split(',').any(|o| o == "memory"))
+            .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
+    })
 }
 
 /// Where this machine's cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or
@@ -139,9 +187,11 @@ fn cgroup2_root() -> PathBuf {
         .expect("this test needs a cgroup v2 hierarchy mounted (none in /proc/self/mountinfo)")
 }
 
-/// A running `blobdrive csi`, stopped with SIGTERM when dropped.
+/// A running `blobdrive csi`, stopped with SIGTERM when dropped; its log
+/// goes to a file beside its socket (shown when a test fails).
 struct Driver {
     child: Child,
+    log: PathBuf,
 }
 
 impl Driver {
@@ -183,7 +233,7 @@ impl Driver {
                 _ => Err(std::io::Error::last_os_error()),
             });
         }
-        Driver::launch(command, socket)
+        Driver::launch(command, socket, Driver::log_path(socket, None))
     }
 
     /// `blobdrive csi ARGS --endpoint unix://SOCKET`, answering.
@@ -206,7 +256,8 @@ impl Driver {
         run: &Path,
         log: Option<&Path>,
     ) -> Driver {
-        Driver::launch(Driver::command(cs, socket, args, cgroups, run, log), socket)
+        let command = Driver::command(cs, socket, args, cgroups, run, log);
+        Driver::launch(command, socket, Driver::log_path(socket, log))
     }
 
     /// The command [`Driver::spawn`] starts.
@@ -229,11 +280,15 @@ impl Driver {
             // directory, never the machine's.
             .env("BLOBDRIVE_RUN_DIR", run)
             .stdout(Stdio::null());
-        if let Some(log) = log {
-            command
-                .env("BLOBDRIVE_LOG", "trace")
-                .stderr(std::fs::File::create(log).expect("make the driver's log"));
+        if log.is_some() {
+            command.env("BLOBDRIVE_LOG", "trace");
         }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(Driver::log_path(socket, log))
+            .expect("make the driver's log");
+        command.stderr(file);
         if let Some((plugin, volumes)) = cgroups {
             use std::os::unix::process::CommandExt;
             command.arg("--volume-cgroup").arg(&volumes.0);
@@ -249,17 +304,41 @@ impl Driver {
         command
     }
 
-    /// Starts `command` and waits until it answers on `socket`.
-    fn launch(mut command: Command, socket: &Path) -> Driver {
+    /// Where the log of a driver on `socket` goes: `log` if given, else a
+    /// file beside the socket.
+    fn log_path(socket: &Path, log: Option<&Path>) -> PathBuf {
+        log.map_or_else(|| socket.with_extension("log"), Path::to_path_buf)
+    }
+
+    /// Starts `command`, whose log goes to `log`, and waits until it answers
+    /// on `socket`.
+    fn launch(mut command: Command, socket: &Path, log: PathBuf) -> Driver {
+        let starts = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("serving on")
+            .count();
         let child = command.spawn().expect("start blobdrive csi");
         // Until it answers: a file there is not enough, since a plugin killed
-        // before leaves its socket behind for the new one to replace.
+        // before leaves its socket behind for the new one to replace; and
+        // until it said so, its services made (a node's budget logged).
         wait_for(
             "the driver's socket to answer",
             Duration::from_secs(30),
-            || std::os::unix::net::UnixStream::connect(socket).is_ok(),
+            || {
+                std::os::unix::net::UnixStream::connect(socket).is_ok()
+                    && std::fs::read_to_string(&log)
+                        .unwrap_or_default()
+                        .matches("serving on")
+                        .count()
+                        > starts
+            },
         );
-        Driver { child }
+        Driver { child, log }
+    }
+
+    /// What it logged so far (every start on this socket).
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// SIGTERM, then the exit status; the socket is gone after.
@@ -274,6 +353,9 @@ impl Drop for Driver {
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
             self.stop();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- {}:\n{}", self.log.display(), self.log());
         }
     }
 }
@@ -765,6 +847,24 @@ impl Plugin<'_> {
         );
     }
 
+    /// NodeStageVolume of `id` at `staging` as [`Plugin::stage`] does, with
+    /// the volume context CreateVolume answered (`context`, JSON).
+    fn stage_in(
+        &self,
+        id: &str,
+        staging: &Path,
+        cap: &str,
+        context: &serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        self.call(
+            "NodeStageVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {cap}, "volume_context": {context}}}"#,
+                staging.display()
+            ),
+        )
+    }
+
     /// NodePublishVolume of `id`, staged at `staging`, at `target`.
     fn publish(&self, id: &str, staging: &Path, target: &Path, cap: &str) {
         self.ok(
@@ -974,8 +1074,9 @@ fn a_block_volume_outlives_its_node_plugin_killed() {
         data.display()
     )));
     // The volume's daemon is split as every mount is: its root part and its
-    // worker, both in the volume cgroup, the worker walled.
-    let in_cgroup = volume_cgroup.pids();
+    // worker, both in the volume's own cgroup in the volume cgroup, the
+    // worker walled.
+    let in_cgroup = pids_in(&volume_cgroup.of_volume(&staging));
     let listed = BD.cmd(&["list", "--json"]).cs("").output().stdout;
     let records: Vec<serde_json::Value> = serde_json::from_slice(&listed).unwrap();
     let record = records
@@ -1040,6 +1141,333 @@ fn a_block_volume_outlives_its_node_plugin_killed() {
         std::fs::read(&data).unwrap()[..]
     );
     a.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
+}
+
+/// The worker (the root part's child) of the mount at `staging`: its pid and
+/// its `/proc/PID/status`.
+fn worker_of(staging: &Path) -> (i32, String) {
+    let listed = BD.cmd(&["list", "--json"]).cs("").output().stdout;
+    let records: Vec<serde_json::Value> = serde_json::from_slice(&listed).unwrap();
+    let record = records
+        .iter()
+        .find(|r| r["mountpoint"] == staging.to_str().unwrap())
+        .unwrap_or_else(|| panic!("no record of {}: {records:?}", staging.display()));
+    let root = record["pid"].as_i64().unwrap();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        if status_field(&status, "PPid:") == root.to_string() {
+            return (pid, status);
+        }
+    }
+    panic!("no worker of the mount at {}", staging.display());
+}
+
+fn status_field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The memory limit of the cgroup `pid` is in, where the host limits memory:
+/// its cgroup v1 memory cgroup's `memory.limit_in_bytes`, or its cgroup v2
+/// cgroup's `memory.max` when that hierarchy has the controller.
+fn memory_limit_of(pid: i32) -> Option<u64> {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    for line in cgroups.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        let path = path.trim_start_matches('/');
+        if controllers.split(',').any(|c| c == "memory") {
+            let file = cgroup_v1_memory_root()?
+                .join(path)
+                .join("memory.limit_in_bytes");
+            return std::fs::read_to_string(file).ok()?.trim().parse().ok();
+        }
+        if controllers.is_empty() {
+            if let Ok(max) = std::fs::read_to_string(cgroup2_root().join(path).join("memory.max")) {
+                return max.trim().parse().ok();
+            }
+        }
+    }
+    None
+}
+
+const BLOCK_CAP: &str = r#"{"block": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}"#;
+
+/// `n` block volumes of 320 MiB with `cacheSize: 64Mi`, published to `node`:
+/// each one's id and volume context.
+fn dense_volumes(a: &Plugin, n: usize, node: &str) -> Vec<(String, serde_json::Value)> {
+    (0..n)
+        .map(|i| {
+            let vol = a.ok(
+                "CreateVolume",
+                format!(r#"{{"name": "dense-{i}", "capacity_range": {{"required_bytes": 335544320}}, "volume_capabilities": [{BLOCK_CAP}], "parameters": {{"cacheSize": "64Mi"}}}}"#),
+            );
+            let id = vol["volume"]["volume_id"].as_str().unwrap().to_string();
+            assert_eq!(vol["volume"]["volume_context"]["cacheSize"], "64Mi", "{vol}");
+            a.ok(
+                "ControllerPublishVolume",
+                format!(r#"{{"volume_id": "{id}", "node_id": "{node}", "volume_capability": {BLOCK_CAP}}}"#),
+            );
+            (id, vol["volume"]["volume_context"].clone())
+        })
+        .collect()
+}
+
+/// `blobdrive list` shows each volume staged at `stagings` with its 64 MiB
+/// cache, and `budget_line` for the node.
+fn assert_listed_with_their_caches(stagings: &[PathBuf], budget_line: &str) {
+    let listed = BD.cmd(&["list"]).cs("").output();
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert!(table.contains(budget_line), "{table}");
+    for staging in stagings {
+        let row = table
+            .lines()
+            .find(|l| l.contains(staging.to_str().unwrap()))
+            .unwrap_or_else(|| panic!("{table}"));
+        assert!(row.contains(" 64 MiB "), "{row}");
+    }
+}
+
+/// 300 MiB of random bytes written into each block device of `targets`, all
+/// at once, each with O_DIRECT and an fsync at the end.
+fn write_300_mib_into_each(targets: &[PathBuf]) {
+    let writers: Vec<Child> = targets
+        .iter()
+        .map(|t| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "head -c 300M /dev/urandom | dd of='{}' bs=4M iflag=fullblock oflag=direct conv=fsync status=none",
+                    t.display()
+                ))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut w in writers {
+        assert!(w.wait().unwrap().success());
+    }
+}
+
+/// Each worker of the mounts at `stagings` peaked at most at its 64 MiB cache +
+/// 150 MiB (VmHWM), runs in its volume's own cgroup with the memory limit of
+/// 64 + 192 MiB where the host has a memory controller (else the plugin's log
+/// said so), and as a uid that is not 0 and no other's: the uids.
+fn assert_workers_held_to_their_caches(
+    stagings: &[PathBuf],
+    volume_cgroup: &TestCgroup,
+    driver: &Driver,
+) -> Vec<String> {
+    let mut uids = Vec::new();
+    for (i, staging) in stagings.iter().enumerate() {
+        let (pid, status) = worker_of(staging);
+        let hwm_kib: u64 = status_field(&status, "VmHWM:")
+            .trim_end_matches(" kB")
+            .parse()
+            .unwrap();
+        assert!(
+            hwm_kib <= 214 << 10,
+            "volume {i}'s worker peaked at {} MiB, over its 64 MiB cache + 150 MiB",
+            hwm_kib >> 10
+        );
+        println!("volume {i}: worker VmHWM {} MiB", hwm_kib >> 10);
+        let uid = status_field(&status, "Uid:");
+        assert!(!uid.split_whitespace().any(|u| u == "0"), "{uid}");
+        uids.push(uid.split_whitespace().next().unwrap().to_string());
+        assert!(pids_in(&volume_cgroup.of_volume(staging)).contains(&pid));
+        match memory_limit_of(pid) {
+            Some(limit) => assert_eq!(limit, (64 + 192) << 20, "volume {i}"),
+            None => assert!(
+                driver.log().contains("not limited by the kernel"),
+                "{}",
+                driver.log()
+            ),
+        }
+    }
+    for (i, u) in uids.iter().enumerate() {
+        assert!(
+            !uids[i + 1..].contains(u),
+            "two workers run as uid {u}: {uids:?}"
+        );
+    }
+    uids
+}
+
+/// NodeUnstageVolume of `id` at `staging`.
+fn unstage(p: &Plugin, id: &str, staging: &Path) {
+    p.ok(
+        "NodeUnstageVolume",
+        format!(
+            r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
+            staging.display()
+        ),
+    );
+}
+
+/// A second node plugin on this host (`dense-b`, its default budget) stages
+/// `volume` (moved to it from `dense-a`, then back) although `dense-a`'s
+/// budget is full: each counts its own volumes. Its worker's uid is none of
+/// `uids`.
+fn the_other_node_stages(
+    a: &Plugin,
+    cs: &str,
+    dir: &Path,
+    container: &str,
+    volume: &(String, serde_json::Value),
+    uids: &[String],
+) {
+    let (id, context) = volume;
+    let b_socket = dir.join("b.sock");
+    let b_args = ["--node-id", "dense-b", "--container", container];
+    let _b_driver = Driver::start_with(cs, &b_socket, &b_args, None);
+    let b = Plugin {
+        stubs: dir,
+        socket: b_socket,
+    };
+    let move_to = |from: &str, to: &str| {
+        a.ok(
+            "ControllerUnpublishVolume",
+            format!(r#"{{"volume_id": "{id}", "node_id": "{from}"}}"#),
+        );
+        a.ok(
+            "ControllerPublishVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "node_id": "{to}", "volume_capability": {BLOCK_CAP}}}"#
+            ),
+        );
+    };
+    move_to("dense-a", "dense-b");
+    let b_staging = dir.join("b-stage");
+    b.stage_in(id, &b_staging, BLOCK_CAP, context).unwrap();
+    let b_uid = status_field(&worker_of(&b_staging).1, "Uid:");
+    let b_uid = b_uid.split_whitespace().next().unwrap().to_string();
+    assert!(!uids.contains(&b_uid), "{b_uid} {uids:?}");
+    unstage(&b, id, &b_staging);
+    move_to("dense-b", "dense-a");
+}
+
+/// A dense node: the volumes a node plugin stages share its cache budget
+/// (`--cache-budget`), each with the cache its StorageClass's `cacheSize`
+/// gives; each runs in a cgroup of its own whose memory the kernel limits to
+/// that cache + the daemon's overhead, and its worker as a uid of its own.
+/// Three 64 MiB-cache block volumes stage under a 192 MiB budget, a fourth is
+/// RESOURCE_EXHAUSTED with the numbers, its blob not leased (the SDK) and
+/// nothing mounted; `blobdrive list` shows the caches and the budget taken;
+/// 300 MiB written into each of the three (at once) leaves every worker's peak
+/// resident memory (VmHWM) at most 64 + 150 MiB; their uids differ and none is
+/// 0. The other node plugin on the host counts only its own volumes, so it
+/// stages the fourth. The plugin restarted counts its three again: the fourth
+/// still does not fit, until one is unstaged.
+#[test]
+fn volumes_share_a_node_s_cache_budget_each_with_its_memory_limited_and_a_uid_of_its_own() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let (plugin_cgroup, volume_cgroup) = (TestCgroup::new("plugin"), TestCgroup::new("dense"));
+    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
+    let cs = Azurite::shared().connection_string();
+    let container = unique_container("csi-dense");
+    // Node ids of this test's own: the other tests' plugins, running beside
+    // it, keep their records in the same run directory.
+    let c = container.as_str();
+    let args = [
+        "--node-id",
+        "dense-a",
+        "--container",
+        c,
+        "--cache-budget",
+        "192MiB",
+    ];
+    let socket = dir.path().join("a.sock");
+    let cgroups = Some((&plugin_cgroup, &volume_cgroup));
+    let mut driver = Driver::start_with(&cs, &socket, &args, cgroups);
+    let said = driver.log();
+    assert!(
+        said.contains("cache budget 192 MiB, 0 bytes taken by 0 volumes"),
+        "{said}"
+    );
+    let a = Plugin {
+        stubs: dir.path(),
+        socket: socket.clone(),
+    };
+    let volumes = dense_volumes(&a, 4, "dense-a");
+    let staging: Vec<PathBuf> = (0..4)
+        .map(|i| dir.path().join(format!("stage-{i}")))
+        .collect();
+    let target: Vec<PathBuf> = (0..4)
+        .map(|i| dir.path().join(format!("dev-{i}")))
+        .collect();
+    for (i, (id, context)) in volumes.iter().enumerate().take(3) {
+        a.stage_in(id, &staging[i], BLOCK_CAP, context)
+            .unwrap_or_else(|e| panic!("stage {id}: {e}"));
+        a.publish(id, &staging[i], &target[i], BLOCK_CAP);
+    }
+    let (fourth, fourth_context) = &volumes[3];
+    let refused = a
+        .stage_in(fourth, &staging[3], BLOCK_CAP, fourth_context)
+        .unwrap_err();
+    assert!(
+        refused.starts_with("error RESOURCE_EXHAUSTED")
+            && refused.contains("a cache of 64 MiB")
+            && refused.contains("0 bytes of 192 MiB")
+            && refused.contains("192 MiB taken by 3 volumes"),
+        "{refused}"
+    );
+    assert_eq!(lease_state(&cs, fourth), "available");
+    assert!(!blobdrive::mount::system::is_mountpoint(&staging[3]));
+    assert!(!mounted_in_csi_run().contains(&staging[3]));
+    let taken = "CSI node dense-a: cache budget 192 MiB, 192 MiB taken by 3 volumes";
+    assert_listed_with_their_caches(&staging[..3], taken);
+
+    write_300_mib_into_each(&target[..3]);
+    let uids = assert_workers_held_to_their_caches(&staging[..3], &volume_cgroup, &driver);
+
+    // The other plugin on this host counts its own volumes only.
+    the_other_node_stages(&a, &cs, dir.path(), c, &volumes[3], &uids);
+
+    // Restarted, the plugin counts its three volumes again.
+    driver.stop();
+    let driver = Driver::start_with(&cs, &socket, &args, cgroups);
+    let said = driver.log();
+    let restarted = said
+        .lines()
+        .rfind(|l| l.contains("node dense-a: cache budget"))
+        .unwrap_or_default();
+    assert!(
+        restarted.contains("cache budget 192 MiB, 192 MiB taken by 3 volumes"),
+        "{said}"
+    );
+    let refused = a
+        .stage_in(fourth, &staging[3], BLOCK_CAP, fourth_context)
+        .unwrap_err();
+    assert!(refused.starts_with("error RESOURCE_EXHAUSTED"), "{refused}");
+    a.take_down(&volumes[0].0, &staging[0], &target[0]);
+    a.stage_in(fourth, &staging[3], BLOCK_CAP, fourth_context)
+        .unwrap_or_else(|e| panic!("the fourth, once one left: {e}"));
+    assert_eq!(lease_state(&cs, fourth), "leased");
+    unstage(&a, fourth, &staging[3]);
+    for (i, (id, _)) in volumes.iter().enumerate().take(3).skip(1) {
+        a.take_down(id, &staging[i], &target[i]);
+    }
+    for (i, (id, _)) in volumes.iter().enumerate() {
+        assert!(!volume_cgroup.of_volume(&staging[i]).exists(), "{i}");
+        a.ok(
+            "ControllerUnpublishVolume",
+            format!(r#"{{"volume_id": "{id}", "node_id": "dense-a"}}"#),
+        );
+        assert_eq!(lease_state(&cs, id), "available");
+        a.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
+    }
+    drop(driver);
 }
 
 /// Scenarios 2, 3 and 6: a snapshot of a published volume becomes a new

@@ -84,7 +84,7 @@ done
 mount -t tmpfs -o mode=0755 tmpfs /run/mount 2>/dev/null || {{ mkdir -p /run/mount && mount -t tmpfs -o mode=0755 tmpfs /run/mount; }}
 # The system's run directory, which the package's purge cleans, private too:
 # other tests' drives are mounted in the real one meanwhile.
-mkdir -p /run/blobdrive && mount -t tmpfs -o mode=0700 tmpfs /run/blobdrive
+mkdir -p -m 0700 /run/blobdrive && mount -t tmpfs -o mode=0700 tmpfs /run/blobdrive
 export BLOBDRIVE_RUN_DIR='{run}'
 export DEBIAN_FRONTEND=noninteractive
 trap 'dpkg --purge blobdrive >/dev/null 2>&1 || true' EXIT
@@ -147,9 +147,9 @@ fn session(deb: &Path, s: &Path, fstab: &Path, mnt: &Path) -> String {
     );
     format!(
         r#"
-# A machine without the user, so that it is the package that makes it (the
-# tests' own setup made it on this one).
-for f in /etc/passwd /etc/shadow /etc/group /etc/gshadow; do
+# A machine without the user and its range of ids, so that it is the package
+# that makes them (the tests' own setup made them on this one).
+for f in /etc/passwd /etc/shadow /etc/group /etc/gshadow /etc/subuid /etc/subgid; do
     if [ -e "$f" ]; then sed -i '/^blobdrive:/d' "$f"; fi
 done
 getent passwd blobdrive >/dev/null && echo USER-BEFORE
@@ -161,6 +161,8 @@ echo "helpers=$(readlink /sbin/mount.blobdrive) $(readlink /sbin/umount.blobdriv
 grep -q '^ExecStart=/usr/bin/blobdrive mount ' /usr/lib/systemd/system/blobdrive@.service && echo UNIT-OK
 getent passwd blobdrive >/dev/null && echo USER-MADE
 echo "user-shell=$(getent passwd blobdrive | cut -d: -f7)"
+echo "subuid=$(grep '^blobdrive:' /etc/subuid | tr '\n' ' ')"
+echo "subgid=$(grep '^blobdrive:' /etc/subgid | tr '\n' ' ')"
 echo "etc=$(stat -c '%a %U' /etc/blobdrive)"
 [ -s /usr/share/zsh/vendor-completions/_blobdrive ] && [ -s /usr/share/fish/vendor_completions.d/blobdrive.fish ] && echo ZSH-FISH-OK
 # The manual the pages point to is there: every page of it they name.
@@ -173,6 +175,7 @@ install -m 600 '{s}/acct.env' '{creds}'
 mount -T '{fstab}' '{mnt}'
 pid="$(/usr/bin/blobdrive list --json | sed -n 's/.*"pid": \([0-9]*\).*/\1/p')"
 echo "exe=$(readlink /proc/$pid/exe)"
+echo "worker-uid=$(sed -n 's/^Uid:[[:space:]]*\([0-9]*\).*/\1/p' /proc/$(pgrep -P $pid | head -n1)/status)"
 echo "fs=$(findmnt -n -o FSTYPE '{mnt}')"
 grep -q 'helper=blobdrive' /run/mount/utab && echo UTAB-NAMES-HELPER
 echo hello > '{mnt}/hello'
@@ -212,6 +215,7 @@ done < '{s}/files'
 # The account the administrator put there stays, and /etc/blobdrive with it.
 [ -e '{creds}' ] || echo "PURGE-TOOK-THE-CREDENTIALS"
 getent passwd blobdrive >/dev/null && echo USER-KEPT
+grep -q '^blobdrive:' /etc/subuid && grep -q '^blobdrive:' /etc/subgid && echo RANGE-KEPT
 true
 "#,
         deb = deb.display(),
@@ -287,8 +291,28 @@ fn the_package_installs_mounts_from_fstab_unmounts_and_purges_to_nothing() {
     // The daemon is the installed program, started by the installed helper.
     assert!(o.contains("exe=/usr/bin/blobdrive\n"), "{t}");
     // The user a mount daemon's network-facing part runs as, made by the
-    // package on a machine without it, with no shell.
+    // package on a machine without it, with no shell, and its range of ids
+    // (the same in both files), which the fstab mount's worker took its uid from.
     assert!(o.contains("user-shell=/usr/sbin/nologin\n"), "{t}");
+    let field = |key: &str| {
+        o.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let range = field("subuid=");
+    assert_eq!(range, field("subgid="), "{t}");
+    let f: Vec<&str> = range.split(':').collect();
+    assert!(
+        f.len() == 3 && f[0] == "blobdrive" && f[2] == "65536",
+        "{t}"
+    );
+    let first: u64 = f[1].parse().unwrap();
+    let uid: u64 = field("worker-uid=")
+        .parse()
+        .unwrap_or_else(|_| panic!("{t}"));
+    assert!((first..first + 65536).contains(&uid), "{t}");
     for bad in [
         "USER-BEFORE",
         "PAGE-NAMES-MISSING-DOC",
@@ -333,7 +357,7 @@ fn the_package_installs_mounts_from_fstab_unmounts_and_purges_to_nothing() {
         "{t}"
     );
     // Debian keeps system users on purge (files with its uid may remain).
-    assert!(o.contains("USER-KEPT"), "{t}");
+    assert!(o.contains("USER-KEPT") && o.contains("RANGE-KEPT"), "{t}");
     // The plain umount put everything on the blob and freed the lease.
     let lease = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(lease["state"], "available", "{t}");

@@ -281,6 +281,124 @@ fn an_fstab_line_s_run_as_picks_the_worker_s_user() {
     BD.assert_nothing_left(mp.path(), &spec);
 }
 
+/// The first of `pid`'s uids.
+fn first_uid(pid: u64) -> u32 {
+    uid_of(pid)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The ids /etc/subuid reserves for the user blobdrive, as ranges.
+fn reserved_uids() -> Vec<std::ops::Range<u64>> {
+    std::fs::read_to_string("/etc/subuid")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            let (start, count): (u64, u64) = (f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?);
+            (f[0] == USER).then_some(start..start + count)
+        })
+        .collect()
+}
+
+/// Every mount's worker runs as a uid of its own unless --run-as names a
+/// user: two mounts at once get two uids from the range reserved for
+/// blobdrive (/etc/subuid; neither 0 nor blobdrive's own uid), as uid and
+/// gid, held in /run/blobdrive/uids while mounted and given back after; a
+/// process of one's uid cannot stop the other's worker (kill -STOP refused),
+/// and the drive's disk cache directory is its worker's while mounted and
+/// root's again after.
+#[test]
+fn two_mounts_workers_run_as_uids_of_their_own_that_cannot_stop_each_other() {
+    require_root();
+    let (spec1, spec2) = (
+        BD.new_drive("privsep-uid1", "16MiB"),
+        BD.new_drive("privsep-uid2", "16MiB"),
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let (mp1, mp2) = (BD.mp(), BD.mp());
+    let cache_dir = cache.path().to_str().unwrap();
+    BD.mount(&spec1, &mp1, &["--mode", "raw", "--disk-cache", cache_dir]);
+    BD.mount(&spec2, &mp2, &["--mode", "raw"]);
+    let mut workers = Vec::new();
+    for mp in [&mp1, &mp2] {
+        // Written through the worker, so that it holds a connection.
+        let disk = std::fs::OpenOptions::new()
+            .write(true)
+            .open(mp.disk())
+            .unwrap();
+        disk.write_all_at(&[9u8; 4096], 0).unwrap();
+        disk.sync_all().unwrap();
+        let holders = assert_split_from_outside(mp.pid());
+        assert_eq!(holders.len(), 1, "{holders:?}");
+        workers.push(holders[0]);
+    }
+    let uids: Vec<u32> = workers.iter().map(|&w| first_uid(w)).collect();
+    assert_ne!(uids[0], uids[1], "two mounts, one uid");
+    let own = Command::new("id").args(["-u", USER]).output().unwrap();
+    let own: u32 = String::from_utf8_lossy(&own.stdout).trim().parse().unwrap();
+    let reserved = reserved_uids();
+    for (&worker, &uid) in workers.iter().zip(&uids) {
+        assert!(uid != 0 && uid != own, "{uid}");
+        assert!(
+            reserved.iter().any(|r| r.contains(&u64::from(uid))),
+            "uid {uid} is not in blobdrive's range {reserved:?}"
+        );
+        let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap();
+        assert_eq!(field(&status, "Gid"), format!("{uid}\t{uid}\t{uid}\t{uid}"));
+        assert!(std::path::Path::new(&format!("/run/blobdrive/uids/{uid}")).exists());
+    }
+    // The first worker's uid tries to stop the second worker: refused.
+    let tried = Command::new("setpriv")
+        .arg(format!("--reuid={}", uids[0]))
+        .arg(format!("--regid={}", uids[0]))
+        .args(["--clear-groups", "kill", "-STOP"])
+        .arg(workers[1].to_string())
+        .output()
+        .unwrap();
+    let state = std::fs::read_to_string(format!("/proc/{}/stat", workers[1])).unwrap();
+    // SAFETY: kill with integer arguments, to the worker this test found.
+    unsafe { libc::kill(workers[1] as i32, libc::SIGCONT) };
+    assert!(
+        !tried.status.success(),
+        "uid {} stopped the other mount's worker",
+        uids[0]
+    );
+    assert!(!state.contains(") T "), "{state}");
+    // The disk cache's drive directory: the worker's, then root's again.
+    use std::os::unix::fs::MetadataExt;
+    let drive_dir = std::fs::read_dir(cache.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert_eq!(drive_dir.metadata().unwrap().uid(), uids[0]);
+    for (mp, worker) in [(&mp1, workers[0]), (&mp2, workers[1])] {
+        let daemon = mp.pid();
+        BD.unmount(mp);
+        wait_for_exit(daemon, "the root part", Duration::from_secs(20));
+        wait_for_exit(worker, "the worker", Duration::from_secs(20));
+    }
+    for uid in &uids {
+        assert!(!std::path::Path::new(&format!("/run/blobdrive/uids/{uid}")).exists());
+    }
+    assert_eq!(drive_dir.metadata().unwrap().uid(), 0);
+    for entry in std::fs::read_dir(&drive_dir).unwrap().flatten() {
+        assert_eq!(
+            entry.metadata().unwrap().uid(),
+            0,
+            "{}",
+            entry.path().display()
+        );
+    }
+    BD.assert_nothing_left(mp1.path(), &spec1);
+    BD.assert_nothing_left(mp2.path(), &spec2);
+}
+
 #[test]
 fn a_missing_user_fails_the_mount_in_one_line_saying_how_to_create_it() {
     require_root();

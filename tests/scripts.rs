@@ -191,6 +191,8 @@ const USERADD: &str = "useradd --system --no-create-home --shell /usr/sbin/nolog
 /// network-facing part runs as: scripts/install.sh (not for a staged install),
 /// scripts/install-deps.sh, which the demo, the tests and CI run, the Debian
 /// package's postinst, and the CSI driver's image. Each only when it is missing.
+/// And each reserves the user's range of ids, which every mount's worker
+/// takes a uid of its own from, with the one script that does it.
 #[test]
 fn every_way_to_install_makes_the_worker_s_user() {
     for script in ["scripts/install.sh", "scripts/install-deps.sh"] {
@@ -207,15 +209,41 @@ fn every_way_to_install_makes_the_worker_s_user() {
     }
     let install = read("scripts/install.sh");
     assert!(install.contains("if [ -z \"$destdir\" ] && ! id blobdrive"));
-    // The runtime image, the last stage, makes it.
+    for (script, source) in [
+        ("scripts/install.sh", ". scripts/debian/reserve-uids\n"),
+        (
+            "scripts/install-deps.sh",
+            ". \"$(dirname \"$0\")/debian/reserve-uids\"\n",
+        ),
+    ] {
+        let text = read(script);
+        let at = text
+            .find(source)
+            .unwrap_or_else(|| panic!("{script} does not source reserve-uids"));
+        assert!(
+            text[at..]
+                .trim_start_matches(source)
+                .trim_start()
+                .starts_with("reserve_uids\n"),
+            "{script}"
+        );
+    }
+    // The runtime image, the last stage, makes the user and its range.
     let dockerfile = read("deploy/kubernetes/Dockerfile");
     let runtime = &dockerfile[dockerfile.rfind("\nFROM ").unwrap()..];
     assert!(
         runtime.contains(&format!(
-            "\nRUN id blobdrive >/dev/null 2>&1 || {USERADD}\n"
+            "\nRUN (id blobdrive >/dev/null 2>&1 || {USERADD}) \\\n    && . /tmp/reserve-uids && reserve_uids"
         )),
         "{runtime}"
     );
+    // The package's postinst has the script put in by package.sh.
+    let postinst = read("scripts/debian/postinst");
+    assert!(
+        postinst.contains("\n#RESERVE_UIDS#\n    reserve_uids\n"),
+        "{postinst}"
+    );
+    assert!(read("scripts/package.sh").contains("r scripts/debian/reserve-uids"));
     // The package's postinst, with Debian's adduser (tests/package.rs checks it
     // is made on a machine without it).
     let postinst = read("scripts/debian/postinst");
@@ -256,7 +284,7 @@ for d in $dirs; do
     mount -t overlay overlay -o "lowerdir=/$d,upperdir=$ov/$d.upper,workdir=$ov/$d.work" "/$d"
 done
 [ -d /run/systemd ] && mount -t tmpfs tmpfs /run/systemd
-for f in /etc/passwd /etc/shadow /etc/group /etc/gshadow; do
+for f in /etc/passwd /etc/shadow /etc/group /etc/gshadow /etc/subuid /etc/subgid; do
     if [ -e "$f" ]; then sed -i '/^blobdrive:/d' "$f"; fi
 done
 if id blobdrive >/dev/null 2>&1; then echo "the user is still there" >&2; exit 1; fi
@@ -271,6 +299,25 @@ cd '{root}'
         .stdin(std::process::Stdio::null())
         .output()
         .expect("run unshare")
+}
+
+/// The user's range of ids, in `out`'s lines `subuid=...` and `subgid=...`:
+/// one line in each file, the same 65536 ids from 100000 on.
+fn assert_range_reserved(out: &std::process::Output) {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = |key: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(key))
+            .flat_map(|v| v.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .collect()
+    };
+    let (uids, gids) = (line("subuid="), line("subgid="));
+    assert_eq!(uids.len(), 1, "one range: {text}");
+    assert_eq!(uids, gids, "{text}");
+    let f: Vec<&str> = uids[0].split(':').collect();
+    assert_eq!(f[0], "blobdrive");
+    assert!(f[1].parse::<u64>().unwrap() >= 100000, "{text}");
+    assert_eq!(f[2], "65536", "{text}");
 }
 
 /// What `getent passwd blobdrive` says of the user made, in `out`'s line
@@ -293,18 +340,22 @@ fn assert_system_user_made(out: &std::process::Output) {
 
 /// On a machine without the user, `scripts/install-deps.sh --demo` (what the
 /// demo runs; the tests' set and the benchmarks' make it the same way) and
-/// `scripts/install.sh` make it, once; a staged install does not.
+/// `scripts/install.sh` make it and reserve its range of ids, once; a staged
+/// install does neither.
 #[test]
 fn the_scripts_make_the_worker_s_user_when_it_is_missing() {
     let report = r#"
 echo "user=$(getent passwd blobdrive)"
 home="$(getent passwd blobdrive | cut -d: -f6)"
 if [ -n "$home" ] && [ -e "$home" ]; then echo HOME-MADE; fi
+echo "subuid=$(grep '^blobdrive:' /etc/subuid | tr '\n' ' ')"
+echo "subgid=$(grep '^blobdrive:' /etc/subgid | tr '\n' ' ')"
 "#;
     let deps = without_the_user(&format!(
-        "scripts/install-deps.sh --demo\n{report}\nscripts/install-deps.sh --demo\necho SECOND-RUN-DONE\n"
+        "scripts/install-deps.sh --demo\nscripts/install-deps.sh --demo\necho SECOND-RUN-DONE\n{report}\n"
     ));
     assert_system_user_made(&deps);
+    assert_range_reserved(&deps);
     let said = String::from_utf8_lossy(&deps.stdout);
     assert_eq!(
         said.matches("creating the system user blobdrive").count(),
@@ -318,13 +369,16 @@ if [ -n "$home" ] && [ -e "$home" ]; then echo HOME-MADE; fi
         r#"stage="$(mktemp -d)"
 scripts/install.sh --destdir "$stage" --binary '{binary}' >/dev/null
 id blobdrive >/dev/null 2>&1 && echo STAGED-MADE-USER
+grep -q '^blobdrive:' /etc/subuid && echo STAGED-RESERVED
 rm -rf "$stage"
 scripts/install.sh --binary '{binary}'
 {report}"#
     ));
     assert_system_user_made(&install);
+    assert_range_reserved(&install);
     let said = String::from_utf8_lossy(&install.stdout);
     assert!(!said.contains("STAGED-MADE-USER"), "{said}");
+    assert!(!said.contains("STAGED-RESERVED"), "{said}");
     assert!(said.contains("created the system user blobdrive"), "{said}");
 }
 

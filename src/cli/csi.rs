@@ -31,7 +31,10 @@ service): the storage service's Get Page Ranges, with its snapshot diff.
 Each staged volume is a `blobdrive mount` whose daemon outlives this process: a
 node plugin killed or restarted leaves its volumes serving, and takes them down
 again when asked. With --volume-cgroup the daemons also leave the plugin's cgroup,
-which a container runtime kills whole.
+which a container runtime kills whole, each into a cgroup of its own there whose
+memory is limited to its cache and the daemon's overhead where the host has a
+memory controller for it. The volumes' caches share the node's --cache-budget.
+Each volume's network-facing part runs as a uid of its own (see blobdrive-mount(8)).
 
 The account comes from the same places as every command (AZURE_STORAGE_CONNECTION_STRING
 or Entra ID; see blobdrive(8)). The socket is root's alone (mode 600).
@@ -75,6 +78,43 @@ pub struct Args {
     /// fill theirs as they are staged (`mount --warm`).
     #[arg(long, value_name = "DIR")]
     pub disk_cache: Option<std::path::PathBuf>,
+    /// The memory the caches of the volumes staged on this node may take
+    /// together (e.g. 4GiB; default: a quarter of the node's memory). A
+    /// volume's cache is its StorageClass's `cacheSize`, or else this budget
+    /// shared by max_volumes_per_node volumes (at least 32 MiB); a volume
+    /// whose cache does not fit what is left is refused (RESOURCE_EXHAUSTED,
+    /// nothing made or leased), and staged when the kubelet asks again once
+    /// another volume has left the node.
+    #[arg(long, value_name = "SIZE")]
+    pub cache_budget: Option<String>,
+}
+
+/// The node's cache budget: `--cache-budget` (checked: at least one volume's
+/// smallest cache, at most the node's memory), or a quarter of the memory.
+fn cache_budget(asked: Option<&str>) -> Result<u64> {
+    use blobdrive::mount::{mem_total, MIN_CACHE_SIZE};
+    use blobdrive::size::human;
+    let memory = mem_total();
+    let Some(text) = asked else {
+        return Ok(csi::default_cache_budget(memory.unwrap_or(4 << 30)));
+    };
+    let budget =
+        blobdrive::size::parse_size(text).map_err(|e| anyhow::anyhow!("--cache-budget: {e}"))?;
+    if budget < MIN_CACHE_SIZE {
+        anyhow::bail!(
+            "--cache-budget {} is too small: a volume's cache is at least {}",
+            human(budget),
+            human(MIN_CACHE_SIZE)
+        );
+    }
+    if let Some(total) = memory.filter(|&t| budget > t) {
+        anyhow::bail!(
+            "--cache-budget {} is more than this node's memory ({})",
+            human(budget),
+            human(total)
+        );
+    }
+    Ok(budget)
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<()> {
@@ -102,6 +142,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         ),
         _ => {}
     }
+    let cache_budget = cache_budget(args.cache_budget.as_deref())?;
     let disk_cache = match &args.disk_cache {
         Some(dir) => {
             let dir = std::path::absolute(dir)?;
@@ -125,6 +166,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         volume_cgroup,
         disk_cache,
         max_volumes: args.max_volumes_per_node,
+        cache_budget,
     };
     ctx.block_on(async move {
         let stop = async {

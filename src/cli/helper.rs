@@ -47,7 +47,8 @@ OPTIONS (comma-separated):
                           in the background (at most SIZE a second; needs
                           disk-cache=DIR)
   run-as=USER             run the daemon's network-facing part as USER, walled off
-                          from the host (default: BLOBDRIVE_RUN_AS, else blobdrive)
+                          from the host (default: BLOBDRIVE_RUN_AS, else a uid of
+                          the mount's own from blobdrive's range in /etc/subuid)
   credentials=FILE        KEY=VALUE lines for the daemon's environment, e.g.
                           AZURE_STORAGE_CONNECTION_STRING=... or the Entra ID variables;
                           root's, mode 600 or stricter (secrets stay out of argv and

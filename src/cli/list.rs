@@ -32,6 +32,8 @@ pub fn run(args: Args) -> Result<()> {
                     "disk_size": size,
                     "device": r.device,
                     "read_only": r.read_only,
+                    "cache_size": r.cache_size,
+                    "worker_uid": r.worker_uid,
                     "pid": r.pid,
                     "running": record::alive(r),
                 })
@@ -51,6 +53,8 @@ pub fn run(args: Args) -> Result<()> {
         "SIZE",
         "DEVICE",
         "RO",
+        "CACHE",
+        "UID",
         "AUTH",
         "PID",
     ]
@@ -72,11 +76,17 @@ pub fn run(args: Args) -> Result<()> {
             size.map_or_else(|| "-".to_string(), human),
             r.device.as_deref().unwrap_or("-").to_string(),
             if r.read_only { "yes" } else { "no" }.to_string(),
+            r.cache_size.map_or_else(|| "-".to_string(), human),
+            r.worker_uid
+                .map_or_else(|| "-".to_string(), |u| u.to_string()),
             if r.auth.is_empty() { "-" } else { &r.auth }.to_string(),
             pid,
         ]);
     }
     print!("{}", table(&rows));
+    for line in blobdrive::csi::cache_budgets_here() {
+        println!("{line}");
+    }
     Ok(())
 }
 

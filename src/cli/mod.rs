@@ -119,6 +119,18 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// How much to log (`-v`s): a CSI driver is a service whose log is what
+    /// its operator reads (what it stages, its cache budget), so it says what
+    /// it does (info) without being asked; every other command only warns.
+    pub fn log_level(&self) -> u8 {
+        match self.command {
+            Command::Csi(_) => self.verbose.max(1),
+            _ => self.verbose,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create a new empty drive: a page blob holding a fixed VHD of SIZE.

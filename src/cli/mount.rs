@@ -116,9 +116,9 @@ pub struct Args {
     /// The unprivileged user the network-facing part of the daemon runs as
     /// (HTTP, TLS, XML, tokens, the cache, FUSE), with no capability, a seccomp
     /// filter and Landlock; a small root part does the mounts. The user must
-    /// exist: `useradd --system --no-create-home --shell /usr/sbin/nologin
-    /// blobdrive` (the package and scripts/install.sh create it)
-    /// [default: blobdrive]
+    /// exist. [default: a uid of the mount's own, which no account, process or
+    /// other mount has, from the range /etc/subuid and /etc/subgid reserve for
+    /// the user blobdrive (the package and scripts/install.sh reserve it)]
     #[arg(long, value_name = "USER", env = "BLOBDRIVE_RUN_AS")]
     pub run_as: Option<String>,
     /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)
@@ -143,30 +143,20 @@ pub enum Say {
 }
 
 /// Physical memory (MemTotal), if /proc/meminfo says.
-fn mem_total() -> Option<u64> {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map(|kib| kib * 1024)
-}
-
 /// 1/8 of RAM, between 64 MiB and 1 GiB.
 fn default_cache_size() -> u64 {
-    (mem_total().unwrap_or(1 << 30) / 8).clamp(64 << 20, 1 << 30)
+    (blobdrive::mount::mem_total().unwrap_or(1 << 30) / 8).clamp(64 << 20, 1 << 30)
 }
 
 /// A cache must fit: at least 32 MiB, and at most 3/4 of physical memory (the
 /// daemon needs up to 150 MiB more, and the rest of the machine some too; a cache
 /// that cannot be held would end in swapping or the OOM killer).
 fn check_cache_size(cache_size: u64, mem_total: Option<u64>) -> Result<()> {
-    if cache_size < 32 << 20 {
+    if cache_size < blobdrive::mount::MIN_CACHE_SIZE {
         bail!(
-            "--cache-size {} is too small: at least 32 MiB",
-            human(cache_size)
+            "--cache-size {} is too small: at least {}",
+            human(cache_size),
+            human(blobdrive::mount::MIN_CACHE_SIZE)
         );
     }
     if let Some(total) = mem_total {
@@ -273,7 +263,7 @@ fn mount(
         Some(s) => parse_size(s)?,
         None => default_cache_size(),
     };
-    check_cache_size(cache_size, mem_total())?;
+    check_cache_size(cache_size, blobdrive::mount::mem_total())?;
     let disk_cache_size = match &args.disk_cache_size {
         Some(s) => Some(check_disk_cache_size(parse_size(s)?)?),
         None => None,

@@ -74,6 +74,11 @@ impl VolumeCgroup {
         })
     }
 
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Opens `cgroup.procs` for a child about to be started: the child writes
     /// "0" to it between fork and exec (see [`join_in_child`]), so it is never
     /// in the plugin's cgroup after its exec.

@@ -23,11 +23,13 @@
 mod attach;
 mod authority;
 mod bind;
+mod budget;
 mod cgroup;
 mod clone;
 mod controller;
 mod create;
 mod identity;
+mod memcg;
 mod metadata;
 mod node;
 mod nodes;
@@ -35,8 +37,10 @@ mod origin;
 mod parameters;
 mod paths;
 mod publish;
+mod quantity;
 mod snapshots;
 mod stage;
+mod staged;
 mod targets;
 mod usage;
 mod volume;
@@ -117,6 +121,21 @@ pub struct Driver {
     /// How many volumes this node takes (NodeGetInfo's max_volumes_per_node,
     /// and what its record tells the controller).
     pub max_volumes: u32,
+    /// What the caches of the volumes staged on this node may take together
+    /// (`--cache-budget`), in bytes.
+    pub cache_budget: u64,
+}
+
+/// For `blobdrive list`: each node plugin's cache budget on this host, and
+/// what its volumes take of it, one line each.
+pub fn cache_budgets_here() -> Vec<String> {
+    budget::host_summaries()
+}
+
+/// The cache budget of a node with `mem_total` bytes of memory when
+/// `--cache-budget` is not given: a quarter of it.
+pub fn default_cache_budget(mem_total: u64) -> u64 {
+    budget::default_total(mem_total)
 }
 
 /// Why the driver could not start.
@@ -198,7 +217,6 @@ pub async fn serve(
         }
     }
     let listener = bind(&path)?;
-    tracing::info!("CSI driver {PLUGIN_NAME} serving on {}", path.display());
     let controller = (driver.role != Role::Node).then(|| {
         proto::controller_server::ControllerServer::new(controller::ControllerService::new(
             driver.clone(),
@@ -211,6 +229,8 @@ pub async fn serve(
     });
     let node = (driver.role != Role::Controller)
         .then(|| proto::node_server::NodeServer::new(node::NodeService::new(driver.clone())));
+    // Said once the services are made (the node's has logged its budget).
+    tracing::info!("CSI driver {PLUGIN_NAME} serving on {}", path.display());
     let result = tonic::transport::Server::builder()
         .add_service(proto::identity_server::IdentityServer::new(
             identity::IdentityService {

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use tonic::{Request, Response, Status};
 
-use super::cgroup::VolumeCgroup;
+use super::budget::Budget;
+use super::memcg::{self, VolumeGroups};
 use super::proto::node_server::Node;
 use super::proto::node_service_capability::{self, rpc};
 use super::proto::*;
@@ -22,20 +23,61 @@ pub const MAX_VOLUMES_PER_NODE: u32 = 64;
 
 pub struct NodeService {
     driver: Driver,
+    /// Where the volumes' daemons go, apart from this plugin's cgroup, each
+    /// into a cgroup of its own.
+    groups: Option<VolumeGroups>,
+    /// What the volumes' caches may take together, and what they take.
+    budget: Budget,
 }
 
 impl NodeService {
+    /// The node service; says in the log what its volumes' caches may take
+    /// and take already (a restarted plugin counts the volumes staged before
+    /// it), and whether the kernel limits each volume's memory.
     pub fn new(driver: Driver) -> NodeService {
-        NodeService { driver }
+        let node_id = &driver.node_id;
+        let max = u64::from(driver.max_volumes);
+        let budget = Budget::new(driver.cache_budget, max, node_id);
+        tracing::info!("node {node_id}: {}", budget.summary());
+        if budget.default_cache * max > budget.total {
+            tracing::warn!(
+                "node {node_id}: the cache budget holds {} volumes of the default cache, fewer than the {max} the node takes",
+                budget.total / budget.default_cache
+            );
+        }
+        let groups = driver.volume_cgroup.as_ref().map(|c| {
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            VolumeGroups::detect(c.dir(), &mountinfo)
+        });
+        match &groups {
+            Some(g) if matches!(g.memory, memcg::Memory::Unlimited(_)) => {
+                tracing::warn!("node {node_id}: {}", g.describe())
+            }
+            Some(g) => tracing::info!("node {node_id}: {}", g.describe()),
+            None => tracing::warn!(
+                "node {node_id}: no --volume-cgroup: volumes' memory is not limited by the kernel, only by their caches"
+            ),
+        }
+        NodeService {
+            driver,
+            groups,
+            budget,
+        }
     }
 
     pub fn node_id(&self) -> &str {
         &self.driver.node_id
     }
 
-    /// Where the volumes' daemons go, apart from this plugin's cgroup.
-    pub fn volume_cgroup(&self) -> Option<&VolumeCgroup> {
-        self.driver.volume_cgroup.as_ref()
+    /// Where the volumes' daemons go, each into a cgroup of its own, apart
+    /// from this plugin's cgroup.
+    pub fn volume_groups(&self) -> Option<&VolumeGroups> {
+        self.groups.as_ref()
+    }
+
+    /// The node's cache budget.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     /// The mount's options for the node's disk cache, and for a warm-up when
@@ -127,7 +169,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeUnstageVolumeRequest>,
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
-        stage::unstage(request.into_inner()).await?;
+        stage::unstage(self, request.into_inner()).await?;
         Ok(Response::new(NodeUnstageVolumeResponse {}))
     }
 

@@ -41,6 +41,10 @@ const VOLUME: &[Known] = &[
         key: super::volume::WARM_UP,
         check: check_warm_up,
     },
+    Known {
+        key: super::volume::CACHE_SIZE,
+        check: check_cache_size,
+    },
 ];
 
 /// Every VolumeSnapshotClass parameter a snapshot takes: none yet.
@@ -126,6 +130,10 @@ fn check_warm_up(value: &str) -> Result<(), String> {
     super::volume::warm_up(Some(&value.to_string()))
         .map(drop)
         .map_err(|s| s.message().to_string())
+}
+
+fn check_cache_size(value: &str) -> Result<(), String> {
+    super::volume::check_cache_size(value).map(drop)
 }
 
 /// What a request asked of a volume or a snapshot besides its name, its size
@@ -221,6 +229,15 @@ mod tests {
         assert!(check_snapshot(&params(&[("container", "vols")])).is_err());
         assert!(
             check_snapshot(&params(&[("csi.storage.k8s.io/volumesnapshot/name", "s")])).is_ok()
+        );
+        assert!(check_volume(&params(&[("cacheSize", "64Mi")])).is_ok());
+        let e = check_volume(&params(&[("cacheSize", "64MiB")])).unwrap_err();
+        assert!(
+            e.message().starts_with(
+                "StorageClass parameter cacheSize: '64MiB': not a Kubernetes quantity"
+            ),
+            "{}",
+            e.message()
         );
         let long = "k".repeat(500);
         let e = check_mutable(&params(&[(long.as_str(), "v")])).unwrap_err();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tonic::Status;
 
-use super::cgroup::{join_in_child, VolumeCgroup};
+use super::memcg::{self, Joining};
 use super::node::NodeService;
 use super::paths::{self, Found};
 use super::proto::volume_capability::AccessType;
@@ -36,9 +36,10 @@ pub async fn blobdrive(args: &[&str]) -> Result<String, Status> {
     blobdrive_in(args, None).await
 }
 
-/// [`blobdrive`], started inside `cgroup` when one is given: a mount's daemon
-/// then lives there, not in this plugin's cgroup (see [`cgroup`](super::cgroup)).
-async fn blobdrive_in(args: &[&str], cgroup: Option<&VolumeCgroup>) -> Result<String, Status> {
+/// [`blobdrive`], started inside the cgroups of `joining` when given: a
+/// mount's daemon then lives there, not in this plugin's cgroup (see
+/// [`cgroup`](super::cgroup) and [`memcg`]).
+async fn blobdrive_in(args: &[&str], joining: Option<Joining>) -> Result<String, Status> {
     let exe = std::env::current_exe()
         .map_err(|e| Status::internal(format!("cannot find this program: {e}")))?;
     let mut command = tokio::process::Command::new(exe);
@@ -46,14 +47,11 @@ async fn blobdrive_in(args: &[&str], cgroup: Option<&VolumeCgroup>) -> Result<St
         .args(args)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
-    if let Some(cgroup) = cgroup {
-        let procs = cgroup
-            .procs()
-            .map_err(|e| Status::internal(format!("cannot open the volume cgroup: {e}")))?;
-        // SAFETY: the closure only calls write(2) on a descriptor opened
+    if let Some(joining) = joining {
+        // SAFETY: the closure only calls write(2) on descriptors opened
         // before the fork, which is async-signal-safe.
         unsafe {
-            command.pre_exec(move || join_in_child(&procs));
+            command.pre_exec(move || memcg::join_all_in_child(&joining));
         }
     }
     let child = command.output();
@@ -108,6 +106,12 @@ pub async fn stage(node: &NodeService, req: NodeStageVolumeRequest) -> Result<()
             id.spec()
         )));
     }
+    let cache_size = volume::cache_size(req.volume_context.get(volume::CACHE_SIZE))?
+        .unwrap_or(node.budget().default_cache);
+    // Before anything is made or leased: a volume that does not fit leaves
+    // nothing behind, and the kubelet asks again later (once another volume
+    // has left the node).
+    let reservation = node.budget().reserve(&id.spec(), &staging, cache_size)?;
     match paths::found(&staging) {
         Ok(Found::Nothing) => {
             paths::make(&staging, true)
@@ -139,7 +143,9 @@ pub async fn stage(node: &NodeService, req: NodeStageVolumeRequest) -> Result<()
     }
     let cache_args = node.disk_cache_args(&spec, warm);
     args.extend(cache_args.iter().map(String::as_str));
-    blobdrive_in(&args, node.volume_cgroup()).await?;
+    let cache = cache_size.to_string();
+    args.extend(["--cache-size", cache.as_str()]);
+    mount_in_its_cgroup(node, &args, &staging, cache_size).await?;
     // `blobdrive mount` mounts where it checked, through a descriptor; had the
     // path become a symlink since it was looked at here, that is elsewhere.
     if staged_at(&staging).is_none_or(|r| r.blob != spec) {
@@ -147,7 +153,41 @@ pub async fn stage(node: &NodeService, req: NodeStageVolumeRequest) -> Result<()
             "blobdrive mount of {spec} did not mount at {at} (was the path replaced meanwhile?)"
         )));
     }
-    tracing::info!("staged volume {spec} at {at} for node {}", node.node_id());
+    reservation.keep();
+    tracing::info!(
+        "staged volume {spec} at {at} for node {}, its cache {}; {}",
+        node.node_id(),
+        crate::size::human(cache_size),
+        node.budget().summary()
+    );
+    Ok(())
+}
+
+/// Runs the `blobdrive mount` of `args` in the volume's own cgroups (made
+/// for it, its memory limited to `cache_size` and the daemon's overhead
+/// where the host allows: see [`memcg`]), removed again if the mount fails.
+async fn mount_in_its_cgroup(
+    node: &NodeService,
+    args: &[&str],
+    staging: &Path,
+    cache_size: u64,
+) -> Result<(), Status> {
+    let group = memcg::volume_name(staging);
+    let joining = match node.volume_groups() {
+        Some(g) => Some(g.for_volume(&group, cache_size).map_err(|e| {
+            Status::internal(format!(
+                "cannot make the cgroup of the volume at {}: {e}",
+                staging.display()
+            ))
+        })?),
+        None => None,
+    };
+    if let Err(e) = blobdrive_in(args, joining).await {
+        if let Some(g) = node.volume_groups() {
+            g.remove_volume(&group);
+        }
+        return Err(e);
+    }
     Ok(())
 }
 
@@ -197,7 +237,7 @@ fn not_a_directory(path: &Path) -> Status {
 /// that volume, by its record: a path holding another volume, or nothing of
 /// this driver's, is left as it is (the volume asked for is not staged there:
 /// OK, as the spec says).
-pub async fn unstage(req: NodeUnstageVolumeRequest) -> Result<(), Status> {
+pub async fn unstage(node: &NodeService, req: NodeUnstageVolumeRequest) -> Result<(), Status> {
     if req.volume_id.is_empty() {
         return Err(Status::invalid_argument("a volume id is required"));
     }
@@ -206,6 +246,8 @@ pub async fn unstage(req: NodeUnstageVolumeRequest) -> Result<(), Status> {
         return Ok(());
     };
     let Some(r) = staged_at(&staging) else {
+        // Nothing alive there (its daemon died): it holds none of the budget.
+        node.budget().release(&staging);
         return Ok(());
     };
     if r.blob != req.volume_id {
@@ -226,6 +268,14 @@ pub async fn unstage(req: NodeUnstageVolumeRequest) -> Result<(), Status> {
         }
         tracing::warn!("unstaged {at}: {}", e.message());
     }
-    tracing::info!("unstaged volume {} from {at}", req.volume_id);
+    node.budget().release(&staging);
+    if let Some(g) = node.volume_groups() {
+        g.remove_volume(&memcg::volume_name(&staging));
+    }
+    tracing::info!(
+        "unstaged volume {} from {at}; {}",
+        req.volume_id,
+        node.budget().summary()
+    );
     Ok(())
 }

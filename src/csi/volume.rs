@@ -30,6 +30,39 @@ pub fn warm_up(value: Option<&String>) -> Result<bool, Status> {
     }
 }
 
+/// The StorageClass parameter, carried to NodeStage in the volume's context,
+/// that gives the volume's memory cache: a Kubernetes quantity (`64Mi`,
+/// `1Gi`). Without it the node gives its default (see `budget.rs`).
+pub const CACHE_SIZE: &str = "cacheSize";
+
+/// The bytes a `cacheSize` value stands for: a quantity of at least the
+/// smallest cache a mount takes; the error says why not, in words.
+pub fn check_cache_size(value: &str) -> Result<u64, String> {
+    let shown: String = if value.chars().count() <= 32 {
+        format!("'{}'", value.escape_debug())
+    } else {
+        format!("a value of {} characters", value.chars().count())
+    };
+    let bytes = super::quantity::bytes(value).map_err(|why| format!("{shown}: {why}"))?;
+    if bytes < crate::mount::MIN_CACHE_SIZE {
+        return Err(format!(
+            "{shown} is too small: a volume's cache is at least 32Mi"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The cache a `cacheSize` value asks for (none: `None`); INVALID_ARGUMENT
+/// unless [`check_cache_size`] takes it.
+pub fn cache_size(value: Option<&String>) -> Result<Option<u64>, Status> {
+    value
+        .map(|v| {
+            check_cache_size(v)
+                .map_err(|why| Status::invalid_argument(format!("{CACHE_SIZE} {why}")))
+        })
+        .transpose()
+}
+
 /// The volume context a volume made with the StorageClass's `parameters`
 /// carries to NodeStage (checked, so a bad value makes nothing).
 pub fn context_of(
@@ -38,6 +71,9 @@ pub fn context_of(
     let mut context = std::collections::HashMap::new();
     if warm_up(parameters.get(WARM_UP))? {
         context.insert(WARM_UP.to_string(), "true".to_string());
+    }
+    if cache_size(parameters.get(CACHE_SIZE))?.is_some() {
+        context.insert(CACHE_SIZE.to_string(), parameters[CACHE_SIZE].clone());
     }
     Ok(context)
 }
@@ -253,6 +289,35 @@ pub fn unsupported(caps: &[VolumeCapability]) -> Option<String> {
 mod tests {
     use super::*;
     use crate::csi::proto::volume_capability::{AccessMode, BlockVolume, MountVolume};
+
+    #[test]
+    fn cache_size_is_a_checked_quantity_that_reaches_the_context() {
+        let params = |v: &str| std::collections::HashMap::from([(CACHE_SIZE.into(), v.into())]);
+        assert_eq!(context_of(&params("64Mi")).unwrap(), params("64Mi"));
+        assert_eq!(cache_size(Some(&"1Gi".into())).unwrap(), Some(1 << 30));
+        assert_eq!(cache_size(None).unwrap(), None);
+        for (bad, why) in [
+            ("64MiB", "not a Kubernetes quantity"),
+            ("16Mi", "too small"),
+            ("-1Gi", "negative"),
+            ("", "not a Kubernetes quantity"),
+        ] {
+            let e = context_of(&params(bad)).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad}");
+            assert!(
+                e.message().starts_with(CACHE_SIZE) && e.message().contains(why),
+                "{bad}: {}",
+                e.message()
+            );
+        }
+        let long = "9".repeat(100);
+        let e = context_of(&params(&long)).unwrap_err();
+        assert!(
+            e.message().contains("a value of 100 characters"),
+            "{}",
+            e.message()
+        );
+    }
 
     #[test]
     fn warm_up_is_true_or_false_and_only_true_reaches_the_context() {

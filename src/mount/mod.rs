@@ -13,6 +13,7 @@ pub mod record;
 pub mod rootpart;
 pub mod superblock;
 pub mod system;
+pub mod uids;
 pub mod utab;
 pub mod warmup;
 
@@ -20,6 +21,22 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+/// The smallest memory cache a mount takes (`--cache-size`): what read-ahead
+/// and write-back need room for at once.
+pub const MIN_CACHE_SIZE: u64 = 32 << 20;
+
+/// This machine's memory (`MemTotal` of /proc/meminfo), in bytes.
+pub fn mem_total() -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024)
+}
 
 /// What a mount exposes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

@@ -31,6 +31,13 @@ pub struct MountRecord {
     pub fuse_dir: PathBuf,
     pub device: Option<String>,
     pub read_only: bool,
+    /// The memory cache's limit (`--cache-size`), for `list` and for a CSI
+    /// node plugin counting what its staged volumes take of its budget.
+    #[serde(default)]
+    pub cache_size: Option<u64>,
+    /// The uid the worker runs as (its own, from the pool, unless `--run-as`).
+    #[serde(default)]
+    pub worker_uid: Option<u32>,
     pub pid: u32,
     pub socket: PathBuf,
     pub log: PathBuf,

@@ -245,14 +245,16 @@ pub fn check_dir(dir: &Path) -> Result<File, String> {
 /// Opens (creating it 0700) the directory of one drive's cache, `name` under
 /// `parent` (see [`check_dir`]), not following a link. It must be root's, or
 /// with `owner` (the uid and gid of a split daemon's worker, which does the
-/// cache's I/O) root's or that user's; with `owner` it is then given to that
-/// user, and so are the files a root daemon left in it: regular, with one link
-/// and root's, which only a root daemon can have made (a hard link the worker
-/// made to a file of root's has two).
+/// cache's I/O) root's, that user's, or a uid `idle` says no one uses any more
+/// (a pool uid whose mount's root part was killed before it could take the
+/// directory back); with `owner` it is then given to that user, and so are
+/// the files a root daemon or that idle uid left in it: regular, with one
+/// link, which a hard link the worker made to another's file is not.
 pub fn open_drive_dir(
     parent: &Path,
     name: &str,
     owner: Option<(u32, u32)>,
+    idle: &dyn Fn(u32) -> bool,
 ) -> Result<File, String> {
     let top = check_dir(parent)?;
     let shown = parent.join(name);
@@ -275,11 +277,34 @@ pub fn open_drive_dir(
     let meta = dir
         .metadata()
         .map_err(|e| format!("cannot read {shown}: {e}"))?;
-    check_owned(&meta, &shown.to_string(), true, owner.map(|o| o.0))?;
+    let left_by = meta.uid();
+    let also = match owner {
+        Some((uid, _)) if left_by != 0 && left_by != uid && idle(left_by) => Some(left_by),
+        Some((uid, _)) => Some(uid),
+        None => None,
+    };
+    check_owned(&meta, &shown.to_string(), true, also)?;
     if let Some((uid, gid)) = owner {
-        give_to(&dir, uid, gid).map_err(|e| format!("cannot give {shown} to uid {uid}: {e}"))?;
+        give_to(&dir, (uid, gid), left_by)
+            .map_err(|e| format!("cannot give {shown} to uid {uid}: {e}"))?;
     }
     Ok(dir)
+}
+
+/// Takes a drive's directory `dir` back from the worker's uid `uid` once its
+/// mount is down: it and the files that uid left in it (regular, one link)
+/// become root's again, so that no later worker given the same uid finds a
+/// directory of another drive its own.
+pub fn take_back(dir: &File, uid: u32) -> std::io::Result<()> {
+    if uid == 0 {
+        return Ok(());
+    }
+    chown_files(dir, uid, (0, 0))?;
+    // SAFETY: fchown on a valid descriptor.
+    if unsafe { libc::fchown(dir.as_raw_fd(), 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The bytes the data file in the drive's directory `dir` takes on its
@@ -301,20 +326,31 @@ pub fn free_space_of(dir: &File) -> Option<u64> {
     Some(st.f_bfree * st.f_frsize)
 }
 
-/// Gives the directory `dir` and the files root made in it to `uid`:`gid`.
-fn give_to(dir: &File, uid: u32, gid: u32) -> std::io::Result<()> {
+/// Gives the directory `dir` to `to` (uid, gid), with the files root or the
+/// directory's previous owner `from` made in it.
+fn give_to(dir: &File, to: (u32, u32), from: u32) -> std::io::Result<()> {
     // SAFETY: fchown on a valid descriptor.
-    if unsafe { libc::fchown(dir.as_raw_fd(), uid, gid) } != 0 {
+    if unsafe { libc::fchown(dir.as_raw_fd(), to.0, to.1) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    chown_files(dir, 0, to)?;
+    if from != 0 && from != to.0 {
+        chown_files(dir, from, to)?;
+    }
+    Ok(())
+}
+
+/// Gives the cache's own files in `dir` that are `from`'s (regular, with one
+/// link) to `to` (uid, gid).
+fn chown_files(dir: &File, from: u32, to: (u32, u32)) -> std::io::Result<()> {
     for name in ["lock", "data", "index", "index.new"] {
         let Ok(f) = open_at(dir, name, libc::O_RDONLY | libc::O_NONBLOCK) else {
             continue;
         };
         let m = f.metadata()?;
-        if m.file_type().is_file() && m.nlink() == 1 && m.uid() == 0 {
+        if m.file_type().is_file() && m.nlink() == 1 && m.uid() == from {
             // SAFETY: fchown on a valid descriptor.
-            if unsafe { libc::fchown(f.as_raw_fd(), uid, gid) } != 0 {
+            if unsafe { libc::fchown(f.as_raw_fd(), to.0, to.1) } != 0 {
                 return Err(std::io::Error::last_os_error());
             }
         }
@@ -326,7 +362,7 @@ impl Files {
     /// Opens (creating it 0700) the directory `name` under `parent` and takes its
     /// lock: a second mount of the same drive with the same parent is refused.
     pub fn open(parent: &Path, name: &str) -> Result<Files, String> {
-        let dir = open_drive_dir(parent, name, None)?;
+        let dir = open_drive_dir(parent, name, None, &|_| false)?;
         Files::open_in(dir, &parent.join(name))
     }
 
@@ -631,5 +667,44 @@ mod tests {
         let a = dir_name("http://127.0.0.1:10000/acct", "acct", "d", "a.vhd", None);
         let b = dir_name("http://127.0.0.1:10001/acct", "acct", "d", "a.vhd", None);
         assert_ne!(a, b);
+    }
+
+    /// As root (the test binary is run as root in the suite): a drive's
+    /// directory goes to each mount's uid and back to root after it, and one
+    /// left with another uid is taken over only when that uid is idle.
+    #[test]
+    fn a_drive_s_directory_goes_to_each_mount_s_uid_and_back() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let parent = tempfile::tempdir().unwrap();
+        let owner = |p: &Path| std::fs::metadata(p).unwrap().uid();
+        let (a, b) = (1_900_000_100u32, 1_900_000_101u32);
+        let dir = open_drive_dir(parent.path(), "d", Some((a, a)), &|_| false).unwrap();
+        let path = parent.path().join("d");
+        // The worker's files, made as uid a; one hard link it made to a file
+        // of someone else's is left alone.
+        for name in ["data", "index"] {
+            std::fs::write(path.join(name), b"x").unwrap();
+            std::os::unix::fs::chown(path.join(name), Some(a), Some(a)).unwrap();
+        }
+        std::fs::write(parent.path().join("other"), b"y").unwrap();
+        std::fs::hard_link(parent.path().join("other"), path.join("lock")).unwrap();
+        assert_eq!(owner(&path), a);
+        take_back(&dir, a).unwrap();
+        for p in [path.clone(), path.join("data"), path.join("index")] {
+            assert_eq!(owner(&p), 0, "{}", p.display());
+        }
+        // Left with uid a (a root part killed before it took it back): b gets
+        // it only while a is idle.
+        give_to(&dir, (a, a), 0).unwrap();
+        let err = open_drive_dir(parent.path(), "d", Some((b, b)), &|_| false).unwrap_err();
+        assert!(err.contains("must be root's"), "{err}");
+        open_drive_dir(parent.path(), "d", Some((b, b)), &|u| u == a).unwrap();
+        for p in [path.clone(), path.join("data"), path.join("index")] {
+            assert_eq!(owner(&p), b, "{}", p.display());
+        }
+        assert_eq!(owner(&path.join("lock")), 0, "two links: not given");
     }
 }

@@ -191,7 +191,8 @@ impl Mounted {
 pub type SignIn<'a> = &'a dyn Fn(Account, &FederatedReader) -> Result<Account, String>;
 
 /// Runs a mount until it is unmounted: a root part, and a worker running as
-/// the request's user (`blobdrive` unless told otherwise) that does everything
+/// the request's user (a uid of its own from blobdrive's pool unless told
+/// otherwise, see `mount::uids`) that does everything
 /// that talks to the storage service (see `mount::rootpart`). `account` names
 /// the service; the worker signs in to it with `sign_in`, behind its walls (a
 /// token endpoint's answer is network bytes too, and a sign-in may start a
@@ -213,12 +214,7 @@ pub fn run(
         ready(Err(msg.clone()));
         return Err(MountError::system(msg));
     }
-    let user = req
-        .run_as
-        .as_deref()
-        .unwrap_or(crate::privsep::DEFAULT_USER)
-        .to_string();
-    match rootpart::split(&req, &account, &user, ready) {
+    match rootpart::split(&req, &account, ready) {
         Split::Root(result) => result,
         Split::Worker(start) => run_worker(req, account, sign_in, start),
     }

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::channel::Request;
 use super::client::RootClient;
@@ -16,7 +16,7 @@ use crate::azure::Account;
 use crate::blobref::BlobRef;
 use crate::device::diskcache::files;
 use crate::mount::record::{self, MountRecord};
-use crate::mount::{metrics, system, Mode, MountError, MountRequest, Ready};
+use crate::mount::{metrics, system, uids, Mode, MountError, MountRequest, Ready};
 use crate::privsep::{Allowed, Walls, WorkerUser};
 
 /// What the worker starts with: its end of the channel, and what the root part
@@ -67,28 +67,35 @@ struct Ends {
 }
 
 /// Splits the daemon for `req` into a root part and a worker running as
-/// `user_name` (see the module's doc). Must be called while the process has
-/// one thread. `ready` hears the mount's outcome once, from the root part.
+/// `req.run_as`, or else as a uid of its own from the pool (see the module's
+/// doc and `mount::uids`). Must be called while the process has one thread.
+/// `ready` hears the mount's outcome once, from the root part.
 pub fn split(
     req: &MountRequest,
     account: &Account,
-    user_name: &str,
     ready: &mut dyn FnMut(Result<&Ready, String>),
 ) -> Split {
     let fail = |msg: String, ready: &mut dyn FnMut(Result<&Ready, String>)| {
         ready(Err(msg.clone()));
         Split::Root(Err(MountError::system(msg)))
     };
-    let user = match WorkerUser::lookup(user_name) {
+    // Held by the root part until the mount is down; a child's copy gives
+    // nothing back (see `uids::Claim`).
+    let (user, uid_claim) = match uids::worker_for(req.run_as.as_deref()) {
         Ok(u) => u,
-        Err(e) => return fail(e.to_string(), ready),
+        Err(e) => return fail(e, ready),
+    };
+    let user_name = match &req.run_as {
+        Some(name) => name.clone(),
+        None => format!("uid {} (its own)", user.uid),
     };
     let blob_ref = match BlobRef::parse(&req.blob) {
         Ok(b) => b,
         Err(e) => return fail(e.to_string(), ready),
     };
     let account = blob_ref.account(account);
-    let rec = record_for(req, &blob_ref, &account);
+    let mut rec = record_for(req, &blob_ref, &account);
+    rec.worker_uid = Some(user.uid);
     let fuse_dir = rec.fuse_dir.clone();
     let mut root = RootPart::new(req.clone(), rec.clone());
     let made = prepare(&mut root, &rec, &blob_ref, &account, user).and_then(|opened| {
@@ -134,9 +141,22 @@ pub fn split(
     // The worker holds these now. The root part's copies would keep the FUSE
     // connection alive after the worker died (and every access to it
     // hanging), and the channel and the log pipe open (so their end unseen).
+    // The root part keeps a handle of the disk cache's directory, to take it
+    // back from the worker's uid once the worker is gone.
+    let cache_dir = opened.disk_cache.as_ref().and_then(|d| d.try_clone().ok());
     drop((opened, worker_channel, worker_log, null));
     info!("the worker (pid {pid}) serves the drive as {user_name}");
-    Split::Root(root.serve(pid, root_channel, signals, root_log, ready))
+    let result = root.serve(pid, root_channel, signals, root_log, ready);
+    if let Some(dir) = cache_dir {
+        if let Err(e) = files::take_back(&dir, user.uid) {
+            warn!(
+                "cannot take the disk cache's directory back from uid {}: {e}",
+                user.uid
+            );
+        }
+    }
+    drop(uid_claim);
+    Split::Root(result)
 }
 
 /// The mount's record as the root part claims it: no device yet, and the
@@ -158,6 +178,8 @@ fn record_for(req: &MountRequest, blob_ref: &BlobRef, account: &Account) -> Moun
         },
         device: None,
         read_only: req.read_only,
+        cache_size: Some(req.cache_size),
+        worker_uid: None,
         pid: std::process::id(),
         socket,
         log,
@@ -340,8 +362,10 @@ fn open_disk_cache_for(
         &blob_ref.name,
         blob_ref.snapshot.as_deref(),
     );
-    let dir = files::open_drive_dir(parent, &name, Some((user.uid, user.gid)))
-        .map_err(MountError::system)?;
+    let dir = files::open_drive_dir(parent, &name, Some((user.uid, user.gid)), &|uid| {
+        uids::idle_pool_id(&uids::Places::system(), u64::from(uid))
+    })
+    .map_err(MountError::system)?;
     let handle = dir
         .try_clone()
         .map_err(|e| MountError::with_source("cannot hand on the disk cache", e))?;
