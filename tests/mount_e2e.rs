@@ -363,7 +363,24 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
             "{err}"
         );
     }
+    // Nor by a user who is not root, who cannot read the run directory to see
+    // the mount: refused, saying why and to run it as root (it warned, then
+    // broke the lease, and the mount lost its writes).
+    let err = BD
+        .cmd(&["lease", "break", &spec, "--yes"])
+        .by_nobody()
+        .fails_in_one_line();
+    assert!(
+        err.contains(&format!(
+            "cannot tell whether {spec} is mounted writable on this machine"
+        )) && err.contains("run this as root")
+            && err.contains("Nothing was broken"),
+        "{err}"
+    );
     assert_eq!(mp.stats()["lease_state"], "held");
+    sh_ok(&format!(
+        "printf 'still!' | dd of='{disk}' bs=512 seek=20 conv=notrunc,fsync status=none"
+    ));
     common::mount::break_lease_from_elsewhere(&BD.cs(), &spec);
     let blob = BD.blob(&spec);
     let etag = rt().block_on(blob.properties()).unwrap().etag;
@@ -803,7 +820,7 @@ fn mount_options(path: &str) -> Vec<String> {
 }
 
 /// What `id -u` prints when a user with nothing (65534) runs `program`.
-fn run_as_nobody(program: &str) -> String {
+fn run_by_nobody(program: &str) -> String {
     sh_ok(&format!(
         "setpriv --reuid=65534 --regid=65534 --clear-groups -- '{program}' -u"
     ))
@@ -830,7 +847,7 @@ fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
     BD.ok(&["unmount", mp.s()]);
     BD.ok(&["mount", &spec, mp.s()]);
     assert_eq!(
-        run_as_nobody(&format!("{}/id", mp.s())),
+        run_by_nobody(&format!("{}/id", mp.s())),
         "65534",
         "a setuid program from the blob ran as root"
     );
@@ -847,7 +864,7 @@ fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
         !opts.contains(&"nosuid".to_string()) && !opts.contains(&"nodev".to_string()),
         "{opts:?}"
     );
-    assert_eq!(run_as_nobody(&format!("{}/id", mp.s())), "0");
+    assert_eq!(run_by_nobody(&format!("{}/id", mp.s())), "0");
     sh_ok(&format!("echo x > '{}/null'", mp.s()));
     BD.ok(&["unmount", mp.s()]);
 }
@@ -983,8 +1000,8 @@ fn the_control_socket_serves_root_only_and_bounds_its_lines() {
         mounts.display(),
         sock.display()
     ));
-    let client = |as_nobody: bool, line: &str| {
-        let who = if as_nobody {
+    let client = |by_nobody: bool, line: &str| {
+        let who = if by_nobody {
             "setpriv --reuid=65534 --regid=65534 --clear-groups --"
         } else {
             ""

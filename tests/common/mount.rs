@@ -127,6 +127,8 @@ pub fn break_lease_from_elsewhere(cs: &str, spec: &str) -> String {
         .prefix("blobdrive-test-elsewhere.")
         .tempdir()
         .unwrap();
+    // Root's alone, as a run directory must be to be read at all.
+    super::util::private_dir(elsewhere.path());
     Bd::new(&["lease", "break", spec, "--yes"])
         .cs(cs)
         .run_dir(elsewhere.path())
