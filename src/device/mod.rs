@@ -35,6 +35,41 @@ pub const MAX_RUN: u64 = 4 * 1024 * 1024;
 /// ([`Backend::reads_scattered`]).
 pub const MAX_GET: u64 = 16 * 1024 * 1024;
 
+/// Whether a mount's lease was lost, and when: set once, by whichever part finds
+/// out first (a write the service refused for the lease, the lease keeper's
+/// renewal), read by every write, which then fails at once, and by the unmount,
+/// which says when it happened.
+#[derive(Debug, Default)]
+pub struct LeaseLoss {
+    lost: std::sync::atomic::AtomicBool,
+    /// When it was lost, in milliseconds since the epoch; 0 while held.
+    at_unix_ms: std::sync::atomic::AtomicU64,
+}
+
+impl LeaseLoss {
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Marks the lease lost now; true for the first to find out.
+    pub fn lose(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_millis().max(1) as u64);
+        // The time first, so that whoever sees the loss sees when.
+        let _ = self.at_unix_ms.compare_exchange(0, now, SeqCst, SeqCst);
+        !self.lost.swap(true, SeqCst)
+    }
+
+    /// When the lease was lost, once it was.
+    pub fn lost_at(&self) -> Option<std::time::SystemTime> {
+        let ms = self.at_unix_ms.load(std::sync::atomic::Ordering::SeqCst);
+        (self.is_lost() && ms > 0)
+            .then(|| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+    }
+}
+
 /// Why an I/O failed; FUSE turns each into an errno.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum DeviceError {

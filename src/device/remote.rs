@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 use tracing::{error, warn};
 
 use super::health::{Health, HealthSnapshot, Pending};
-use super::{first_error, Backend, DeviceError, MAX_GET};
+use super::{first_error, Backend, DeviceError, LeaseLoss, MAX_GET};
 use crate::azure::ops::fence::SEQUENCE_REFUSED;
 use crate::azure::{AzureError, BlobClient, WriteFence};
 
@@ -51,7 +51,7 @@ pub struct RemoteBackend {
     /// gave up on can land after a newer one (see [`WriteFence`]).
     write_fence: Arc<WriteFence>,
     rt: Handle,
-    fenced: Arc<AtomicBool>,
+    fenced: Arc<LeaseLoss>,
     puts: Arc<Semaphore>,
     patience: Arc<Patience>,
 }
@@ -83,7 +83,7 @@ impl RemoteBackend {
             blob,
             lease,
             rt,
-            fenced: Arc::new(AtomicBool::new(false)),
+            fenced: Arc::new(LeaseLoss::default()),
             puts: Arc::new(Semaphore::new(PARALLEL)),
             patience: Arc::new(Patience {
                 io_timeout,
@@ -95,8 +95,8 @@ impl RemoteBackend {
         }
     }
 
-    /// Shared flag: set once the lease is lost.
-    pub fn fence(&self) -> Arc<AtomicBool> {
+    /// Shared: whether (and when) the lease was lost.
+    pub fn fence(&self) -> Arc<LeaseLoss> {
         self.fenced.clone()
     }
 
@@ -138,7 +138,7 @@ impl RemoteBackend {
     }
 
     fn check_writable(&self) -> Result<&str, DeviceError> {
-        if self.fenced.load(Ordering::SeqCst) {
+        if self.fenced.is_lost() {
             return Err(DeviceError::LeaseLost(
                 "fenced after an earlier failure".into(),
             ));
@@ -267,7 +267,7 @@ impl Patience {
     async fn wait_or_fail(
         &self,
         a: &mut Attempt<'_>,
-        fenced: &AtomicBool,
+        fenced: &LeaseLoss,
         e: AzureError,
     ) -> Result<(), DeviceError> {
         let refused = e.code() == Some(SEQUENCE_REFUSED);
@@ -302,7 +302,7 @@ impl Patience {
         // was spent (the first attempt after a long outage, whose late increment
         // had moved the number on) would otherwise fail the I/O, and a failed
         // flush makes a filesystem abort its journal.
-        if !(e.is_outage() || refused) || fenced.load(Ordering::SeqCst) || !within {
+        if !(e.is_outage() || refused) || fenced.is_lost() || !within {
             return Err(map_error(fenced, e));
         }
         if refused {
@@ -326,7 +326,7 @@ impl Patience {
     async fn run<T, F, Fut>(
         &self,
         issued: Instant,
-        fenced: &AtomicBool,
+        fenced: &LeaseLoss,
         mut op: F,
     ) -> Result<T, DeviceError>
     where
@@ -352,9 +352,9 @@ impl Patience {
 }
 
 /// Turns a service error into a device error, fencing on lease loss.
-pub fn map_error(fenced: &AtomicBool, e: AzureError) -> DeviceError {
+pub fn map_error(fenced: &LeaseLoss, e: AzureError) -> DeviceError {
     if e.is_lease_lost() {
-        if !fenced.swap(true, Ordering::SeqCst) {
+        if fenced.lose() {
             error!("LEASE LOST: {e}; no further writes will be sent, reads continue");
         }
         DeviceError::LeaseLost(e.to_string())
@@ -480,7 +480,7 @@ impl RemoteBackend {
                     let wf = self.write_fence.clone();
                     tasks.push(tokio::spawn(async move {
                         let _permit = sem.acquire_owned().await.expect("semaphore open");
-                        if fenced.load(Ordering::SeqCst) {
+                        if fenced.is_lost() {
                             return Err(DeviceError::LeaseLost("fenced".into()));
                         }
                         patience
@@ -607,7 +607,7 @@ mod tests {
             .build()
             .unwrap();
         let p = patience(Duration::from_secs(10));
-        let fenced = AtomicBool::new(false);
+        let fenced = LeaseLoss::default();
         // A write refused by the sequence-number fence once the service is
         // back, in an I/O that has waited longer than the I/O timeout: the
         // service answered, so it is sent again, not failed for its age.

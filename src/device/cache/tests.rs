@@ -33,7 +33,7 @@ fn cache_over(backend: MemBackend, cfg: CacheConfig) -> Cache<MemBackend> {
         SparseMap::default(),
         cfg,
         false,
-        Arc::new(AtomicBool::new(false)),
+        Arc::new(LeaseLoss::default()),
     )
 }
 
@@ -137,7 +137,7 @@ fn partial_sector_writes_read_the_old_bytes_once() {
         SparseMap::from_ranges(&[crate::azure::PageRange::new(0, 4096)]),
         CacheConfig::with_capacity(64 * MIB),
         false,
-        Arc::new(AtomicBool::new(false)),
+        Arc::new(LeaseLoss::default()),
     );
     c2.backend
         .write_runs(vec![(0, Bytes::from(vec![7u8; 4096]))])
@@ -375,7 +375,7 @@ fn a_failed_discard_reads_what_the_blob_still_holds() {
 
 #[test]
 fn fenced_cache_refuses_writes_but_reads() {
-    let fence = Arc::new(AtomicBool::new(false));
+    let fence = Arc::new(LeaseLoss::default());
     let c = Cache::new(
         MemBackend::new(4 * MIB),
         4 * MIB,
@@ -385,7 +385,9 @@ fn fenced_cache_refuses_writes_but_reads() {
         fence.clone(),
     );
     c.write(0, &[1u8; 512]).unwrap();
-    fence.store(true, Relaxed);
+    assert!(fence.lose());
+    assert!(!fence.lose(), "lost once");
+    assert!(fence.lost_at().is_some());
     assert!(matches!(
         c.write(0, &[1u8; 512]),
         Err(DeviceError::LeaseLost(_))
