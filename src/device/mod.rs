@@ -126,6 +126,18 @@ pub trait Backend: Send + Sync + 'static {
         let n = runs.len();
         vec![self.write_runs(runs); n]
     }
+    /// [`Self::write_each`] for an I/O issued at `issued`, which may have waited
+    /// for another flush before it: past an outage's I/O timeout, its one try
+    /// is over a request timeout after `issued` (the wait counts), or a moment
+    /// after it starts if it starts later (see [`remote::RemoteBackend`]). This
+    /// default takes no account of when.
+    fn write_each_issued(
+        &self,
+        runs: Vec<(u64, Bytes)>,
+        _issued: std::time::Instant,
+    ) -> Vec<Result<(), DeviceError>> {
+        self.write_each(runs)
+    }
     /// Deallocates whole pages (they read as zeros afterwards).
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError>;
     /// Fills `blocks` (cache blocks, consecutive from `offset`) straight from a

@@ -248,7 +248,7 @@ impl Patience {
             return Ok(None);
         }
         self.tried_since(a.started)?;
-        Ok(Some(a.tried + self.try_time))
+        Ok(Some(one_try_deadline(a.started, a.tried, self.try_time)))
     }
 
     fn succeeded(&self, a: &Attempt<'_>) {
@@ -351,6 +351,21 @@ impl Patience {
     }
 }
 
+/// The least time the one try of an I/O past the I/O timeout is given, however
+/// late it starts: enough for a service that answers again (a fresh connection,
+/// the sequence number's raise and the write), where the try that came before
+/// went out on a connection the outage left dead.
+const LAST_TRY: Duration = Duration::from_secs(3);
+
+/// When the one try past the I/O timeout of an I/O `issued` then, starting at
+/// `tried`, ends: a request timeout (`try_time`) after the I/O was issued, the
+/// time it waited for another flush's try counting (an fsync waited for one
+/// under way, then made a try of its own: two and three request timeouts), or
+/// [`LAST_TRY`] after it starts if that is later.
+fn one_try_deadline(issued: Instant, tried: Instant, try_time: Duration) -> Instant {
+    (issued + try_time).max(tried + LAST_TRY)
+}
+
 /// Turns a service error into a device error, fencing on lease loss.
 pub fn map_error(fenced: &LeaseLoss, e: AzureError) -> DeviceError {
     if e.is_lease_lost() {
@@ -406,7 +421,15 @@ impl Backend for RemoteBackend {
 
     /// Sends `runs` in parallel.
     fn write_each(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
-        self.write_blob(runs)
+        self.write_blob(runs, Instant::now())
+    }
+
+    fn write_each_issued(
+        &self,
+        runs: Vec<(u64, Bytes)>,
+        issued: Instant,
+    ) -> Vec<Result<(), DeviceError>> {
+        self.write_blob(runs, issued)
     }
 
     /// The data is left as it is: a flush that waited for another one (the
@@ -459,13 +482,13 @@ fn ranged_gets<'a>(
 }
 
 impl RemoteBackend {
-    /// Sends `runs` in parallel; one result per run, in order.
-    fn write_blob(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
+    /// Sends `runs`, part of an I/O `issued` then, in parallel; one result per
+    /// run, in order.
+    fn write_blob(&self, runs: Vec<(u64, Bytes)>, issued: Instant) -> Vec<Result<(), DeviceError>> {
         let lease = match self.check_writable() {
             Ok(l) => l.to_string(),
             Err(e) => return vec![Err(e); runs.len().max(1)],
         };
-        let issued = Instant::now();
         let sem = self.puts.clone();
         let fenced = self.fenced.clone();
         let results =
@@ -681,10 +704,23 @@ mod tests {
         drop(a);
         // A new I/O past the limit gets one try of one request timeout.
         let mut a = p.begin(Instant::now());
-        let before = Instant::now();
         let deadline = p.one_try(&mut a).unwrap().expect("past the limit: one try");
-        assert!(deadline >= before + p.try_time && deadline <= Instant::now() + p.try_time);
+        assert_eq!(deadline, a.started + p.try_time);
         assert!(p.tried_since(a.started).is_ok());
+        drop(a);
+        // One issued a while ago (an fsync that waited for a flush under way,
+        // whose try had started before it) has what is left of its request
+        // timeout, and a moment at least.
+        let q = patience(DEFAULT_IO_TIMEOUT);
+        let long_ago = Instant::now() - p.try_time - Duration::from_secs(10);
+        q.health.failed_try(outage, long_ago, "down");
+        let mut a = q.begin(Instant::now() - p.try_time + Duration::from_secs(5));
+        let deadline = q.one_try(&mut a).unwrap().unwrap();
+        assert_eq!(deadline, a.started + q.try_time);
+        drop(a);
+        let mut a = q.begin(Instant::now() - p.try_time - Duration::from_secs(5));
+        let deadline = q.one_try(&mut a).unwrap().unwrap();
+        assert_eq!(deadline, a.tried + LAST_TRY);
         drop(a);
         // During unmount it waits without limit: no deadline.
         p.unbounded.store(true, Ordering::SeqCst);
