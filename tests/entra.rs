@@ -348,6 +348,61 @@ fn tokens_that_expire_at_once_are_a_failure_named_by_endpoint_not_a_loop() {
     }
 }
 
+/// IDENTITY_ENDPOINT and AZURE_POD_IDENTITY_AUTHORITY_HOST take plain http to
+/// another host (Azure App Service and pod identity work so): allowed, and
+/// said once, naming the variable and the host, never the header; nothing is
+/// said for this machine's loopback. In a network namespace of its own, so
+/// nothing leaves the machine.
+#[test]
+fn plain_http_identity_endpoints_off_loopback_are_warned_of_once() {
+    let run = |vars: &[(&str, &str)]| -> String {
+        let out = std::process::Command::new("unshare")
+            .arg("-n")
+            .arg(env!("CARGO_BIN_EXE_blobdrive"))
+            .args([
+                "info",
+                "http://127.0.0.1:1/devstoreaccount1/disks/a.vhd",
+                "--auth",
+                "managed-identity",
+            ])
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("BLOBDRIVE_RUN_DIR", run_dir())
+            .envs(vars.iter().copied())
+            .output()
+            .expect("run blobdrive in a network namespace of its own (unshare -n)");
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for (vars, var) in [
+        (
+            &[
+                ("IDENTITY_ENDPOINT", "http://192.0.2.1:8081/msi/token"),
+                ("IDENTITY_HEADER", IDENTITY_HEADER),
+            ][..],
+            "IDENTITY_ENDPOINT",
+        ),
+        (
+            &[("AZURE_POD_IDENTITY_AUTHORITY_HOST", "http://192.0.2.1:2579")],
+            "AZURE_POD_IDENTITY_AUTHORITY_HOST",
+        ),
+    ] {
+        let err = run(vars);
+        let said: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains(&format!("{var} is plain http to http://192.0.2.1:")))
+            .collect();
+        assert_eq!(said.len(), 1, "{var}: {err}");
+        assert!(said[0].contains("cross the network unencrypted"), "{err}");
+        assert!(!err.contains(IDENTITY_HEADER), "{err}");
+    }
+    let err = run(&[
+        ("IDENTITY_ENDPOINT", "http://127.0.0.1:1/msi/token"),
+        ("IDENTITY_HEADER", IDENTITY_HEADER),
+    ]);
+    assert!(!err.contains("is plain http"), "{err}");
+}
+
 #[test]
 fn a_wrong_secret_is_refused_in_one_line_without_showing_it() {
     let tokens = TokenServer::start();
