@@ -76,9 +76,10 @@ for line in open(sys.argv[1]):
         print(f'{name}\t{m["executable"]}')
 PY
 # Longest first (seconds each took alone on 2 cores): the two long tests,
-# #[ignore]d in plain `cargo test` (a mount whose 60 s tokens are renewed across
-# four lifetimes, 260; an outage at the default I/O timeout, 430), then durability
-# (180), torture (100), reliability (120), fsx (60).
+# #[ignore]d in plain `cargo test` (a mount whose one-minute tokens are renewed across
+# four lifetimes, 260; an outage at the default I/O timeout, 430, and beside it in
+# the same binary fsyncs past a 20 s one, 95), then durability (180), torture (100),
+# reliability (120), fsx (60).
 order="entra_mount--ignored reliability--ignored durability torture reliability fsx concurrency entra_mount"
 jobs_list() {
     for name in $order; do

@@ -809,8 +809,8 @@ fn hostile_drive_of(
 }
 
 /// Runs `blobdrive ARGS` against `endpoint` (an account key, a short retry budget),
-/// killed if it runs for two minutes; returns whether it succeeded, its stderr,
-/// and its peak resident memory in KiB.
+/// killed if it runs for two minutes or passes [`KILLED_PAST_KIB`] resident;
+/// returns whether it succeeded, its stderr, and its peak resident memory in KiB.
 fn run_against(endpoint: &str, args: &[&str]) -> (bool, String, i64) {
     run_against_with(endpoint, args, &[])
 }
@@ -847,12 +847,14 @@ fn run_against_with(endpoint: &str, args: &[&str], env: &[(&str, &str)]) -> (boo
         std::thread::spawn(move || {
             let start = std::time::Instant::now();
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                if start.elapsed() > std::time::Duration::from_secs(120) {
+                let too_big = common::mount::proc_status_kib_if_alive(pid as u64, "VmRSS")
+                    .is_some_and(|kib| kib > KILLED_PAST_KIB as u64);
+                if too_big || start.elapsed() > std::time::Duration::from_secs(120) {
                     // SAFETY: kill(2) on our own child, not yet reaped.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
-                    return true;
+                    return !too_big;
                 }
-                std::thread::sleep(std::time::Duration::from_millis(100));
+                std::thread::sleep(std::time::Duration::from_millis(20));
             }
             false
         })
@@ -873,16 +875,36 @@ fn run_against_with(endpoint: &str, args: &[&str], env: &[(&str, &str)]) -> (boo
     (ok, err, usage.ru_maxrss)
 }
 
-/// A hostile answer ends the command with one error line holding `needle`, and
-/// the command stays under 200 MiB resident.
+/// Past this a command run against a hostile endpoint is killed (its peak then
+/// reads as at least this): a command gathering without bound would otherwise
+/// take the machine's memory before it failed.
+const KILLED_PAST_KIB: i64 = 1 << 20;
+
+/// A hostile answer ends the command with one error line holding `needle`
+/// within 60 seconds, and the command stays under 200 MiB resident.
 fn refuses_within_bounds(stub: &stub::Stub, args: &[&str], needle: &str) {
+    let started = std::time::Instant::now();
     let (ok, err, peak_kib) = run_against(&stub.endpoint(), args);
+    let took = started.elapsed();
+    eprintln!(
+        "{args:?} against a hostile endpoint: {} MiB peak resident, {took:?}",
+        peak_kib / 1024
+    );
+    assert!(
+        peak_kib < 200 * 1024,
+        "{args:?} peaked at {} MiB resident{}",
+        peak_kib / 1024,
+        if peak_kib >= KILLED_PAST_KIB {
+            " (killed there)"
+        } else {
+            ""
+        }
+    );
     assert!(!ok, "{args:?} succeeded against a hostile endpoint");
     the_error_line(&err, &[needle]);
     assert!(
-        peak_kib < 200 * 1024,
-        "{args:?} peaked at {} MiB resident",
-        peak_kib / 1024
+        took < std::time::Duration::from_secs(60),
+        "{args:?} failed only after {took:?}"
     );
 }
 
@@ -953,6 +975,43 @@ fn a_hostile_endpoint_cannot_make_commands_hold_memory_or_run_for_ever() {
     });
     refuses_within_bounds(&s, &["info", "disks/a.vhd"], "past 1000 pages");
     assert_eq!(page_list_requests(&s), 1000);
+}
+
+/// A drive whose every List Blobs page is `items` (one or more `<Blob>`) and
+/// a NextMarker never seen before; Get Page Ranges finds nothing written.
+fn drive_listing_for_ever(items: String) -> stub::Stub {
+    let items = std::sync::Arc::new(items);
+    hostile_drive(move |req, i| {
+        if req.query("comp").as_deref() == Some("pagelist") {
+            return stub::Reply::xml(200, "<?xml version=\"1.0\"?><PageList></PageList>");
+        }
+        stub::Reply::listing_page(&items, &format!("m{i}"))
+    })
+}
+
+#[test]
+fn a_listing_keeps_a_bounded_number_of_bytes_whatever_its_pages_hold() {
+    // Every page one snapshot with a 15 MiB metadata value (Azure allows 8 KiB
+    // in all), and a new NextMarker: kept whole, page after page, `snapshot
+    // list` reached 15 GiB in 40 s. Refused at the first page now.
+    let s = drive_listing_for_ever(stub::listed_snapshot("a.vhd", &"v".repeat(15 << 20)));
+    for args in [
+        &["snapshot", "list", "disks/a.vhd"][..],
+        &["info", "disks/a.vhd"],
+    ] {
+        refuses_within_bounds(&s, args, "metadata of more than 8 KiB");
+    }
+    // Every page 1,700 entries within Azure's limits (a name of 1,000
+    // characters, 7 KiB of metadata): 15 MiB a page, kept until the listing
+    // holds 64 MiB (before, until 200,000 entries: 1.6 GiB).
+    let one = stub::listed_snapshot(&"a".repeat(1000), &"v".repeat(7 << 10));
+    let s = drive_listing_for_ever(one.repeat(1700));
+    for args in [
+        &["snapshot", "list", "disks/a.vhd"][..],
+        &["info", "disks/a.vhd"],
+    ] {
+        refuses_within_bounds(&s, args, "the listing passed 64 MiB");
+    }
 }
 
 fn page_list_requests(s: &stub::Stub) -> usize {

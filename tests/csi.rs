@@ -701,6 +701,70 @@ fn each_role_serves_identity_and_its_own_service_only() {
     assert!(err.starts_with("error UNIMPLEMENTED"), "{err}");
 }
 
+/// ListSnapshots, ListVolumes and CreateSnapshot list the container: against
+/// an endpoint answering every List Blobs page with a snapshot carrying a 15
+/// MiB metadata value and a new NextMarker (kept whole, page after page, gigabytes),
+/// each is one clear error within 60 seconds, and the controller stays under
+/// 200 MiB resident (killed, and the test failed, past 1 GiB).
+#[test]
+fn a_hostile_listing_is_refused_and_the_controller_stays_small() {
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let items = std::sync::Arc::new(stub::listed_snapshot("a.vhd", &"v".repeat(15 << 20)));
+    let endpoint = stub::Stub::start(move |req, i| match req.query("comp").as_deref() {
+        Some("list") => stub::Reply::listing_page(&items, &format!("m{i}")),
+        _ => stub::Reply::error(404, "BlobNotFound", ""),
+    });
+    let cs = format!(
+        "AccountName=devstoreaccount1;AccountKey={};BlobEndpoint={}",
+        common::azurite::DEV_KEY,
+        endpoint.endpoint()
+    );
+    let socket = dir.path().join("c.sock");
+    let args = ["--role", "controller", "--container", "disks"];
+    let mut driver = Driver::start_with(&cs, &socket, &args, None);
+    let pid = driver.child.id() as u64;
+    for (method, request) in [
+        ("ListSnapshots", "{}"),
+        ("ListVolumes", "{}"),
+        (
+            "CreateSnapshot",
+            r#"{"source_volume_id": "disks/a.vhd", "name": "snap-1"}"#,
+        ),
+    ] {
+        let started = Instant::now();
+        let asked = {
+            let (stubs, socket) = (dir.path().to_path_buf(), socket.clone());
+            std::thread::spawn(move || call(&stubs, &socket, method, request))
+        };
+        while !asked.is_finished() {
+            let now = common::mount::proc_status_kib_if_alive(pid, "VmRSS").unwrap_or(0);
+            if now > 1 << 20 {
+                driver.child.kill().unwrap();
+                panic!("{method}: the controller passed {} MiB resident", now >> 10);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let err = asked.join().unwrap().unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            err.contains("metadata of more than 8 KiB"),
+            "{method}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(took < Duration::from_secs(60), "{method} took {took:?}");
+        eprintln!("{method}: refused in {took:?}");
+    }
+    let peak = common::mount::proc_status_kib(pid, "VmHWM");
+    eprintln!("the controller peaked at {} MiB resident", peak >> 10);
+    assert!(
+        peak < 200 << 10,
+        "the controller peaked at {} MiB",
+        peak >> 10
+    );
+    assert!(driver.stop().success());
+}
+
 /// One call of the driver at `socket` (tests/fixtures/csi/call.py): the answer
 /// as JSON, or the error line (`error CODE: details`).
 fn call(

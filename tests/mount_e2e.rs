@@ -363,7 +363,24 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
             "{err}"
         );
     }
+    // Nor by a user who is not root, who cannot read the run directory to see
+    // the mount: refused, saying why and to run it as root (it warned, then
+    // broke the lease, and the mount lost its writes).
+    let err = BD
+        .cmd(&["lease", "break", &spec, "--yes"])
+        .by_nobody()
+        .fails_in_one_line();
+    assert!(
+        err.contains(&format!(
+            "cannot tell whether {spec} is mounted writable on this machine"
+        )) && err.contains("run this as root")
+            && err.contains("Nothing was broken"),
+        "{err}"
+    );
     assert_eq!(mp.stats()["lease_state"], "held");
+    sh_ok(&format!(
+        "printf 'still!' | dd of='{disk}' bs=512 seek=20 conv=notrunc,fsync status=none"
+    ));
     common::mount::break_lease_from_elsewhere(&BD.cs(), &spec);
     let blob = BD.blob(&spec);
     let etag = rt().block_on(blob.properties()).unwrap().etag;
@@ -392,9 +409,17 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
     let second = BD.mp();
     BD.ok(&["mount", &spec, second.s(), "--mode", "raw"]);
     BD.ok(&["unmount", second.s()]);
-    // Unmount still ends the mount, but fails saying what was lost.
-    BD.cmd(&["unmount", mp.s()])
+    // Unmount still ends the mount, but fails saying what was lost: what was
+    // dropped, when the lease was lost, how many writes failed (the fsync, the
+    // write after it, and the flushes as each closed).
+    let err = BD
+        .cmd(&["unmount", mp.s()])
         .fails_with("512 bytes written to the drive but not yet on the blob were dropped");
+    assert!(
+        err.contains(&format!("the lease on {spec} was lost at "))
+            && err.contains(" writes to the drive failed while it was mounted"),
+        "{err}"
+    );
     assert!(!sh(&format!("mountpoint -q '{}'", mp.s())).status.success());
     let log = std::fs::read_dir(BD.run_dir().join("mounts"))
         .unwrap()
@@ -403,6 +428,87 @@ fn lease_broken_under_a_mounted_drive_fences_all_writes() {
         .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
         .collect::<String>();
     assert!(log.contains("LEASE LOST"), "log: {log}");
+}
+
+/// When `unmount`'s message says the lease was lost, checked to lie between
+/// `after` and now.
+fn lost_at_within(said: &str, after: std::time::SystemTime) {
+    let at = said
+        .split("was lost at ")
+        .nth(1)
+        .and_then(|rest| rest.split(" while").next())
+        .unwrap_or_else(|| panic!("no time the lease was lost: {said}"));
+    let at = httpdate::parse_http_date(at).unwrap_or_else(|e| panic!("{at}: {e}"));
+    let now = std::time::SystemTime::now();
+    assert!(
+        at + Duration::from_secs(1) >= after && at <= now,
+        "lost at {at:?}, the break at {after:?}, now {now:?}: {said}"
+    );
+}
+
+#[test]
+fn unmount_after_a_lease_broken_under_the_mount_says_what_was_lost() {
+    // An ext4 drive and a raw one mounted; both leases broken by another
+    // machine; each mount notices at its next lease renewal.
+    require_root();
+    let fs_spec = BD.new_drive("lost-fs", "64MiB");
+    let raw_spec = BD.new_drive("lost-raw", "64MiB");
+    let (fs_mp, raw_mp) = (BD.mp(), BD.mp());
+    BD.ok(&["mount", &fs_spec, fs_mp.s(), "--mkfs", "ext4"]);
+    BD.ok(&["mount", &raw_spec, raw_mp.s(), "--mode", "raw"]);
+    sh_ok(&format!(
+        "head -c 1M /dev/urandom > '{}/before' && sync -f '{}/before'",
+        fs_mp.s(),
+        fs_mp.s()
+    ));
+    let broken = std::time::SystemTime::now();
+    for spec in [&fs_spec, &raw_spec] {
+        common::mount::break_lease_from_elsewhere(&BD.cs(), spec);
+    }
+    common::util::wait_for(
+        "both mounts to see their leases lost",
+        Duration::from_secs(30),
+        || fs_mp.stats()["lease_state"] == "lost" && raw_mp.stats()["lease_state"] == "lost",
+    );
+    // An application writes a file and syncs it: the sync fails with EIO.
+    let out = sh(&format!(
+        "head -c 256K /dev/urandom > '{}/after' && sync -f '{}/after'",
+        fs_mp.s(),
+        fs_mp.s()
+    ));
+    assert!(!out.status.success(), "a sync without the lease succeeded");
+    let failed = fs_mp.stats()["failed_writes"].as_u64().unwrap();
+    assert!(failed > 0, "{}", fs_mp.stats());
+    // Unmount says the lease was lost, when, and how many writes failed (ext4's
+    // own, as it unmounts, on top), and exits non-zero: what the application
+    // wrote is not on the blob. It said "unmounted" and exited 0.
+    let err = BD
+        .cmd(&["unmount", fs_mp.s()])
+        .fails_with(&format!("the lease on {fs_spec} was lost at "));
+    assert!(
+        err.contains("writes to the drive failed while it was mounted (answered with an I/O error), and what they carried is not on the blob"),
+        "{err}"
+    );
+    lost_at_within(&err, broken);
+    let counted: u64 = err
+        .split(" writes to the drive failed")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of failed writes: {err}"));
+    assert!(counted >= failed, "{counted} < {failed}: {err}");
+    assert!(!sh(&format!("mountpoint -q '{}'", fs_mp.s()))
+        .status
+        .success());
+    // The raw drive was not written after the break: nothing was lost, and
+    // unmount says the lease was lost all the same, and exits 0.
+    let said = BD.ok(&["unmount", raw_mp.s()]);
+    assert!(
+        said.contains(&format!("the lease on {raw_spec} was lost at "))
+            && said.contains("no write failed, and everything written is on the blob"),
+        "{said}"
+    );
+    lost_at_within(&said, broken);
 }
 
 #[test]
@@ -803,7 +909,7 @@ fn mount_options(path: &str) -> Vec<String> {
 }
 
 /// What `id -u` prints when a user with nothing (65534) runs `program`.
-fn run_as_nobody(program: &str) -> String {
+fn run_by_nobody(program: &str) -> String {
     sh_ok(&format!(
         "setpriv --reuid=65534 --regid=65534 --clear-groups -- '{program}' -u"
     ))
@@ -830,7 +936,7 @@ fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
     BD.ok(&["unmount", mp.s()]);
     BD.ok(&["mount", &spec, mp.s()]);
     assert_eq!(
-        run_as_nobody(&format!("{}/id", mp.s())),
+        run_by_nobody(&format!("{}/id", mp.s())),
         "65534",
         "a setuid program from the blob ran as root"
     );
@@ -847,7 +953,7 @@ fn filesystems_are_nosuid_and_nodev_unless_asked_for() {
         !opts.contains(&"nosuid".to_string()) && !opts.contains(&"nodev".to_string()),
         "{opts:?}"
     );
-    assert_eq!(run_as_nobody(&format!("{}/id", mp.s())), "0");
+    assert_eq!(run_by_nobody(&format!("{}/id", mp.s())), "0");
     sh_ok(&format!("echo x > '{}/null'", mp.s()));
     BD.ok(&["unmount", mp.s()]);
 }
@@ -983,8 +1089,8 @@ fn the_control_socket_serves_root_only_and_bounds_its_lines() {
         mounts.display(),
         sock.display()
     ));
-    let client = |as_nobody: bool, line: &str| {
-        let who = if as_nobody {
+    let client = |by_nobody: bool, line: &str| {
+        let who = if by_nobody {
             "setpriv --reuid=65534 --regid=65534 --clear-groups --"
         } else {
             ""

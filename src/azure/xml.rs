@@ -4,7 +4,7 @@
 //! list of records, and unknown elements are ignored so newer service versions that
 //! add fields do not break parsing.
 
-use quick_xml::events::Event;
+use quick_xml::events::{BytesCData, BytesText, Event};
 use quick_xml::Reader;
 
 use super::ranges::PageRange;
@@ -13,43 +13,79 @@ use super::ranges::PageRange;
 /// nesting deeper is not one of them (a hostile one nested 200,000 deep).
 const MAX_DEPTH: usize = 16;
 
+/// The longest `NextMarker` taken. The service's are a few hundred bytes (they
+/// encode a blob name, at most 1,024 characters); each is sent back in the next
+/// request's URL, so a longer one is not followed.
+const MARKER_MAX: usize = 8 << 10;
+
 /// What the walker reports, in document order.
-enum Item<'a> {
+enum Item<'a, 'b> {
     /// Text inside the element at this path (names from the root, joined by `/`).
-    Text(&'a str, String),
+    Text(&'a str, Raw<'b>),
     /// The element at this path closed.
     End(&'a str),
 }
 
+/// A piece of text as it stands in the body, borrowed from it: unescaped and
+/// copied only when a parser asks for it, so text that nobody keeps costs
+/// nothing, however long a hostile answer makes it.
+enum Raw<'b> {
+    Text(BytesText<'b>),
+    CData(BytesCData<'b>),
+}
+
+impl Raw<'_> {
+    /// Its length in the body, escapes included: at least as long as the text.
+    fn len(&self) -> usize {
+        match self {
+            Raw::Text(t) => t.len(),
+            Raw::CData(t) => t.len(),
+        }
+    }
+
+    /// The text, unescaped and trimmed.
+    fn text(&self) -> Result<String, String> {
+        match self {
+            Raw::Text(t) => Ok(t.unescape().map_err(|e| e.to_string())?.trim().to_string()),
+            Raw::CData(t) => Ok(String::from_utf8_lossy(t).trim().to_string()),
+        }
+    }
+
+    /// [`Self::text`], refused unescaping when longer than `max` bytes in the
+    /// body; `what` names it in the error.
+    fn text_within(&self, max: usize, what: &str) -> Result<String, String> {
+        if self.len() > max {
+            return Err(format!(
+                "a {what} of {} bytes, longer than the service sends (at most {max})",
+                self.len()
+            ));
+        }
+        self.text()
+    }
+}
+
 /// Walks a body, calling `each` with its text and end-of-element items and their
 /// paths. Work and memory are linear in the body: the path is one string, grown
-/// and cut back as elements open and close, never joined again per element.
-fn walk(body: &[u8], mut each: impl FnMut(Item<'_>) -> Result<(), String>) -> Result<(), String> {
+/// and cut back as elements open and close, never joined again per element, and
+/// text is handed over as it stands in the body, not copied.
+fn walk(
+    body: &[u8],
+    mut each: impl FnMut(Item<'_, '_>) -> Result<(), String>,
+) -> Result<(), String> {
     let mut reader = Reader::from_reader(body);
     let mut path = String::new();
     // Where each open element's name starts in `path` (minus its `/`).
     let mut marks: Vec<usize> = Vec::new();
-    let mut buf = Vec::new();
     loop {
-        match reader.read_event_into(&mut buf) {
+        match reader.read_event() {
             Ok(Event::Start(e)) => open(&mut path, &mut marks, e.name().as_ref())?,
             Ok(Event::Empty(e)) => {
                 open(&mut path, &mut marks, e.name().as_ref())?;
                 each(Item::End(&path))?;
                 close(&mut path, &mut marks);
             }
-            Ok(Event::Text(t)) => {
-                if !marks.is_empty() {
-                    let text = t.unescape().map_err(|e| e.to_string())?;
-                    each(Item::Text(&path, text.trim().to_string()))?;
-                }
-            }
-            Ok(Event::CData(t)) => {
-                if !marks.is_empty() {
-                    let text = String::from_utf8_lossy(&t).trim().to_string();
-                    each(Item::Text(&path, text))?;
-                }
-            }
+            Ok(Event::Text(t)) if !marks.is_empty() => each(Item::Text(&path, Raw::Text(t)))?,
+            Ok(Event::CData(t)) if !marks.is_empty() => each(Item::Text(&path, Raw::CData(t)))?,
             Ok(Event::End(_)) => {
                 each(Item::End(&path))?;
                 close(&mut path, &mut marks);
@@ -58,7 +94,6 @@ fn walk(body: &[u8], mut each: impl FnMut(Item<'_>) -> Result<(), String>) -> Re
             Ok(_) => {}
             Err(e) => return Err(format!("bad XML at byte {}: {e}", reader.buffer_position())),
         }
-        buf.clear();
     }
 }
 
@@ -80,6 +115,16 @@ fn close(path: &mut String, marks: &mut Vec<usize>) {
     }
 }
 
+/// A `NextMarker`'s text: `None` when empty (the last page).
+fn next_marker(raw: &Raw<'_>) -> Result<Option<String>, String> {
+    let t = raw.text_within(MARKER_MAX, "NextMarker")?;
+    Ok((!t.is_empty()).then_some(t))
+}
+
+/// The longest number taken, in the body: `u64::MAX` is 20 digits, and some
+/// room is left for blanks around it.
+const NUMBER_MAX: usize = 64;
+
 /// One page of a Get Page Ranges answer.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct PageListPage {
@@ -97,18 +142,17 @@ pub fn parse_page_list(body: &[u8]) -> Result<PageListPage, String> {
     let (mut start, mut end) = (None, None);
     walk(body, |item| {
         match item {
-            Item::Text(p, t) => {
+            Item::Text(p, raw) => {
                 let field = match p {
                     "PageList/PageRange/Start" | "PageList/ClearRange/Start" => &mut start,
                     "PageList/PageRange/End" | "PageList/ClearRange/End" => &mut end,
                     "PageList/NextMarker" => {
-                        if !t.is_empty() {
-                            out.next_marker = Some(t);
-                        }
+                        out.next_marker = next_marker(&raw)?;
                         return Ok(());
                     }
                     _ => return Ok(()),
                 };
+                let t = raw.text_within(NUMBER_MAX, p)?;
                 *field = Some(t.parse::<u64>().map_err(|_| {
                     format!(
                         "{p} is not a number: '{}'",
@@ -134,7 +178,18 @@ pub fn parse_page_list(body: &[u8]) -> Result<PageListPage, String> {
     Ok(out)
 }
 
-/// One entry of a List Blobs answer.
+/// The longest blob name Azure allows, in characters.
+pub const NAME_MAX_CHARS: usize = 1024;
+/// The most metadata one blob may carry in Azure, names and values together.
+pub const METADATA_MAX: usize = 8 << 10;
+/// The most body bytes one character takes escaped (`&#x10FFFF;`): text longer
+/// than this many times a limit is over it without unescaping it.
+const ESCAPED_MAX: usize = 10;
+/// The longest short property (a blob type, a snapshot id) taken, in the body.
+const FIELD_MAX: usize = 256;
+
+/// One entry of a List Blobs answer: what the commands and the CSI driver use
+/// of it, nothing else (the rest of each entry is skipped while parsing).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct BlobItem {
     pub name: String,
@@ -142,11 +197,24 @@ pub struct BlobItem {
     pub snapshot: Option<String>,
     pub content_length: Option<u64>,
     pub blob_type: Option<String>,
-    pub lease_state: Option<String>,
-    pub last_modified: Option<String>,
-    pub etag: Option<String>,
-    /// Name and value of each metadata entry (listed with `include=metadata`).
+    /// Name and value of each metadata entry (kept only when the listing asked
+    /// for it: see [`ListingKeep`]).
     pub metadata: Vec<(String, String)>,
+}
+
+impl BlobItem {
+    /// About what keeping it costs: the struct and the text it holds.
+    fn kept_bytes(&self) -> usize {
+        std::mem::size_of::<BlobItem>()
+            + self.name.len()
+            + self.snapshot.as_ref().map_or(0, String::len)
+            + self.blob_type.as_ref().map_or(0, String::len)
+            + self
+                .metadata
+                .iter()
+                .map(|(k, v)| std::mem::size_of::<(String, String)>() + k.len() + v.len())
+                .sum::<usize>()
+    }
 }
 
 /// One page of a List Blobs answer.
@@ -154,6 +222,40 @@ pub struct BlobItem {
 pub struct BlobListPage {
     pub items: Vec<BlobItem>,
     pub next_marker: Option<String>,
+}
+
+/// What one listing keeps of its items across all its pages: metadata only if
+/// asked for, and at most so many bytes. Each page is bounded by the answer's
+/// size, but a listing follows up to a thousand of them, so without a bound on
+/// what it keeps an endpoint sending a 15 MiB metadata value on every page had
+/// a listing hold 15 GiB.
+#[derive(Debug)]
+pub struct ListingKeep {
+    metadata: bool,
+    max_bytes: usize,
+    kept: usize,
+}
+
+impl ListingKeep {
+    pub fn new(metadata: bool, max_bytes: usize) -> ListingKeep {
+        ListingKeep {
+            metadata,
+            max_bytes,
+            kept: 0,
+        }
+    }
+
+    /// Counts `item` as kept; fails once the listing passes its bound.
+    fn keep(&mut self, item: &BlobItem) -> Result<(), String> {
+        self.kept += item.kept_bytes();
+        if self.kept > self.max_bytes {
+            return Err(format!(
+                "the listing passed {} MiB, more than this client keeps of one",
+                self.max_bytes >> 20
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Whether `t` looks like a snapshot id as the service names one
@@ -165,10 +267,14 @@ pub fn is_snapshot_id(t: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'-'))
 }
 
-/// A listed snapshot id, refused (never shown) unless [`is_snapshot_id`].
-fn snapshot_id(t: String) -> Result<String, String> {
-    if is_snapshot_id(&t) {
-        Ok(t)
+/// A listed snapshot id (`None` when empty), refused (never shown) unless
+/// [`is_snapshot_id`].
+fn snapshot_id(raw: &Raw<'_>) -> Result<Option<String>, String> {
+    let t = raw.text_within(FIELD_MAX, "snapshot id")?;
+    if t.is_empty() {
+        Ok(None)
+    } else if is_snapshot_id(&t) {
+        Ok(Some(t))
     } else {
         Err(format!(
             "a snapshot id that is not a timestamp: '{}'",
@@ -177,36 +283,82 @@ fn snapshot_id(t: String) -> Result<String, String> {
     }
 }
 
-/// Parses `<EnumerationResults>` of List Blobs (flat listing).
-pub fn parse_blob_list(body: &[u8]) -> Result<BlobListPage, String> {
+/// A listed blob's name, refused when longer than Azure allows.
+fn blob_name(raw: &Raw<'_>) -> Result<String, String> {
+    let over = |len: String| {
+        format!("a blob name of {len} characters, longer than Azure allows ({NAME_MAX_CHARS})")
+    };
+    if raw.len() > NAME_MAX_CHARS * ESCAPED_MAX {
+        return Err(over(format!("about {}", raw.len())));
+    }
+    let name = raw.text()?;
+    match name.chars().count() {
+        n if n > NAME_MAX_CHARS => Err(over(n.to_string())),
+        _ => Ok(name),
+    }
+}
+
+/// Counts one metadata entry of the blob being parsed (its name and value)
+/// into `total`, refusing the blob once its metadata passes Azure's limit; the
+/// value, unless it is too long to be one, unescaped.
+fn metadata_value(name: &str, raw: &Raw<'_>, total: &mut usize) -> Result<String, String> {
+    let over = || {
+        format!(
+            "a blob's metadata of more than {} KiB, more than Azure allows",
+            METADATA_MAX >> 10
+        )
+    };
+    if raw.len() > METADATA_MAX * ESCAPED_MAX {
+        return Err(over());
+    }
+    let value = raw.text()?;
+    *total += name.len() + value.len();
+    if *total > METADATA_MAX {
+        return Err(over());
+    }
+    Ok(value)
+}
+
+/// Parses `<EnumerationResults>` of List Blobs (flat listing), keeping of its
+/// items what `keep` says and counting them into it.
+pub fn parse_blob_list(body: &[u8], keep: &mut ListingKeep) -> Result<BlobListPage, String> {
     let mut out = BlobListPage::default();
     let mut cur = BlobItem::default();
+    let mut metadata = 0;
     const BLOB: &str = "EnumerationResults/Blobs/Blob";
     walk(body, |item| {
         match item {
-            Item::Text(p, t) => {
+            Item::Text(p, raw) => {
                 let Some(field) = p.strip_prefix(BLOB) else {
-                    if p == "EnumerationResults/NextMarker" && !t.is_empty() {
-                        out.next_marker = Some(t);
+                    if p == "EnumerationResults/NextMarker" {
+                        out.next_marker = next_marker(&raw)?;
                     }
                     return Ok(());
                 };
                 match field {
-                    "/Name" => cur.name = t,
-                    "/Snapshot" if !t.is_empty() => cur.snapshot = Some(snapshot_id(t)?),
-                    "/Properties/Content-Length" => cur.content_length = t.parse().ok(),
-                    "/Properties/BlobType" => cur.blob_type = Some(t),
-                    "/Properties/LeaseState" => cur.lease_state = Some(t),
-                    "/Properties/Last-Modified" => cur.last_modified = Some(t),
-                    "/Properties/Etag" => cur.etag = Some(t),
+                    "/Name" => cur.name = blob_name(&raw)?,
+                    "/Snapshot" => cur.snapshot = snapshot_id(&raw)?,
+                    "/Properties/Content-Length" => {
+                        cur.content_length = raw.text_within(NUMBER_MAX, field)?.parse().ok()
+                    }
+                    "/Properties/BlobType" => {
+                        cur.blob_type = Some(raw.text_within(FIELD_MAX, "BlobType")?)
+                    }
                     f => {
                         if let Some(name) = f.strip_prefix("/Metadata/") {
-                            cur.metadata.push((name.to_string(), t));
+                            let value = metadata_value(name, &raw, &mut metadata)?;
+                            if keep.metadata {
+                                cur.metadata.push((name.to_string(), value));
+                            }
                         }
                     }
                 }
             }
-            Item::End(p) if p == BLOB => out.items.push(std::mem::take(&mut cur)),
+            Item::End(p) if p == BLOB => {
+                keep.keep(&cur)?;
+                metadata = 0;
+                out.items.push(std::mem::take(&mut cur));
+            }
             Item::End(_) => {}
         }
         Ok(())
@@ -220,10 +372,10 @@ pub fn parse_error(body: &[u8]) -> (Option<String>, Option<String>) {
     let mut message = None;
     // A body that is not XML (or too deep) just has no code: the status speaks.
     let _ = walk(body, |item| {
-        if let Item::Text(p, t) = item {
+        if let Item::Text(p, raw) = item {
             match p {
-                "Error/Code" => code = Some(t),
-                "Error/Message" => message = Some(t),
+                "Error/Code" => code = Some(raw.text()?),
+                "Error/Message" => message = Some(raw.text()?),
                 _ => {}
             }
         }
@@ -278,19 +430,87 @@ mod tests {
         let body = br#"<?xml version="1.0" encoding="utf-8"?>
 <EnumerationResults ServiceEndpoint="http://x/" ContainerName="c"><Prefix>a.vhd</Prefix>
 <Blobs><Blob><Name>a.vhd</Name><Snapshot>2026-11-22T11:05:54.5810000Z</Snapshot>
-<Properties><Content-Length>1049088</Content-Length><BlobType>PageBlob</BlobType></Properties></Blob>
+<Properties><Content-Length>1049088</Content-Length><BlobType>PageBlob</BlobType></Properties>
+<Metadata><blobdrive_csi_snapshot>snap-1</blobdrive_csi_snapshot></Metadata></Blob>
 <Blob><Name>a.vhd</Name><Properties><Content-Length>1049088</Content-Length><BlobType>PageBlob</BlobType><LeaseState>leased</LeaseState><Etag>"0x1"</Etag></Properties></Blob>
 </Blobs><NextMarker /></EnumerationResults>"#;
-        let l = parse_blob_list(body).unwrap();
+        let l = parse_blob_list(body, &mut keep_all()).unwrap();
         assert_eq!(l.items.len(), 2);
         assert_eq!(
             l.items[0].snapshot.as_deref(),
             Some("2026-11-22T11:05:54.5810000Z")
         );
         assert_eq!(l.items[1].snapshot, None);
-        assert_eq!(l.items[1].lease_state.as_deref(), Some("leased"));
+        assert_eq!(l.items[1].blob_type.as_deref(), Some("PageBlob"));
         assert_eq!(l.items[1].content_length, Some(1049088));
+        assert_eq!(
+            l.items[0].metadata,
+            vec![("blobdrive_csi_snapshot".into(), "snap-1".into())]
+        );
         assert_eq!(l.next_marker, None);
+        // A listing that did not ask for metadata keeps none sent.
+        let l = parse_blob_list(body, &mut ListingKeep::new(false, 1 << 20)).unwrap();
+        assert!(l.items[0].metadata.is_empty());
+    }
+
+    fn keep_all() -> ListingKeep {
+        ListingKeep::new(true, 64 << 20)
+    }
+
+    /// A listing page of one blob named `name` with `metadata` entries.
+    fn one_blob(name: &str, metadata: &[(&str, &str)]) -> Vec<u8> {
+        let meta: String = metadata
+            .iter()
+            .map(|(k, v)| format!("<{k}>{v}</{k}>"))
+            .collect();
+        format!("<EnumerationResults><Blobs><Blob><Name>{name}</Name><Metadata>{meta}</Metadata></Blob></Blobs></EnumerationResults>").into_bytes()
+    }
+
+    #[test]
+    fn a_listed_blob_over_azures_limits_is_refused() {
+        // The longest name, escaped; one character more.
+        let at_limit = "&amp;".repeat(NAME_MAX_CHARS);
+        let l = parse_blob_list(&one_blob(&at_limit, &[]), &mut keep_all()).unwrap();
+        assert_eq!(l.items[0].name.len(), NAME_MAX_CHARS);
+        let e = parse_blob_list(&one_blob(&"é".repeat(1025), &[]), &mut keep_all()).unwrap_err();
+        assert!(e.contains("name of 1025 characters"), "{e}");
+        let e = parse_blob_list(&one_blob(&"a".repeat(1 << 20), &[]), &mut keep_all()).unwrap_err();
+        assert!(e.contains("longer than Azure allows (1024)"), "{e}");
+        // 8 KiB of metadata, names included; a byte more, in two entries or in one
+        // value too long to unescape.
+        let v = "v".repeat(METADATA_MAX - 2);
+        assert!(parse_blob_list(
+            &one_blob("a", &[("k", "v"), ("k", &v[1..])]),
+            &mut keep_all()
+        )
+        .is_ok());
+        for body in [
+            one_blob("a", &[("k", "vv"), ("k", &v[1..])]),
+            one_blob("a", &[("k", &"v".repeat(15 << 20))]),
+        ] {
+            let e = parse_blob_list(&body, &mut keep_all()).unwrap_err();
+            assert!(e.contains("metadata of more than 8 KiB"), "{e}");
+            // Whether it is kept or not.
+            let e = parse_blob_list(&body, &mut ListingKeep::new(false, 1 << 20)).unwrap_err();
+            assert!(e.contains("more than Azure allows"), "{e}");
+        }
+        let marker = format!(
+            "<EnumerationResults><NextMarker>{}</NextMarker></EnumerationResults>",
+            "m".repeat(1 << 20)
+        );
+        let e = parse_blob_list(marker.as_bytes(), &mut keep_all()).unwrap_err();
+        assert!(e.contains("NextMarker of 1048576 bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_listing_keeps_at_most_its_bound_across_pages() {
+        let v = "v".repeat(8000);
+        let page = one_blob("a", &[("k", &v)]);
+        let mut keep = ListingKeep::new(true, 20_000);
+        parse_blob_list(&page, &mut keep).unwrap();
+        parse_blob_list(&page, &mut keep).unwrap();
+        let e = parse_blob_list(&page, &mut keep).unwrap_err();
+        assert!(e.contains("the listing passed"), "{e}");
     }
 
     #[test]
@@ -310,6 +530,6 @@ mod tests {
         assert_eq!(parse_error(body.as_bytes()), (None, None));
         // As deep as the service goes, and a little more, is fine.
         let ok = format!("{}{}", "<a>".repeat(16), "</a>".repeat(16));
-        assert!(parse_blob_list(ok.as_bytes()).is_ok());
+        assert!(parse_blob_list(ok.as_bytes(), &mut keep_all()).is_ok());
     }
 }

@@ -8,7 +8,6 @@ use blobdrive::azure::BlobClient;
 use blobdrive::drive;
 use blobdrive::mount::record;
 use serde::Serialize;
-use tracing::warn;
 
 use super::Context;
 
@@ -27,7 +26,8 @@ pub enum Command {
     /// Only do this when the host holding the lease is really gone: a live daemon
     /// stops writing the moment its lease is broken, and any data it had not yet
     /// flushed is lost. A drive mounted writable on this machine is refused (unmount
-    /// it instead); a leased drive is broken only with --yes.
+    /// it instead), and so is any break by a user who cannot see this machine's
+    /// mounts (run it as root); a leased drive is broken only with --yes.
     Break {
         /// The drive (container/name.vhd).
         blob: String,
@@ -88,13 +88,15 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
 /// mount would lose what it has not yet written and fail every later write, when
 /// `unmount` writes everything and gives the lease back. A dead daemon's mount is
 /// cleaned up by `unmount` too, which then says whether the lease still needs
-/// breaking. No `--yes` overrides this: the mount is right here.
+/// breaking. No `--yes` overrides this: the mount is right here. Nor is the break
+/// made when this machine's mounts cannot be seen (a user other than root cannot
+/// read the run directory): a warning there was followed by a break that cost a
+/// mount here its writes.
 fn refuse_if_mounted_here(endpoint: &str, blob: &str) -> Result<()> {
     if let Err(e) = record::check_readable() {
-        // Not root: this machine's mounts cannot be seen; --yes still guards a
-        // held lease.
-        warn!("cannot tell whether {blob} is mounted on this machine: {e}");
-        return Ok(());
+        bail!(
+            "cannot tell whether {blob} is mounted writable on this machine, whose mount would lose its writes to a break: {e}. Nothing was broken"
+        );
     }
     let Some(m) = record::writable_mount(endpoint, blob) else {
         return Ok(());

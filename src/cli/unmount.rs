@@ -12,12 +12,13 @@ use blobdrive::mount::{daemon, record, system, utab, Mode};
 Unmounting writes every cached byte to the blob first, waiting out an outage of the
 storage service (it says every few seconds what it waits for), then releases the
 lease. It is refused, leaving everything mounted, while the filesystem is busy or a
-process holds the raw disk file open. It exits non-zero, naming what happened, if the
-lease was lost with data not yet written, or could not be released, and after
-cleaning up behind a daemon that died while holding the lease. A part of the daemon
-stopped (SIGSTOP, a debugger) for 15 s ends the wait, naming the process and what to
-do. A plain `umount DIR` does the same through /sbin/umount.blobdrive (installed by
-the package, or by scripts/install.sh).")]
+process holds the raw disk file open. A lease lost while mounted is told: when, and
+how many writes failed while mounted. It exits non-zero, naming what happened, if the
+lease was lost with data not yet written or after writes failed, or could not be
+released, and after cleaning up behind a daemon that died while holding the lease. A
+part of the daemon stopped (SIGSTOP, a debugger) for 15 s ends the wait, naming the
+process and what to do. A plain `umount DIR` does the same through
+/sbin/umount.blobdrive (installed by the package, or by scripts/install.sh).")]
 pub struct Args {
     /// Where the drive is mounted (as given to `blobdrive mount`).
     pub mountpoint: PathBuf,
@@ -87,10 +88,15 @@ pub fn take_down(
         let mut stalled = Stalled::new(rec.pid, mp);
         let answer = daemon::control_watching(&rec.socket, cmd, progress, &mut || stalled.check());
         match answer {
-            Ok(a) if a == "ok" => {
+            Ok(a) if a == "ok" || a.starts_with("ok ") => {
                 wait_gone(rec.pid);
                 record::take_outcome(&rec.id);
                 say(&format!("unmounted {} ({})", mp.display(), rec.blob));
+                // Kept everything, with something to say all the same (a lease
+                // lost while mounted, no write failed).
+                if let Some(note) = a.strip_prefix("ok ") {
+                    say(&blobdrive::azure::text::escape_controls(note));
+                }
                 return Ok(true);
             }
             Ok(a) if a.starts_with("failed ") => {

@@ -35,6 +35,41 @@ pub const MAX_RUN: u64 = 4 * 1024 * 1024;
 /// ([`Backend::reads_scattered`]).
 pub const MAX_GET: u64 = 16 * 1024 * 1024;
 
+/// Whether a mount's lease was lost, and when: set once, by whichever part finds
+/// out first (a write the service refused for the lease, the lease keeper's
+/// renewal), read by every write, which then fails at once, and by the unmount,
+/// which says when it happened.
+#[derive(Debug, Default)]
+pub struct LeaseLoss {
+    lost: std::sync::atomic::AtomicBool,
+    /// When it was lost, in milliseconds since the epoch; 0 while held.
+    at_unix_ms: std::sync::atomic::AtomicU64,
+}
+
+impl LeaseLoss {
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Marks the lease lost now; true for the first to find out.
+    pub fn lose(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_millis().max(1) as u64);
+        // The time first, so that whoever sees the loss sees when.
+        let _ = self.at_unix_ms.compare_exchange(0, now, SeqCst, SeqCst);
+        !self.lost.swap(true, SeqCst)
+    }
+
+    /// When the lease was lost, once it was.
+    pub fn lost_at(&self) -> Option<std::time::SystemTime> {
+        let ms = self.at_unix_ms.load(std::sync::atomic::Ordering::SeqCst);
+        (self.is_lost() && ms > 0)
+            .then(|| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+    }
+}
+
 /// Why an I/O failed; FUSE turns each into an errno.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum DeviceError {
@@ -90,6 +125,18 @@ pub trait Backend: Send + Sync + 'static {
     fn write_each(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
         let n = runs.len();
         vec![self.write_runs(runs); n]
+    }
+    /// [`Self::write_each`] for an I/O issued at `issued`, which may have waited
+    /// for another flush before it: past an outage's I/O timeout, its one try
+    /// is over a request timeout after `issued` (the wait counts), or a moment
+    /// after it starts if it starts later (see [`remote::RemoteBackend`]). This
+    /// default takes no account of when.
+    fn write_each_issued(
+        &self,
+        runs: Vec<(u64, Bytes)>,
+        _issued: std::time::Instant,
+    ) -> Vec<Result<(), DeviceError>> {
+        self.write_each(runs)
     }
     /// Deallocates whole pages (they read as zeros afterwards).
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError>;

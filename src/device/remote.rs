@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 use tracing::{error, warn};
 
 use super::health::{Health, HealthSnapshot, Pending};
-use super::{first_error, Backend, DeviceError, MAX_GET};
+use super::{first_error, Backend, DeviceError, LeaseLoss, MAX_GET};
 use crate::azure::ops::fence::SEQUENCE_REFUSED;
 use crate::azure::{AzureError, BlobClient, WriteFence};
 
@@ -51,7 +51,7 @@ pub struct RemoteBackend {
     /// gave up on can land after a newer one (see [`WriteFence`]).
     write_fence: Arc<WriteFence>,
     rt: Handle,
-    fenced: Arc<AtomicBool>,
+    fenced: Arc<LeaseLoss>,
     puts: Arc<Semaphore>,
     patience: Arc<Patience>,
 }
@@ -83,7 +83,7 @@ impl RemoteBackend {
             blob,
             lease,
             rt,
-            fenced: Arc::new(AtomicBool::new(false)),
+            fenced: Arc::new(LeaseLoss::default()),
             puts: Arc::new(Semaphore::new(PARALLEL)),
             patience: Arc::new(Patience {
                 io_timeout,
@@ -95,8 +95,8 @@ impl RemoteBackend {
         }
     }
 
-    /// Shared flag: set once the lease is lost.
-    pub fn fence(&self) -> Arc<AtomicBool> {
+    /// Shared: whether (and when) the lease was lost.
+    pub fn fence(&self) -> Arc<LeaseLoss> {
         self.fenced.clone()
     }
 
@@ -138,7 +138,7 @@ impl RemoteBackend {
     }
 
     fn check_writable(&self) -> Result<&str, DeviceError> {
-        if self.fenced.load(Ordering::SeqCst) {
+        if self.fenced.is_lost() {
             return Err(DeviceError::LeaseLost(
                 "fenced after an earlier failure".into(),
             ));
@@ -248,7 +248,7 @@ impl Patience {
             return Ok(None);
         }
         self.tried_since(a.started)?;
-        Ok(Some(a.tried + self.try_time))
+        Ok(Some(one_try_deadline(a.started, a.tried, self.try_time)))
     }
 
     fn succeeded(&self, a: &Attempt<'_>) {
@@ -267,7 +267,7 @@ impl Patience {
     async fn wait_or_fail(
         &self,
         a: &mut Attempt<'_>,
-        fenced: &AtomicBool,
+        fenced: &LeaseLoss,
         e: AzureError,
     ) -> Result<(), DeviceError> {
         let refused = e.code() == Some(SEQUENCE_REFUSED);
@@ -302,7 +302,7 @@ impl Patience {
         // was spent (the first attempt after a long outage, whose late increment
         // had moved the number on) would otherwise fail the I/O, and a failed
         // flush makes a filesystem abort its journal.
-        if !(e.is_outage() || refused) || fenced.load(Ordering::SeqCst) || !within {
+        if !(e.is_outage() || refused) || fenced.is_lost() || !within {
             return Err(map_error(fenced, e));
         }
         if refused {
@@ -326,7 +326,7 @@ impl Patience {
     async fn run<T, F, Fut>(
         &self,
         issued: Instant,
-        fenced: &AtomicBool,
+        fenced: &LeaseLoss,
         mut op: F,
     ) -> Result<T, DeviceError>
     where
@@ -351,10 +351,25 @@ impl Patience {
     }
 }
 
+/// The least time the one try of an I/O past the I/O timeout is given, however
+/// late it starts: enough for a service that answers again (a fresh connection,
+/// the sequence number's raise and the write), where the try that came before
+/// went out on a connection the outage left dead.
+const LAST_TRY: Duration = Duration::from_secs(3);
+
+/// When the one try past the I/O timeout of an I/O `issued` then, starting at
+/// `tried`, ends: a request timeout (`try_time`) after the I/O was issued, the
+/// time it waited for another flush's try counting (an fsync waited for one
+/// under way, then made a try of its own: two and three request timeouts), or
+/// [`LAST_TRY`] after it starts if that is later.
+fn one_try_deadline(issued: Instant, tried: Instant, try_time: Duration) -> Instant {
+    (issued + try_time).max(tried + LAST_TRY)
+}
+
 /// Turns a service error into a device error, fencing on lease loss.
-pub fn map_error(fenced: &AtomicBool, e: AzureError) -> DeviceError {
+pub fn map_error(fenced: &LeaseLoss, e: AzureError) -> DeviceError {
     if e.is_lease_lost() {
-        if !fenced.swap(true, Ordering::SeqCst) {
+        if fenced.lose() {
             error!("LEASE LOST: {e}; no further writes will be sent, reads continue");
         }
         DeviceError::LeaseLost(e.to_string())
@@ -406,7 +421,15 @@ impl Backend for RemoteBackend {
 
     /// Sends `runs` in parallel.
     fn write_each(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
-        self.write_blob(runs)
+        self.write_blob(runs, Instant::now())
+    }
+
+    fn write_each_issued(
+        &self,
+        runs: Vec<(u64, Bytes)>,
+        issued: Instant,
+    ) -> Vec<Result<(), DeviceError>> {
+        self.write_blob(runs, issued)
     }
 
     /// The data is left as it is: a flush that waited for another one (the
@@ -459,13 +482,13 @@ fn ranged_gets<'a>(
 }
 
 impl RemoteBackend {
-    /// Sends `runs` in parallel; one result per run, in order.
-    fn write_blob(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
+    /// Sends `runs`, part of an I/O `issued` then, in parallel; one result per
+    /// run, in order.
+    fn write_blob(&self, runs: Vec<(u64, Bytes)>, issued: Instant) -> Vec<Result<(), DeviceError>> {
         let lease = match self.check_writable() {
             Ok(l) => l.to_string(),
             Err(e) => return vec![Err(e); runs.len().max(1)],
         };
-        let issued = Instant::now();
         let sem = self.puts.clone();
         let fenced = self.fenced.clone();
         let results =
@@ -480,7 +503,7 @@ impl RemoteBackend {
                     let wf = self.write_fence.clone();
                     tasks.push(tokio::spawn(async move {
                         let _permit = sem.acquire_owned().await.expect("semaphore open");
-                        if fenced.load(Ordering::SeqCst) {
+                        if fenced.is_lost() {
                             return Err(DeviceError::LeaseLost("fenced".into()));
                         }
                         patience
@@ -607,7 +630,7 @@ mod tests {
             .build()
             .unwrap();
         let p = patience(Duration::from_secs(10));
-        let fenced = AtomicBool::new(false);
+        let fenced = LeaseLoss::default();
         // A write refused by the sequence-number fence once the service is
         // back, in an I/O that has waited longer than the I/O timeout: the
         // service answered, so it is sent again, not failed for its age.
@@ -681,10 +704,23 @@ mod tests {
         drop(a);
         // A new I/O past the limit gets one try of one request timeout.
         let mut a = p.begin(Instant::now());
-        let before = Instant::now();
         let deadline = p.one_try(&mut a).unwrap().expect("past the limit: one try");
-        assert!(deadline >= before + p.try_time && deadline <= Instant::now() + p.try_time);
+        assert_eq!(deadline, a.started + p.try_time);
         assert!(p.tried_since(a.started).is_ok());
+        drop(a);
+        // One issued a while ago (an fsync that waited for a flush under way,
+        // whose try had started before it) has what is left of its request
+        // timeout, and a moment at least.
+        let q = patience(DEFAULT_IO_TIMEOUT);
+        let long_ago = Instant::now() - p.try_time - Duration::from_secs(10);
+        q.health.failed_try(outage, long_ago, "down");
+        let mut a = q.begin(Instant::now() - p.try_time + Duration::from_secs(5));
+        let deadline = q.one_try(&mut a).unwrap().unwrap();
+        assert_eq!(deadline, a.started + q.try_time);
+        drop(a);
+        let mut a = q.begin(Instant::now() - p.try_time - Duration::from_secs(5));
+        let deadline = q.one_try(&mut a).unwrap().unwrap();
+        assert_eq!(deadline, a.tried + LAST_TRY);
         drop(a);
         // During unmount it waits without limit: no deadline.
         p.unbounded.store(true, Ordering::SeqCst);

@@ -60,6 +60,13 @@ impl Backend for Stack {
     fn write_each(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
         self.top.write_each(runs)
     }
+    fn write_each_issued(
+        &self,
+        runs: Vec<(u64, Bytes)>,
+        issued: Instant,
+    ) -> Vec<Result<(), DeviceError>> {
+        self.top.write_each_issued(runs, issued)
+    }
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         self.top.discard(offset, len)
     }

@@ -152,6 +152,17 @@ pub(crate) fn failed<B: Backend>(
     Errno::from_i32(cache.answered_error(e))
 }
 
+/// [`failed`] for a request that changes the drive (a write, an fsync, a
+/// discard), counted as a failed write (see [`Cache::answered_write_error`]).
+pub(crate) fn failed_write<B: Backend>(
+    cache: &Cache<B>,
+    what: std::fmt::Arguments<'_>,
+    e: &DeviceError,
+) -> Errno {
+    warn!("{what} failed: {e}");
+    Errno::from_i32(cache.answered_write_error(e))
+}
+
 impl<B: Backend> Filesystem for DiskFs<B> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Large requests mean fewer round trips through the daemon; the kernel caps
@@ -325,7 +336,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         }
         match self.cache.write(offset, data) {
             Ok(()) => reply.written(data.len() as u32),
-            Err(e) => reply.error(failed(
+            Err(e) => reply.error(failed_write(
                 &self.cache,
                 format_args!("write of {} bytes at {offset}", data.len()),
                 &e,
@@ -405,7 +416,7 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         };
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(failed(
+            Err(e) => reply.error(failed_write(
                 &self.cache,
                 format_args!("discard {length} bytes at {offset}"),
                 &e,
@@ -498,7 +509,7 @@ impl<B: Backend> DiskFs<B> {
         }
         match self.cache.flush() {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(failed(&self.cache, format_args!("flush"), &e)),
+            Err(e) => reply.error(failed_write(&self.cache, format_args!("flush"), &e)),
         }
     }
 }

@@ -26,7 +26,7 @@ impl Syncers {
     pub fn start<B: Backend>(cache: Arc<Cache<B>>) -> std::io::Result<Self> {
         let work = move |reply: ReplyEmpty| match cache.flush() {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(super::failed(&cache, format_args!("flush"), &e)),
+            Err(e) => reply.error(super::failed_write(&cache, format_args!("flush"), &e)),
         };
         Pool::start("sync", SYNCERS, work, |reply| reply.error(Errno::EIO)).map(Syncers)
     }

@@ -33,7 +33,7 @@ impl Writers {
     pub fn start<B: Backend>(cache: Arc<Cache<B>>) -> std::io::Result<Self> {
         let work = move |job: Job| match cache.write(job.offset, &job.data) {
             Ok(()) => job.reply.written(job.data.len() as u32),
-            Err(e) => job.reply.error(super::failed(
+            Err(e) => job.reply.error(super::failed_write(
                 &cache,
                 format_args!("write of {} bytes at {}", job.data.len(), job.offset),
                 &e,

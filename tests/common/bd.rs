@@ -293,6 +293,26 @@ impl Bd {
         self
     }
 
+    /// Run as a user with nothing (uid and gid 65534, no groups) through
+    /// `setpriv`, its environment and arguments as given: an operator who is not
+    /// root.
+    pub fn by_nobody(self) -> Bd {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(self.cmd.get_program())
+            .args(self.cmd.get_args());
+        for (k, v) in self.cmd.get_envs() {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        Bd {
+            cmd,
+            args: self.args,
+        }
+    }
+
     /// The command itself, for what the builder does not offer (its standard
     /// streams, say).
     pub fn command(self) -> Command {

@@ -99,12 +99,17 @@ impl Mp {
 
 /// A memory figure of process `pid` from /proc/PID/status (`VmHWM`, `VmRSS`), in KiB.
 pub fn proc_status_kib(pid: u64, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    proc_status_kib_if_alive(pid, field)
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// [`proc_status_kib`], `None` once the process is gone (a watchdog's reading).
+pub fn proc_status_kib_if_alive(pid: u64, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
 impl Drop for Mp {
@@ -122,6 +127,8 @@ pub fn break_lease_from_elsewhere(cs: &str, spec: &str) -> String {
         .prefix("blobdrive-test-elsewhere.")
         .tempdir()
         .unwrap();
+    // Root's alone, as a run directory must be to be read at all.
+    super::util::private_dir(elsewhere.path());
     Bd::new(&["lease", "break", spec, "--yes"])
         .cs(cs)
         .run_dir(elsewhere.path())

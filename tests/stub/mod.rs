@@ -86,6 +86,18 @@ impl Reply {
 }
 
 impl Reply {
+    /// A List Blobs page of `items` (`<Blob>` elements) naming `marker` as its
+    /// NextMarker.
+    pub fn listing_page(items: &str, marker: &str) -> Reply {
+        let mut body = String::with_capacity(items.len() + 200);
+        body.push_str("<?xml version=\"1.0\"?><EnumerationResults><Blobs>");
+        body.push_str(items);
+        body.push_str(&format!(
+            "</Blobs><NextMarker>{marker}</NextMarker></EnumerationResults>"
+        ));
+        Reply::xml(200, &body)
+    }
+
     /// Adds a header. `Content-Length-Override` sets the Content-Length of a HEAD
     /// answer (which has no body to derive it from).
     pub fn with(mut self, k: &str, v: &str) -> Reply {
@@ -94,6 +106,14 @@ impl Reply {
         }
         self
     }
+}
+
+/// A snapshot of the page blob `name` as a listing names it, with `metadata`
+/// as its one metadata entry's value.
+pub fn listed_snapshot(name: &str, metadata: &str) -> String {
+    format!(
+        "<Blob><Name>{name}</Name><Snapshot>2026-11-22T11:05:54.5810000Z</Snapshot><Properties><Content-Length>1049088</Content-Length><BlobType>PageBlob</BlobType></Properties><Metadata><note>{metadata}</note></Metadata></Blob>"
+    )
 }
 
 type Handler = dyn Fn(&Recorded, usize) -> Reply + Send + Sync;

@@ -5,7 +5,7 @@ use reqwest::Method;
 use crate::azure::error::{AzureError, Op};
 use crate::azure::pipeline::{BlobService, Request};
 use crate::azure::stats::ClientStats;
-use crate::azure::xml::{self, BlobItem};
+use crate::azure::xml::{self, BlobItem, ListingKeep};
 
 /// A container of one account.
 #[derive(Clone)]
@@ -18,6 +18,11 @@ pub struct ContainerClient {
 const LIST_MAX_PAGES: usize = 1000;
 /// The most blobs one listing gathers: far more than the snapshots of a drive.
 const LIST_MAX_ENTRIES: usize = 200_000;
+/// The most bytes of blobs one listing keeps (names, metadata, the structs):
+/// about 100,000 CSI snapshots with their metadata (some 600 bytes each), or
+/// all [`LIST_MAX_ENTRIES`] blobs listed without it. Past the service's own
+/// limits (a name of 1,024 characters, 8 KiB of metadata) an entry is refused.
+const LIST_MAX_BYTES: usize = 64 << 20;
 
 impl ContainerClient {
     pub fn name(&self) -> &str {
@@ -69,7 +74,7 @@ impl ContainerClient {
     }
 
     /// Blobs whose names start with `prefix`, with snapshots (and everyone's
-    /// metadata) if asked; all pages.
+    /// metadata) if asked; all pages, keeping at most [`LIST_MAX_BYTES`] of them.
     pub async fn list_blobs(
         &self,
         prefix: &str,
@@ -77,6 +82,7 @@ impl ContainerClient {
     ) -> Result<Vec<BlobItem>, AzureError> {
         let mut out = Vec::new();
         let mut marker: Option<String> = None;
+        let mut keep = ListingKeep::new(include_snapshots, LIST_MAX_BYTES);
         let mut guard = super::PageGuard::new(
             Op::ListBlobs,
             self.name.clone(),
@@ -101,10 +107,12 @@ impl ContainerClient {
                 .svc
                 .execute(self.request(Op::ListBlobs, Method::GET, &q, &[200]))
                 .await?;
-            let page = xml::parse_blob_list(&resp.body).map_err(|detail| AzureError::Protocol {
-                op: Op::ListBlobs,
-                target: self.name.clone(),
-                detail,
+            let page = xml::parse_blob_list(&resp.body, &mut keep).map_err(|detail| {
+                AzureError::Protocol {
+                    op: Op::ListBlobs,
+                    target: self.name.clone(),
+                    detail,
+                }
             })?;
             guard.page(page.items.len(), page.next_marker.as_deref())?;
             out.extend(page.items);

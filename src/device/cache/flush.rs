@@ -24,7 +24,7 @@ use tracing::{debug, warn};
 
 use crate::device::sectors::{self, mask};
 use crate::device::sparse::SparseMap;
-use crate::device::{Backend, DeviceError, MAX_RUN, SECTOR};
+use crate::device::{first_error, Backend, DeviceError, MAX_RUN, SECTOR};
 
 use super::{
     Block, Cache, State, BLOCK, FLUSHER_IDLE, FLUSHER_POLL, FLUSH_BATCH, FLUSH_PARALLEL, SETTLE,
@@ -97,7 +97,7 @@ impl<B: Backend> Cache<B> {
         // that failed gets no try of its own: it would wait twice as long.
         self.backend.fail_fast_since(issued)?;
         self.counters.flushes.fetch_add(1, Relaxed);
-        self.write_blocks(pending, false)
+        self.write_blocks(pending, false, issued)
     }
 
     /// Writes complete 4 MiB runs of fully dirty blocks at once, without waiting for
@@ -117,7 +117,7 @@ impl<B: Backend> Cache<B> {
         if pending.is_empty() {
             return Ok(false);
         }
-        self.write_blocks(pending, true)?;
+        self.write_blocks(pending, true, Instant::now())?;
         Ok(true)
     }
 
@@ -152,8 +152,14 @@ impl<B: Backend> Cache<B> {
     /// up to [`FLUSH_PARALLEL`] in flight, each unit marked clean as soon as it
     /// lands. With `refill`, settled runs are added as the pending ones run out.
     /// The caller holds `flush_lock`, so no other flush or discard interleaves, and
-    /// a block is never in two units in flight at once.
-    fn write_blocks(&self, pending: BTreeSet<u64>, refill: bool) -> Result<(), DeviceError> {
+    /// a block is never in two units in flight at once. `issued`: when the flush
+    /// was asked for, before it waited for the flush lock.
+    fn write_blocks(
+        &self,
+        pending: BTreeSet<u64>,
+        refill: bool,
+        issued: Instant,
+    ) -> Result<(), DeviceError> {
         let units = (pending.len() as u64 * BLOCK).div_ceil(MAX_RUN) as usize;
         let workers = if refill {
             FLUSH_PARALLEL
@@ -166,13 +172,13 @@ impl<B: Backend> Cache<B> {
             error: None,
         });
         if workers == 1 {
-            self.flush_worker(&queue, refill);
+            self.flush_worker(&queue, refill, issued);
         } else {
             std::thread::scope(|s| {
                 for _ in 1..workers {
-                    s.spawn(|| self.flush_worker(&queue, refill));
+                    s.spawn(|| self.flush_worker(&queue, refill, issued));
                 }
-                self.flush_worker(&queue, refill);
+                self.flush_worker(&queue, refill, issued);
             });
         }
         let queue = queue.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -181,7 +187,7 @@ impl<B: Backend> Cache<B> {
 
     /// One of [`Cache::write_blocks`]'s workers: takes units until none are left or
     /// a unit failed.
-    fn flush_worker(&self, queue: &Mutex<FlushQueue>, refill: bool) {
+    fn flush_worker(&self, queue: &Mutex<FlushQueue>, refill: bool, issued: Instant) {
         let lock_queue = || queue.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let unit = {
@@ -214,7 +220,7 @@ impl<B: Backend> Cache<B> {
                     .map(|(o, d)| o + d.len() as u64)
                     .max()
                     .unwrap_or(0);
-            let result = self.backend.write_runs(unit.runs);
+            let result = first_error(self.backend.write_each_issued(unit.runs, issued));
             {
                 let mut st = self.lock();
                 if result.is_ok() {

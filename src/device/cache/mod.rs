@@ -60,7 +60,7 @@ use serde::Serialize;
 use super::blockmem::BlockMem;
 use super::bufpool::BufPool;
 use super::sparse::SparseMap;
-use super::{Backend, DeviceError, MAX_GET, MAX_RUN, SECTOR};
+use super::{Backend, DeviceError, LeaseLoss, MAX_GET, MAX_RUN, SECTOR};
 
 mod discard;
 mod evict;
@@ -165,6 +165,9 @@ pub struct CacheCounters {
     /// Requests of the drive's users answered with EIO (see
     /// [`Cache::answered_error`]).
     pub io_errors: AtomicU64,
+    /// Of those, the writes, fsyncs and discards (see
+    /// [`Cache::answered_write_error`]): what they carried is not on the blob.
+    pub failed_writes: AtomicU64,
 }
 
 /// A copy of the cache's state for `stats`.
@@ -179,6 +182,8 @@ pub struct CacheSnapshot {
     pub write_waits: u64,
     /// Requests of the drive's users answered with EIO.
     pub io_errors: u64,
+    /// Writes, fsyncs and discards of the drive's users answered with EIO.
+    pub failed_writes: u64,
     pub dirty_bytes: u64,
     /// How much dirty data the cache holds before writes wait for room.
     pub dirty_limit: u64,
@@ -381,21 +386,21 @@ pub struct Cache<B: Backend> {
     /// The largest read-ahead window: the configured one, and at most
     /// [`POOLED_RUNS`] runs where they go through pooled buffers.
     ra_window: u64,
-    fenced: Arc<AtomicBool>,
+    fenced: Arc<LeaseLoss>,
     closing: AtomicBool,
     pub counters: CacheCounters,
 }
 
 impl<B: Backend> Cache<B> {
-    /// `sparse` is what the blob holds now; `fenced` is the backend's lease flag
-    /// (writes fail at once when it is set).
+    /// `sparse` is what the blob holds now; `fenced` is the backend's lease
+    /// (writes fail at once once it is lost).
     pub fn new(
         backend: B,
         size: u64,
         sparse: SparseMap,
         cfg: CacheConfig,
         read_only: bool,
-        fenced: Arc<AtomicBool>,
+        fenced: Arc<LeaseLoss>,
     ) -> Cache<B> {
         let (run, ra_window) = if backend.reads_scattered() {
             (MAX_GET, cfg.readahead_max)
@@ -466,7 +471,7 @@ impl<B: Backend> Cache<B> {
     }
 
     pub fn is_fenced(&self) -> bool {
-        self.fenced.load(Relaxed)
+        self.fenced.is_lost()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -502,6 +507,7 @@ impl<B: Backend> Cache<B> {
             flushes: c.flushes.load(Relaxed),
             write_waits: c.write_waits.load(Relaxed),
             io_errors: c.io_errors.load(Relaxed),
+            failed_writes: c.failed_writes.load(Relaxed),
             dirty_bytes: st.dirty_sectors * SECTOR,
             dirty_limit: self.cfg.dirty_limit,
             cached_bytes: st.len() as u64 * BLOCK,
@@ -519,6 +525,17 @@ impl<B: Backend> Cache<B> {
         let errno = e.errno();
         if errno == libc::EIO {
             self.counters.io_errors.fetch_add(1, Relaxed);
+        }
+        errno
+    }
+
+    /// [`Self::answered_error`] for a request that changes the drive (a write, an
+    /// fsync, a discard), whose EIOs are counted apart too: the unmount after a
+    /// lost lease says how many failed.
+    pub fn answered_write_error(&self, e: &DeviceError) -> i32 {
+        let errno = self.answered_error(e);
+        if errno == libc::EIO {
+            self.counters.failed_writes.fetch_add(1, Relaxed);
         }
         errno
     }

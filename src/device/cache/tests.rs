@@ -33,7 +33,7 @@ fn cache_over(backend: MemBackend, cfg: CacheConfig) -> Cache<MemBackend> {
         SparseMap::default(),
         cfg,
         false,
-        Arc::new(AtomicBool::new(false)),
+        Arc::new(LeaseLoss::default()),
     )
 }
 
@@ -137,7 +137,7 @@ fn partial_sector_writes_read_the_old_bytes_once() {
         SparseMap::from_ranges(&[crate::azure::PageRange::new(0, 4096)]),
         CacheConfig::with_capacity(64 * MIB),
         false,
-        Arc::new(AtomicBool::new(false)),
+        Arc::new(LeaseLoss::default()),
     );
     c2.backend
         .write_runs(vec![(0, Bytes::from(vec![7u8; 4096]))])
@@ -375,7 +375,7 @@ fn a_failed_discard_reads_what_the_blob_still_holds() {
 
 #[test]
 fn fenced_cache_refuses_writes_but_reads() {
-    let fence = Arc::new(AtomicBool::new(false));
+    let fence = Arc::new(LeaseLoss::default());
     let c = Cache::new(
         MemBackend::new(4 * MIB),
         4 * MIB,
@@ -385,7 +385,9 @@ fn fenced_cache_refuses_writes_but_reads() {
         fence.clone(),
     );
     c.write(0, &[1u8; 512]).unwrap();
-    fence.store(true, Relaxed);
+    assert!(fence.lose());
+    assert!(!fence.lose(), "lost once");
+    assert!(fence.lost_at().is_some());
     assert!(matches!(
         c.write(0, &[1u8; 512]),
         Err(DeviceError::LeaseLost(_))
@@ -995,4 +997,45 @@ fn a_read_that_fetches_itself_reads_a_local_copy_into_blocks_too() {
         size,
         "all of it cached"
     );
+}
+
+#[test]
+fn a_write_of_partial_sectors_waits_for_a_flush_only_to_fetch_their_old_bytes() {
+    let c = cache(4 * MIB, 64 * MIB);
+    // Sectors at 0 and 1 MiB hold data on the blob, not in the cache.
+    c.backend
+        .write_runs(vec![(MIB, Bytes::from(vec![9u8; 4096]))])
+        .unwrap();
+    c.with_writeback_paused(|| c.lock().sparse.insert(MIB, MIB + 4096));
+    let in_time = |offset: u64, len: usize| {
+        // A flush under way holds the flush lock.
+        let flush = c.order_lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                c.write(offset, &vec![1u8; len]).unwrap();
+                tx.send(()).unwrap();
+            });
+            let done = rx.recv_timeout(Duration::from_secs(2)).is_ok();
+            drop(flush);
+            done
+        })
+    };
+    // A hole's partial sectors need nothing fetched: the write goes in at once
+    // (it waited for the flush, past an outage's I/O timeout a whole try).
+    assert!(in_time(2 * MIB + 100, 1000), "a write to a hole waited");
+    // Then they are cached: a write over them needs nothing either.
+    assert!(
+        in_time(2 * MIB + 300, 100),
+        "a write to cached sectors waited"
+    );
+    // Old bytes on the blob are fetched under the flush lock.
+    assert!(
+        !in_time(MIB + 100, 1000),
+        "a fetch did not wait for the flush"
+    );
+    let mut back = vec![0u8; 1200];
+    c.read(MIB, &mut back).unwrap();
+    assert!(back[..100].iter().all(|&b| b == 9) && back[100..1100].iter().all(|&b| b == 1));
+    assert!(back[1100..].iter().all(|&b| b == 9));
 }

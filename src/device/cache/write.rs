@@ -11,12 +11,22 @@
 //! or discard lands in between.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::MutexGuard;
 use std::time::Instant;
 
 use crate::device::sectors::mask;
 use crate::device::{Backend, DeviceError, SECTOR};
 
-use super::{Cache, BLOCK, ROOM_PATIENCE, SETTLE};
+use super::{Cache, State, BLOCK, ROOM_PATIENCE, SETTLE};
+
+/// What [`Cache::edges_for_write`] gives a write: the flush lock if it had to
+/// be taken, the old bytes of partly covered sectors that were fetched, and
+/// the state lock to apply the write under.
+type EdgesForWrite<'a> = (
+    Option<MutexGuard<'a, ()>>,
+    Vec<(u64, Vec<u8>)>,
+    MutexGuard<'a, State>,
+);
 
 /// The start of each sector that a write of `offset..end` covers only in part:
 /// its first and its last, or one sector for a write within one.
@@ -53,48 +63,7 @@ impl<B: Backend> Cache<B> {
         // Sectors only partly covered need their old bytes: fetch those (at most two
         // sectors) unless cached or a hole. Whole-sector writes never read.
         let edges = partly_covered_sectors(offset, end);
-        // Old bytes of partly covered sectors, fetched unless cached or a hole. No
-        // flush or discard may land between that fetch and its use (the fetched bytes
-        // could then predate data written and evicted since): holding the flush lock
-        // keeps them out. Whole-sector writes never get here. Other reads and writes
-        // may still evict a block while the state lock is dropped for a fetch, taking
-        // a cached edge with it (its old bytes then became zeros, seen once in six
-        // runs of the model test), so the edges are checked again under the lock the
-        // write is applied under, and any that went missing is fetched too.
-        let _no_flush = (!edges.is_empty()).then(|| self.order_lock());
-        let mut edge_data: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut epoch = None;
-        let mut st = loop {
-            let st = self.lock();
-            if epoch != Some(st.mutations) {
-                // Defensive: with the flush lock held, nothing should have landed.
-                edge_data.clear();
-            }
-            let wanted: Vec<u64> = edges
-                .iter()
-                .copied()
-                .filter(|&s| {
-                    let b = s / BLOCK;
-                    let sec = (s % BLOCK) / SECTOR;
-                    let valid = st
-                        .block(b)
-                        .is_some_and(|blk| blk.valid & (1u128 << sec) != 0);
-                    !valid
-                        && st.sparse.any_data(s, s + SECTOR)
-                        && !edge_data.iter().any(|(es, _)| *es == s)
-                })
-                .collect();
-            if wanted.is_empty() {
-                break st;
-            }
-            epoch = Some(st.mutations);
-            drop(st);
-            for s in wanted {
-                let mut d = vec![0u8; SECTOR as usize];
-                self.backend.read(s, &mut d)?;
-                edge_data.push((s, d));
-            }
-        };
+        let (_no_flush, edge_data, mut st) = self.edges_for_write(&edges)?;
         let mut pos = offset;
         let mut newly_dirty = 0u64;
         let now = Instant::now();
@@ -145,6 +114,66 @@ impl<B: Backend> Cache<B> {
         }
         self.counters.bytes_written.fetch_add(len, Relaxed);
         Ok(())
+    }
+
+    /// The old bytes of the partly covered sectors `edges` of a write, fetched
+    /// unless cached or a hole, and the state lock to apply the write under.
+    ///
+    /// No flush or discard may land between such a fetch and its use (the
+    /// fetched bytes could then predate data written and evicted since): the
+    /// flush lock, returned to be held until the write is applied, keeps them
+    /// out. It is taken only when a sector must be fetched: edges that are
+    /// cached or holes (a write to a new region) are filled under the state lock
+    /// the write is applied under, as a whole-sector write needs no lock, so such
+    /// a write never waits behind a flush (past an outage's I/O timeout, a whole
+    /// try of one, and then the fsync after it made a try of its own). Other
+    /// reads and writes may still evict a block while the state lock is dropped
+    /// for a fetch, taking a cached edge with it (its old bytes then became
+    /// zeros, seen once in six runs of the model test), so the edges are checked
+    /// again under the lock the write is applied under, and any that went
+    /// missing is fetched too.
+    fn edges_for_write(&self, edges: &[u64]) -> Result<EdgesForWrite<'_>, DeviceError> {
+        let mut no_flush = None;
+        let mut edge_data: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut epoch = None;
+        loop {
+            let st = self.lock();
+            if epoch != Some(st.mutations) {
+                // Defensive: with the flush lock held, nothing should have landed.
+                edge_data.clear();
+            }
+            let wanted: Vec<u64> = edges
+                .iter()
+                .copied()
+                .filter(|&s| {
+                    let b = s / BLOCK;
+                    let sec = (s % BLOCK) / SECTOR;
+                    let valid = st
+                        .block(b)
+                        .is_some_and(|blk| blk.valid & (1u128 << sec) != 0);
+                    !valid
+                        && st.sparse.any_data(s, s + SECTOR)
+                        && !edge_data.iter().any(|(es, _)| *es == s)
+                })
+                .collect();
+            if wanted.is_empty() {
+                return Ok((no_flush, edge_data, st));
+            }
+            if no_flush.is_none() {
+                // Something must be fetched: under the flush lock, everything
+                // looked at again.
+                drop(st);
+                no_flush = Some(self.order_lock());
+                continue;
+            }
+            epoch = Some(st.mutations);
+            drop(st);
+            for s in wanted {
+                let mut d = vec![0u8; SECTOR as usize];
+                self.backend.read(s, &mut d)?;
+                edge_data.push((s, d));
+            }
+        }
     }
 
     /// Whether a write of `len` bytes would go in now, without waiting for dirty

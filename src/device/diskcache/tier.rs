@@ -44,15 +44,23 @@ impl<B: Backend + ?Sized> Backend for DiskTier<B> {
         first_error(self.write_each(runs))
     }
 
+    fn write_each(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
+        self.write_each_issued(runs, Instant::now())
+    }
+
     /// The disk cache forgets what each run replaces before it is sent, and
     /// keeps the bytes of each run that landed.
-    fn write_each(&self, runs: Vec<(u64, Bytes)>) -> Vec<Result<(), DeviceError>> {
+    fn write_each_issued(
+        &self,
+        runs: Vec<(u64, Bytes)>,
+        issued: Instant,
+    ) -> Vec<Result<(), DeviceError>> {
         for (o, d) in &runs {
             self.cache.change_begins(*o, o + d.len() as u64);
         }
         // Cheap: `Bytes` are shared, not copied.
         let kept = runs.clone();
-        let results = self.below.write_each(runs);
+        let results = self.below.write_each_issued(runs, issued);
         for ((o, d), r) in kept.iter().zip(&results) {
             self.cache
                 .change_ends(*o, o + d.len() as u64, r.is_ok().then_some(&d[..]));

@@ -259,8 +259,13 @@ impl Mounted {
         ticker.stop();
         match result {
             Ok(losses) if losses.is_empty() => {
-                reply.send("ok");
-                answer_waiting_unmounts(rx, "ok");
+                // "ok", or "ok NOTE" with something to say all the same.
+                let answer = match self.lease_note.take() {
+                    Some(note) => format!("ok {note}"),
+                    None => "ok".to_string(),
+                };
+                reply.send(&answer);
+                answer_waiting_unmounts(rx, &answer);
                 info!("unmounted cleanly");
                 self.remove_log();
                 Some(Ok(()))

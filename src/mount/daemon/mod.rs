@@ -48,6 +48,7 @@ use crate::blobref::BlobRef;
 use crate::device::cache::Cache;
 use crate::device::diskcache::files::BlobState;
 use crate::device::stack::Stack;
+use crate::device::LeaseLoss;
 use control::serve;
 use handles::{AttachedLoop, FsMount};
 use setup::limit_malloc_arenas;
@@ -62,7 +63,7 @@ struct Mounted {
     blob: BlobClient,
     target: String,
     lease: Option<String>,
-    fenced: Arc<AtomicBool>,
+    fenced: Arc<LeaseLoss>,
     cache: Option<Arc<Cache<Stack>>>,
     flusher: Option<JoinHandle<()>>,
     session: Option<BackgroundSession>,
@@ -103,6 +104,9 @@ struct Mounted {
     disk_cache_dir: Option<std::fs::File>,
     /// The warm-ups of the disk cache (with one).
     warmer: Option<Arc<warm::Warmer>>,
+    /// What a teardown that kept everything has to say all the same (the lease
+    /// was lost while mounted, but no write failed): `unmount` prints it.
+    lease_note: Option<String>,
 }
 
 impl Mounted {
@@ -128,7 +132,7 @@ impl Mounted {
             blob: blob_ref.client(&svc),
             target: blob_ref.to_string(),
             lease: None,
-            fenced: Arc::new(AtomicBool::new(false)),
+            fenced: Arc::new(LeaseLoss::default()),
             cache: None,
             flusher: None,
             session: None,
@@ -146,6 +150,7 @@ impl Mounted {
             disk_state: None,
             disk_cache_dir: None,
             warmer: None,
+            lease_note: None,
         })
     }
 
@@ -168,9 +173,7 @@ impl Mounted {
             info,
             service: self.blob.service().clone(),
             cache: self.cache.clone(),
-            lease_held: Arc::new(move || {
-                had_lease && !fenced.load(std::sync::atomic::Ordering::SeqCst)
-            }),
+            lease_held: Arc::new(move || had_lease && !fenced.is_lost()),
             warm: self.warmer.as_ref().map(|w| w.figures.clone()),
         };
         let registry = super::metrics::registry(&self.target, sources);

@@ -402,7 +402,7 @@ fn spawn_lease_keeper(m: &Mounted, id: String) {
     m.rt.spawn(async move {
         loop {
             tokio::time::sleep(LEASE_CHECK).await;
-            if fenced.load(Ordering::SeqCst) {
+            if fenced.is_lost() {
                 return;
             }
             let renewed = blob.renew_lease(&id).await;
@@ -413,7 +413,7 @@ fn spawn_lease_keeper(m: &Mounted, id: String) {
             match renewed {
                 Ok(()) => {}
                 Err(e) if matches!(e.status(), Some(409 | 412)) => {
-                    if !fenced.swap(true, Ordering::SeqCst) {
+                    if fenced.lose() {
                         error!("LEASE LOST on {target}: {e}; every further write fails, reads continue");
                     }
                     return;

@@ -1,7 +1,6 @@
 //! The daemon's counters as `stats` shows them, on the control socket and in the
 //! FUSE file `stats`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde_json::json;
@@ -9,13 +8,14 @@ use serde_json::json;
 use crate::azure::BlobService;
 use crate::device::cache::Cache;
 use crate::device::stack::Stack;
+use crate::device::LeaseLoss;
 use crate::mount::warmup::Warming;
 
 /// The daemon's counters as JSON, computed on each call.
 pub(super) type StatsValues = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
-pub(super) fn lease_state(had_lease: bool, fenced: &AtomicBool) -> &'static str {
-    if fenced.load(Ordering::SeqCst) {
+pub(super) fn lease_state(had_lease: bool, fenced: &LeaseLoss) -> &'static str {
+    if fenced.is_lost() {
         "lost"
     } else if had_lease {
         "held"
@@ -59,6 +59,7 @@ pub(super) fn stats_value(
         "flushes": c.flushes,
         "write_waits": c.write_waits,
         "io_errors": c.io_errors,
+        "failed_writes": c.failed_writes,
         "dirty_limit": c.dirty_limit,
         "allocated_bytes": c.allocated_bytes,
         "lease_state": lease,

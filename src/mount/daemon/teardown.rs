@@ -202,12 +202,18 @@ impl Mounted {
         if let Some(f) = self.flusher.take() {
             let _ = f.join();
         }
-        if losses.is_empty() && !self.fenced.load(Ordering::SeqCst) {
+        if losses.is_empty() && !self.fenced.is_lost() {
             self.keep_disk_cache();
         }
         if let Some(id) = self.lease.take() {
-            if self.fenced.load(Ordering::SeqCst) {
-                warn!("the lease on {} was lost while mounted", self.target);
+            if self.fenced.is_lost() {
+                let (said, lost) = self.lease_lost_report(!losses.is_empty());
+                warn!("{said}");
+                if lost {
+                    losses.push(said);
+                } else {
+                    self.lease_note = Some(said);
+                }
             } else if let Err(e) = self.rt.block_on(self.blob.release_lease(&id)) {
                 error!("could not release the lease on {}: {e}", self.target);
                 // "All data is on the blob" only if nothing was dropped above.
@@ -233,6 +239,42 @@ impl Mounted {
             error!("the root part could not release the mount's record: {e}");
         }
         Ok(losses)
+    }
+
+    /// What to say of a lease lost while mounted: when, and how many writes,
+    /// fsyncs and discards of the drive's users failed (answered with EIO) while
+    /// it was mounted; and whether anything written was lost (`dropped`: data
+    /// written to the drive was dropped on the way down; or any of them failed:
+    /// with the lease gone, what they carried can never reach the blob). After a
+    /// lease broken under a mount, an application's `sync` failed and `unmount`
+    /// said only "unmounted".
+    fn lease_lost_report(&self, dropped: bool) -> (String, bool) {
+        let when = self
+            .fenced
+            .lost_at()
+            .map_or_else(|| "an unknown time".into(), httpdate::fmt_http_date);
+        let failed = self
+            .cache
+            .as_ref()
+            .map_or(0, |c| c.counters.failed_writes.load(Ordering::Relaxed));
+        let t = &self.target;
+        let lost = format!(
+            "the lease on {t} was lost at {when} while it was mounted (another party broke or took it)"
+        );
+        if failed == 0 && dropped {
+            return (lost, true);
+        }
+        if failed == 0 {
+            return (
+                format!("{lost}; no write failed, and everything written is on the blob"),
+                false,
+            );
+        }
+        let writes = if failed == 1 { "write" } else { "writes" };
+        (
+            format!("{lost}: {failed} {writes} to the drive failed while it was mounted (answered with an I/O error), and what they carried is not on the blob"),
+            true,
+        )
     }
 
     /// Leaves the disk cache for the next mount, once nothing reads or writes any

@@ -173,11 +173,24 @@ impl EntraEnv {
     }
 
     fn managed_identity(&self) -> Result<Arc<dyn TokenSource>, TokenError> {
-        let endpoint = match (&self.identity_endpoint, &self.identity_header) {
-            (Some(e), Some(h)) => Endpoint::app_service(e, h.clone()),
-            _ => Endpoint::imds(self.imds_host.as_deref().unwrap_or(IMDS_HOST)),
+        let (endpoint, named) = match (&self.identity_endpoint, &self.identity_header) {
+            (Some(e), Some(h)) => (
+                Endpoint::app_service(e, h.clone()),
+                Some("IDENTITY_ENDPOINT"),
+            ),
+            _ => (
+                Endpoint::imds(self.imds_host.as_deref().unwrap_or(IMDS_HOST)),
+                self.imds_host
+                    .as_ref()
+                    .map(|_| "AZURE_POD_IDENTITY_AUTHORITY_HOST"),
+            ),
+        };
+        let endpoint = endpoint.map_err(TokenError::Failed)?;
+        // IMDS's own address is link-local and plain http by design; an
+        // endpoint a variable names is said once when it is plain off loopback.
+        if let Some(var) = named {
+            endpoint.warn_if_in_clear(var);
         }
-        .map_err(TokenError::Failed)?;
         let client_id = self
             .identity_client_id
             .clone()

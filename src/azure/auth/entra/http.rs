@@ -143,6 +143,12 @@ async fn pause(attempt: u32) {
 
 /// The longest a token is taken to live, whatever its answer says.
 const MAX_TOKEN_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The shortest a token must still live when it comes. Entra ID's live an hour
+/// or more; one that expires at once (`expires_in: 0`, an `expires_on` in the
+/// past) would be due for renewal at once, and was asked for again and again
+/// (173 times in 15 s by one `info`). It is a failed answer instead, which the
+/// keeper retries with backoff.
+pub const MIN_TOKEN_LIFETIME: Duration = Duration::from_secs(60);
 
 /// The token in a successful answer: `access_token` (or the CLI's `accessToken`),
 /// expiring at `expires_on` (seconds since the epoch, number or string),
@@ -177,7 +183,25 @@ pub fn token_from(body: &Value) -> Result<AccessToken, String> {
     } else {
         return Err("the answer does not say when the token expires".to_string());
     };
+    short_lived(expires_on, now)?;
     Ok(AccessToken::new(secret.to_string(), expires_on))
+}
+
+/// Refuses a token expiring at `expires_on` if it lives less than
+/// [`MIN_TOKEN_LIFETIME`] from `now`, saying how long it had.
+fn short_lived(expires_on: SystemTime, now: SystemTime) -> Result<(), String> {
+    let least = MIN_TOKEN_LIFETIME.as_secs();
+    match expires_on.duration_since(now) {
+        Ok(left) if left >= MIN_TOKEN_LIFETIME => Ok(()),
+        Ok(left) => Err(format!(
+            "the token it gave expires in {} s; a token must be valid for at least {least} s",
+            left.as_secs()
+        )),
+        Err(ago) => Err(format!(
+            "the token it gave expired {} s before it came; a token must be valid for at least {least} s",
+            ago.duration().as_secs()
+        )),
+    }
 }
 
 /// The reason in an error answer, on one line: OAuth's `error_description` (its
@@ -221,15 +245,33 @@ mod tests {
 
     #[test]
     fn expiry_from_any_of_the_three_spellings() {
-        let t = token_from(&json!({"access_token": "x", "expires_on": "1800000000"})).unwrap();
-        assert_eq!(t.expires_on, epoch(1_800_000_000));
-        let t = token_from(&json!({"accessToken": "x", "expires_on": 1_800_000_001u64})).unwrap();
-        assert_eq!(t.expires_on, epoch(1_800_000_001));
+        // Two hours from now, in seconds since the epoch.
+        let on = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 7200;
+        let t = token_from(&json!({"access_token": "x", "expires_on": on.to_string()})).unwrap();
+        assert_eq!(t.expires_on, epoch(on));
+        let t = token_from(&json!({"accessToken": "x", "expires_on": on + 1})).unwrap();
+        assert_eq!(t.expires_on, epoch(on + 1));
         let t = token_from(&json!({"access_token": "x", "expires_in": 3599})).unwrap();
         assert!(t.lifetime() > Duration::from_secs(3590));
-        let jwt = format!("a.{}.c", jwt::b64url(br#"{"exp":1800000002}"#));
+        let claims = format!(r#"{{"exp":{}}}"#, on + 2);
+        let jwt = format!("a.{}.c", jwt::b64url(claims.as_bytes()));
         let t = token_from(&json!({ "accessToken": jwt })).unwrap();
-        assert_eq!(t.expires_on, epoch(1_800_000_002));
+        assert_eq!(t.expires_on, epoch(on + 2));
+        // A token that expires at once, or has already, is a failed answer.
+        let e = token_from(&json!({"access_token": "x", "expires_in": 0})).unwrap_err();
+        assert!(
+            e.contains("expires in 0 s; a token must be valid for at least 60 s"),
+            "{e}"
+        );
+        let e = token_from(&json!({"access_token": "x", "expires_in": "59"})).unwrap_err();
+        assert!(e.contains("expires in 5"), "{e}");
+        let e = token_from(&json!({"access_token": "x", "expires_on": on - 9000})).unwrap_err();
+        assert!(e.contains("expired 1800 s before it came"), "{e}");
+        assert!(token_from(&json!({"access_token": "x", "expires_in": 61})).is_ok());
         assert!(token_from(&json!({"access_token": "x"})).is_err());
         assert!(token_from(&json!({"expires_in": 1})).is_err());
         // Hostile expiries are capped, never overflow.

@@ -12,7 +12,10 @@
 //! end: while the old token lasts nothing is lost; once it has expired, requests
 //! fail to authorise with the renewal's error, which the mount treats as an outage
 //! (writes wait, `stats` shows the reason). A request the service refused with 401
-//! forces a renewal at once ([`TokenKeeper::renew_now`]).
+//! forces a renewal at once ([`TokenKeeper::renew_now`]). Whatever asks, two
+//! renewals start at least [`MIN_GAP`] apart: a token endpoint is never asked in
+//! a loop, by a service that refuses every token or by tokens that come already
+//! expired (which [`super::http::token_from`] refuses as failures).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -34,6 +37,9 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 /// Longest [`TokenKeeper::renew_now`] waits for the renewal it asked for.
 const FORCED_WAIT: Duration = Duration::from_secs(30);
+/// The least time between the starts of two token requests (the sign-in
+/// counting as one): at most three in 15 s, whatever forces them.
+pub const MIN_GAP: Duration = Duration::from_secs(5);
 
 /// Holds the current token of one source and renews it in the background.
 pub struct TokenKeeper {
@@ -64,6 +70,8 @@ struct State {
     failures: u32,
     /// When to try again after a failure.
     retry_at: Option<Instant>,
+    /// When the latest token request started (the sign-in's, at first).
+    fetched_at: Instant,
     force: bool,
     stop: bool,
 }
@@ -122,6 +130,7 @@ impl TokenKeeper {
                     }
                 };
                 rt.block_on(async move {
+                    let started = Instant::now();
                     let (source, token) = match first().await {
                         Ok(v) => v,
                         Err(e) => {
@@ -136,6 +145,7 @@ impl TokenKeeper {
                             last_error: None,
                             failures: 0,
                             retry_at: None,
+                            fetched_at: started,
                             force: false,
                             stop: false,
                         }),
@@ -238,6 +248,23 @@ fn backoff(failures: u32) -> Duration {
     Duration::from_secs(1u64 << failures.saturating_sub(1).min(5)).min(Duration::from_secs(30))
 }
 
+/// How long until the next renewal is due: at once when forced, after the
+/// backoff after a failure, else at the token's renewal time; never sooner than
+/// [`MIN_GAP`] after the latest token request started.
+fn until_due(s: &State) -> Duration {
+    let due = if s.force {
+        Duration::ZERO
+    } else if let Some(at) = s.retry_at {
+        at.saturating_duration_since(Instant::now())
+    } else {
+        s.token
+            .renew_at()
+            .duration_since(SystemTime::now())
+            .unwrap_or_default()
+    };
+    due.max((s.fetched_at + MIN_GAP).saturating_duration_since(Instant::now()))
+}
+
 async fn renew_loop(shared: Arc<Shared>) {
     loop {
         let wait = {
@@ -245,16 +272,7 @@ async fn renew_loop(shared: Arc<Shared>) {
             if s.stop {
                 return;
             }
-            if s.force {
-                Duration::ZERO
-            } else if let Some(at) = s.retry_at {
-                at.saturating_duration_since(Instant::now())
-            } else {
-                s.token
-                    .renew_at()
-                    .duration_since(SystemTime::now())
-                    .unwrap_or_default()
-            }
+            until_due(&s)
         };
         if !wait.is_zero() {
             tokio::select! {
@@ -265,6 +283,7 @@ async fn renew_loop(shared: Arc<Shared>) {
             continue;
         }
         let kind = shared.source.kind();
+        shared.state().fetched_at = Instant::now();
         let outcome = tokio::time::timeout(FETCH_TIMEOUT, shared.source.fetch())
             .await
             .unwrap_or_else(|_| {
@@ -366,11 +385,14 @@ mod tests {
 
     #[test]
     fn renews_at_half_life_in_the_background() {
-        let src = scripted(Duration::from_secs(4));
-        let first = AccessToken::new("token-0".into(), SystemTime::now() + Duration::from_secs(4));
+        let src = scripted(Duration::from_secs(12));
+        let first = AccessToken::new(
+            "token-0".into(),
+            SystemTime::now() + Duration::from_secs(12),
+        );
         let keeper = TokenKeeper::start(src.clone(), first);
         assert_eq!(keeper.bearer().unwrap(), "token-0");
-        std::thread::sleep(Duration::from_millis(2600));
+        std::thread::sleep(Duration::from_millis(6600));
         assert_eq!(src.fetches.load(Ordering::SeqCst), 1);
         assert_eq!(keeper.bearer().unwrap(), "token-1");
         drop(keeper);
@@ -394,5 +416,42 @@ mod tests {
         keeper.renew_now().await.unwrap();
         assert!(keeper.bearer().unwrap().starts_with("token-"));
         assert_eq!(keeper.last_error(), None);
+    }
+
+    /// At most one fetch per [`MIN_GAP`] in `window`, and the first after one gap.
+    fn at_most_one_per_gap(fetches: u32, window: Duration) {
+        let most = 1 + (window.as_millis() / MIN_GAP.as_millis()) as u32;
+        assert!(
+            (1..=most).contains(&fetches),
+            "{fetches} token requests in {window:?}"
+        );
+    }
+
+    #[test]
+    fn tokens_that_expire_at_once_are_not_asked_for_in_a_loop() {
+        // A source whose every token has expired when it comes (what
+        // token_from now refuses; a source that took one anyway) was asked as
+        // fast as it answered, its tokens due for renewal at once.
+        let src = scripted(Duration::ZERO);
+        let keeper =
+            TokenKeeper::start(src.clone(), AccessToken::new("t".into(), SystemTime::now()));
+        let window = Duration::from_millis(5500);
+        std::thread::sleep(window);
+        at_most_one_per_gap(src.fetches.load(Ordering::SeqCst), window);
+        drop(keeper);
+    }
+
+    #[tokio::test]
+    async fn forced_renewals_keep_the_minimum_gap() {
+        // A service refusing every token forces a renewal for each request.
+        let src = scripted(Duration::from_secs(3600));
+        let first = AccessToken::new("t".into(), SystemTime::now() + Duration::from_secs(3600));
+        let keeper = TokenKeeper::start(src.clone(), first);
+        let started = Instant::now();
+        let window = Duration::from_millis(5500);
+        while started.elapsed() < window {
+            let _ = tokio::time::timeout(Duration::from_millis(50), keeper.renew_now()).await;
+        }
+        at_most_one_per_gap(src.fetches.load(Ordering::SeqCst), started.elapsed());
     }
 }

@@ -63,6 +63,27 @@ impl Endpoint {
         }
     }
 
+    /// Says, once per process, that the endpoint `var` named is plain http off
+    /// this machine's loopback: the token, and App Service's identity header,
+    /// then cross the network unencrypted. That is how Azure's App Service and
+    /// pod identity work, so it is allowed, but never silently.
+    pub fn warn_if_in_clear(&self, var: &str) {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        if crate::azure::auth::bearer::may_carry_token(self.url()) {
+            return;
+        }
+        let what = match self {
+            Endpoint::Imds(_) => "the token",
+            Endpoint::AppService(..) => "the identity header and the token",
+        };
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "{var} is plain http to {}, not this machine's loopback: {what} cross the network unencrypted (as Azure App Service and pod identity intend; see docs/security.md)",
+                origin(self.url())
+            )
+        });
+    }
+
     /// Which kind, for messages.
     pub fn describe(&self) -> String {
         match self {
