@@ -18,6 +18,7 @@ use std::path::Path;
 
 use super::direct::DirectReader;
 use super::index::{Chunk, CHUNK, PIECE, PIECES};
+use super::preadv::read_vectored_exact_at;
 
 /// What a clean unmount saw of the blob after its last write: the cache is
 /// current for exactly this blob.
@@ -77,69 +78,6 @@ fn open_direct(dir: &File, data: &File) -> Option<File> {
     let f = open_at(dir, "data", libc::O_RDONLY | libc::O_DIRECT).ok()?;
     let (a, b) = (f.metadata().ok()?, data.metadata().ok()?);
     (a.dev() == b.dev() && a.ino() == b.ino()).then_some(f)
-}
-
-/// Fills `bufs` in turn from `file` at `offset` with `preadv`, until every byte
-/// is read: a short read goes on where it stopped, the end of the file is an
-/// error (`UnexpectedEof`), never a buffer left partly unread.
-pub fn read_vectored_exact_at(
-    file: &File,
-    bufs: &mut [&mut [u8]],
-    mut offset: u64,
-) -> std::io::Result<()> {
-    let (mut i, mut skip) = (0, 0);
-    while i < bufs.len() {
-        let iov: Vec<libc::iovec> = bufs[i..]
-            .iter_mut()
-            .take(libc::UIO_MAXIOV as usize)
-            .enumerate()
-            .map(|(k, b)| {
-                let b = if k == 0 { &mut b[skip..] } else { &mut b[..] };
-                libc::iovec {
-                    iov_base: b.as_mut_ptr().cast(),
-                    iov_len: b.len(),
-                }
-            })
-            .collect();
-        // SAFETY: each iovec points into a live, exclusively borrowed buffer of
-        // at least iov_len bytes.
-        let n = unsafe {
-            libc::preadv(
-                file.as_raw_fd(),
-                iov.as_ptr(),
-                iov.len() as libc::c_int,
-                offset as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        offset += n as u64;
-        let mut n = n as usize;
-        while n > 0 {
-            let left = bufs[i].len() - skip;
-            if n >= left {
-                n -= left;
-                i += 1;
-                skip = 0;
-            } else {
-                skip += n;
-                n = 0;
-            }
-        }
-        while i < bufs.len() && bufs[i].len() == skip {
-            i += 1;
-            skip = 0;
-        }
-    }
-    Ok(())
 }
 
 fn fsync_dir(dir: &File) -> std::io::Result<()> {
