@@ -6,8 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use prometheus_client::encoding::DescriptorEncoder;
-use prometheus_client::registry::Unit;
 use serde::{Deserialize, Serialize};
 
 /// Who started a warm-up.
@@ -125,40 +123,6 @@ impl Warming {
     /// Bytes every warm-up of the mount fetched.
     pub fn fetched_total(&self) -> u64 {
         self.fetched_total.load(Relaxed)
-    }
-
-    /// The figures for Prometheus.
-    pub fn encode(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        use super::metrics::{counter, gauge};
-        let s = self.status().unwrap_or_default();
-        gauge(
-            enc,
-            "warm_up_running",
-            "1 while a warm-up fills the disk cache (blobdrive warm, mount --warm).",
-            None,
-            u64::from(s.running),
-        )?;
-        gauge(
-            enc,
-            "warm_up_done",
-            "Bytes of allocated pages the current (or last) warm-up went through.",
-            Some(&Unit::Bytes),
-            s.done,
-        )?;
-        gauge(
-            enc,
-            "warm_up_allocated",
-            "Bytes of allocated pages the current (or last) warm-up goes through in all.",
-            Some(&Unit::Bytes),
-            s.allocated,
-        )?;
-        counter(
-            enc,
-            "warm_up_fetched",
-            "Bytes warm-ups read from the storage service into the disk cache.",
-            Some(&Unit::Bytes),
-            self.fetched_total(),
-        )
     }
 }
 
