@@ -17,7 +17,7 @@ use tracing::debug;
 use url::Url;
 
 use super::account::Account;
-use super::auth::{self, AuthError, Authorizer};
+use super::auth::{AuthError, Authorizer};
 use super::error::{AzureError, Op};
 use super::gate::Gate;
 use super::http::{describe, Transport};
@@ -248,7 +248,7 @@ impl BlobService {
             inner: Arc::new(Inner {
                 http,
                 fresh_http,
-                auth: auth::for_account(&account),
+                auth: account.authorizer(),
                 account,
                 policy,
                 stats: ClientStats::default(),
