@@ -8,6 +8,9 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::azure::text::escape_controls;
+use crate::size::human;
+
 /// Who started a warm-up.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -41,6 +44,49 @@ pub struct WarmStatus {
     pub stopped: bool,
     /// Why it failed, if it did.
     pub error: Option<String>,
+}
+
+impl WarmStatus {
+    /// One line saying where a warm-up stands (for `warm` and `stats`), its
+    /// reason escaped: the figures come from the daemon, whose words are
+    /// hostile to whoever reads them.
+    pub fn summary(&self) -> String {
+        let s = self;
+        let figures = format!(
+            "{} fetched, {} cached already, {} skipped{}",
+            human(s.fetched),
+            human(s.already_cached),
+            human(s.skipped),
+            if s.skipped > 0 {
+                " (no room left in the disk cache)"
+            } else {
+                ""
+            }
+        );
+        let pct = (s.done * 100).checked_div(s.allocated).unwrap_or(100);
+        match (&s.error, s.running, s.stopped) {
+            (Some(e), _, _) => format!(
+                "failed after {:.1} s ({}); {figures}",
+                s.seconds,
+                escape_controls(e)
+            ),
+            (None, true, _) => format!(
+                "running, {pct}% of {} allocated gone through, {figures}, {:.0} s so far",
+                human(s.allocated),
+                s.seconds
+            ),
+            (None, false, true) => format!(
+                "stopped at {pct}% of {} allocated after {:.1} s: {figures}",
+                human(s.allocated),
+                s.seconds
+            ),
+            (None, false, false) => format!(
+                "done, {} allocated in {:.1} s: {figures}",
+                human(s.allocated),
+                s.seconds
+            ),
+        }
+    }
 }
 
 /// The daemon's account of its warm-ups: the current (or last) one, and the
@@ -148,5 +194,25 @@ mod tests {
         w.progressed(1, 1, 0);
         assert_eq!(w.status().unwrap().fetched, 1);
         assert_eq!(w.fetched_total(), 41);
+    }
+
+    #[test]
+    fn a_reason_from_the_daemon_is_shown_escaped() {
+        let s = WarmStatus {
+            allocated: 100,
+            done: 50,
+            error: Some("\x1b]0;owned\x07bad".into()),
+            ..WarmStatus::default()
+        };
+        let line = s.summary();
+        assert!(!line.contains('\x1b') && !line.contains('\x07'), "{line}");
+        assert!(line.contains("\\u{1b}]0;owned"), "{line}");
+        let running = WarmStatus {
+            running: true,
+            allocated: 200,
+            done: 50,
+            ..WarmStatus::default()
+        };
+        assert!(running.summary().starts_with("running, 25% of 200 bytes"));
     }
 }
