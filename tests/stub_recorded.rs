@@ -2,6 +2,7 @@
 //! served by a local stub: pagination, diffs with cleared ranges, 413, throttling,
 //! server-side timeouts, retries with identical bytes, SAS handling.
 
+mod common;
 mod stub;
 
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use blobdrive::azure::{
     Account, AzureError, BlobService, Credential, PageRange, RetryPolicy, SegmentPlan,
 };
 use bytes::Bytes;
+use common::util::rt;
 use stub::{pageblob, Recorded, Reply, Stub};
 
 fn fixture(name: &str) -> String {
@@ -36,13 +38,6 @@ fn service(stub: &Stub, policy: RetryPolicy) -> BlobService {
         stub.endpoint()
     );
     BlobService::with_policy(Account::from_connection_string(&cs).unwrap(), policy)
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]
