@@ -124,7 +124,7 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// The `--json` summary: the figures the callers script against.
+/// The `--json` summary: the figures a script that runs `warm --json` reads.
 fn summary(s: &WarmStatus) -> serde_json::Value {
     serde_json::json!({
         "fetched": s.fetched,

@@ -672,10 +672,11 @@ mod tests {
 
     #[test]
     fn past_the_io_timeout_one_try_is_bounded_by_one_request_timeout_whatever_the_limit() {
-        // Issue 46: at the default limit (300 s) as at any other, a try past it
-        // must be over within one request timeout, and a run of the same I/O
-        // queued behind one that failed (or a flush that waited for a failed
-        // one) gets no try of its own.
+        // The I/O timeout bounds how long an application waits, at the default
+        // limit (300 s) as at any other: a try past it must be over within one
+        // request timeout, and a run of the same I/O queued behind one that
+        // failed (or a flush that waited for a failed one) gets no try of its
+        // own.
         let p = patience(DEFAULT_IO_TIMEOUT);
         let early = Instant::now() - Duration::from_secs(1);
         let issued = Instant::now();

@@ -1,5 +1,5 @@
-//! The root part of a privilege-separated mount (issue 42), and the seam between
-//! it and the unprivileged worker.
+//! The root part of a privilege-separated mount, and the seam between it and
+//! the unprivileged worker (walled by [`crate::privsep`]).
 //!
 //! A mount daemon is two processes. The root part does what needs root and never
 //! reads a byte from the network: before the worker exists it claims the
