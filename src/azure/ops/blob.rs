@@ -433,3 +433,15 @@ impl BlobClient {
         Ok(())
     }
 }
+
+impl BlobService {
+    /// A client of the blob `name` in `container`.
+    pub fn blob(&self, container: &str, name: &str) -> BlobClient {
+        BlobClient {
+            svc: self.clone(),
+            container: container.to_string(),
+            name: name.to_string(),
+            snapshot: None,
+        }
+    }
+}

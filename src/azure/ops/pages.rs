@@ -196,7 +196,7 @@ impl BlobClient {
         );
         req.lease(lease);
         req.body = data;
-        req.fence = fence;
+        req.fenced(fence);
         self.count(|s| ClientStats::add(&s.put_page_requests, 1));
         self.svc.execute(req).await?;
         self.count(|s| ClientStats::add(&s.bytes_uploaded, len));
@@ -241,7 +241,7 @@ impl BlobClient {
             format!("bytes={}-{}", offset, offset + len - 1),
         );
         req.lease(lease);
-        req.fence = fence;
+        req.fenced(fence);
         self.count(|s| ClientStats::add(&s.clear_requests, 1));
         self.svc.execute(req).await.map(|_| ())
     }
