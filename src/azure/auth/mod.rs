@@ -39,6 +39,21 @@ pub use shared_key::SharedKey;
 #[error("cannot authorise the request: {0}")]
 pub struct AuthError(pub String);
 
+/// Whether a token (or any credential: a key's signature, a SAS) may be sent to
+/// `url`: https, or plain http to this machine.
+pub fn may_carry_token(url: &Url) -> bool {
+    url.scheme() == "https" || is_loopback(url)
+}
+
+fn is_loopback(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}
+
 /// Authorises requests to one account.
 ///
 /// `Debug` is required so a service handle can be inspected, and implementations must
@@ -93,6 +108,19 @@ mod tests {
 
     use super::*;
     use crate::azure::account::{Account, Credential};
+
+    #[test]
+    fn loopback_is_told_apart() {
+        for (u, yes) in [
+            ("http://127.0.0.1:10000/a", true),
+            ("http://localhost/a", true),
+            ("http://[::1]:1/a", true),
+            ("http://10.0.0.1/a", false),
+            ("http://acct.blob.core.windows.net/a", false),
+        ] {
+            assert_eq!(is_loopback(&Url::parse(u).unwrap()), yes, "{u}");
+        }
+    }
 
     #[test]
     fn debug_never_shows_secrets() {
