@@ -59,7 +59,7 @@ pub use cgroup::{join_in_child, CgroupError, VolumeCgroup};
 pub use identity::PLUGIN_NAME;
 pub use node::MAX_VOLUMES_PER_NODE;
 pub use nodes::{is_node_id, MOST_VOLUMES};
-pub use parameters::is_container_name;
+pub use volume::is_container_name;
 
 /// The messages and service traits generated from the CSI spec.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
