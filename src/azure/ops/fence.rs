@@ -53,8 +53,6 @@ impl Numbers {
     }
 }
 
-pub use crate::azure::pipeline::SEQUENCE_REFUSED;
-
 impl WriteFence {
     /// A fence for writes to `blob` under `lease`. Nothing is sent until the first
     /// write, which raises the number: that also fences whatever an earlier mount
