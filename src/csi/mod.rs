@@ -11,8 +11,9 @@
 //! - `snapshots.rs`: volume snapshots as blob snapshots;
 //! - `metadata.rs`: the SnapshotMetadata service, a snapshot's allocated
 //!   blocks and the blocks changed between two, for backup tools;
-//! - `node.rs`: staging (a blobdrive mount at the staging path, its daemon
-//!   outliving the CSI process), publishing (a bind mount), stats, online grow;
+//! - `node.rs`: the Node service, its calls carried out below it (`node/`):
+//!   staging (a blobdrive mount at the staging path, its daemon outliving the
+//!   CSI process), publishing (a bind mount), stats, online grow;
 //! - `volume.rs`: volume ids, sizes and capabilities, checked before anything is
 //!   looked up, as csi-sanity expects.
 //!
@@ -22,7 +23,6 @@
 
 mod attach;
 mod authority;
-mod bind;
 mod budget;
 mod cgroup;
 mod clone;
@@ -39,10 +39,8 @@ mod paths;
 mod publish;
 mod quantity;
 mod snapshots;
-mod stage;
 mod staged;
 mod targets;
-mod usage;
 mod volume;
 
 use std::path::PathBuf;
