@@ -20,6 +20,7 @@
 mod direct;
 pub mod files;
 pub mod index;
+pub mod reclaim;
 pub mod tier;
 pub mod warm;
 
