@@ -2,6 +2,7 @@
 //! served by a local stub: pagination, diffs with cleared ranges, 413, throttling,
 //! server-side timeouts, retries with identical bytes, SAS handling.
 
+mod common;
 mod stub;
 
 use std::sync::Arc;
@@ -924,18 +925,5 @@ fn delta_extents_merge_written_and_cleared_pages_of_the_service_diff() {
     assert_eq!(extents.method(), blobdrive::changes::Method::Compare);
     let mut both = model.allocated(pageblob::S1);
     both.extend(model.allocated(pageblob::S2));
-    assert_eq!(drain(&mut extents, 1000), union(both));
-}
-
-/// Sorted, merged union of half-open ranges.
-fn union(mut all: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    all.sort();
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for (s, e) in all {
-        match out.last_mut() {
-            Some(last) if last.1 >= s => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
+    assert_eq!(drain(&mut extents, 1000), common::util::merged_ranges(both));
 }

@@ -204,3 +204,19 @@ pub fn files_on_its_filesystem(dir: &std::path::Path) -> Vec<std::path::PathBuf>
     }
     out
 }
+
+/// Half-open ranges sorted, empty ones dropped, touching and overlapping ones
+/// joined: how a set of extents is compared whatever order and pieces it came
+/// in.
+pub fn merged_ranges(mut all: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    all.retain(|r| r.0 < r.1);
+    all.sort();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in all {
+        match out.last_mut() {
+            Some(last) if last.1 >= s => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
