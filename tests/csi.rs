@@ -18,7 +18,7 @@ use common::azurite::{unique_container, Azurite};
 use common::bd::Harness;
 use common::mount::require_root;
 use common::sdk::{csi_stubs as stubs, lease_state, python, read_blob};
-use common::util::{stdout_of_success, wait_for};
+use common::util::{files_on_its_filesystem, stdout_of_success, wait_for};
 
 /// The node plugins' mounts keep their records in the run directory of this
 /// binary's own, `csi_run`; a second node plugin of the conformance suite
@@ -453,8 +453,8 @@ fn csi_sanity_and_the_sidecars_rules_hold_against_a_controller_and_two_nodes() {
     }
     let logs = [log("controller"), log("node-a"), log("node-b")]
         .into_iter()
-        .chain(files_under(&csi_run()))
-        .chain(files_under(&BD_B.run_dir()));
+        .chain(files_on_its_filesystem(&csi_run()))
+        .chain(files_on_its_filesystem(&BD_B.run_dir()));
     for file in logs {
         let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap_or_default()).to_string();
         for marker in [SECRET, UNKNOWN_VALUE] {
@@ -545,20 +545,6 @@ fn assert_matches_the_docs_table(results: &[(String, String, String)]) {
         "docs/kubernetes.md's conformance table is not what the suite ran; rows to have:\n{}\nrows that are not so: {stale:?}",
         missing.join("\n")
     );
-}
-
-/// Every file under `dir`.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = vec![];
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(files_under(&p));
-        } else if p.is_file() {
-            out.push(p);
-        }
-    }
-    out
 }
 
 /// `--volume-cgroup` on a path that is no cgroup v2 directory (a plain

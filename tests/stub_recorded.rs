@@ -919,18 +919,5 @@ fn delta_extents_merge_written_and_cleared_pages_of_the_service_diff() {
     assert_eq!(extents.method(), blobdrive::changes::Method::Compare);
     let mut both = model.allocated(pageblob::S1);
     both.extend(model.allocated(pageblob::S2));
-    assert_eq!(drain(&mut extents, 1000), union(both));
-}
-
-/// Sorted, merged union of half-open ranges.
-fn union(mut all: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    all.sort();
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for (s, e) in all {
-        match out.last_mut() {
-            Some(last) if last.1 >= s => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
+    assert_eq!(drain(&mut extents, 1000), common::util::merged_ranges(both));
 }

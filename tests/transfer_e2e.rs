@@ -556,21 +556,7 @@ fn prune_skips_mounted_snapshots_and_download_warns_about_a_writable_mount() {
 /// of `disk` bytes: its page ranges, merged, the footer left out.
 fn sdk_extents(spec: &str, disk: u64) -> Vec<(u64, u64)> {
     let ranges = common::sdk::page_ranges(&(BD.account)(), spec);
-    merged(ranges.into_iter().map(|(s, e)| (s, e.min(disk))).collect())
-}
-
-/// Half-open ranges sorted, empty ones dropped, touching ones joined.
-fn merged(mut all: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    all.retain(|r| r.0 < r.1);
-    all.sort();
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for (s, e) in all {
-        match out.last_mut() {
-            Some(last) if last.1 >= s => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
+    common::util::merged_ranges(ranges.into_iter().map(|(s, e)| (s, e.min(disk))).collect())
 }
 
 /// `extents` of `snapshot changes --json` as pairs.
@@ -635,7 +621,7 @@ fn snapshot_changes_lists_the_extents_the_sdk_lists() {
     let both = |x: &str, y: &str| {
         let mut all = sdk_extents(x, DISK);
         all.extend(sdk_extents(y, DISK));
-        merged(all)
+        common::util::merged_ranges(all)
     };
     let changed = json(&BD.ok(&[
         "snapshot", "changes", &spec, "--from", &a, "--to", &at_b, "--json",

@@ -38,6 +38,7 @@ mod parameters;
 mod paths;
 mod publish;
 mod quantity;
+mod records;
 mod snapshots;
 mod staged;
 mod targets;

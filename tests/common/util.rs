@@ -173,3 +173,50 @@ pub fn http_get(port: u16, path: &str) -> (String, String) {
         body.to_string(),
     )
 }
+
+/// Every regular file under `dir` that is on `dir`'s own filesystem. A
+/// directory that is another mount is not entered: a run directory holds the
+/// FUSE directory of each live fs-mode drive, and reading its `disk` would
+/// read the whole drive and hold it open meanwhile, so that its unmount (by
+/// another test of the binary, in another thread) is refused as busy, naming
+/// this process. Symlinks are not followed.
+pub fn files_on_its_filesystem(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dev) = std::fs::symlink_metadata(dir).map(|m| m.dev()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if m.dev() != dev {
+                continue;
+            }
+            if m.is_dir() {
+                dirs.push(e.path());
+            } else if m.is_file() {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// Half-open ranges sorted, empty ones dropped, touching and overlapping ones
+/// joined: how a set of extents is compared whatever order and pieces it came
+/// in.
+pub fn merged_ranges(mut all: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    all.retain(|r| r.0 < r.1);
+    all.sort();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in all {
+        match out.last_mut() {
+            Some(last) if last.1 >= s => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}

@@ -19,6 +19,7 @@ use std::path::Path;
 use super::direct::DirectReader;
 use super::index::{Chunk, CHUNK, PIECE, PIECES};
 use super::preadv::read_vectored_exact_at;
+use super::reclaim::{empty_untrusted, LeftTo};
 
 /// What a clean unmount saw of the blob after its last write: the cache is
 /// current for exactly this blob.
@@ -183,16 +184,17 @@ pub fn check_dir(dir: &Path) -> Result<File, String> {
 /// Opens (creating it 0700) the directory of one drive's cache, `name` under
 /// `parent` (see [`check_dir`]), not following a link. It must be root's, or
 /// with `owner` (the uid and gid of a split daemon's worker, which does the
-/// cache's I/O) root's, that user's, or a uid `idle` says no one uses any more
-/// (a pool uid whose mount's root part was killed before it could take the
-/// directory back); with `owner` it is then given to that user, and so are
-/// the files a root daemon or that idle uid left in it: regular, with one
-/// link, which a hard link the worker made to another's file is not.
+/// cache's I/O) root's, that user's, or a pool uid (`left_to` tells) whose
+/// mount's root part was killed before it could take the directory back:
+/// kept if no one uses that uid now, emptied if another mount does. With
+/// `owner` it is then given to that user, and so are the files a root daemon
+/// or that idle uid left in it: regular, with one link, which a hard link the
+/// worker made to another's file is not.
 pub fn open_drive_dir(
     parent: &Path,
     name: &str,
     owner: Option<(u32, u32)>,
-    idle: &dyn Fn(u32) -> bool,
+    left_to: &dyn Fn(u32) -> LeftTo,
 ) -> Result<File, String> {
     let top = check_dir(parent)?;
     let shown = parent.join(name);
@@ -215,9 +217,24 @@ pub fn open_drive_dir(
     let meta = dir
         .metadata()
         .map_err(|e| format!("cannot read {shown}: {e}"))?;
-    let left_by = meta.uid();
+    let mut left_by = meta.uid();
+    let mut meta = meta;
     let also = match owner {
-        Some((uid, _)) if left_by != 0 && left_by != uid && idle(left_by) => Some(left_by),
+        Some((uid, _)) if left_by != 0 && left_by != uid => match left_to(left_by) {
+            LeftTo::Idle => Some(left_by),
+            LeftTo::InUse => {
+                empty_untrusted(&dir).map_err(|e| {
+                    format!("{shown} was left to uid {left_by}, which another mount now runs as, and cannot be emptied: {e}")
+                })?;
+                tracing::warn!("the disk cache {shown} was left to uid {left_by}, which another mount now runs as: emptied, this mount starts cold");
+                left_by = 0;
+                meta = dir
+                    .metadata()
+                    .map_err(|e| format!("cannot read {shown}: {e}"))?;
+                Some(uid)
+            }
+            LeftTo::NotPool => Some(uid),
+        },
         Some((uid, _)) => Some(uid),
         None => None,
     };
@@ -300,7 +317,7 @@ impl Files {
     /// Opens (creating it 0700) the directory `name` under `parent` and takes its
     /// lock: a second mount of the same drive with the same parent is refused.
     pub fn open(parent: &Path, name: &str) -> Result<Files, String> {
-        let dir = open_drive_dir(parent, name, None, &|_| false)?;
+        let dir = open_drive_dir(parent, name, None, &|_| LeftTo::NotPool)?;
         Files::open_in(dir, &parent.join(name))
     }
 
@@ -619,7 +636,7 @@ mod tests {
         let parent = tempfile::tempdir().unwrap();
         let owner = |p: &Path| std::fs::metadata(p).unwrap().uid();
         let (a, b) = (1_900_000_100u32, 1_900_000_101u32);
-        let dir = open_drive_dir(parent.path(), "d", Some((a, a)), &|_| false).unwrap();
+        let dir = open_drive_dir(parent.path(), "d", Some((a, a)), &|_| LeftTo::NotPool).unwrap();
         let path = parent.path().join("d");
         // The worker's files, made as uid a; one hard link it made to a file
         // of someone else's is left alone.
@@ -637,12 +654,34 @@ mod tests {
         // Left with uid a (a root part killed before it took it back): b gets
         // it only while a is idle.
         give_to(&dir, (a, a), 0).unwrap();
-        let err = open_drive_dir(parent.path(), "d", Some((b, b)), &|_| false).unwrap_err();
+        let err =
+            open_drive_dir(parent.path(), "d", Some((b, b)), &|_| LeftTo::NotPool).unwrap_err();
         assert!(err.contains("must be root's"), "{err}");
-        open_drive_dir(parent.path(), "d", Some((b, b)), &|u| u == a).unwrap();
+        let idle = |u| {
+            if u == a {
+                LeftTo::Idle
+            } else {
+                LeftTo::NotPool
+            }
+        };
+        open_drive_dir(parent.path(), "d", Some((b, b)), &idle).unwrap();
         for p in [path.clone(), path.join("data"), path.join("index")] {
             assert_eq!(owner(&p), b, "{}", p.display());
         }
         assert_eq!(owner(&path.join("lock")), 0, "two links: not given");
+        // Left with uid b while another mount now runs as b: c gets it
+        // emptied.
+        let c = 1_900_000_102u32;
+        let in_use = |u| {
+            if u == b {
+                LeftTo::InUse
+            } else {
+                LeftTo::NotPool
+            }
+        };
+        open_drive_dir(parent.path(), "d", Some((c, c)), &in_use).unwrap();
+        assert_eq!(std::fs::read_dir(&path).unwrap().count(), 0);
+        assert_eq!(owner(&path), c);
+        assert_eq!(std::fs::read(parent.path().join("other")).unwrap(), b"y");
     }
 }

@@ -28,6 +28,7 @@ pub mod index;
 mod open;
 mod preadv;
 mod read;
+pub mod reclaim;
 mod store;
 pub mod tier;
 pub mod warm;

@@ -372,7 +372,7 @@ fn open_disk_cache_for(
         blob_ref.snapshot.as_deref(),
     );
     let dir = files::open_drive_dir(parent, &name, Some((user.uid, user.gid)), &|uid| {
-        uids::idle_pool_id(&uids::Places::system(), u64::from(uid))
+        uids::pool_id_state(&uids::Places::system(), u64::from(uid))
     })
     .map_err(MountError::system)?;
     let handle = dir

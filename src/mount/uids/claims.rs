@@ -13,6 +13,10 @@ use std::path::{Path, PathBuf};
 /// The most of a claim file read back (`PID START\n`).
 const CLAIM_MAX: u64 = 64;
 
+/// The file naming the id given last (not a number, so never read as a
+/// claim).
+const LAST_GIVEN: &str = "last";
+
 /// A process, named so that a reuse of its pid is told apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
@@ -120,6 +124,40 @@ impl ClaimsDir {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(self.path.join(id.to_string()))?;
         f.write_all(holder.line().as_bytes())
+    }
+
+    /// The id given last (recorded by [`ClaimsDir::set_last_given`]), if a
+    /// readable record of it is there.
+    pub fn last_given(&self) -> Option<u64> {
+        let f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(self.path.join(LAST_GIVEN))
+            .ok()?;
+        if !f.metadata().ok()?.is_file() {
+            return None;
+        }
+        let mut text = String::new();
+        f.take(CLAIM_MAX).read_to_string(&mut text).ok()?;
+        text.trim().parse().ok()
+    }
+
+    /// Records `id` as the id given last, so that the next pick starts after
+    /// it. Not recording it only makes ids come back sooner.
+    pub fn set_last_given(&self, id: u64) {
+        let new = self.path.join(format!("{LAST_GIVEN}.new"));
+        let written = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&new)
+            .and_then(|mut f| f.write_all(format!("{id}\n").as_bytes()))
+            .and_then(|()| std::fs::rename(&new, self.path.join(LAST_GIVEN)));
+        if let Err(e) = written {
+            tracing::warn!("cannot record uid {id} as the last given: {e}");
+        }
     }
 
     /// Removes the claim of `id` if `holder` (when given) holds it.

@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+use crate::device::diskcache::reclaim::LeftTo;
 use claims::ClaimsDir;
 pub use claims::Holder;
 pub use reserved::{IdRange, MIN_ID};
@@ -174,14 +175,25 @@ pub fn claim(places: &Places) -> Result<Claim, UidError> {
         .map_err(io(format!("{}", places.claims.display())))?;
     let _locked = dir.lock().map_err(io("cannot take the lock"))?;
     let taken = taken_ids(places, &dir)?;
-    let id = ranges
-        .iter()
-        .flat_map(|r| r.start..r.end)
+    let id = in_turn(&ranges, dir.last_given())
         .find(|id| !(taken.contains(id) || places.nss && nss_knows(*id)))
         .ok_or_else(|| UidError::Exhausted(ranges.iter().map(IdRange::count).sum()))?;
     dir.write(id, holder)
         .map_err(io(format!("cannot record uid {id} as taken")))?;
+    dir.set_last_given(id);
     Ok(Claim { id, holder, dir })
+}
+
+/// Every id of `ranges` once, starting after `last` (the id given last) and
+/// going round. An id given back is thus given again only after all the
+/// others: whatever its last mount left behind (a killed mount's disk cache
+/// directory, still its worker's) is not another mount's at once.
+fn in_turn(ranges: &[IdRange], last: Option<u64>) -> impl Iterator<Item = u64> + '_ {
+    let all = || ranges.iter().flat_map(|r| r.start..r.end);
+    let after = last
+        .and_then(|last| all().position(|id| id == last))
+        .map_or(0, |at| at + 1);
+    all().skip(after).chain(all().take(after))
 }
 
 /// The ids not to give: accounts', running processes', and those live mounts
@@ -207,24 +219,29 @@ fn taken_ids(places: &Places, dir: &ClaimsDir) -> Result<HashSet<u64>, UidError>
     Ok(taken)
 }
 
-/// Whether `id` is of the pool and nothing uses it now: reserved, held by no
-/// live mount, and no process's. A drive's disk cache directory left with
-/// such an owner (its mount's root part was killed before it could take the
-/// directory back) may be given to a new mount's id.
-pub fn idle_pool_id(places: &Places, id: u64) -> bool {
+/// Whether `id` is of the pool and whether anything uses it now (a live
+/// mount's claim, a process). A drive's disk cache directory is left with a
+/// pool id as its owner when its mount's root part was killed before it could
+/// take the directory back: idle, it may be given to a new mount's id; in use,
+/// another mount's worker could have changed what is in it. An answer that
+/// cannot be had counts as in use.
+pub fn pool_id_state(places: &Places, id: u64) -> LeftTo {
     let Ok(ranges) = reserved_ids(places) else {
-        return false;
+        return LeftTo::NotPool;
     };
     if !ranges.iter().any(|r| r.contains(id)) {
-        return false;
+        return LeftTo::NotPool;
     }
     let Ok(dir) = ClaimsDir::open(&places.claims, &places.claims_root) else {
-        return false;
+        return LeftTo::InUse;
     };
     let Ok(_locked) = dir.lock() else {
-        return false;
+        return LeftTo::InUse;
     };
-    taken_ids(places, &dir).is_ok_and(|taken| !taken.contains(&id))
+    match taken_ids(places, &dir) {
+        Ok(taken) if !taken.contains(&id) => LeftTo::Idle,
+        _ => LeftTo::InUse,
+    }
 }
 
 /// Whether the user database (NSS) has a user of uid `id` or a group of gid

@@ -84,7 +84,11 @@ fn ids_of_accounts_processes_and_live_mounts_are_passed_over() {
     a.release();
     assert_eq!(fake.claimed(), vec![BASE + 4], "given back");
     let c = claim(&fake.places).unwrap();
-    assert_eq!(u64::from(c.uid()), BASE + 3, "and given again");
+    assert_eq!(
+        u64::from(c.uid()),
+        BASE + 5,
+        "the next in turn, not the one given back"
+    );
     drop((b, c));
     assert!(fake.claimed().is_empty(), "dropped, given back");
     drop(fake.dir);
@@ -111,10 +115,11 @@ fn a_claim_whose_holder_is_gone_is_removed_unless_a_process_still_runs_as_it() {
         BASE + 2,
         "the id a process still runs as is passed over"
     );
-    assert!(!idle_pool_id(&fake.places, BASE + 1), "a process has it");
-    assert!(!idle_pool_id(&fake.places, BASE), "a live mount holds it");
-    assert!(idle_pool_id(&fake.places, BASE + 5), "reserved and unused");
-    assert!(!idle_pool_id(&fake.places, BASE + 10), "not reserved");
+    let state = |id| pool_id_state(&fake.places, id);
+    assert_eq!(state(BASE + 1), LeftTo::InUse, "a process has it");
+    assert_eq!(state(BASE), LeftTo::InUse, "a live mount holds it");
+    assert_eq!(state(BASE + 5), LeftTo::Idle, "reserved and unused");
+    assert_eq!(state(BASE + 10), LeftTo::NotPool, "not reserved");
 }
 
 #[test]
@@ -167,4 +172,30 @@ fn no_reservation_is_one_line_saying_how_to_make_one() {
     std::fs::write(&fake.places.subuid, "blobdrive:61184:4336\n").unwrap();
     std::fs::write(&fake.places.subgid, "blobdrive:61184:4336\n").unwrap();
     assert!(matches!(claim(&fake.places), Err(UidError::NotReserved)));
+}
+
+#[test]
+fn an_id_given_back_comes_again_only_after_the_others() {
+    let fake = Fake::new(3, "", "");
+    let mut given = Vec::new();
+    for _ in 0..5 {
+        let c = claim(&fake.places).unwrap();
+        given.push(c.uid());
+        c.release();
+    }
+    let b = BASE as u32;
+    assert_eq!(given, vec![b, b + 1, b + 2, b, b + 1]);
+    // A held id is passed over, and the turn goes on after the one given.
+    let held = claim(&fake.places).unwrap();
+    assert_eq!(held.uid(), b + 2);
+    let next = claim(&fake.places).unwrap();
+    assert_eq!(next.uid(), b);
+    drop(next);
+    assert_eq!(claim(&fake.places).unwrap().uid(), b + 1);
+    // A record that is not a number, or of an id no longer reserved, starts
+    // from the first.
+    std::fs::write(fake.places.claims.join("last"), "junk").unwrap();
+    assert_eq!(claim(&fake.places).unwrap().uid(), b);
+    std::fs::write(fake.places.claims.join("last"), "7\n").unwrap();
+    assert_eq!(claim(&fake.places).unwrap().uid(), b);
 }
