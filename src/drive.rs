@@ -95,6 +95,21 @@ pub struct Drive {
     pub footer: Footer,
 }
 
+/// The metadata that marks a resize under way (`crate::resize`): `FROM:TO`,
+/// the disk's sizes. A drive that carries it is not whole, and opening refuses
+/// it.
+pub const RESIZE_MARKER: &str = "blobdrive_resize";
+
+/// The resize under way on a blob, from its metadata: (FROM, TO).
+pub fn resize_pending(props: &BlobProperties) -> Option<(u64, u64)> {
+    let (_, v) = props
+        .metadata
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(RESIZE_MARKER))?;
+    let (from, to) = v.split_once(':')?;
+    Some((from.parse().ok()?, to.parse().ok()?))
+}
+
 impl Drive {
     /// The disk's size in bytes (the footer's current size).
     pub fn disk_size(&self) -> u64 {
@@ -113,7 +128,7 @@ impl Drive {
         props: BlobProperties,
     ) -> Result<Drive, DriveError> {
         check_page_blob(blob, &props)?;
-        if let Some((from, to)) = crate::resize::pending(&props) {
+        if let Some((from, to)) = resize_pending(&props) {
             return Err(DriveError::ResizeIncomplete {
                 target: blob.target(),
                 from,

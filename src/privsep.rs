@@ -1,7 +1,7 @@
 //! Walls for a process that parses network bytes: it gives up root and every
 //! capability, and a kernel filter refuses what it would never need, so that a
 //! bug in the code that reads what the storage service sends cannot be turned
-//! into control of the host (issue 42).
+//! into control of the host.
 //!
 //! The walls are built in two steps. [`Walls::prepare`] does everything that
 //! allocates, opens files or can fail for ordinary reasons (the user looked up,

@@ -15,12 +15,9 @@
 
 use std::sync::Arc;
 
-use crate::azure::{BlobClient, BlobProperties, WriteFence};
-use crate::drive::{self, Drive, DriveError};
+use crate::azure::{BlobClient, WriteFence};
+use crate::drive::{self, resize_pending, Drive, DriveError, RESIZE_MARKER};
 use crate::vhd::{self, Footer, Geometry, FOOTER_SIZE};
-
-/// The metadata that marks a resize under way: `FROM:TO`, the disk's sizes.
-pub const MARKER: &str = "blobdrive_resize";
 
 /// How long the resize's lease lasts (renewed by nothing: the steps take a
 /// few requests).
@@ -60,16 +57,6 @@ pub enum Resized {
     Unchanged(u64),
 }
 
-/// The resize under way on a blob, from its metadata: (FROM, TO).
-pub fn pending(props: &BlobProperties) -> Option<(u64, u64)> {
-    let (_, v) = props
-        .metadata
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(MARKER))?;
-    let (from, to) = v.split_once(':')?;
-    Some((from.parse().ok()?, to.parse().ok()?))
-}
-
 /// What growing a drive to a size takes, learnt from the blob: nothing (it has
 /// that size), or the steps from one size to the other.
 pub enum Plan {
@@ -100,10 +87,10 @@ pub async fn plan(blob: &BlobClient, size: u64) -> Result<Plan, DriveError> {
     let others = props
         .metadata
         .iter()
-        .filter(|(k, _)| !k.eq_ignore_ascii_case(MARKER))
+        .filter(|(k, _)| !k.eq_ignore_ascii_case(RESIZE_MARKER))
         .cloned()
         .collect();
-    let from = match pending(&props) {
+    let from = match resize_pending(&props) {
         Some((from, to)) if to == size => from,
         Some((from, to)) => return Err(DriveError::ResizeIncomplete { target, from, to }),
         None => {
@@ -197,7 +184,7 @@ impl Growth {
             Step::Mark => {
                 let mark = format!("{from}:{to}");
                 let mut with = others;
-                with.push((MARKER, &mark));
+                with.push((RESIZE_MARKER, &mark));
                 blob.set_metadata(&with, Some(lease)).await?;
             }
             // Conditional on the blob as it is now: an attempt given up on and

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::azurite::fingerprint;
 use common::bd::{Bd, Harness};
 use common::mount::{proc_status_kib, require_root, Mp};
 
@@ -973,7 +974,7 @@ fn only_ext4_and_xfs_are_mounted_and_other_filesystems_are_left_untouched() {
             .to_string();
         sh_ok(&format!("{mkfs} {dev} >/dev/null"));
         BD.ok(&["unmount", mp.s()]);
-        let before = fingerprint(&spec);
+        let before = fingerprint(&BD.blob(&spec));
         let err = BD.cmd(&["mount", &spec, mp.s()]).fails_with(&format!(
             "holds {a} {fs} filesystem; blobdrive mounts only ext4 and xfs"
         ));
@@ -982,18 +983,13 @@ fn only_ext4_and_xfs_are_mounted_and_other_filesystems_are_left_untouched() {
             1,
             "{err}"
         );
-        assert_eq!(fingerprint(&spec), before, "the refused {fs} drive changed");
+        assert_eq!(
+            fingerprint(&BD.blob(&spec)),
+            before,
+            "the refused {fs} drive changed"
+        );
         BD.assert_nothing_left(mp.path(), &spec);
     }
-}
-
-/// The blob's ETag and content.
-fn fingerprint(spec: &str) -> (Option<String>, Vec<u8>) {
-    let b = BD.blob(spec);
-    rt().block_on(async {
-        let p = b.properties().await.unwrap();
-        (p.etag, b.read(0, p.content_length).await.unwrap().to_vec())
-    })
 }
 
 /// `blobdrive ARGS` with the test account and `run` as its run directory.

@@ -965,12 +965,19 @@ fn what_the_worker_says_on_the_control_socket_reaches_the_terminal_escaped() {
     let outputs = {
         let _stopped = Stopped::new(worker);
         let listener = listener_of(worker);
+        // Served until the test says it is done, not for a count of
+        // connections: another test's `blobdrive list` asks every live mount
+        // for its stats meanwhile, and a count would leave this test's last
+        // command to the real worker once it runs again.
+        let socket = listener.local_addr().unwrap();
+        let socket = socket.as_pathname().unwrap().to_path_buf();
         let server = std::thread::spawn(move || {
-            for conn in listener.incoming().take(5) {
+            for conn in listener.incoming() {
                 let mut conn = conn.unwrap();
                 let mut cmd = String::new();
                 std::io::BufReader::new(&conn).read_line(&mut cmd).unwrap();
                 let answer = match cmd.split_whitespace().next().unwrap_or_default() {
+                    "test-done" => break,
                     "stats" => r#"{"lease_state":"\u001b]0;owned\u0007","disk_size":1,"disk_cache":{"dir":"\u001b[2J","off_reason":"\u009b2J"}}"#.to_string(),
                     "resize" => "progress \x1b]0;owned\x07\nok grew\x1b[2J".to_string(),
                     "snapshot" => "ok \x1b]0;owned\x07".to_string(),
@@ -987,6 +994,8 @@ fn what_the_worker_says_on_the_control_socket_reaches_the_terminal_escaped() {
             run(&["snapshot", "create", &spec]),
             run(&["unmount", mp.s()]),
         ];
+        let mut done = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        writeln!(done, "test-done").unwrap();
         server.join().unwrap();
         outputs
     };

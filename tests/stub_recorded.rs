@@ -12,6 +12,7 @@ use blobdrive::azure::{
     Account, AzureError, BlobService, Credential, PageRange, RetryPolicy, SegmentPlan,
 };
 use bytes::Bytes;
+use common::util::rt;
 use stub::{pageblob, Recorded, Reply, Stub};
 
 fn fixture(name: &str) -> String {
@@ -37,13 +38,6 @@ fn service(stub: &Stub, policy: RetryPolicy) -> BlobService {
         stub.endpoint()
     );
     BlobService::with_policy(Account::from_connection_string(&cs).unwrap(), policy)
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]

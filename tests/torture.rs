@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use blobdrive::azure::BlobClient;
 use common::azurite::{unique_container, Azurite};
-use common::bd::{isolated_cs, Bd, Harness};
+use common::bd::{isolated_cs, Harness, Via};
 use common::util::{env_u64, json, rt, wait_for_exit};
 use faultproxy::{Config, Hold, Proxy};
 use rand::rngs::StdRng;
@@ -96,7 +96,8 @@ struct Drive {
     spec: String,
     blob: BlobClient,
     proxy: Proxy,
-    env: Vec<(&'static str, String)>,
+    /// blobdrive through the proxy, with this run's environment.
+    via: Via,
     mp: tempfile::TempDir,
     disk: Option<File>,
     /// Extra `mount` arguments (a disk cache).
@@ -104,26 +105,13 @@ struct Drive {
 }
 
 impl Drive {
-    /// blobdrive with `args` and this run's environment, through the proxy.
-    fn bd(&self, args: &[&str]) -> Bd {
-        let mut bd = BD.cmd(args).cs(&self.proxy.connection_string());
-        for (k, v) in &self.env {
-            bd = bd.env(k, v);
-        }
-        bd
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        self.bd(args).ok()
-    }
-
     fn mp(&self) -> &str {
         self.mp.path().to_str().unwrap()
     }
 
     fn mount(&mut self) {
         let (spec, mp) = (self.spec.clone(), self.mp().to_string());
-        self.ok(&[
+        self.via.ok(&[
             "mount",
             &spec,
             &mp,
@@ -167,11 +155,11 @@ impl Drive {
     fn unmount(&mut self) {
         self.disk = None;
         let mp = self.mp().to_string();
-        self.ok(&["unmount", &mp]);
+        self.via.ok(&["unmount", &mp]);
     }
 
     fn kill(&mut self) {
-        let list = json(&self.ok(&["list", "--json"]));
+        let list = json(&self.via.ok(&["list", "--json"]));
         let pid = list
             .as_array()
             .unwrap()
@@ -190,7 +178,7 @@ impl Drive {
         );
         let mp = self.mp().to_string();
         // Cleans up after the dead daemon, then fails: its lease is still held.
-        let out = self.bd(&["unmount", &mp]).output();
+        let out = self.via.cmd(&["unmount", &mp]).output();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success(),
@@ -203,7 +191,7 @@ impl Drive {
         );
         assert!(err.contains("lease break"), "{err}");
         let spec = self.spec.clone();
-        self.ok(&["lease", "break", &spec, "--yes"]);
+        self.via.ok(&["lease", "break", &spec, "--yes"]);
         // Whatever the dead daemon left in the network lands (or not) now.
         self.proxy.wait_for_held();
     }
@@ -230,7 +218,7 @@ impl Drop for Drive {
         }
         self.disk = None;
         let mp = self.mp().to_string();
-        let _ = self.bd(&["unmount", &mp]).cs(&BD.cs()).output();
+        let _ = self.via.cmd(&["unmount", &mp]).cs(&BD.cs()).output();
     }
 }
 
@@ -290,8 +278,13 @@ fn torture_with(
     let mut d = Drive {
         blob: BD.blob(&spec),
         spec: spec.clone(),
+        via: BD.via(
+            &proxy.connection_string(),
+            &env.iter()
+                .map(|(k, v)| (*k, v.as_str()))
+                .collect::<Vec<_>>(),
+        ),
         proxy,
-        env,
         mp: tempfile::Builder::new()
             .prefix("blobdrive-torture.")
             .tempdir()
@@ -299,7 +292,8 @@ fn torture_with(
         disk: None,
         mount_args,
     };
-    d.bd(&["create", &spec, "--size", "32MiB", "--create-container"])
+    d.via
+        .cmd(&["create", &spec, "--size", "32MiB", "--create-container"])
         .cs(&BD.cs())
         .ok();
     let mut m = Model::new();
@@ -382,7 +376,7 @@ fn torture_with(
     if !d.mount_args.is_empty() {
         // The disk cache was in use, and still is.
         let mp = d.mp().to_string();
-        let stats = json(&d.ok(&["stats", &mp, "--json"]));
+        let stats = json(&d.via.ok(&["stats", &mp, "--json"]));
         let dc = &stats["disk_cache"];
         eprintln!("torture {tag}: disk cache of the last mount: {dc}");
         assert_eq!(dc["on"], true, "{dc}");

@@ -6,10 +6,13 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use base64::Engine;
 use thiserror::Error;
 use url::Url;
+
+use super::auth::{Anonymous, Authorizer, Bearer, Sas, SharedKey};
 
 /// Account name and key of the local emulator (public, documented by Microsoft).
 pub const DEV_ACCOUNT: &str = "devstoreaccount1";
@@ -87,7 +90,7 @@ pub enum AccountError {
 }
 
 /// How requests are authorised, as parsed. Each service handle turns it once into
-/// an [`Authorizer`](super::auth::Authorizer) ([`super::auth::for_account`]).
+/// an [`Authorizer`] ([`Account::authorizer`]).
 #[derive(Clone)]
 pub enum Credential {
     /// Shared Key: HMAC-SHA256 over each request with the decoded account key.
@@ -146,6 +149,17 @@ impl Account {
             credential: Credential::SharedKey {
                 key: decode_key(DEV_KEY).expect("constant key"),
             },
+        }
+    }
+
+    /// The authorizer for this account's credential: each service handle makes
+    /// one. A new kind of credential is an arm here and its file under `auth`.
+    pub fn authorizer(&self) -> Arc<dyn Authorizer> {
+        match &self.credential {
+            Credential::SharedKey { key } => Arc::new(SharedKey::new(&self.name, key.clone())),
+            Credential::Sas(sas) => Arc::new(Sas::new(sas.clone())),
+            Credential::Anonymous => Arc::new(Anonymous),
+            Credential::Entra(keeper) => Arc::new(Bearer::new(keeper.clone())),
         }
     }
 

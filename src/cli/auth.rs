@@ -12,11 +12,11 @@
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Result};
-use blobdrive::azure::auth::bearer::may_carry_token;
 use blobdrive::azure::auth::entra::chain::EntraEnv;
 use blobdrive::azure::auth::entra::keeper::TokenKeeper;
 use blobdrive::azure::auth::entra::workload_identity::FederatedReader;
 use blobdrive::azure::auth::entra::SourceKind;
+use blobdrive::azure::auth::may_carry_token;
 use blobdrive::azure::{Account, Credential};
 
 /// Env var the `--auth` flag also reads (and the mount daemon gets it through).

@@ -1,8 +1,8 @@
 //! What every command needs: the account and an async runtime.
 
 use anyhow::{bail, Context as _, Result};
-use blobdrive::azure::auth::bearer::may_carry_token;
 use blobdrive::azure::auth::entra::workload_identity::FederatedReader;
+use blobdrive::azure::auth::may_carry_token;
 use blobdrive::azure::{Account, BlobClient, BlobService, Credential};
 use blobdrive::blobref::BlobRef;
 use blobdrive::mount::IoSettings;

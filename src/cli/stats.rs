@@ -113,7 +113,7 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     if let Ok(w) = serde_json::from_value::<WarmStatus>(v["warm_up"].clone()) {
-        println!("warm-up:        {}", super::warm::status_line(&w));
+        println!("warm-up:        {}", w.summary());
     }
     Ok(())
 }

@@ -14,7 +14,7 @@ use anyhow::{bail, Result};
 use blobdrive::azure::text::escape_controls;
 use blobdrive::mount::daemon;
 use blobdrive::mount::warmup::WarmStatus;
-use blobdrive::size::{human, parse_size};
+use blobdrive::size::parse_size;
 use blobdrive::transfer::progress::Progress;
 
 #[derive(Debug, clap::Args)]
@@ -112,7 +112,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary(&end))?);
     } else {
-        println!("warm-up of {}: {}", mp.display(), status_line(&end));
+        println!("warm-up of {}: {}", mp.display(), end.summary());
     }
     // (A Ctrl-C that came as the last reads ended stopped nothing.)
     if end.stopped {
@@ -124,7 +124,7 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// The `--json` summary: the figures the callers script against.
+/// The `--json` summary: the figures a script that runs `warm --json` reads.
 fn summary(s: &WarmStatus) -> serde_json::Value {
     serde_json::json!({
         "fetched": s.fetched,
@@ -134,44 +134,6 @@ fn summary(s: &WarmStatus) -> serde_json::Value {
         "allocated": s.allocated,
         "stopped": s.stopped,
     })
-}
-
-/// One line saying where a warm-up stands (for `warm` and `stats`).
-pub fn status_line(s: &WarmStatus) -> String {
-    let figures = format!(
-        "{} fetched, {} cached already, {} skipped{}",
-        human(s.fetched),
-        human(s.already_cached),
-        human(s.skipped),
-        if s.skipped > 0 {
-            " (no room left in the disk cache)"
-        } else {
-            ""
-        }
-    );
-    let pct = (s.done * 100).checked_div(s.allocated).unwrap_or(100);
-    match (&s.error, s.running, s.stopped) {
-        (Some(e), _, _) => format!(
-            "failed after {:.1} s ({}); {figures}",
-            s.seconds,
-            escape_controls(e)
-        ),
-        (None, true, _) => format!(
-            "running, {pct}% of {} allocated gone through, {figures}, {:.0} s so far",
-            human(s.allocated),
-            s.seconds
-        ),
-        (None, false, true) => format!(
-            "stopped at {pct}% of {} allocated after {:.1} s: {figures}",
-            human(s.allocated),
-            s.seconds
-        ),
-        (None, false, false) => format!(
-            "done, {} allocated in {:.1} s: {figures}",
-            human(s.allocated),
-            s.seconds
-        ),
-    }
 }
 
 /// The progress shown: a bar on a terminal, plain lines otherwise, nothing
@@ -210,30 +172,5 @@ impl Shown {
         if let Some(p) = &self.progress {
             p.finish();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_reason_from_the_daemon_is_shown_escaped() {
-        let s = WarmStatus {
-            allocated: 100,
-            done: 50,
-            error: Some("\x1b]0;owned\x07bad".into()),
-            ..WarmStatus::default()
-        };
-        let line = status_line(&s);
-        assert!(!line.contains('\x1b') && !line.contains('\x07'), "{line}");
-        assert!(line.contains("\\u{1b}]0;owned"), "{line}");
-        let running = WarmStatus {
-            running: true,
-            allocated: 200,
-            done: 50,
-            ..WarmStatus::default()
-        };
-        assert!(status_line(&running).starts_with("running, 25% of 200 bytes"));
     }
 }

@@ -16,14 +16,12 @@ use std::future::Future;
 
 use tonic::Status;
 
-use super::snapshots::SnapshotId;
+use super::snapshots::{SnapshotId, CLONE_FOR_META};
 use super::status_of;
 use super::volume::VolumeId;
 use crate::azure::{BlobService, DeleteSnapshots};
 use crate::drive::{Drive, DriveError};
 
-/// On a snapshot taken for a clone: the id of the volume it is copied to.
-pub const CLONE_FOR_META: &str = "blobdrive_csi_clone_for";
 /// On a cloned volume: the id of the volume it was cloned from.
 pub const CLONED_FROM_META: &str = "blobdrive_csi_cloned_from";
 
@@ -32,11 +30,6 @@ fn meta<'a>(metadata: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case(name))
         .map(|(_, v)| v.as_str())
-}
-
-/// Whether a listed snapshot was taken for a clone (not a VolumeSnapshot).
-pub fn taken_for_a_clone(metadata: &[(String, String)]) -> bool {
-    meta(metadata, CLONE_FOR_META).is_some()
 }
 
 /// Makes volume `target` a copy of volume `source` at one point in time:

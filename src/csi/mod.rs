@@ -11,8 +11,9 @@
 //! - `snapshots.rs`: volume snapshots as blob snapshots;
 //! - `metadata.rs`: the SnapshotMetadata service, a snapshot's allocated
 //!   blocks and the blocks changed between two, for backup tools;
-//! - `node.rs`: staging (a blobdrive mount at the staging path, its daemon
-//!   outliving the CSI process), publishing (a bind mount), stats, online grow;
+//! - `node.rs`: the Node service, its calls carried out below it (`node/`):
+//!   staging (a blobdrive mount at the staging path, its daemon outliving the
+//!   CSI process), publishing (a bind mount), stats, online grow;
 //! - `volume.rs`: volume ids, sizes and capabilities, checked before anything is
 //!   looked up, as csi-sanity expects.
 //!
@@ -22,7 +23,6 @@
 
 mod attach;
 mod authority;
-mod bind;
 mod budget;
 mod cgroup;
 mod clone;
@@ -40,10 +40,8 @@ mod publish;
 mod quantity;
 mod records;
 mod snapshots;
-mod stage;
 mod staged;
 mod targets;
-mod usage;
 mod volume;
 
 use std::path::PathBuf;
@@ -60,7 +58,7 @@ pub use cgroup::{join_in_child, CgroupError, VolumeCgroup};
 pub use identity::PLUGIN_NAME;
 pub use node::MAX_VOLUMES_PER_NODE;
 pub use nodes::{is_node_id, MOST_VOLUMES};
-pub use parameters::is_container_name;
+pub use volume::is_container_name;
 
 /// The messages and service traits generated from the CSI spec.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]

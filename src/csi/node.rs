@@ -1,7 +1,15 @@
-//! The Node service: staging (`stage.rs`: a blobdrive mount at the staging
-//! path, its daemon outliving the CSI process), publishing (`bind.rs`: a bind
-//! mount), the volume's statistics and growing it online (`usage.rs`), and
-//! who this node is (recorded in the account for the controller: `nodes.rs`).
+//! The Node service: its state (the driver, the volumes' cgroups, the cache
+//! budget) and the calls it answers, each carried out by a file below this
+//! one: staging (`node/stage.rs`: a blobdrive mount at the staging path, its
+//! daemon outliving the CSI process), publishing (`node/bind.rs`: a bind
+//! mount), the volume's statistics and growing it online (`node/usage.rs`);
+//! and who this node is (recorded in the account for the controller:
+//! `nodes.rs`). Those files build on the service here ([`NodeService`],
+//! [`path_arg`]); this file alone hands them the calls, so imports run one way.
+
+mod bind;
+mod stage;
+mod usage;
 
 use std::path::PathBuf;
 
@@ -13,7 +21,7 @@ use super::proto::node_server::Node;
 use super::proto::node_service_capability::{self, rpc};
 use super::proto::*;
 use super::volume::VolumeId;
-use super::{bind, nodes, stage, usage, Driver};
+use super::{nodes, Driver};
 use crate::azure::BlobProperties;
 
 /// How many volumes a node takes unless told (NodeGetInfo): an idle mounted

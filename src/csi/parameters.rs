@@ -102,22 +102,8 @@ fn shown_key(key: &str) -> String {
     }
 }
 
-/// Whether `name` is an Azure container name: 3 to 63 of `a-z`, `0-9` and `-`,
-/// starting and ending with a letter or digit, no `--`. That keeps out `..`
-/// and `/` (a path), and `$web`, `$logs` and `$root` (on Azure a static
-/// website's public container, the service's logs, the account's root).
-pub fn is_container_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    (3..=63).contains(&b.len())
-        && b.iter().all(|c| alnum(c) || *c == b'-')
-        && b.first().is_some_and(alnum)
-        && b.last().is_some_and(alnum)
-        && !name.contains("--")
-}
-
 fn check_container(value: &str) -> Result<(), String> {
-    if is_container_name(value) {
+    if super::volume::is_container_name(value) {
         return Ok(());
     }
     Err(format!(
@@ -179,34 +165,6 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
-    }
-
-    #[test]
-    fn container_names_follow_azures_rules() {
-        for good in [
-            "vols",
-            "abc",
-            "a-b-c",
-            "kubernetes-volumes",
-            &"a".repeat(63),
-        ] {
-            assert!(is_container_name(good), "{good}");
-        }
-        for bad in [
-            "../etc",
-            "$web",
-            "$root",
-            "ab",
-            "a--b",
-            "-ab",
-            "ab-",
-            "Vols",
-            "a/b",
-            "",
-            &"a".repeat(64),
-        ] {
-            assert!(!is_container_name(bad), "{bad}");
-        }
     }
 
     #[test]

@@ -20,6 +20,17 @@ pub const SNAPSHOT_META: &str = "blobdrive_csi_snapshot";
 /// carries along).
 const DIGEST_META: &str = "blobdrive_csi_snapshot_request";
 
+/// On a blob snapshot taken for a clone (`clone.rs`): the id of the volume it
+/// is copied to. Such a snapshot is no VolumeSnapshot.
+pub const CLONE_FOR_META: &str = "blobdrive_csi_clone_for";
+
+/// Whether a listed snapshot was taken for a clone (not a VolumeSnapshot).
+fn taken_for_a_clone(metadata: &[(String, String)]) -> bool {
+    metadata
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case(CLONE_FOR_META))
+}
+
 /// A snapshot of a volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotId {
@@ -65,7 +76,7 @@ pub async fn in_container(
     };
     Ok(items
         .into_iter()
-        .filter(|item| !super::clone::taken_for_a_clone(&item.metadata))
+        .filter(|item| !taken_for_a_clone(&item.metadata))
         .filter_map(|item| {
             let at = item.snapshot.clone()?;
             let id = SnapshotId::parse(&format!("{container}/{}@{at}", item.name))?;

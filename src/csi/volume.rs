@@ -107,7 +107,7 @@ impl VolumeId {
     /// (an unknown volume, NOT_FOUND where the spec asks it).
     pub fn parse(id: &str) -> Option<VolumeId> {
         let (container, blob) = id.split_once('/')?;
-        let ok_container = super::parameters::is_container_name(container);
+        let ok_container = is_container_name(container);
         let name = blob.strip_suffix(".vhd")?;
         let ok_name = !name.is_empty() && name.bytes().all(name_byte);
         (ok_container && ok_name).then(|| VolumeId {
@@ -120,6 +120,20 @@ impl VolumeId {
     pub fn spec(&self) -> String {
         format!("{}/{}", self.container, self.blob)
     }
+}
+
+/// Whether `name` is an Azure container name: 3 to 63 of `a-z`, `0-9` and `-`,
+/// starting and ending with a letter or digit, no `--`. That keeps out `..`
+/// and `/` (a path), and `$web`, `$logs` and `$root` (on Azure a static
+/// website's public container, the service's logs, the account's root).
+pub fn is_container_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (3..=63).contains(&b.len())
+        && b.iter().all(|c| alnum(c) || *c == b'-')
+        && b.first().is_some_and(alnum)
+        && b.last().is_some_and(alnum)
+        && !name.contains("--")
 }
 
 /// The CSI message for volume `id` of `size` bytes (no source).
@@ -317,6 +331,34 @@ mod tests {
             "{}",
             e.message()
         );
+    }
+
+    #[test]
+    fn container_names_follow_azures_rules() {
+        for good in [
+            "vols",
+            "abc",
+            "a-b-c",
+            "kubernetes-volumes",
+            &"a".repeat(63),
+        ] {
+            assert!(is_container_name(good), "{good}");
+        }
+        for bad in [
+            "../etc",
+            "$web",
+            "$root",
+            "ab",
+            "a--b",
+            "-ab",
+            "ab-",
+            "Vols",
+            "a/b",
+            "",
+            &"a".repeat(64),
+        ] {
+            assert!(!is_container_name(bad), "{bad}");
+        }
     }
 
     #[test]

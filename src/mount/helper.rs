@@ -117,7 +117,7 @@ pub struct Options {
     /// As written (already checked to parse), for `--disk-cache-size`.
     pub disk_cache_size: Option<String>,
     /// `run-as=USER` (a plain user name, checked), for `--run-as`: the user
-    /// the daemon's network-facing part runs as (issue 42).
+    /// the daemon's network-facing part runs as ([`crate::privsep`]).
     pub run_as: Option<String>,
     /// `warm` or `warm=SIZE` (as written, checked to parse), for `--warm`:
     /// fill the disk cache once mounted (at most SIZE a second).

@@ -11,19 +11,21 @@
 //! Every name starts `blobdrive_`, every figure carries `drive="container/name"`,
 //! and nothing secret (a key, a SAS, a token) is ever in a name or a label: the
 //! drive label is the blob's name alone.
+//!
+//! Here: the figures, read from their sources. The port they are served on is
+//! `endpoint.rs`.
+
+mod endpoint;
 
 use std::borrow::Cow;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::azure::stats::{Outcome, LATENCY_BUCKETS};
 use crate::azure::BlobService;
@@ -31,10 +33,9 @@ use crate::device::cache::Cache;
 use crate::device::diskcache::DiskCacheStats;
 use crate::device::stack::Stack;
 use crate::mount::process_metrics::ProcessFigures;
+use crate::mount::warmup::Warming;
 
-/// Longest request head read from a scraper, and how long it may take.
-const MAX_REQUEST_HEAD: usize = 8 * 1024;
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+pub use endpoint::{bind, check_addr, serve};
 
 /// What a mount is, for `blobdrive_mount_info`: the labels that tell a mount
 /// that holds no lease by design (read-only, a snapshot) from one that lost it,
@@ -60,7 +61,7 @@ pub struct Sources {
     /// mounts, which take none).
     pub lease_held: Arc<dyn Fn() -> bool + Send + Sync>,
     /// Its warm-ups, with a disk cache.
-    pub warm: Option<Arc<super::warmup::Warming>>,
+    pub warm: Option<Arc<Warming>>,
 }
 
 impl std::fmt::Debug for Sources {
@@ -88,7 +89,7 @@ impl Collector for Sources {
             }
         }
         if let Some(w) = &self.warm {
-            w.encode(&mut enc)?;
+            warm_up(&mut enc, w)?;
         }
         Ok(())
     }
@@ -347,7 +348,40 @@ fn disk_cache(enc: &mut DescriptorEncoder, d: &DiskCacheStats) -> Result<(), std
     )
 }
 
-pub(crate) fn counter(
+/// The figures of the mount's warm-ups.
+fn warm_up(enc: &mut DescriptorEncoder, w: &Warming) -> Result<(), std::fmt::Error> {
+    let s = w.status().unwrap_or_default();
+    gauge(
+        enc,
+        "warm_up_running",
+        "1 while a warm-up fills the disk cache (blobdrive warm, mount --warm).",
+        None,
+        u64::from(s.running),
+    )?;
+    gauge(
+        enc,
+        "warm_up_done",
+        "Bytes of allocated pages the current (or last) warm-up went through.",
+        Some(&Unit::Bytes),
+        s.done,
+    )?;
+    gauge(
+        enc,
+        "warm_up_allocated",
+        "Bytes of allocated pages the current (or last) warm-up goes through in all.",
+        Some(&Unit::Bytes),
+        s.allocated,
+    )?;
+    counter(
+        enc,
+        "warm_up_fetched",
+        "Bytes warm-ups read from the storage service into the disk cache.",
+        Some(&Unit::Bytes),
+        w.fetched_total(),
+    )
+}
+
+fn counter(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -358,7 +392,7 @@ pub(crate) fn counter(
         .encode_counter::<NoLabelSet, _, u64>(&v, None)
 }
 
-pub(crate) fn gauge(
+fn gauge(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -390,314 +424,5 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
-/// What `--metrics` takes, for messages.
-const ADDR_FORMS: &str = "expected HOST:PORT, e.g. 127.0.0.1:9101, [::1]:9101 or localhost:9101";
-
-/// Checks that `addr` reads as HOST:PORT (an IPv4 address, an IPv6 one in
-/// brackets, or a host name, then a port number) without resolving the name:
-/// fstab options are checked at boot, maybe before any name can be looked up.
-pub fn check_addr(addr: &str) -> Result<(), String> {
-    let bad = || ADDR_FORMS.to_string();
-    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
-    port.parse::<u16>().map_err(|_| bad())?;
-    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
-        None => {
-            !host.is_empty()
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
-        }
-    };
-    host_ok.then_some(()).ok_or_else(bad)
-}
-
-/// Binds the metrics port: done before the mount is set up, so an address in use
-/// fails the mount with one line and nothing done. A host name is looked up
-/// (`localhost` in /etc/hosts) and the first of its addresses that can be bound
-/// is.
-pub fn bind(addr: &str) -> Result<TcpListener, String> {
-    check_addr(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
-    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(addr)
-        .map_err(|e| format!("--metrics {addr}: cannot look up its host: {e}"))?
-        .collect();
-    TcpListener::bind(&addrs[..]).map_err(|e| format!("cannot serve metrics on {addr}: {e}"))
-}
-
-/// Serves `GET /metrics` on `listener` for as long as the process lives, each
-/// connection on a thread of its own (at most [`MAX_CLIENTS`] at once), so that
-/// a client that trickles its request cannot hold back a scrape; every request
-/// must arrive whole within [`CLIENT_TIMEOUT`].
-pub fn serve(listener: TcpListener, registry: Registry) {
-    let registry = Arc::new(registry);
-    let clients = Arc::new(AtomicUsize::new(0));
-    for conn in listener.incoming() {
-        match conn {
-            Ok(stream) => {
-                let Some(slot) = ClientSlot::take(&clients) else {
-                    debug!("a metrics client turned away: {MAX_CLIENTS} already connected");
-                    continue;
-                };
-                let registry = registry.clone();
-                // The slot goes with the closure: dropped with it if no thread
-                // could be started, at the thread's end otherwise.
-                let spawned = std::thread::Builder::new()
-                    .name("blobdrive-metrics".into())
-                    .stack_size(256 * 1024)
-                    .spawn(move || {
-                        let _slot = slot;
-                        if let Err(e) = answer(stream, &registry) {
-                            debug!("a metrics client: {e}");
-                        }
-                    });
-                if let Err(e) = spawned {
-                    warn!("cannot start a thread for a metrics client: {e}");
-                }
-            }
-            Err(e) => {
-                debug!("accepting a metrics client: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
-}
-
-/// Most metrics clients served at once: a scraper or two, with room for a few
-/// that hang; past it a connection is closed unanswered.
-const MAX_CLIENTS: usize = 16;
-
-/// One of the [`MAX_CLIENTS`] places, given back when dropped.
-struct ClientSlot(Arc<AtomicUsize>);
-
-impl ClientSlot {
-    fn take(clients: &Arc<AtomicUsize>) -> Option<ClientSlot> {
-        clients
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < MAX_CLIENTS).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| ClientSlot(clients.clone()))
-    }
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Reads one request head (bounded in size, and in time as a whole: a client
-/// sending a byte every few seconds is cut off at [`CLIENT_TIMEOUT`]) and
-/// answers it.
-fn answer(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
-    let deadline = Instant::now() + CLIENT_TIMEOUT;
-    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
-        if head.len() >= MAX_REQUEST_HEAD {
-            return reply(
-                &mut stream,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                "request head too long\n",
-            );
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the request did not arrive whole in time",
-            ));
-        }
-        stream.set_read_timeout(Some(left))?;
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            return Ok(());
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics") => reply(
-            &mut stream,
-            "200 OK",
-            prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-            &render(registry),
-        ),
-        (_, "/metrics") => reply(
-            &mut stream,
-            "405 Method Not Allowed",
-            "text/plain",
-            "GET only\n",
-        ),
-        _ => reply(
-            &mut stream,
-            "404 Not Found",
-            "text/plain",
-            "only /metrics is served here\n",
-        ),
-    }
-}
-
-fn reply(
-    stream: &mut TcpStream,
-    status: &str,
-    content_type: &str,
-    body: &str,
-) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    stream.flush()
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::azure::{Account, Credential};
-
-    fn sources() -> Sources {
-        let account = Account {
-            name: "devstoreaccount1".into(),
-            blob_endpoint: "http://127.0.0.1:9/devstoreaccount1".parse().unwrap(),
-            credential: Credential::Anonymous,
-        };
-        Sources {
-            info: MountInfo {
-                mode: "fs".into(),
-                fstype: "ext4".into(),
-                read_only: false,
-                snapshot: String::new(),
-            },
-            service: BlobService::new(account),
-            cache: None,
-            lease_held: Arc::new(|| true),
-            warm: None,
-        }
-    }
-
-    #[test]
-    fn names_follow_the_conventions_and_carry_the_drive() {
-        let text = render(&registry("disks/data.vhd", sources()));
-        for want in [
-            "# TYPE blobdrive_retries_total counter\n",
-            "blobdrive_retries_total{drive=\"disks/data.vhd\"} 0\n",
-            "# TYPE blobdrive_sent_bytes_total counter\n",
-            "# TYPE blobdrive_lease_held gauge\n",
-            "blobdrive_lease_held{drive=\"disks/data.vhd\"} 1\n",
-            "# TYPE blobdrive_token_renewals_total counter\n",
-            "# TYPE blobdrive_mount_info gauge\n",
-            "# TYPE blobdrive_requests_given_up_total counter\n",
-            "# TYPE blobdrive_last_success_timestamp_seconds gauge\n",
-            "# TYPE process_resident_memory_bytes gauge\n",
-            "# TYPE process_cpu_seconds_total counter\n",
-            "process_open_fds{drive=\"disks/data.vhd\"} ",
-            concat!(
-                "blobdrive_mount_info{drive=\"disks/data.vhd\",mode=\"fs\",fstype=\"ext4\",read_only=\"false\",snapshot=\"\",version=\"",
-                env!("CARGO_PKG_VERSION"),
-                "\"} 1\n"
-            ),
-        ] {
-            assert!(text.contains(want), "{want} missing from:\n{text}");
-        }
-    }
-
-    #[test]
-    fn only_get_metrics_is_served() {
-        let listener = bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let reg = registry("c/d.vhd", sources());
-        std::thread::spawn(move || serve(listener, reg));
-        let ask = |req: &str| {
-            let mut c = TcpStream::connect(addr).unwrap();
-            c.write_all(req.as_bytes()).unwrap();
-            let mut out = String::new();
-            c.read_to_string(&mut out).unwrap();
-            out
-        };
-        let ok = ask("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
-        assert!(ok.contains("text/plain; version=0.0.4"), "{ok}");
-        assert!(
-            ok.contains("blobdrive_lease_held{drive=\"c/d.vhd\"} 1"),
-            "{ok}"
-        );
-        assert!(ask("GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
-        assert!(ask("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
-        let long = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(20_000));
-        let mut c = TcpStream::connect(addr).unwrap();
-        let _ = c.write_all(long.as_bytes());
-        let mut out = String::new();
-        let _ = c.read_to_string(&mut out);
-        assert!(out.starts_with("HTTP/1.1 431"), "{out}");
-        // A second bind of the same address fails with one line.
-        let err = bind(&addr.to_string()).unwrap_err();
-        assert!(
-            err.contains("cannot serve metrics on") && !err.contains('\n'),
-            "{err}"
-        );
-        for bad in [
-            "localhost",
-            "127.0.0.1",
-            ":9101",
-            "a b:1",
-            "[::1:9101",
-            "h:99999",
-        ] {
-            assert!(bind(bad).unwrap_err().contains("HOST:PORT"), "{bad}");
-        }
-        // A host name is looked up.
-        let named = bind("localhost:0").unwrap();
-        assert!(named.local_addr().unwrap().ip().is_loopback());
-    }
-
-    #[test]
-    fn a_client_that_trickles_its_request_neither_holds_the_port_nor_stays() {
-        let listener = bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let reg = registry("c/d.vhd", sources());
-        std::thread::spawn(move || serve(listener, reg));
-        // One byte a second, never a whole request.
-        let slow = TcpStream::connect(addr).unwrap();
-        let trickle = {
-            let mut w = slow.try_clone().unwrap();
-            std::thread::spawn(move || {
-                let started = Instant::now();
-                while started.elapsed() < Duration::from_secs(20) {
-                    if w.write_all(b"G").is_err() {
-                        return started.elapsed();
-                    }
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-                started.elapsed()
-            })
-        };
-        std::thread::sleep(Duration::from_millis(300));
-        for _ in 0..2 {
-            let mut c = TcpStream::connect(addr).unwrap();
-            c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-            c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-                .unwrap();
-            let mut out = String::new();
-            c.read_to_string(&mut out)
-                .expect("a scrape answered while another client trickles");
-            assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-        }
-        // The server hangs up on the trickling client (its writes then fail)
-        // once the whole request's time is up, though bytes keep coming.
-        let took = trickle.join().unwrap();
-        drop(slow);
-        assert!(
-            took < Duration::from_secs(20),
-            "the trickling client was kept for {took:?}"
-        );
-    }
-}
+mod tests;

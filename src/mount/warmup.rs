@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use prometheus_client::encoding::DescriptorEncoder;
-use prometheus_client::registry::Unit;
 use serde::{Deserialize, Serialize};
+
+use crate::azure::text::escape_controls;
+use crate::size::human;
 
 /// Who started a warm-up.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +44,49 @@ pub struct WarmStatus {
     pub stopped: bool,
     /// Why it failed, if it did.
     pub error: Option<String>,
+}
+
+impl WarmStatus {
+    /// One line saying where a warm-up stands (for `warm` and `stats`), its
+    /// reason escaped: the figures come from the daemon, whose words are
+    /// hostile to whoever reads them.
+    pub fn summary(&self) -> String {
+        let s = self;
+        let figures = format!(
+            "{} fetched, {} cached already, {} skipped{}",
+            human(s.fetched),
+            human(s.already_cached),
+            human(s.skipped),
+            if s.skipped > 0 {
+                " (no room left in the disk cache)"
+            } else {
+                ""
+            }
+        );
+        let pct = (s.done * 100).checked_div(s.allocated).unwrap_or(100);
+        match (&s.error, s.running, s.stopped) {
+            (Some(e), _, _) => format!(
+                "failed after {:.1} s ({}); {figures}",
+                s.seconds,
+                escape_controls(e)
+            ),
+            (None, true, _) => format!(
+                "running, {pct}% of {} allocated gone through, {figures}, {:.0} s so far",
+                human(s.allocated),
+                s.seconds
+            ),
+            (None, false, true) => format!(
+                "stopped at {pct}% of {} allocated after {:.1} s: {figures}",
+                human(s.allocated),
+                s.seconds
+            ),
+            (None, false, false) => format!(
+                "done, {} allocated in {:.1} s: {figures}",
+                human(s.allocated),
+                s.seconds
+            ),
+        }
+    }
 }
 
 /// The daemon's account of its warm-ups: the current (or last) one, and the
@@ -126,40 +170,6 @@ impl Warming {
     pub fn fetched_total(&self) -> u64 {
         self.fetched_total.load(Relaxed)
     }
-
-    /// The figures for Prometheus.
-    pub fn encode(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        use super::metrics::{counter, gauge};
-        let s = self.status().unwrap_or_default();
-        gauge(
-            enc,
-            "warm_up_running",
-            "1 while a warm-up fills the disk cache (blobdrive warm, mount --warm).",
-            None,
-            u64::from(s.running),
-        )?;
-        gauge(
-            enc,
-            "warm_up_done",
-            "Bytes of allocated pages the current (or last) warm-up went through.",
-            Some(&Unit::Bytes),
-            s.done,
-        )?;
-        gauge(
-            enc,
-            "warm_up_allocated",
-            "Bytes of allocated pages the current (or last) warm-up goes through in all.",
-            Some(&Unit::Bytes),
-            s.allocated,
-        )?;
-        counter(
-            enc,
-            "warm_up_fetched",
-            "Bytes warm-ups read from the storage service into the disk cache.",
-            Some(&Unit::Bytes),
-            self.fetched_total(),
-        )
-    }
 }
 
 #[cfg(test)]
@@ -184,5 +194,25 @@ mod tests {
         w.progressed(1, 1, 0);
         assert_eq!(w.status().unwrap().fetched, 1);
         assert_eq!(w.fetched_total(), 41);
+    }
+
+    #[test]
+    fn a_reason_from_the_daemon_is_shown_escaped() {
+        let s = WarmStatus {
+            allocated: 100,
+            done: 50,
+            error: Some("\x1b]0;owned\x07bad".into()),
+            ..WarmStatus::default()
+        };
+        let line = s.summary();
+        assert!(!line.contains('\x1b') && !line.contains('\x07'), "{line}");
+        assert!(line.contains("\\u{1b}]0;owned"), "{line}");
+        let running = WarmStatus {
+            running: true,
+            allocated: 200,
+            done: 50,
+            ..WarmStatus::default()
+        };
+        assert!(running.summary().starts_with("running, 25% of 200 bytes"));
     }
 }

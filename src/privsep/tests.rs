@@ -201,7 +201,7 @@ fn field<'a>(status: &'a str, name: &str) -> &'a str {
 }
 
 /// The walls checked from outside (every thread's /proc status, as an
-/// operator or the test would) and from inside (what the child is
+/// operator would) and from inside (what the child is
 /// refused), in a child forked from this test and walled as `nobody`.
 #[test]
 fn a_walled_process_holds_no_privilege_and_is_refused_files_exec_and_mount() {

@@ -9,7 +9,7 @@
 //! goes away also when the test binary dies.
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -148,14 +148,6 @@ impl Pki {
     }
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A port nothing listens on: 1 (tcpmux), privileged and never handed out for
 /// port 0, so no server another test starts meanwhile can take it. A port bound
 /// and closed again could be: once a managed-identity server of a test running
@@ -219,7 +211,7 @@ impl TlsAzurite {
             bin.display()
         );
         for _ in 0..3 {
-            let port = free_port();
+            let port = super::util::free_port();
             let log = pki.dir.join(format!("azurite-{port}.log"));
             let mut guard = Command::new("bash")
                 .arg("-c")

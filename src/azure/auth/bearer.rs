@@ -12,7 +12,7 @@ use reqwest::Method;
 use url::Url;
 
 use super::entra::keeper::TokenKeeper;
-use super::{AuthError, Authorizer, BoxFuture};
+use super::{may_carry_token, AuthError, Authorizer, BoxFuture};
 use crate::azure::error::Op;
 
 pub struct Bearer {
@@ -28,21 +28,6 @@ impl Bearer {
 impl fmt::Debug for Bearer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Bearer({}, <redacted>)", self.keeper.kind())
-    }
-}
-
-/// Whether a token (or any credential: a key's signature, a SAS) may be sent to
-/// `url`: https, or plain http to this machine.
-pub fn may_carry_token(url: &Url) -> bool {
-    url.scheme() == "https" || is_loopback(url)
-}
-
-fn is_loopback(url: &Url) -> bool {
-    match url.host() {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
     }
 }
 
@@ -88,23 +73,5 @@ impl Authorizer for Bearer {
             "access denied: the identity signed in through {} has no data access here; it needs the role \"{role}\" ({why}) on the storage account or container (role assignments can take a few minutes to apply)",
             self.keeper.kind()
         ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loopback_is_told_apart() {
-        for (u, yes) in [
-            ("http://127.0.0.1:10000/a", true),
-            ("http://localhost/a", true),
-            ("http://[::1]:1/a", true),
-            ("http://10.0.0.1/a", false),
-            ("http://acct.blob.core.windows.net/a", false),
-        ] {
-            assert_eq!(is_loopback(&Url::parse(u).unwrap()), yes, "{u}");
-        }
     }
 }

@@ -3,18 +3,18 @@
 //! tokens, whose sources are under [`entra`]).
 //!
 //! The pipeline builds one authorizer per service handle from the parsed
-//! [`Credential`] ([`for_account`]) and calls it once per attempt, after every other
-//! header is in place. A new kind of credential is a new file here implementing
-//! [`Authorizer`], plus its arm in [`for_account`] (and its parsing in `account`).
+//! [`Credential`](super::account::Credential)
+//! ([`Account::authorizer`](super::account::Account::authorizer)) and calls it
+//! once per attempt, after every other header is in place. A new kind of
+//! credential is a new file here implementing [`Authorizer`], plus its arm in
+//! `Account::authorizer` (and its parsing in `account`).
 
 use std::fmt;
-use std::sync::Arc;
 
 use reqwest::Method;
 use thiserror::Error;
 use url::Url;
 
-use super::account::{Account, Credential};
 use super::error::Op;
 
 pub mod anonymous;
@@ -38,6 +38,21 @@ pub use shared_key::SharedKey;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("cannot authorise the request: {0}")]
 pub struct AuthError(pub String);
+
+/// Whether a token (or any credential: a key's signature, a SAS) may be sent to
+/// `url`: https, or plain http to this machine.
+pub fn may_carry_token(url: &Url) -> bool {
+    url.scheme() == "https" || is_loopback(url)
+}
+
+fn is_loopback(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}
 
 /// Authorises requests to one account.
 ///
@@ -87,32 +102,38 @@ pub trait Authorizer: Send + Sync + fmt::Debug {
     }
 }
 
-/// The authorizer for `account`'s credential.
-pub fn for_account(account: &Account) -> Arc<dyn Authorizer> {
-    match &account.credential {
-        Credential::SharedKey { key } => Arc::new(SharedKey::new(&account.name, key.clone())),
-        Credential::Sas(sas) => Arc::new(Sas::new(sas.clone())),
-        Credential::Anonymous => Arc::new(Anonymous),
-        Credential::Entra(keeper) => Arc::new(Bearer::new(keeper.clone())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::azure::account::{Account, Credential};
+
+    #[test]
+    fn loopback_is_told_apart() {
+        for (u, yes) in [
+            ("http://127.0.0.1:10000/a", true),
+            ("http://localhost/a", true),
+            ("http://[::1]:1/a", true),
+            ("http://10.0.0.1/a", false),
+            ("http://acct.blob.core.windows.net/a", false),
+        ] {
+            assert_eq!(is_loopback(&Url::parse(u).unwrap()), yes, "{u}");
+        }
+    }
 
     #[test]
     fn debug_never_shows_secrets() {
         let mut account = Account::development();
-        let d = format!("{:?}", for_account(&account));
+        let d = format!("{:?}", account.authorizer());
         assert!(!d.contains("Eby8"), "{d}");
         assert!(d.contains("redacted"), "{d}");
         account.credential = Credential::Sas("sv=2021-12-02&sig=TOPSECRET".into());
-        let d = format!("{:?}", for_account(&account));
+        let d = format!("{:?}", account.authorizer());
         assert!(!d.contains("TOPSECRET"), "{d}");
         assert!(d.contains("redacted"), "{d}");
         account.credential = Credential::Anonymous;
-        assert_eq!(format!("{:?}", for_account(&account)), "Anonymous");
+        assert_eq!(format!("{:?}", account.authorizer()), "Anonymous");
         let token = entra::AccessToken::new(
             "eyJTOPSECRET".into(),
             std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
@@ -121,7 +142,7 @@ mod tests {
         let source: Arc<dyn entra::TokenSource> =
             Arc::new(entra::azure_cli::AzureCli::new("/nonexistent/az"));
         account.credential = Credential::Entra(entra::keeper::TokenKeeper::start(source, token));
-        let d = format!("{:?} {:?}", for_account(&account), account.credential);
+        let d = format!("{:?} {:?}", account.authorizer(), account.credential);
         assert!(!d.contains("TOPSECRET") && d.contains("azure-cli"), "{d}");
         assert_eq!(account.credential.describe(), "Entra ID (azure-cli)");
     }

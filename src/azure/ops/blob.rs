@@ -7,10 +7,12 @@ use std::time::Duration;
 use reqwest::Method;
 
 use super::container::ContainerClient;
-use super::pages::PAGE;
 use crate::azure::error::{AzureError, Op};
 use crate::azure::pipeline::{BlobService, Request};
 use crate::azure::stats::ClientStats;
+
+/// Page size: every page-blob offset and length is a multiple of it.
+pub const PAGE: u64 = 512;
 
 /// Metadata name of the token that makes a retried create recognise its own blob.
 pub const CREATE_TOKEN_META: &str = "blobdrivecreate";
@@ -429,5 +431,17 @@ impl BlobClient {
             });
         }
         Ok(())
+    }
+}
+
+impl BlobService {
+    /// A client of the blob `name` in `container`.
+    pub fn blob(&self, container: &str, name: &str) -> BlobClient {
+        BlobClient {
+            svc: self.clone(),
+            container: container.to_string(),
+            name: name.to_string(),
+            snapshot: None,
+        }
     }
 }

@@ -123,3 +123,13 @@ impl ContainerClient {
         }
     }
 }
+
+impl BlobService {
+    /// A client of the container `name`.
+    pub fn container(&self, name: &str) -> ContainerClient {
+        ContainerClient {
+            svc: self.clone(),
+            name: name.to_string(),
+        }
+    }
+}

@@ -21,7 +21,9 @@ use std::time::Instant;
 use reqwest::Method;
 
 use super::blob::BlobClient;
+use crate::azure::auth::entra::BoxFuture;
 use crate::azure::error::{AzureError, Op};
+use crate::azure::pipeline::SequenceFence;
 use crate::azure::stats::ClientStats;
 
 /// The sequence-number fence of one blob, shared by every write a mount sends.
@@ -50,9 +52,6 @@ impl Numbers {
             .filter(|c| self.abandoned.is_none_or(|a| a < *c))
     }
 }
-
-/// The answer the service gives a write whose sequence-number condition failed.
-pub const SEQUENCE_REFUSED: &str = "SequenceNumberConditionNotMet";
 
 impl WriteFence {
     /// A fence for writes to `blob` under `lease`. Nothing is sent until the first
@@ -170,6 +169,20 @@ impl WriteFence {
     /// The number writes carry now, if known (for tests and stats).
     pub fn current(&self) -> Option<u64> {
         self.numbers().current
+    }
+}
+
+impl SequenceFence for WriteFence {
+    fn number(&self) -> BoxFuture<'_, Result<u64, AzureError>> {
+        Box::pin(WriteFence::number(self))
+    }
+
+    fn abandoned(&self, carried: u64) {
+        WriteFence::abandoned(self, carried)
+    }
+
+    fn refused(&self, carried: u64) {
+        WriteFence::refused(self, carried)
     }
 }
 

@@ -13,10 +13,10 @@ pub mod pages;
 pub mod snapshot;
 pub mod walk;
 
-pub use blob::{BlobClient, BlobProperties, DeleteSnapshots};
+pub use blob::{BlobClient, BlobProperties, DeleteSnapshots, PAGE};
 pub use container::ContainerClient;
 pub use fence::WriteFence;
-pub use pages::{PageDiff, SegmentPlan, MAX_PUT_PAGE, PAGE};
+pub use pages::{PageDiff, SegmentPlan, MAX_PUT_PAGE};
 pub use walk::PageWalk;
 
 /// Bounds one paged listing (Get Page Ranges, List Blobs): how many pages may be

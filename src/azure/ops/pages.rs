@@ -7,7 +7,7 @@ use tracing::warn;
 
 use std::sync::Arc;
 
-use super::blob::BlobClient;
+use super::blob::{BlobClient, PAGE};
 use super::fence::WriteFence;
 use crate::azure::error::{AzureError, Op};
 use crate::azure::pipeline::Request;
@@ -18,8 +18,6 @@ use crate::azure::xml;
 
 /// Largest body of one Put Page call.
 pub const MAX_PUT_PAGE: u64 = 4 * 1024 * 1024;
-/// Page size: every page-blob offset and length is a multiple of it.
-pub const PAGE: u64 = 512;
 
 /// One Get Page Ranges query's answer, merged as it arrived.
 struct PageList {
@@ -198,7 +196,7 @@ impl BlobClient {
         );
         req.lease(lease);
         req.body = data;
-        req.fence = fence;
+        req.fenced(fence);
         self.count(|s| ClientStats::add(&s.put_page_requests, 1));
         self.svc.execute(req).await?;
         self.count(|s| ClientStats::add(&s.bytes_uploaded, len));
@@ -243,7 +241,7 @@ impl BlobClient {
             format!("bytes={}-{}", offset, offset + len - 1),
         );
         req.lease(lease);
-        req.fence = fence;
+        req.fenced(fence);
         self.count(|s| ClientStats::add(&s.clear_requests, 1));
         self.svc.execute(req).await.map(|_| ())
     }

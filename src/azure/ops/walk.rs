@@ -11,8 +11,8 @@
 
 use tracing::warn;
 
-use super::blob::BlobClient;
-use super::pages::{SegmentPlan, PAGE, PAGE_LIST_MAX_PAGES, PAGE_LIST_MAX_RANGES};
+use super::blob::{BlobClient, PAGE};
+use super::pages::{SegmentPlan, PAGE_LIST_MAX_PAGES, PAGE_LIST_MAX_RANGES};
 use super::PageGuard;
 use crate::azure::error::{AzureError, Op};
 use crate::azure::ranges::{self, Advance, PageRange};

@@ -121,7 +121,7 @@ impl DirectReader {
         {
             return Ok(false);
         }
-        match super::files::read_vectored_exact_at(&self.file, bufs, offset) {
+        match super::preadv::read_vectored_exact_at(&self.file, bufs, offset) {
             Ok(()) => Ok(true),
             Err(e) if self.refuses(&e) => Ok(false),
             Err(e) => Err(e),

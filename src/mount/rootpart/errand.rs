@@ -19,7 +19,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::channel::{Answer, Request};
-use super::server::RootPart;
+use super::RootPart;
+use crate::mount::MountError;
 
 /// The longest the root part waits for an errand before it answers the
 /// request [`Answer::Pending`] and goes on with its other duties.
@@ -28,6 +29,19 @@ pub(super) const CALL_LIMIT: Duration = Duration::from_secs(5);
 /// What an errand's thread hands back: applied by the root part's own thread
 /// to its account of what is in place, giving the answer.
 pub(super) type Finish = Box<dyn FnOnce(&mut RootPart) -> Answer + Send>;
+
+/// The finish of an errand that changes nothing in the root part's account.
+pub(super) fn answer_only(answer: Answer) -> Finish {
+    Box::new(move |_: &mut RootPart| answer)
+}
+
+/// A failure as the worker hears it: busy stays busy.
+pub(super) fn failed(e: MountError) -> Answer {
+    match e {
+        MountError::Busy(what) => Answer::Busy(what),
+        e => Answer::Failed(e.to_string()),
+    }
+}
 
 /// A call under way on a thread of its own.
 pub(super) struct Errand {

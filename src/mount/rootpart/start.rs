@@ -11,7 +11,9 @@ use tracing::{error, info, warn};
 
 use super::channel::Request;
 use super::client::RootClient;
-use super::server::{signal_fd, RootPart};
+use super::guards::{ClaimedRecord, FuseMount, Guard, MadeDir};
+use super::watch::signal_fd;
+use super::RootPart;
 use crate::azure::Account;
 use crate::blobref::BlobRef;
 use crate::device::diskcache::files;
@@ -126,7 +128,9 @@ pub fn split(
     }
     if pid == 0 {
         // The root part speaks for the mount to `blobdrive mount` and to the
-        // service manager; the worker has neither's ends.
+        // service manager; the worker has neither's ends. What it put in
+        // place is the root part's to undo: the child's copy undoes nothing
+        // (see `guards.rs`).
         drop(root);
         return in_the_child(opened, ends, null.ok(), fuse_dir, root_pid);
     }
@@ -288,8 +292,8 @@ fn in_the_child(
     })
 }
 
-/// What the root part does before the fork; each step recorded on `root` for
-/// `undo` as soon as it is in place.
+/// What the root part does before the fork; each step held by `root` as a
+/// guard (see `guards.rs`) as soon as it is in place.
 fn prepare(
     root: &mut RootPart,
     rec: &MountRecord,
@@ -305,19 +309,24 @@ fn prepare(
         None => None,
     };
     record::claim(rec)?;
-    root.record_claimed = true;
+    root.held.record = Some(Guard::new(ClaimedRecord {
+        id: rec.id.clone(),
+        note: None,
+    }));
     let at = if req.mode == Mode::Fs {
         // FUSE goes on a private directory of the run directory, the
         // filesystem on the user's.
         system::make_private_dir(&root.fuse_dir)?;
-        root.made_dir = true;
+        root.held.dir = Some(Guard::new(MadeDir(root.fuse_dir.clone())));
         system::open_dir(&root.fuse_dir, None)?
     } else {
         system::open_dir(&root.fuse_dir, req.mountpoint_id)?
     };
     let fuse = system::mount_fuse(&at, &format!("blobdrive:{blob_ref}"), req.read_only)
         .map_err(|e| MountError::system(format!("{e} at {}", root.fuse_dir.display())))?;
-    root.fuse_mounted = true;
+    root.held.fuse = Some(Guard::new(FuseMount {
+        dir: root.fuse_dir.clone(),
+    }));
     root.fuse_id = system::mount_id_at(&root.fuse_dir, FUSE_TYPE);
     let control = record::listen(rec)?;
     // The CA certificates the worker will trust, and a service principal's

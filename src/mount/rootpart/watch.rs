@@ -4,15 +4,16 @@
 //! `errand.rs`); and the duty it owes by a time, a thaw of a filesystem frozen
 //! too long.
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
 use super::channel::{Answer, Request};
 use super::errand::{Errand, Finish, CALL_LIMIT};
+use super::guards::{undone, Guard};
 use super::log::WorkerLog;
-use super::server::{read_signals, RootPart};
+use super::RootPart;
 use crate::mount::system;
 
 /// The worker, and what the root part watches for it.
@@ -77,11 +78,11 @@ impl RootPart {
 
     /// How long the root part may sleep before a duty falls due.
     pub(super) fn next_duty_in(&self) -> Duration {
-        match self.thaw_by {
-            Some(t) if self.frozen.is_some() => {
+        match self.held.frozen.as_ref().and_then(|f| f.thaw_by) {
+            Some(t) => {
                 IDLE.min(t.saturating_duration_since(Instant::now()) + Duration::from_millis(10))
             }
-            _ => IDLE,
+            None => IDLE,
         }
     }
 
@@ -182,28 +183,29 @@ impl RootPart {
     /// and never asked for the thaw, or could not) is thawed by the root part:
     /// every writer to it waits while it is frozen.
     pub(super) fn thaw_if_overdue(&mut self) {
-        if self.errand.is_some() || self.thaw_by.is_none_or(|t| Instant::now() < t) {
+        let due = self.held.frozen.as_ref().and_then(|f| f.thaw_by);
+        if self.errand.is_some() || due.is_none_or(|t| Instant::now() < t) {
             return;
         }
-        let Some(f) = self.frozen.take() else {
-            self.thaw_by = None;
+        let Some(mut frozen) = undone(&mut self.held.frozen) else {
             return;
         };
-        let mp = self.req.mountpoint.clone();
         warn!(
             "{} was frozen for {} s and not thawed: thawing it",
-            mp.display(),
+            frozen.mountpoint.display(),
             self.req.io.freeze_limit.as_secs()
         );
         let started = Errand::start(None, move || {
-            let thawed = system::thaw(&f);
+            let thawed = system::thaw(&frozen.file);
             Box::new(move |root: &mut RootPart| {
-                root.thaw_by = None;
+                let mp = frozen.mountpoint.display();
                 match thawed {
-                    Ok(()) => info!("thawed {}", mp.display()),
+                    Ok(()) => info!("thawed {mp}"),
                     Err(e) => {
-                        warn!("could not thaw {}: {e}", mp.display());
-                        root.frozen = Some(f);
+                        warn!("could not thaw {mp}: {e}");
+                        // Not tried again: it stays frozen until the end.
+                        frozen.thaw_by = None;
+                        root.held.frozen = Some(Guard::new(frozen));
                     }
                 }
                 Answer::Done
@@ -239,5 +241,37 @@ fn pass_signals_on(w: &Watch) {
             // SAFETY: kill with integer arguments.
             unsafe { libc::kill(w.worker, libc::SIGTERM) };
         }
+    }
+}
+
+/// A signalfd for `set` (blocked already); the signals each read returns.
+pub(super) fn signal_fd(set: &libc::sigset_t) -> std::io::Result<OwnedFd> {
+    // SAFETY: `set` is a valid signal set.
+    let fd = unsafe { libc::signalfd(-1, set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn read_signals(fd: &OwnedFd) -> Vec<u32> {
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: signalfd_siginfo is plain old data.
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::signalfd_siginfo>();
+        // SAFETY: reads at most `size` bytes into `info`.
+        let n = unsafe {
+            libc::read(
+                fd.as_raw_fd(),
+                (&mut info as *mut libc::signalfd_siginfo).cast(),
+                size,
+            )
+        };
+        if n as usize != size {
+            return out;
+        }
+        out.push(info.ssi_signo);
     }
 }

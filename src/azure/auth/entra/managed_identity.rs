@@ -69,7 +69,7 @@ impl Endpoint {
     /// pod identity work, so it is allowed, but never silently.
     pub fn warn_if_in_clear(&self, var: &str) {
         static WARNED: std::sync::Once = std::sync::Once::new();
-        if crate::azure::auth::bearer::may_carry_token(self.url()) {
+        if crate::azure::auth::may_carry_token(self.url()) {
             return;
         }
         let what = match self {

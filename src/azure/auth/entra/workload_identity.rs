@@ -8,8 +8,8 @@
 //! working after an hour or a day, a failure people report of other mount tools.
 //!
 //! Who reads it is the source's [`FederatedReader`]: by default this process,
-//! with [`read_token_file`]. The walled worker of a split mount daemon (issue
-//! 42) cannot (Landlock, and kubelet's token directories may be root's alone),
+//! with [`read_token_file`]. The walled worker of a split mount daemon
+//! ([`crate::privsep`]) cannot (Landlock, and kubelet's token directories may be root's alone),
 //! so it is given a reader that asks the mount's root part, which reads the file
 //! its own environment names with the same [`read_token_file`].
 

@@ -3,8 +3,7 @@
 //! serves the control socket, a mount's walled worker, tries what its walls
 //! ([`crate::privsep`]) must refuse, and answers one line of JSON saying of each
 //! try `refused: ERROR` or `ALLOWED`. The checks from outside (/proc status)
-//! show the walls are set; only a try from inside shows the kernel refuses
-//! (issue 42).
+//! show the walls are set; only a try from inside shows the kernel refuses.
 //!
 //! Each try does no harm if it succeeds: the file is only opened, the program
 //! is /bin/true, the tmpfs mounted on the client's empty directory `DIR` is

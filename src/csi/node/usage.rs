@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 
 use tonic::Status;
 
-use super::paths;
-use super::proto::*;
 use super::stage::{blobdrive, staged_at};
-use super::targets;
-use super::volume::{self, VolumeId};
+use crate::csi::paths;
+use crate::csi::proto::*;
+use crate::csi::targets;
+use crate::csi::volume::{self, VolumeId};
 use crate::mount::record::{self, MountRecord};
 use crate::mount::system::{has_capability, CAP_SYS_RESOURCE};
 use crate::mount::{superblock, Mode};

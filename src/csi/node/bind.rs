@@ -10,13 +10,13 @@ use std::path::Path;
 
 use tonic::Status;
 
-use super::node::{path_arg, NodeService};
-use super::paths::{self, Found};
-use super::proto::volume_capability::AccessType;
-use super::proto::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest};
 use super::stage::staged_at;
-use super::targets::{self, Published};
-use super::volume::{self, VolumeId};
+use super::{path_arg, NodeService};
+use crate::csi::paths::{self, Found};
+use crate::csi::proto::volume_capability::AccessType;
+use crate::csi::proto::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest};
+use crate::csi::targets::{self, Published};
+use crate::csi::volume::{self, VolumeId};
 
 fn internal(what: &str, path: &Path, e: std::io::Error) -> Status {
     Status::internal(format!("cannot {what} {}: {e}", path.display()))

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use tonic::Status;
 
-use super::memcg::{self, Joining};
-use super::node::NodeService;
-use super::paths::{self, Found};
-use super::proto::volume_capability::AccessType;
-use super::proto::{NodeStageVolumeRequest, NodeUnstageVolumeRequest};
-use super::volume::{self, VolumeId};
+use super::NodeService;
+use crate::csi::memcg::{self, Joining};
+use crate::csi::paths::{self, Found};
+use crate::csi::proto::volume_capability::AccessType;
+use crate::csi::proto::{NodeStageVolumeRequest, NodeUnstageVolumeRequest};
+use crate::csi::volume::{self, VolumeId};
 use crate::mount::record::{self, MountRecord};
 use crate::mount::Mode;
 
@@ -38,7 +38,7 @@ pub async fn blobdrive(args: &[&str]) -> Result<String, Status> {
 
 /// [`blobdrive`], started inside the cgroups of `joining` when given: a
 /// mount's daemon then lives there, not in this plugin's cgroup (see
-/// [`cgroup`](super::cgroup) and [`memcg`]).
+/// [`cgroup`](crate::csi::cgroup) and [`memcg`]).
 async fn blobdrive_in(args: &[&str], joining: Option<Joining>) -> Result<String, Status> {
     let exe = std::env::current_exe()
         .map_err(|e| Status::internal(format!("cannot find this program: {e}")))?;
@@ -79,7 +79,7 @@ pub async fn stage(node: &NodeService, req: NodeStageVolumeRequest) -> Result<()
     if req.volume_id.is_empty() {
         return Err(Status::invalid_argument("a volume id is required"));
     }
-    let asked = super::node::path_arg(&req.staging_target_path, "staging target path")?;
+    let asked = super::path_arg(&req.staging_target_path, "staging target path")?;
     let Some(cap) = req.volume_capability else {
         return Err(Status::invalid_argument("a volume capability is required"));
     };
@@ -241,7 +241,7 @@ pub async fn unstage(node: &NodeService, req: NodeUnstageVolumeRequest) -> Resul
     if req.volume_id.is_empty() {
         return Err(Status::invalid_argument("a volume id is required"));
     }
-    let asked = super::node::path_arg(&req.staging_target_path, "staging target path")?;
+    let asked = super::path_arg(&req.staging_target_path, "staging target path")?;
     let Some(staging) = paths::resolve(&asked) else {
         return Ok(());
     };
