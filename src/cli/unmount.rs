@@ -226,11 +226,7 @@ fn clean_dead(mountpoint: &Path, mode: Mode, device: Option<&str>, fuse_dir: &Pa
     };
     let disk = real_dir.join("disk");
     if let Some(dev) = device.map(LoopDevice::at) {
-        if dev.backing_file().is_some_and(|f| f == disk) {
-            dev.detach()?;
-        } else {
-            dev.released();
-        }
+        dev.detach(Some(&disk))?;
     }
     if system::is_mountpoint(fuse_dir) {
         system::umount(fuse_dir, true)?;

@@ -142,6 +142,7 @@ impl Undo for FsMount {
 
 /// The loop device attached over `disk`, with its backing file as sysfs named
 /// it then: while sysfs still says so, the device is this mount's.
+#[derive(Clone)]
 pub(super) struct LoopOverDisk {
     pub dev: LoopDevice,
     pub backing: Option<PathBuf>,
@@ -153,6 +154,11 @@ impl LoopOverDisk {
             dev: dev.clone(),
             backing: dev.backing_file(),
         }
+    }
+
+    /// Detaches it from `disk`, if it is still over it.
+    pub fn detach(&self) -> Result<(), crate::mount::MountError> {
+        self.dev.detach(self.backing.as_deref())
     }
 
     /// It let go of `disk` by itself (autoclear, once the filesystem on it
@@ -173,7 +179,7 @@ impl Undo for LoopOverDisk {
         if self.let_go() {
             return;
         }
-        match self.dev.detach() {
+        match self.detach() {
             Ok(()) => info!("detached {}", self.dev),
             Err(e) => error!("{e}"),
         }

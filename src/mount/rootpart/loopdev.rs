@@ -56,11 +56,15 @@ impl RootPart {
     }
 
     fn detach_loop(&mut self, req: Request) -> Answer {
-        let Some(dev) = self.attached_loop().cloned() else {
+        if self.attached_loop().is_none() {
+            return Answer::Done;
+        }
+        let Some(held) = self.held.loop_dev.as_deref().cloned() else {
             return Answer::Done;
         };
         self.on_errand(req, move || {
-            let done = dev.detach();
+            let done = held.detach();
+            let dev = held.dev;
             Box::new(move |root: &mut RootPart| match done {
                 Ok(()) => {
                     info!("detached {dev}");

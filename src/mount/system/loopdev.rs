@@ -1,6 +1,8 @@
 //! Loop devices: the block device a drive's FUSE file `disk` is attached to, and
 //! the settings that make it suit a disk whose every request crosses a network.
 
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -10,6 +12,9 @@ use crate::mount::MountError;
 /// Most dirty data of the drive's filesystem the page cache holds before its
 /// writers wait for writeback: see [`LoopDevice::limit_writeback`].
 pub const LOOP_DIRTY_MAX: u64 = 256 * 1024 * 1024;
+
+/// The loop driver's request to let go of the backing file (linux/loop.h).
+const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 
 /// A loop device, `/dev/loopN`: one attached by this process, or one a mount
 /// record names. Every operation on it goes through this type, so a device path
@@ -160,27 +165,50 @@ impl LoopDevice {
         }
     }
 
-    /// Detaches the device and waits until the kernel let go of its backing file
-    /// (until then the FUSE mount below it cannot be unmounted), its default
-    /// writeback rule put back first.
-    pub fn detach(&self) -> Result<(), MountError> {
-        if !Path::new(&self.path).exists() {
+    /// Detaches the device from `backing` (the file it was attached over, as
+    /// the kernel names it) and waits until the kernel let go of it (until
+    /// then the FUSE mount below it cannot be unmounted), its default
+    /// writeback rule put back first. A device no longer over `backing` is not
+    /// touched: it let go by itself (autoclear, its filesystem unmounted) and
+    /// may already serve another drive, which `losetup --find` gives the first
+    /// free device. `None` (the file could not be read at attaching) detaches
+    /// whatever the device is attached over.
+    ///
+    /// The device is held open from the check to the detach, so it cannot let
+    /// go and be given to another file in between: the kernel keeps a device
+    /// someone holds open, and a detach (LOOP_CLR_FD) then takes effect at the
+    /// last close, as with `losetup -d` on a device in use.
+    pub fn detach(&self, backing: Option<&Path>) -> Result<(), MountError> {
+        let ours = || match (self.backing_file(), backing) {
+            (Some(now), Some(b)) => now == b,
+            (now, None) => now.is_some(),
+            (None, Some(_)) => false,
+        };
+        let pin = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&self.path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(MountError::system(format!("cannot open {self}: {e}"))),
+        };
+        if !ours() {
+            self.released();
             return Ok(());
         }
-        let backing = format!("/sys/block/{}/loop/backing_file", self.name());
-        // Also when it let go by itself (autoclear) and there is nothing to detach.
         self.writeback_defaults();
-        if !Path::new(&backing).exists() {
-            return Ok(());
-        }
-        if let Err(e) = run("losetup", &["-d", &self.path]) {
-            // A device with autoclear set may have let go by itself just now.
-            if Path::new(&backing).exists() {
-                return Err(e);
+        // SAFETY: an ioctl without an argument on a descriptor we hold.
+        if unsafe { libc::ioctl(pin.as_raw_fd(), LOOP_CLR_FD as _, 0) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // ENXIO: not attached (any more).
+            if e.raw_os_error() != Some(libc::ENXIO) {
+                return Err(MountError::system(format!("cannot detach {self}: {e}")));
             }
         }
+        drop(pin);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while Path::new(&backing).exists() {
+        while ours() {
             if Instant::now() > deadline {
                 return Err(MountError::system(format!(
                     "{self} is still attached 20 s after detaching it"
@@ -347,3 +375,52 @@ const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 const BLKSSZGET: libc::c_ulong = 0x1268;
 const BLKBSZSET: libc::c_ulong = 0x4008_1271;
 const BLKFLSBUF: libc::c_ulong = 0x1261;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of 1 MiB in `dir`, by its real path (as sysfs names it).
+    fn backing(dir: &Path, name: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, vec![0u8; 1 << 20]).unwrap();
+        p.canonicalize().unwrap()
+    }
+
+    /// A mount's loop device let go of its disk by itself and `losetup
+    /// --find` gave it to another file before the mount's teardown detached
+    /// it (seen in a CI run, where test binaries attach loop devices at the
+    /// same time): the teardown leaves the other file's device alone, and the
+    /// other's own detach still works.
+    #[test]
+    fn a_device_given_to_another_file_meanwhile_is_not_detached() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (mine, other) = (backing(dir.path(), "mine"), backing(dir.path(), "other"));
+        // Another process may take the device between the two steps: again.
+        let dev = (0..5)
+            .find_map(|_| {
+                let dev = LoopDevice::attach(&mine, false).unwrap();
+                run("losetup", &["-d", dev.path()]).unwrap();
+                let again = run("losetup", &[dev.path(), other.to_str().unwrap()]);
+                again.is_ok().then_some(dev)
+            })
+            .expect("a loop device given to the other file");
+        assert_eq!(dev.backing_file().as_deref(), Some(other.as_path()));
+        dev.detach(Some(&mine)).unwrap();
+        let after = dev.backing_file();
+        if after.is_some() {
+            dev.detach(Some(&other)).unwrap();
+        }
+        assert_eq!(
+            after.as_deref(),
+            Some(other.as_path()),
+            "the other's device"
+        );
+        assert_eq!(dev.backing_file(), None);
+        dev.detach(Some(&other)).unwrap();
+    }
+}
