@@ -42,14 +42,8 @@ pub async fn publish(
     if req.node_id.is_empty() {
         return Err(Status::invalid_argument("a node id is required"));
     }
-    let Some(cap) = req.volume_capability else {
-        return Err(Status::invalid_argument("a volume capability is required"));
-    };
-    if let Some(why) = volume::unsupported(std::slice::from_ref(&cap)) {
-        return Err(Status::invalid_argument(why));
-    }
-    let id = VolumeId::parse(&req.volume_id)
-        .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
+    let cap = volume::one_capability(req.volume_capability)?;
+    let id = VolumeId::known(&req.volume_id)?;
     let node = req.node_id.as_str();
     let record = NodeRecord::read(&driver.service, nodes_container(driver)?, node)
         .await?

@@ -173,8 +173,7 @@ impl Controller for ControllerService {
         if req.volume_capabilities.is_empty() {
             return Err(Status::invalid_argument("volume capabilities are required"));
         }
-        let id = VolumeId::parse(&req.volume_id)
-            .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
+        let id = VolumeId::known(&req.volume_id)?;
         if self.existing(&id).await?.is_none() {
             return Err(Status::not_found(format!("no volume {}", id.spec())));
         }
@@ -352,8 +351,7 @@ impl Controller for ControllerService {
             return Err(Status::invalid_argument("a capacity range is required"));
         }
         let size = volume::size_for(req.capacity_range.as_ref())?;
-        let id = VolumeId::parse(&req.volume_id)
-            .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
+        let id = VolumeId::known(&req.volume_id)?;
         let blob = self.blob(&id);
         let props = match blob.properties().await {
             Ok(p) => p,

@@ -115,8 +115,7 @@ pub async fn create(driver: &Driver, req: &CreateSnapshotRequest) -> Result<Snap
     }
     super::volume::check_name(&req.name, "snapshot")?;
     parameters::check_snapshot(&req.parameters)?;
-    let source = VolumeId::parse(&req.source_volume_id)
-        .ok_or_else(|| Status::not_found(format!("no volume {}", req.source_volume_id)))?;
+    let source = VolumeId::known(&req.source_volume_id)?;
     let digest = parameters::digest(&req.parameters, &[]);
     if let Some(found) = taken_as(driver, &source, &req.name, &digest).await? {
         return Ok(found);

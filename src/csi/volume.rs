@@ -116,6 +116,11 @@ impl VolumeId {
         })
     }
 
+    /// [`VolumeId::parse`], an id this driver never made NOT_FOUND.
+    pub fn known(id: &str) -> Result<VolumeId, Status> {
+        VolumeId::parse(id).ok_or_else(|| Status::not_found(format!("no volume {id}")))
+    }
+
     /// `container/NAME.vhd`, as a BLOB argument of every command takes it.
     pub fn spec(&self) -> String {
         format!("{}/{}", self.container, self.blob)
@@ -253,6 +258,17 @@ pub fn read_only(cap: &VolumeCapability) -> bool {
             .and_then(|m| Mode::try_from(m.mode).ok()),
         Some(Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
     )
+}
+
+/// The one capability a call on a volume names (ControllerPublish,
+/// NodeStage), checked: missing, or one that cannot be served, is
+/// INVALID_ARGUMENT.
+pub fn one_capability(cap: Option<VolumeCapability>) -> Result<VolumeCapability, Status> {
+    let cap = cap.ok_or_else(|| Status::invalid_argument("a volume capability is required"))?;
+    match unsupported(std::slice::from_ref(&cap)) {
+        Some(why) => Err(Status::invalid_argument(why)),
+        None => Ok(cap),
+    }
 }
 
 /// Why `caps` cannot be served, if they cannot: one writer on one node at a

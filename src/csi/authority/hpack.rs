@@ -264,14 +264,7 @@ fn int(mut v: usize, n: u32, high: u8, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hex(s: &str) -> Vec<u8> {
-        let s: String = s.split_whitespace().collect();
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use crate::csi::authority::hex;
 
     fn text(fields: &[Field]) -> Vec<(String, String)> {
         fields

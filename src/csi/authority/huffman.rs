@@ -96,14 +96,7 @@ pub fn decode(bits: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::decode;
-
-    fn hex(s: &str) -> Vec<u8> {
-        let s: String = s.split_whitespace().collect();
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use crate::csi::authority::hex;
 
     #[test]
     fn the_rfcs_examples_decode() {

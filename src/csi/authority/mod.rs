@@ -14,6 +14,17 @@ mod frames;
 mod hpack;
 mod huffman;
 
+/// The bytes of a hex dump as the RFCs print their examples (spaces and line
+/// breaks between bytes), for the tests.
+#[cfg(test)]
+fn hex(s: &str) -> Vec<u8> {
+    let s: String = s.split_whitespace().collect();
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
 use std::pin::Pin;
 use std::task::{Context, Poll};
 

@@ -52,8 +52,7 @@ pub async fn publish(node: &NodeService, req: NodePublishVolumeRequest) -> Resul
     let staging = paths::resolve_arg(&staging, "staging target path")?;
     let target = paths::resolve_arg(&target, "target path")?;
     let Some(staged) = staged_at(&staging) else {
-        let id = VolumeId::parse(&req.volume_id)
-            .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
+        let id = VolumeId::known(&req.volume_id)?;
         node.volume_properties(&id).await?;
         return Err(Status::failed_precondition(format!(
             "volume {} is not staged at {}",

@@ -80,14 +80,8 @@ pub async fn stage(node: &NodeService, req: NodeStageVolumeRequest) -> Result<()
         return Err(Status::invalid_argument("a volume id is required"));
     }
     let asked = super::path_arg(&req.staging_target_path, "staging target path")?;
-    let Some(cap) = req.volume_capability else {
-        return Err(Status::invalid_argument("a volume capability is required"));
-    };
-    if let Some(why) = volume::unsupported(std::slice::from_ref(&cap)) {
-        return Err(Status::invalid_argument(why));
-    }
-    let id = VolumeId::parse(&req.volume_id)
-        .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
+    let cap = volume::one_capability(req.volume_capability)?;
+    let id = VolumeId::known(&req.volume_id)?;
     let warm = volume::warm_up(req.volume_context.get(volume::WARM_UP))?;
     let staging = paths::resolve_arg(&asked, "staging target path")?;
     let read_only = req

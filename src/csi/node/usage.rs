@@ -180,8 +180,7 @@ pub async fn expand(req: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResp
     }
     let asked = volume_path_arg(&req.volume_path)?;
     let size = volume::size_for(req.capacity_range.as_ref())?;
-    let id = VolumeId::parse(&req.volume_id)
-        .ok_or_else(|| Status::not_found(format!("no volume {}", req.volume_id)))?;
+    let id = VolumeId::known(&req.volume_id)?;
     volume_at(&req.volume_id, &asked)?;
     let staged = record::load_all()
         .into_iter()
