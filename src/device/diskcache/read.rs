@@ -102,15 +102,7 @@ impl DiskCache {
             }
             self.miss_bytes.fetch_add(e - s, Relaxed);
             // Whole pieces of what was fetched go to the tier.
-            let ps = s.div_ceil(PIECE) * PIECE;
-            let pe = e / PIECE * PIECE;
-            if ps < pe {
-                self.store(
-                    ps,
-                    &buf[(ps - offset) as usize..(pe - offset) as usize],
-                    epoch,
-                );
-            }
+            self.store_whole_pieces(s, &buf[(s - offset) as usize..(e - offset) as usize], epoch);
             i = j;
         }
         self.lock().fetch_done(epoch);

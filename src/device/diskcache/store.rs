@@ -11,6 +11,22 @@ impl DiskCache {
     /// leaving out any a change touched after `since` (a registered fetch's
     /// epoch): checked before the bytes go to the data file and again before
     /// they count as held.
+    /// [`Self::store`] of the whole pieces within `data` (the bytes from
+    /// `start`): the tier keeps pieces whole, and the ragged ends of a write or
+    /// a fetch are left out.
+    pub(super) fn store_whole_pieces(&self, start: u64, data: &[u8], since: u64) {
+        let end = start + data.len() as u64;
+        let ps = start.div_ceil(PIECE) * PIECE;
+        let pe = end / PIECE * PIECE;
+        if ps < pe {
+            self.store(
+                ps,
+                &data[(ps - start) as usize..(pe - start) as usize],
+                since,
+            );
+        }
+    }
+
     pub(super) fn store(&self, start: u64, data: &[u8], since: u64) {
         use std::os::unix::fs::FileExt;
         if !self.is_on() {
@@ -119,15 +135,7 @@ impl DiskCache {
             ix.fetch_begins()
         };
         if let Some(data) = written {
-            let ps = start.div_ceil(PIECE) * PIECE;
-            let pe = end / PIECE * PIECE;
-            if ps < pe {
-                self.store(
-                    ps,
-                    &data[(ps - start) as usize..(pe - start) as usize],
-                    since,
-                );
-            }
+            self.store_whole_pieces(start, data, since);
         }
         self.lock().fetch_done(since);
     }
