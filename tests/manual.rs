@@ -370,6 +370,16 @@ while read -r m; do [ -n "$m" ] && layer "$m"; done <<<"$needed"
 for d in proc sys dev; do mount --rbind "/$d" "$r/$d"; done
 mount -t tmpfs -o mode=0755 tmpfs "$r/run"
 mount -t tmpfs -o mode=1777 tmpfs "$r/tmp"
+# The private /tmp would hide a checkout, scratch directory, binary or cargo
+# that lives under /tmp (a clone in /tmp/fresh): each such directory of /tmp
+# is seen again, through an overlay as the rest.
+for p in "$PWD" "$scratch" "$bin" "$real_cargo"; do
+    case "$p" in /tmp/?*) ;; *) continue ;; esac
+    top="/tmp/$(cut -d/ -f3 <<<"$p")"
+    [ -d "$r$top" ] && continue
+    mkdir -p "$r$top"
+    layer "$top"
+done
 chroot "$r" /bin/bash "$scratch/setup.sh" "$bin" "$real_cargo"
 set +e
 timeout -k 10 "$limit" chroot "$r" /usr/bin/env -i HOME=/root USER=root LOGNAME=root \
