@@ -378,11 +378,19 @@ mod tests {
         let most_bg = Arc::new(AtomicUsize::new(0));
         let gate = Arc::new(Mutex::new(()));
         let held = gate.lock().unwrap();
-        let (s, r, m, g) = (
+        // What each background job saw queued of the ordinary ones as it
+        // began, read from the pool itself: the order jobs record themselves
+        // in is not the order threads took them (a thread that took the last
+        // ordinary job may record it after another began a background one).
+        let pool_state = Arc::new(std::sync::OnceLock::<std::sync::Weak<Shared<u32>>>::new());
+        let waiting_at_bg = Arc::new(Mutex::new(Vec::new()));
+        let (s, r, m, g, ps, w) = (
             started.clone(),
             running_bg.clone(),
             most_bg.clone(),
             gate.clone(),
+            pool_state.clone(),
+            waiting_at_bg.clone(),
         );
         let pool = Pool::start(
             "bg",
@@ -390,6 +398,9 @@ mod tests {
             move |job: u32| {
                 s.lock().unwrap().push(job);
                 if job >= 100 {
+                    let shared = ps.get().and_then(std::sync::Weak::upgrade);
+                    let queued = shared.map_or(usize::MAX, |sh| sh.lock().queue.len());
+                    w.lock().unwrap().push(queued);
                     let now = r.fetch_add(1, Ordering::SeqCst) + 1;
                     m.fetch_max(now, Ordering::SeqCst);
                     std::thread::sleep(Duration::from_millis(20));
@@ -402,6 +413,7 @@ mod tests {
         )
         .unwrap()
         .with_background(2);
+        pool_state.set(Arc::downgrade(&pool.shared)).unwrap();
         let bg = pool.background();
         // Every thread busy with an ordinary job held at the gate.
         for i in 0..3 {
@@ -417,10 +429,11 @@ mod tests {
         drop(held);
         wait_until("every job", || started.lock().unwrap().len() == 14);
         let order = started.lock().unwrap().clone();
-        let first_bg = order.iter().position(|j| *j >= 100).unwrap();
+        let waiting = waiting_at_bg.lock().unwrap().clone();
+        assert_eq!(waiting.len(), 6, "{order:?}");
         assert!(
-            order[..first_bg].len() == 8,
-            "a background job began while ordinary ones waited: {order:?}"
+            waiting.iter().all(|&n| n == 0),
+            "a background job began while ordinary ones waited (queued at each: {waiting:?}): {order:?}"
         );
         assert!(most_bg.load(Ordering::SeqCst) <= 2);
         // Gone with the pool: a background job is given back.
