@@ -141,7 +141,9 @@ impl Oracle {
     }
 }
 
-/// Up to `n` instants: the end, the instant with the most writes unsettled,
+/// Up to `n` instants from `from` (when the drive was mounted: nothing is
+/// promised before `mount` returns): the end, the instant with the most writes
+/// in flight,
 /// for each of the workload's `steps` (a growth, a snapshot) two moments a
 /// write was sent during it and the moment its command returned, then as many
 /// flush points (`syncs`) as other moments a write was sent.
@@ -149,21 +151,17 @@ fn instants(
     records: &[Record],
     syncs: &[Duration],
     steps: &[Step],
-    end: Duration,
+    (from, end): (Duration, Duration),
     n: usize,
     rng: &mut StdRng,
 ) -> Vec<Duration> {
     let sends: Vec<Duration> = records
         .iter()
-        .filter(|r| r.op.is_write())
+        .filter(|r| r.op.is_write() && r.sent >= from)
         .map(|r| r.sent)
         .collect();
-    let busiest = sends.iter().copied().max_by_key(|&t| {
-        records
-            .iter()
-            .filter(|r| r.op.is_write() && r.sent <= t && !super::model::settled_by(r, t))
-            .count()
-    });
+    let syncs: Vec<Duration> = syncs.iter().copied().filter(|t| *t >= from).collect();
+    let busiest = super::model::busiest(records).filter(|t| *t >= from);
     let mut chosen: Vec<Duration> = std::iter::once(end).chain(busiest).collect();
     for step in steps {
         let during: Vec<Duration> = sends
@@ -182,17 +180,25 @@ fn instants(
     chosen
 }
 
-/// Replays the run: checks every distinct state of the chosen instants.
+/// Replays the run between `from` (the drive mounted) and `end` (unmounted):
+/// checks every distinct state of the chosen instants.
 pub fn replay(
     records: &[Record],
     oracle: &mut Oracle,
     s: &Settings,
-    end: Duration,
+    (from, end): (Duration, Duration),
     report: &mut Report,
 ) {
     let mut rng = StdRng::seed_from_u64(s.seed);
     let syncs = oracle.sync_points();
-    let chosen = instants(records, &syncs, &report.steps, end, s.instants, &mut rng);
+    let chosen = instants(
+        records,
+        &syncs,
+        &report.steps,
+        (from, end),
+        s.instants,
+        &mut rng,
+    );
     report.instants = chosen.len();
     for t in chosen {
         // States of one instant differ only where its unsettled writes go.

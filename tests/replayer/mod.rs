@@ -13,6 +13,8 @@ pub mod fsload;
 pub mod fsx;
 pub mod image;
 pub mod model;
+#[cfg(test)]
+mod model_tests;
 pub mod rawload;
 pub mod report;
 pub mod run;

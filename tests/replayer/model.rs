@@ -86,11 +86,6 @@ fn standing(r: &Record, t: Duration) -> Standing {
     }
 }
 
-/// Whether `r` was settled (answered by the service) by `t`.
-pub fn settled_by(r: &Record, t: Duration) -> bool {
-    matches!(standing(r, t), Standing::Settled(_))
-}
-
 /// Whether an unsettled request could be carried out at some moment: it was,
 /// or it is a fenced write the service has not seen or refused for its number
 /// only (earlier, the number may still have matched).
@@ -179,11 +174,31 @@ fn split(records: &[Record], t: Duration) -> Split {
                 .is_some_and(|(n, p)| n <= p)
     });
     settled.extend(forced);
+    let open = open
+        .into_iter()
+        .filter(|&i| !rewritten_after_its_fence(records, i, &settled))
+        .collect();
     Split {
         settled,
         open,
         open_writes,
     }
+}
+
+/// Whether write `i` (unsettled) is sent again, the same bytes to the same
+/// range, by a settled write carried out after the fence closed on `i` (a
+/// retry after its answer was lost): wherever `i` lands, that write lands
+/// after it and puts the same bytes over it, so its fate changes nothing.
+fn rewritten_after_its_fence(records: &[Record], i: usize, settled: &[usize]) -> bool {
+    let w = &records[i];
+    if !w.op.is_write() {
+        return false;
+    }
+    let close = closes(w, records, settled);
+    settled.iter().any(|&j| {
+        let again = &records[j];
+        again.op == w.op && again.body == w.body && close <= carried_at(again)
+    })
 }
 
 /// Which unsettled requests land in each state, and where: up to `most` choices,
@@ -307,10 +322,10 @@ pub fn as_carried_out(records: &[Record]) -> Vec<Placed> {
     ops
 }
 
-/// The most writes that were ever in flight at once (sent, not yet answered
-/// or given up on).
-pub fn most_in_flight(records: &[Record]) -> usize {
-    let ends: Vec<(Duration, Duration)> = records
+/// When each write was in flight: from its sending to its answer (or the
+/// closing of its connection), for ever if neither came.
+fn flights(records: &[Record]) -> Vec<(Duration, Duration)> {
+    records
         .iter()
         .filter(|r| r.op.is_write())
         .map(|r| {
@@ -320,9 +335,28 @@ pub fn most_in_flight(records: &[Record]) -> usize {
             };
             (r.sent, end)
         })
-        .collect();
-    ends.iter()
-        .map(|&(t, _)| ends.iter().filter(|(s, e)| *s <= t && t < *e).count())
+        .collect()
+}
+
+/// How many writes were in flight at `t`.
+fn in_flight_at(flights: &[(Duration, Duration)], t: Duration) -> usize {
+    flights.iter().filter(|(s, e)| *s <= t && t < *e).count()
+}
+
+/// The most writes that were ever in flight at once (sent, not yet answered
+/// or given up on).
+pub fn most_in_flight(records: &[Record]) -> usize {
+    let f = flights(records);
+    f.iter()
+        .map(|&(t, _)| in_flight_at(&f, t))
         .max()
         .unwrap_or(0)
+}
+
+/// The moment the most writes were in flight.
+pub fn busiest(records: &[Record]) -> Option<Duration> {
+    let f = flights(records);
+    f.iter()
+        .map(|&(t, _)| t)
+        .max_by_key(|&t| in_flight_at(&f, t))
 }

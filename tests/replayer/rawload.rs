@@ -31,6 +31,15 @@ pub struct RawLoad {
     pub stop: Arc<AtomicBool>,
     pub from: u64,
     pub limit: Arc<AtomicU64>,
+    /// A planted fault's marker: written once, first, in the last stripe,
+    /// which with the one before it no other write touches (so the write
+    /// carrying it holds nothing else, and nothing is written over it).
+    pub marker: Option<Vec<u8>>,
+}
+
+/// Where the marker goes on a drive of `limit` bytes.
+pub fn marker_at(limit: u64) -> u64 {
+    limit - STRIPE
 }
 
 impl RawLoad {
@@ -45,7 +54,8 @@ impl RawLoad {
 
     /// A random range of writer `me`'s stripes: 4 KiB aligned, within one stripe.
     fn range(&self, me: u64, rng: &mut StdRng) -> (u64, u64) {
-        let stripes = (self.limit.load(SeqCst) - self.from) / STRIPE;
+        let kept = if self.marker.is_some() { 2 } else { 0 };
+        let stripes = (self.limit.load(SeqCst) - self.from) / STRIPE - kept;
         let mine = (stripes - me).div_ceil(WRITERS);
         let stripe = rng.gen_range(0..mine) * WRITERS + me;
         let blocks = STRIPE / 4096;
@@ -54,26 +64,37 @@ impl RawLoad {
         (self.from + stripe * STRIPE + first * 4096, count * 4096)
     }
 
+    /// Writes the marker, if any, and fsyncs it.
+    fn mark(&self, f: &File) {
+        let Some(m) = &self.marker else { return };
+        let mut data = vec![0x6d; 4096];
+        data[..m.len()].copy_from_slice(m);
+        self.write(f, marker_at(self.limit.load(SeqCst)), Arc::new(data));
+        self.fsync(f);
+    }
+
+    fn write(&self, f: &File, offset: u64, data: Arc<Vec<u8>>) {
+        let buf = super::fsload::Aligned::new(&data);
+        let w = self.log.start(offset, data, self.clock.now());
+        f.write_all_at(buf.bytes(), offset).unwrap();
+        self.log.done(w, self.clock.now());
+    }
+
     /// Writer `me` (0: buffered, 1: O_DIRECT) until told to stop, then a last
-    /// fsync. Its first write starts with `marker` (a planted fault's), if given.
-    pub fn writer(&self, me: u64, seed: u64, marker: Option<&[u8]>) {
+    /// fsync; the first writes the marker first.
+    pub fn writer(&self, me: u64, seed: u64) {
         let mut rng = StdRng::seed_from_u64(seed);
         let f = Self::open(&self.path, me == 1);
-        let mut marker = marker.map(<[u8]>::to_vec);
+        if me == 0 {
+            self.mark(&f);
+        }
         while !self.stop.load(SeqCst) {
             let (offset, len) = self.range(me, &mut rng);
             match rng.gen_range(0..20) {
                 0..=13 => {
                     let mut data = vec![0u8; len as usize];
                     rng.fill_bytes(&mut data);
-                    if let Some(m) = marker.take() {
-                        data[..m.len()].copy_from_slice(&m);
-                    }
-                    let data = Arc::new(data);
-                    let buf = super::fsload::Aligned::new(&data);
-                    let w = self.log.start(offset, data, self.clock.now());
-                    f.write_all_at(buf.bytes(), offset).unwrap();
-                    self.log.done(w, self.clock.now());
+                    self.write(&f, offset, Arc::new(data));
                 }
                 14..=16 => {
                     let w =

@@ -77,48 +77,34 @@ impl Report {
             .filter(|r| r.op == Op::Snapshot && r.applied())
             .count();
     }
-
-    /// The dropped answers to writes whose write was never sent again: a retry
-    /// that did not re-send the same bytes to the same range.
-    pub fn writes_not_resent(records: &[Record]) -> Vec<String> {
-        records
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.op.is_write() && matches!(r.answer, Answer::Dropped { .. }))
-            .filter(|(i, r)| {
-                !records[i + 1..]
-                    .iter()
-                    .any(|again| again.op == r.op && again.body == r.body)
-            })
-            .map(|(i, r)| format!("request {i} ({:?}, sent at {:?})", r.op, r.sent))
-            .collect()
-    }
 }
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "replay {}: {} states checked at {} instants; {} requests recorded, at most {} writes in flight (at most {} unsettled, answers lost included, at a replayed instant); {} answers dropped and {} retried; {} writes refused by the fence; {} snapshots unchanged; {}; {} inconsistent states, {} with acknowledged data lost; {} cut short inside XFS's online grow, with its superblocks not all written",
+            "replay {}: {} states checked at {} instants; at most {} writes in flight; {} answers dropped and {} retried; {} inconsistent states, {} with acknowledged data lost",
             self.workload,
             self.states,
             self.instants,
-            self.requests,
             self.most_in_flight,
-            self.most_open_at_instant,
             self.dropped,
             self.retried,
-            self.refused_by_fence,
-            self.snapshots,
-            if self.steps.iter().any(|s| s.what.starts_with("grown")) {
-                "grown online"
-            } else {
-                "not grown"
-            },
             self.inconsistent.len(),
             self.lost.len(),
-            self.mid_grow.len()
         )?;
+        write!(
+            f,
+            "\n  {} requests recorded; at most {} writes unsettled at a replayed instant (answers lost included); {} writes refused by the fence; {} snapshots unchanged",
+            self.requests, self.most_open_at_instant, self.refused_by_fence, self.snapshots,
+        )?;
+        if !self.mid_grow.is_empty() {
+            write!(
+                f,
+                "; {} states cut short inside XFS's own online grow, its superblocks not all written yet (recovered by the mount, every file there)",
+                self.mid_grow.len()
+            )?;
+        }
         for s in &self.steps {
             write!(f, "\n  {} from {:?} to {:?}", s.what, s.began, s.ended)?;
         }
