@@ -18,9 +18,8 @@
 //! blob at its instant, read back unchanged after the run.
 //!
 //! Bounded by default (10 s of workload, 16 instants and up to 4 states each per
-//! drive: a minute and a half
-//! in all); `BLOBDRIVE_REPLAY_SECS`, `BLOBDRIVE_REPLAY_INSTANTS` and
-//! `BLOBDRIVE_REPLAY_STATES_PER_INSTANT` lengthen it (a soak:
+//! drive: a minute and a half in all); `BLOBDRIVE_REPLAY_SECS`,
+//! `BLOBDRIVE_REPLAY_INSTANTS` and `BLOBDRIVE_REPLAY_STATES_PER_INSTANT` lengthen it (a soak:
 //! `BLOBDRIVE_REPLAY_SECS=120 BLOBDRIVE_REPLAY_INSTANTS=300
 //! BLOBDRIVE_REPLAY_STATES_PER_INSTANT=12 scripts/test.sh --test replay`),
 //! `BLOBDRIVE_REPLAY_DROP_PERCENT` sets the share of dropped answers (5), and
