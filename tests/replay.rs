@@ -141,22 +141,27 @@ fn a_crash_once_an_online_xfs_grow_returned_leaves_every_superblock_written() {
     );
 }
 
-/// A write acknowledged before it is applied (the proxy answers 201 and the
-/// service gets it four seconds later): the replay must find the states
-/// without it, though the blob is right once it lands (nothing else is
-/// written where it goes).
+/// A fault planted on the first Put Page holding `needle`: the proxy answers
+/// it 201 itself, and the service gets it four seconds later.
+fn planted(needle: &[u8]) -> Plant {
+    Plant {
+        needle: needle.to_vec(),
+        apply_after: Some(Duration::from_secs(4)),
+    }
+}
+
+/// A write acknowledged before it is applied ([`planted`]): the replay must
+/// find the states without it, though the blob is right once it lands
+/// (nothing else is written where it goes).
 #[test]
 fn a_write_acknowledged_before_it_is_applied_is_caught() {
-    let plant = Plant {
-        needle: b"planted: acknowledged before it is applied".to_vec(),
-        apply_after: Some(Duration::from_secs(4)),
-    };
     let w = Workload {
         name: "replay-planted",
         grow_to_mib: None,
         snapshots: false,
         ..*workload("replay-block")
     };
+    let plant = planted(b"planted: acknowledged before it is applied");
     let report: Report = run(&w, &Settings::short(6, 24), Some(plant));
     let marked = format!("sector {} ", marker_at(w.size_mib << 20) / 512);
     assert!(
@@ -166,5 +171,26 @@ fn a_write_acknowledged_before_it_is_applied_is_caught() {
                 l.contains(&format!("the first: {marked}")) && l.contains("acknowledged data lost")
             }),
         "the planted fault was not found, or not alone: {report}"
+    );
+}
+
+/// The same in ext4, on the data of a file the workload writes first: the
+/// replay must find states in which the file, fsynced, lacks its content.
+#[test]
+fn a_file_write_acknowledged_before_it_is_applied_is_caught_in_ext4() {
+    let w = Workload {
+        name: "replay-planted-ext4",
+        grow_to_mib: None,
+        snapshots: false,
+        ..*workload("replay-ext4")
+    };
+    let plant = planted(b"planted in a file: acknowledged before it is applied");
+    let report = run(&w, &Settings::short(6, 24), Some(plant));
+    assert!(
+        report
+            .lost
+            .iter()
+            .any(|l| l.contains("buffered/marked-0 (fsynced at")),
+        "the planted fault was not found: {report}"
     );
 }

@@ -1,12 +1,13 @@
 //! Which blobs a crash at an instant can leave, from the recorded requests.
 //!
 //! The host running blobdrive dies at instant T. Then:
-//! - a request whose answer blobdrive was handed before T, by the service, is
-//!   settled: carried out (it is on the blob) or refused (it never will be);
+//! - a request whose answer blobdrive was handed before T, and which the service
+//!   had dealt with by then, is settled: carried out (it is on the blob) or
+//!   refused (it never will be);
 //! - a request sent before T and not settled (no answer yet, its answer lost,
-//!   or answered by someone other than the service: a planted fault) may have
-//!   been carried out, or may still be, at any moment from its sending until its
-//!   conditions fail; or never. After the crash the drive's lease is broken,
+//!   or answered by someone other than the service before the service had it:
+//!   a planted fault) may have been carried out, or may still be, at any moment
+//!   from its sending until its conditions fail; or never. After the crash the drive's lease is broken,
 //!   which refuses every write of the dead mount, so what the next mount sees is
 //!   fixed by then.
 //!
@@ -55,7 +56,8 @@ pub struct Placed {
 pub struct State {
     pub instant: Duration,
     pub ops: Vec<Placed>,
-    /// The writes unsettled at the instant, and how many of them landed here.
+    /// The unsettled writes whose fate the instant leaves open (those that
+    /// could land and would change something), and how many landed here.
     pub open_writes: usize,
     pub landed: usize,
     /// Where the writes that may land at the instant write (merged): the only
@@ -76,10 +78,11 @@ fn standing(r: &Record, t: Duration) -> Standing {
     if r.sent > t {
         return Standing::Unsent;
     }
+    // Settled once blobdrive has an answer and the service has done what it
+    // did: an answer the proxy made up before the service had the request
+    // (a planted fault) settles nothing until the service has it.
     match (&r.answer, &r.service) {
-        (Answer::Delivered { at, status }, Some(s))
-            if *at <= t && !r.planted && s.at <= *at && s.status == *status =>
-        {
+        (Answer::Delivered { at, .. }, Some(s)) if *at <= t && s.at <= t => {
             Standing::Settled(s.applied())
         }
         _ => Standing::Open,
@@ -135,21 +138,14 @@ fn closes(w: &Record, records: &[Record], carried: &[usize]) -> Duration {
 struct Split {
     settled: Vec<usize>,
     open: Vec<usize>,
-    open_writes: usize,
 }
 
 fn split(records: &[Record], t: Duration) -> Split {
     let (mut settled, mut open) = (Vec::new(), Vec::new());
-    let mut open_writes = 0;
     for (i, r) in records.iter().enumerate() {
         match standing(r, t) {
             Standing::Settled(true) => settled.push(i),
-            Standing::Open => {
-                open_writes += usize::from(r.op.is_write());
-                if could_land(r) {
-                    open.push(i)
-                }
-            }
+            Standing::Open if could_land(r) => open.push(i),
             _ => {}
         }
     }
@@ -178,11 +174,7 @@ fn split(records: &[Record], t: Duration) -> Split {
         .into_iter()
         .filter(|&i| !rewritten_after_its_fence(records, i, &settled))
         .collect();
-    Split {
-        settled,
-        open,
-        open_writes,
-    }
+    Split { settled, open }
 }
 
 /// Whether write `i` (unsettled) is sent again, the same bytes to the same
@@ -235,11 +227,8 @@ fn choices(n: usize, most: usize, rng: &mut StdRng) -> Vec<Vec<Option<Place>>> {
 
 /// Up to `most` states a crash at `t` can leave.
 pub fn states_at(records: &[Record], t: Duration, most: usize, rng: &mut StdRng) -> Vec<State> {
-    let Split {
-        settled,
-        open,
-        open_writes,
-    } = split(records, t);
+    let Split { settled, open } = split(records, t);
+    let open_writes = open.iter().filter(|&&i| records[i].op.is_write()).count();
     let open_ranges = crate::common::util::merged_ranges(
         open.iter()
             .filter_map(|&i| match records[i].op {

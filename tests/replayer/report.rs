@@ -19,8 +19,8 @@ pub struct Report {
     /// Distinct states checked (a state many subsets leave is checked once).
     pub states: usize,
     pub instants: usize,
-    /// The most writes ever in flight at once, and the most unsettled at a
-    /// replayed instant.
+    /// The most writes ever in flight at once, and the most whose fate was
+    /// open at a replayed instant (answers lost included).
     pub most_in_flight: usize,
     pub most_open_at_instant: usize,
     pub requests: usize,
@@ -95,7 +95,7 @@ impl fmt::Display for Report {
         )?;
         write!(
             f,
-            "\n  {} requests recorded; at most {} writes unsettled at a replayed instant (answers lost included); {} writes refused by the fence; {} snapshots unchanged",
+            "\n  {} requests recorded; at most {} writes in flight or with their answers lost whose fate a replayed instant left open; {} writes refused by the fence; {} snapshots unchanged",
             self.requests, self.most_open_at_instant, self.refused_by_fence, self.snapshots,
         )?;
         if !self.mid_grow.is_empty() {
