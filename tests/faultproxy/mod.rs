@@ -311,7 +311,7 @@ impl Shared {
     }
 }
 
-/// Reads one request (head and a `Content-Length` body) from a client connection.
+/// One request from `r`: its head and body (`None` once the client is gone).
 pub fn read_request(r: &mut BufReader<TcpStream>) -> Option<(Vec<u8>, Vec<u8>)> {
     let mut head = Vec::new();
     loop {
