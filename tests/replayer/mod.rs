@@ -18,3 +18,4 @@ mod model_tests;
 pub mod rawload;
 pub mod report;
 pub mod run;
+pub mod snapshots;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::bytes::ByteLog;
-use super::check::{check_snapshot, replay, Oracle, Settings};
+use super::check::{replay, Oracle, Settings};
 use super::files::FileLog;
 use super::fscheck::{Fs, Scratch};
 use super::fsload::FsLoad;
@@ -18,6 +18,7 @@ use super::image::Blob;
 use super::model::as_carried_out;
 use super::rawload::RawLoad;
 use super::report::{Report, Step};
+use super::snapshots::check_snapshot;
 use crate::common::azurite::Azurite;
 use crate::common::bd::{Harness, Via};
 use crate::common::mount::{require_root, Mp};
