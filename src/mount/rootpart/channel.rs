@@ -239,7 +239,17 @@ pub(super) fn exchange(
 /// answers; this carries out.
 pub trait Ops {
     fn carry_out(&mut self, req: Request) -> Answer;
+
+    /// A line that is not one of the requests, refused: `why` is the parser's
+    /// reason, which quotes the line (the answer quotes only the start of it).
+    fn refuse(&mut self, why: &str) -> Answer {
+        let start: String = why.chars().take(REFUSAL_QUOTES).collect();
+        Answer::Refused(format!("not a request the root part takes ({start})"))
+    }
 }
+
+/// The most characters of a refused line's reason an answer repeats.
+const REFUSAL_QUOTES: usize = 300;
 
 /// Reads one request from `conn` and answers it. `Ok(false)` at the end of the
 /// stream; an error when the peer broke the framing (a line too long, not
@@ -254,10 +264,7 @@ pub fn answer_one<O: Ops>(
     };
     let answer = match serde_json::from_str::<Request>(&line) {
         Ok(req) => ops.carry_out(req),
-        Err(e) => {
-            tracing::warn!("the worker sent a request the root part does not take: {e}");
-            Answer::Refused(format!("not a request the root part takes ({e})"))
-        }
+        Err(e) => ops.refuse(&e.to_string()),
     };
     write_line(conn.get_mut(), &answer)?;
     Ok(true)

@@ -78,53 +78,58 @@ pub fn is_mountpoint(path: &Path) -> bool {
     })
 }
 
-/// The device (`MAJOR:MINOR`) of the newest mount of type `fstype` at `path`
-/// in /proc/self/mountinfo: with the place, a mount's own name (a device
-/// number alone is given to another mount once this one is gone).
-pub fn mount_id_at(path: &Path, fstype: &str) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let newest = mounts_at(&info, path, fstype).next_back();
-    newest
+/// A mount as the kernel numbers it: its mount id (the first field of
+/// /proc/self/mountinfo, which the kernel gives no other mount while this one
+/// exists) and its filesystem's device (the third, `MAJOR:MINOR`). Neither is
+/// a path: renaming or replacing a directory on the way changes neither, and
+/// nothing the FUSE server answers does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MountId {
+    pub id: u64,
+    pub dev: u64,
 }
 
-/// Whether the mount table `mountinfo` still has the mount of type `fstype`
-/// whose device is `id` at `path` (see [`mount_id_at`]).
-pub fn mounted_with_id(mountinfo: &str, id: &str, fstype: &str, path: &Path) -> bool {
-    mounts_at(mountinfo, path, fstype).any(|d| d == id)
-}
-
-/// The devices of the mounts of type `fstype` at `path` in `mountinfo`, oldest
-/// first. The kernel writes the path without links; only the parent is
-/// resolved here (a stat of a FUSE mount itself would wait for its server).
-fn mounts_at<'a>(
-    mountinfo: &'a str,
-    path: &Path,
-    fstype: &'a str,
-) -> impl DoubleEndedIterator<Item = String> + 'a {
-    let real = path
-        .parent()
-        .and_then(|p| p.canonicalize().ok())
-        .zip(path.file_name())
-        .map(|(p, name)| p.join(name));
-    let want = real
-        .as_deref()
-        .unwrap_or(path)
-        .to_string_lossy()
-        .into_owned();
-    mountinfo
-        .lines()
-        .filter(move |l| mount_type(l) == Some(fstype))
-        .filter(move |l| {
-            l.split(' ')
-                .nth(4)
-                .is_some_and(|mp| unescape_mountinfo(mp) == want)
+impl MountId {
+    /// The mount `fd` is open in, and its filesystem's device (statx,
+    /// without asking a FUSE server anything).
+    pub fn of(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<MountId> {
+        // SAFETY: a zeroed statx is a valid out-parameter.
+        let mut st: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: an open descriptor, an empty C string and a statx to fill.
+        let rc = unsafe {
+            libc::statx(
+                fd.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+                libc::STATX_MNT_ID,
+                &mut st,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if st.stx_mask & libc::STATX_MNT_ID == 0 {
+            return Err(std::io::Error::other("the kernel gives no mount id"));
+        }
+        Ok(MountId {
+            id: st.stx_mnt_id,
+            dev: libc::makedev(st.stx_dev_major, st.stx_dev_minor),
         })
-        .filter_map(|l| l.split(' ').nth(2).map(str::to_string))
-}
+    }
 
-/// The filesystem type of a line of /proc/self/mountinfo (after ` - `).
-fn mount_type(line: &str) -> Option<&str> {
-    line.split_once(" - ")?.1.split(' ').next()
+    /// Its device as the mount table writes it.
+    pub fn devno(&self) -> String {
+        format!("{}:{}", libc::major(self.dev), libc::minor(self.dev))
+    }
+
+    /// Whether the mount table `mountinfo` still has it.
+    pub fn listed_in(&self, mountinfo: &str) -> bool {
+        let (id, devno) = (self.id.to_string(), self.devno());
+        mountinfo.lines().any(|l| {
+            let mut f = l.split(' ');
+            f.next() == Some(id.as_str()) && f.nth(1) == Some(devno.as_str())
+        })
+    }
 }
 
 /// Undoes the octal escapes (`\040` for a space) of a path in
@@ -189,21 +194,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_mount_is_known_by_its_device_and_its_place_together() {
+    fn a_mount_is_known_by_its_id_and_device_together_whatever_its_place() {
         let table = "61 27 0:50 / /tmp/x rw,nosuid - fuse.blobdrive blobdrive:c/d.vhd rw\n\
-                     62 27 0:51 / /tmp/y rw,nosuid - fuse.blobdrive blobdrive:c/e.vhd rw\n\
+                     62 27 0:51 / /tmp/y\\040z rw,nosuid - fuse.blobdrive blobdrive:c/e.vhd rw\n\
                      63 61 0:52 / /tmp/x rw - tmpfs tmpfs rw\n";
-        let x = Path::new("/tmp/x");
-        assert!(mounted_with_id(table, "0:50", "fuse.blobdrive", x));
-        // Its device number given to another mount elsewhere, or another type.
-        assert!(!mounted_with_id(table, "0:51", "fuse.blobdrive", x));
-        assert!(!mounted_with_id(table, "0:52", "fuse.blobdrive", x));
-        assert!(!mounted_with_id(
-            table,
-            "0:50",
-            "fuse.blobdrive",
-            Path::new("/tmp/y")
-        ));
+        let id = |id, minor| MountId {
+            id,
+            dev: libc::makedev(0, minor),
+        };
+        assert!(id(61, 50).listed_in(table));
+        // Moved or renamed: the same mount.
+        assert!(id(62, 51).listed_in(table));
+        // Its id or its device given to another mount since.
+        assert!(!id(61, 51).listed_in(table));
+        assert!(!id(64, 50).listed_in(table));
+        assert_eq!(id(61, 50).devno(), "0:50");
+    }
+
+    #[test]
+    fn a_directory_s_mount_is_known_by_the_numbers_the_mount_table_has() {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = std::fs::File::open(dir.path()).unwrap();
+        let id = MountId::of(&fd).unwrap();
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(id.listed_in(&table), "{id:?} in\n{table}");
     }
 
     #[test]
