@@ -166,7 +166,7 @@ impl RootPart {
             return Some("(the mount table cannot be read, so maybe) the drive".into());
         };
         let fuse = match &self.fuse_id {
-            Some(id) => id.listed_in(&table),
+            Some(id) => id.is_mounted(&table, &self.fuse_dir),
             None => self.held.fuse.is_some(),
         };
         if fuse {
@@ -183,7 +183,10 @@ impl RootPart {
     fn in_place(&mut self) -> Result<(), String> {
         let table = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| format!("the mount table cannot be read ({e})"))?;
-        if !self.fuse_id.is_some_and(|id| id.listed_in(&table)) {
+        if !self
+            .fuse_id
+            .is_some_and(|id| id.is_mounted(&table, &self.fuse_dir))
+        {
             return Err("its FUSE mount is not mounted".into());
         }
         if self.req.mode == Mode::Raw {

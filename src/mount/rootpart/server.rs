@@ -46,7 +46,9 @@ impl RootPart {
         let (utab, record) = (self.held.utab.take(), self.held.record.take());
         self.held = Default::default();
         let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let fuse_left = self.fuse_id.is_some_and(|id| id.listed_in(&table));
+        let fuse_left = self
+            .fuse_id
+            .is_some_and(|id| id.is_mounted(&table, &self.fuse_dir));
         let fs_left = last_loop.is_some_and(|l| {
             !matches!(l.dev.serves_now(&l.binding), Serves::No)
                 && l.dev.is_mounted_per(&table) != Some(false)

@@ -78,60 +78,6 @@ pub fn is_mountpoint(path: &Path) -> bool {
     })
 }
 
-/// A mount as the kernel numbers it: its mount id (the first field of
-/// /proc/self/mountinfo, which the kernel gives no other mount while this one
-/// exists) and its filesystem's device (the third, `MAJOR:MINOR`). Neither is
-/// a path: renaming or replacing a directory on the way changes neither, and
-/// nothing the FUSE server answers does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MountId {
-    pub id: u64,
-    pub dev: u64,
-}
-
-impl MountId {
-    /// The mount `fd` is open in, and its filesystem's device (statx,
-    /// without asking a FUSE server anything).
-    pub fn of(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<MountId> {
-        // SAFETY: a zeroed statx is a valid out-parameter.
-        let mut st: libc::statx = unsafe { std::mem::zeroed() };
-        // SAFETY: an open descriptor, an empty C string and a statx to fill.
-        let rc = unsafe {
-            libc::statx(
-                fd.as_raw_fd(),
-                c"".as_ptr(),
-                libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-                libc::STATX_MNT_ID,
-                &mut st,
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if st.stx_mask & libc::STATX_MNT_ID == 0 {
-            return Err(std::io::Error::other("the kernel gives no mount id"));
-        }
-        Ok(MountId {
-            id: st.stx_mnt_id,
-            dev: libc::makedev(st.stx_dev_major, st.stx_dev_minor),
-        })
-    }
-
-    /// Its device as the mount table writes it.
-    pub fn devno(&self) -> String {
-        format!("{}:{}", libc::major(self.dev), libc::minor(self.dev))
-    }
-
-    /// Whether the mount table `mountinfo` still has it.
-    pub fn listed_in(&self, mountinfo: &str) -> bool {
-        let (id, devno) = (self.id.to_string(), self.devno());
-        mountinfo.lines().any(|l| {
-            let mut f = l.split(' ');
-            f.next() == Some(id.as_str()) && f.nth(1) == Some(devno.as_str())
-        })
-    }
-}
-
 /// Undoes the octal escapes (`\040` for a space) of a path in
 /// /proc/self/mountinfo, as the kernel writes them, and in libmount's utab.
 pub(crate) fn unescape_mountinfo(s: &str) -> String {
@@ -192,33 +138,6 @@ pub fn make_private_dir(dir: &Path) -> Result<(), MountError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_mount_is_known_by_its_id_and_device_together_whatever_its_place() {
-        let table = "61 27 0:50 / /tmp/x rw,nosuid - fuse.blobdrive blobdrive:c/d.vhd rw\n\
-                     62 27 0:51 / /tmp/y\\040z rw,nosuid - fuse.blobdrive blobdrive:c/e.vhd rw\n\
-                     63 61 0:52 / /tmp/x rw - tmpfs tmpfs rw\n";
-        let id = |id, minor| MountId {
-            id,
-            dev: libc::makedev(0, minor),
-        };
-        assert!(id(61, 50).listed_in(table));
-        // Moved or renamed: the same mount.
-        assert!(id(62, 51).listed_in(table));
-        // Its id or its device given to another mount since.
-        assert!(!id(61, 51).listed_in(table));
-        assert!(!id(64, 50).listed_in(table));
-        assert_eq!(id(61, 50).devno(), "0:50");
-    }
-
-    #[test]
-    fn a_directory_s_mount_is_known_by_the_numbers_the_mount_table_has() {
-        let dir = tempfile::tempdir().unwrap();
-        let fd = std::fs::File::open(dir.path()).unwrap();
-        let id = MountId::of(&fd).unwrap();
-        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        assert!(id.listed_in(&table), "{id:?} in\n{table}");
-    }
 
     #[test]
     fn a_mountpoint_that_changed_since_it_was_checked_is_refused() {

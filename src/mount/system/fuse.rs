@@ -17,7 +17,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use super::dirs::MountId;
+use super::MountId;
 use crate::mount::MountError;
 
 /// What mounting FUSE gives the root part.

@@ -181,12 +181,17 @@ impl LoopDevice {
         Some(format!("{}:{}", libc::major(rdev), libc::minor(rdev)))
     }
 
-    /// The processes holding the device open, and whether a mount has it as
-    /// its source, in words: what keeps a device detached while in use bound.
+    /// The processes holding the device open, and the mounts of it in any
+    /// mount namespace, in words: what keeps a device detached while in use
+    /// attached. (A mount namespace made while the filesystem was mounted,
+    /// with its mounts private, keeps a copy that an unmount here does not
+    /// reach: seen when a test of another program unshared its namespace
+    /// meanwhile, and the loop device stayed attached after its filesystem's
+    /// unmount.)
     fn users(&self) -> String {
         let mut users = super::holders(Path::new(&self.path));
-        if self.is_mounted() == Some(true) {
-            users.push("a mount of it".into());
+        if let Some(devno) = self.devno() {
+            users.extend(super::mounted_in_namespaces(&devno));
         }
         if users.is_empty() {
             return String::new();

@@ -9,13 +9,12 @@ pub mod filesystem;
 mod fs;
 mod fuse;
 mod loopdev;
+mod mountid;
 mod procs;
 
 pub use confined::TOOL_USER;
 pub(crate) use dirs::unescape_mountinfo;
-pub use dirs::{
-    check_same_dir, dir_id, is_mountpoint, make_private_dir, open_dir, umount, MountId,
-};
+pub use dirs::{check_same_dir, dir_id, is_mountpoint, make_private_dir, open_dir, umount};
 pub use fs::{
     free_space, freeze, fs_size, fs_type, grow_ext4_unmounted, grow_fs, has_capability, mkfs,
     mount_fs, mount_on, statvfs, thaw, CAP_SYS_RESOURCE,
@@ -24,7 +23,8 @@ pub use fuse::{mount_fuse, open_disk, open_mount_root, FuseMounted};
 pub use loopdev::{
     set_autoclear, take_new_capacity, Attached, Binding, LoopDevice, Pinned, Serves, LOOP_DIRTY_MAX,
 };
-pub use procs::{children, holders, pid_alive, state, threads_running};
+pub use mountid::MountId;
+pub use procs::{children, holders, mounted_in_namespaces, pid_alive, state, threads_running};
 
 use std::process::Command;
 

@@ -64,9 +64,13 @@ fn a_device_attached_through_a_descriptor_is_known_by_numbers_not_its_file_s_nam
     assert!(sysfs(&dev, "backing_file").contains("(deleted)"));
     assert!(matches!(dev.serves_now(&binding), Serves::Yes(_)));
     assert!(matches!(dev.serves(&binding), Serves::Yes(_)));
-    // The last close lets it go (autoclear).
+    // The last close lets it go (autoclear), as the kernel sees it soon.
     drop(a);
-    assert!(matches!(dev.serves_now(&binding), Serves::No));
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !matches!(dev.serves_now(&binding), Serves::No) {
+        assert!(std::time::Instant::now() < until, "{dev} still attached");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     dev.detach(&binding).unwrap();
 }
 
@@ -115,4 +119,63 @@ fn only_a_regular_file_is_attached() {
     let (d, b) = (a.pinned.dev.clone(), a.binding);
     drop(a);
     d.detach(&b).unwrap();
+}
+
+/// A filesystem unmounted here while a mount namespace made meanwhile (with
+/// its mounts private) keeps a copy of it: the device cannot let go, and
+/// what a detach that times out says names that namespace's process.
+#[test]
+fn a_copy_of_the_filesystem_in_another_mount_namespace_is_named_as_a_user() {
+    if !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = backing(dir.path(), "disk");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let a = LoopDevice::attach_through(&open_rw(&path), false).unwrap();
+    let dev = a.pinned.dev.clone();
+    assert!(Command::new("mkfs.ext4")
+        .args(["-q", dev.path()])
+        .status()
+        .unwrap()
+        .success());
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    assert!(Command::new("mount")
+        .args([dev.path(), mnt.to_str().unwrap()])
+        .status()
+        .unwrap()
+        .success());
+    let mut copy = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sleep", "60"])
+        .spawn()
+        .unwrap();
+    let devno = dev.devno().unwrap();
+    let has_copy = || {
+        std::fs::read_to_string(format!("/proc/{}/mountinfo", copy.id()))
+            .is_ok_and(|t| t.contains(&format!(" {devno} ")))
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !has_copy() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    let users = dev.users();
+    let _ = copy.kill();
+    let _ = copy.wait();
+    let (b, pinned) = (a.binding, a.pinned);
+    drop(pinned);
+    dev.detach(&b).unwrap();
+    assert!(
+        users.contains(&format!(
+            "a mount of it in the mount namespace of pid {}",
+            copy.id()
+        )),
+        "{users}"
+    );
 }
