@@ -63,22 +63,27 @@ pub enum Request {
     },
     /// The drive came down cleanly: its log is of no more use.
     RemoveLog {},
-    /// Attach a loop device over the FUSE file `disk` (the root part's FUSE
-    /// mount), set up for a disk across a network (read-ahead, direct I/O and,
-    /// when writable, a writeback limit), read-only when the mount is: answered
-    /// with the device's path, which the record and `Ready` then name.
+    /// Attach a loop device over the FUSE file `disk` (opened by the root part
+    /// beneath its own FUSE mount, a regular file of it, never through a
+    /// symlink), set up for a disk across a network (read-ahead, direct I/O
+    /// and, when writable, a writeback limit), read-only when the mount is:
+    /// answered with the device's path, which the record and `Ready` then name.
+    /// Refused in raw mode.
     AttachLoop {},
-    /// Whether the loop device is still attached over `disk` (sysfs names the
-    /// same backing file as right after attaching): after a plain umount with
-    /// autoclear it is not, and the root part forgets it.
+    /// Whether the loop device is still attached over `disk` (the kernel's
+    /// disk sequence number of it is the one read right after attaching):
+    /// after a plain umount with autoclear it is not, and the root part
+    /// forgets it.
     LoopAttached {},
     /// Make the loop device take the new size of `disk` (after a resize):
     /// answered with the device's size in bytes.
     LoopCapacity {},
-    /// The size of `disk` as the kernel sees it (a stat through the FUSE mount,
-    /// which lets root alone in): answered with its size in bytes.
+    /// The size of `disk` as the kernel sees it (a stat of it, opened as
+    /// `AttachLoop` opens it: the FUSE mount lets root alone in): answered with
+    /// its size in bytes.
     DiskSize {},
-    /// Detach the loop device (and put its writeback settings back).
+    /// Detach the loop device (and put its writeback settings back); refused
+    /// while the filesystem on it is mounted.
     DetachLoop {},
     /// Find the filesystem on the loop device, or make the one the mount asked
     /// for (`--mkfs`) when it holds none; refused unless blobdrive mounts it.

@@ -3,7 +3,7 @@
 //! new size, detaching it.
 //!
 //! `disk` is opened beneath the root of the FUSE mount the root part made
-//! (found again by its mount id and device, see `system::fuse`), never by a
+//! (found again by the kernel's numbers for it, see `system::fuse`), never by a
 //! path through it: the worker answers every lookup there, and a symlink, a
 //! device node or another mount in its answer is refused, as is anything but
 //! a regular file of that mount. The device is attached through that

@@ -79,9 +79,9 @@ struct RootPart {
     /// Where FUSE is mounted (the user's directory in modes raw and block).
     fuse_dir: PathBuf,
     /// The FUSE mount, by the numbers the kernel gave it as it was made (its
-    /// mount id and device): how the root part tells its own FUSE mount is
-    /// still there, and finds its root again, never by the FUSE directory's
-    /// path alone.
+    /// mount id, device and unique mount id): how the root part tells its own
+    /// FUSE mount is still there, and finds its root again, never by the FUSE
+    /// directory's path alone.
     fuse_id: Option<MountId>,
     /// What it put in place and has not undone yet.
     held: InPlace,

@@ -158,7 +158,7 @@ impl RootPart {
     }
 
     /// What of this mount the kernel still has mounted, in words: the root
-    /// part's FUSE mount (known by its mount id and device), the filesystem
+    /// part's FUSE mount (known by its unique mount id), the filesystem
     /// on its loop device (while the device is still this mount's). `None`
     /// when neither is. An unreadable mount table counts as mounted.
     pub(super) fn still_mounted(&mut self) -> Option<String> {
