@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use tracing::{error, info, warn};
 
-use crate::mount::system::{self, Binding, LoopDevice, Serves};
+use crate::mount::system::{self, Binding, LoopDevice, Now};
 use crate::mount::{record, utab};
 
 /// Something put in place, and how it is undone.
@@ -160,7 +160,7 @@ impl LoopOverDisk {
     /// longer this mount's to detach, and its writeback settings are put
     /// back. `false` also when that cannot be told.
     pub fn let_go(&self) -> bool {
-        if matches!(self.dev.serves_now(&self.binding), Serves::No) {
+        if self.dev.serves_now(&self.binding) == Now::Gone {
             info!("{} let go of the drive by itself", self.dev);
             self.dev.released();
             return true;

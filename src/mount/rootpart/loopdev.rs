@@ -17,7 +17,7 @@ use super::errand::{answer_only, failed};
 use super::guards::{undone, Guard, LoopOverDisk};
 use super::RootPart;
 use crate::mount::record;
-use crate::mount::system::{self, Attached, Binding, LoopDevice, Serves};
+use crate::mount::system::{self, Attached, Binding, LoopDevice, Now, Serves};
 use crate::mount::{Mode, MountError};
 
 impl RootPart {
@@ -83,19 +83,20 @@ impl RootPart {
     }
 
     /// Whether the loop device still serves this mount: answered at once
-    /// where the kernel's sequence numbers tell, on an errand where only
-    /// LOOP_GET_STATUS64 can (it waits on the worker's answer).
+    /// where sysfs's sequence number tells (never by opening the device,
+    /// which can wait while another call on it waits on the worker), on an
+    /// errand otherwise.
     fn loop_attached(&mut self, req: Request) -> Answer {
         let Some(l) = self.held.loop_dev.as_deref().cloned() else {
             return Answer::Attached(false);
         };
         match l.dev.serves_now(&l.binding) {
-            Serves::No => {
+            Now::Gone => {
                 self.let_go_of_loop(&l.binding);
                 Answer::Attached(false)
             }
-            Serves::Yes(_) | Serves::Unknown(_) => Answer::Attached(true),
-            Serves::Ask => self.on_errand(req, move || {
+            Now::Serves => Answer::Attached(true),
+            Now::Ask => self.on_errand(req, move || {
                 let gone = matches!(l.dev.serves(&l.binding), Serves::No);
                 Box::new(move |root: &mut RootPart| {
                     if gone {
@@ -144,12 +145,12 @@ impl RootPart {
     }
 
     /// The loop device while it still serves this mount, as the kernel says
-    /// without waiting on anyone (also when that cannot be told); one that
+    /// at once (also when that cannot be told at once); one that
     /// let go (autoclear) is forgotten, its writeback settings put back, and
     /// the filesystem on it with it: a plain umount unmounted it.
     pub(super) fn attached_loop(&mut self) -> Option<LoopOverDisk> {
         let l = self.held.loop_dev.as_deref()?.clone();
-        if matches!(l.dev.serves_now(&l.binding), Serves::No) {
+        if l.dev.serves_now(&l.binding) == Now::Gone {
             self.let_go_of_loop(&l.binding);
             return None;
         }

@@ -18,7 +18,7 @@ use super::token::{federated_token, FEDERATED_TOKEN_FILE_ENV};
 use super::watch::Watch;
 use super::RootPart;
 use crate::mount::record;
-use crate::mount::system::Serves;
+use crate::mount::system::Now;
 use crate::mount::{MountError, Ready};
 
 impl RootPart {
@@ -50,8 +50,7 @@ impl RootPart {
             .fuse_id
             .is_some_and(|id| id.is_mounted(&table, &self.fuse_dir));
         let fs_left = last_loop.is_some_and(|l| {
-            !matches!(l.dev.serves_now(&l.binding), Serves::No)
-                && l.dev.is_mounted_per(&table) != Some(false)
+            l.dev.serves_now(&l.binding) != Now::Gone && l.dev.is_mounted_per(&table) != Some(false)
         });
         if table.is_empty() || fuse_left || fs_left {
             error!(

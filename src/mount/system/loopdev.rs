@@ -16,7 +16,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 pub use attach::Attached;
-pub use binding::{Binding, Pinned, Serves};
+pub use binding::{Binding, Now, Pinned, Serves};
 
 /// Most dirty data of the drive's filesystem the page cache holds before its
 /// writers wait for writeback: see [`LoopDevice::limit_writeback`].

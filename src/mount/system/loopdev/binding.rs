@@ -5,6 +5,10 @@
 //! detaching each take the next), so while a device's number is the one read
 //! right after root attached it, the device is still attached to the file root
 //! attached it to. Nothing the worker serving that file answers changes it.
+//! It is read from the device held open (`BLKGETDISKSEQ`) before anything is
+//! done to the device, and from sysfs by the device's number where the root
+//! part only needs to know and must not wait (opening the device waits while
+//! another call on it holds it, and such a call may wait on the worker).
 //! The sysfs `backing_file` that was compared before is a path the kernel
 //! writes from the file's name, which the worker can change: a
 //! `FUSE_NOTIFY_INVAL_ENTRY` for `disk` made it end in " (deleted)", and root
@@ -15,7 +19,7 @@
 //! file's filesystem for its attributes, so for `disk` it waits on the
 //! worker's answer (and fails once the worker is dead), and the inode is the
 //! worker's word; only the device number is the kernel's own. So it is asked
-//! only where waiting is allowed ([`Serves::Ask`] elsewhere), and a device on
+//! only where waiting is allowed ([`Now::Ask`] elsewhere), and a device on
 //! the right filesystem with another inode is [`Serves::Unknown`], never taken
 //! for one that let go.
 
@@ -47,18 +51,28 @@ impl Binding {
     }
 }
 
-/// Whether a device still serves an attachment.
+/// Whether a device still serves an attachment, asked of the device held open.
 pub enum Serves {
     /// It does: the device, held open, so that it cannot let go and be given
     /// to another file while it is held.
     Yes(Pinned),
     /// It does not: it let go (and may serve another file since).
     No,
-    /// Only LOOP_GET_STATUS64 could tell, which waits on the worker: asked of
-    /// [`LoopDevice::serves_now`], where waiting is not allowed.
-    Ask,
     /// It cannot be told, for the reason given: nothing is concluded.
     Unknown(String),
+}
+
+/// Whether a device still serves an attachment, as the kernel says at once:
+/// read from sysfs by the device's number, without opening the device (an
+/// open waits while another call on the device holds it, and such a call may
+/// wait on the worker) or asking anyone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Now {
+    Serves,
+    Gone,
+    /// Only [`LoopDevice::serves`] can tell (a kernel without sequence
+    /// numbers; a number that cannot be read).
+    Ask,
 }
 
 /// A loop device held open after it was checked to serve an attachment:
@@ -113,16 +127,6 @@ impl LoopDevice {
     /// (see the module's doc); may wait on the worker on a kernel without
     /// sequence numbers.
     pub fn serves(&self, b: &Binding) -> Serves {
-        self.ask(b, true)
-    }
-
-    /// [`LoopDevice::serves`] without waiting on anyone: [`Serves::Ask`] where
-    /// only LOOP_GET_STATUS64 could tell.
-    pub fn serves_now(&self, b: &Binding) -> Serves {
-        self.ask(b, false)
-    }
-
-    fn ask(&self, b: &Binding, may_wait: bool) -> Serves {
         let file = match self.open() {
             Ok(f) => f,
             // The node is gone: so is the device.
@@ -143,9 +147,6 @@ impl LoopDevice {
                 None => Serves::Unknown(format!("{self} has no disk sequence number now")),
             };
         }
-        if !may_wait {
-            return Serves::Ask;
-        }
         match status(&file) {
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) => Serves::No,
             Err(e) => Serves::Unknown(format!("cannot ask {self} what it serves: {e}")),
@@ -154,6 +155,30 @@ impl LoopDevice {
                 "{self} serves a file of the drive's filesystem, but not the inode it was attached to"
             )),
             Ok(_) => pinned(file),
+        }
+    }
+
+    /// Whether the device still serves `b`, as the kernel says at once (see
+    /// [`Now`]): its disk sequence number in sysfs, found by its device
+    /// number.
+    pub fn serves_now(&self, b: &Binding) -> Now {
+        let (Some(seq), Some(rdev)) = (b.seq, self.rdev) else {
+            return Now::Ask;
+        };
+        let path = format!(
+            "/sys/dev/block/{}:{}/diskseq",
+            libc::major(rdev),
+            libc::minor(rdev)
+        );
+        match std::fs::read_to_string(path) {
+            Ok(text) => match text.trim().parse::<u64>() {
+                Ok(now) if now == seq => Now::Serves,
+                Ok(_) => Now::Gone,
+                Err(_) => Now::Ask,
+            },
+            // The device itself is gone.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Now::Gone,
+            Err(_) => Now::Ask,
         }
     }
 
@@ -173,9 +198,7 @@ impl LoopDevice {
             Serves::Unknown(why) => {
                 format!("cannot tell whether {self} still serves the drive ({why})")
             }
-            Serves::Yes(_) | Serves::Ask => {
-                format!("cannot tell whether {self} still serves the drive")
-            }
+            Serves::Yes(_) => format!("cannot tell whether {self} still serves the drive"),
         })
     }
 

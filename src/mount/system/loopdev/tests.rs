@@ -62,12 +62,12 @@ fn a_device_attached_through_a_descriptor_is_known_by_numbers_not_its_file_s_nam
     assert_eq!(sysfs(&dev, "dio").trim(), "1", "direct I/O kept");
     std::fs::remove_file(&path).unwrap();
     assert!(sysfs(&dev, "backing_file").contains("(deleted)"));
-    assert!(matches!(dev.serves_now(&binding), Serves::Yes(_)));
+    assert_eq!(dev.serves_now(&binding), Now::Serves);
     assert!(matches!(dev.serves(&binding), Serves::Yes(_)));
     // The last close lets it go (autoclear), as the kernel sees it soon.
     drop(a);
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !matches!(dev.serves_now(&binding), Serves::No) {
+    while dev.serves_now(&binding) != Now::Gone {
         assert!(std::time::Instant::now() < until, "{dev} still attached");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
