@@ -1054,6 +1054,223 @@ fn a_volume_fails_over_to_another_node_by_fencing_the_first() {
     a.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
 }
 
+/// How a volume of the fenced sequence is used: its capability, and the shell
+/// commands that write `len` bytes of `from` at `at` on its target, fsynced,
+/// and read them back.
+struct Usage {
+    cap: &'static str,
+    block: bool,
+}
+
+impl Usage {
+    /// Writes `len` bytes of the file `from` at byte `at` of the volume
+    /// published at `target` (a file `name` on a filesystem, the device
+    /// itself for a block volume) and fsyncs; whether that succeeded.
+    fn write(&self, target: &Path, name: &str, from: &Path, at: u64, len: u64) -> bool {
+        let (t, f) = (target.display(), from.display());
+        let mib = 1 << 20;
+        if self.block {
+            return sh_status(&format!(
+                "dd if='{f}' of='{t}' bs=1M seek={} count={} oflag=direct conv=fsync,notrunc status=none 2>/dev/null",
+                at / mib,
+                len / mib
+            ));
+        }
+        sh_status(&format!(
+            "dd if='{f}' of='{t}/{name}' bs=1M count={} conv=fsync status=none 2>/dev/null",
+            len / mib
+        ))
+    }
+
+    /// The `len` bytes written by [`Usage::write`] at `at` as `name`, read on
+    /// the volume published at `target`; `None` when there is no such file.
+    fn read(&self, target: &Path, name: &str, at: u64, len: u64) -> Option<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        if self.block {
+            let f = std::fs::File::open(target).unwrap();
+            let mut buf = vec![0u8; len as usize];
+            f.read_exact_at(&mut buf, at).unwrap();
+            return Some(buf);
+        }
+        std::fs::read(target.join(name)).ok()
+    }
+}
+
+/// The fenced sequence of a node that comes back, in one mode: node-a stages,
+/// publishes and fsyncs 4 MiB; ControllerUnpublish fences it; 8 MiB written
+/// there afterwards fail to fsync; node-b takes the volume over, finds the 4
+/// MiB and not the 8, and writes its own. Then node-a's NodeUnpublish and
+/// NodeUnstage answer OK within 60 s, and again; nothing of node-a's is left
+/// (the target and staging path unmounted, the loop device let go, the
+/// daemon ended), and what it could not write is said in the plugin's log and
+/// the mount's. node-b's volume is as it left it.
+fn a_fenced_node_lets_go(usage: &Usage, size: u64) {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
+    let cs = Azurite::shared().connection_string();
+    let container = unique_container("csi-fenced");
+    let driver_a = Driver::start(&cs, &dir.path().join("a.sock"), "node-a", &container);
+    let _b = Driver::start(&cs, &dir.path().join("b.sock"), "node-b", &container);
+    let a = Plugin {
+        stubs: dir.path(),
+        socket: dir.path().join("a.sock"),
+    };
+    let b = Plugin {
+        stubs: dir.path(),
+        socket: dir.path().join("b.sock"),
+    };
+    let cap = usage.cap;
+    let vol = a.ok(
+        "CreateVolume",
+        format!(r#"{{"name": "fenced", "capacity_range": {{"required_bytes": {size}}}, "volume_capabilities": [{cap}]}}"#),
+    );
+    let id = vol["volume"]["volume_id"].as_str().unwrap().to_string();
+    let publish = |node: &str| {
+        a.call(
+            "ControllerPublishVolume",
+            format!(r#"{{"volume_id": "{id}", "node_id": "{node}", "volume_capability": {cap}}}"#),
+        )
+    };
+    let (stage_a, target_a) = (dir.path().join("a-stage"), dir.path().join("a-target"));
+    let (stage_b, target_b) = (dir.path().join("b-stage"), dir.path().join("b-target"));
+    publish("node-a").unwrap();
+    a.stage(&id, &stage_a, cap);
+    a.publish(&id, &stage_a, &target_a, cap);
+    let (kept, late) = (dir.path().join("kept"), dir.path().join("late"));
+    let mib = 1u64 << 20;
+    let random = |path: &Path, len: u64| {
+        assert!(sh_status(&format!(
+            "head -c {len} /dev/urandom > '{}'",
+            path.display()
+        )))
+    };
+    random(&kept, 4 * mib);
+    random(&late, 8 * mib);
+    assert!(usage.write(&target_a, "kept", &kept, 0, 4 * mib));
+    let listed = BD.cmd(&["list", "--json"]).cs("").output().stdout;
+    let records: Vec<serde_json::Value> = serde_json::from_slice(&listed).unwrap();
+    let record = records
+        .iter()
+        .find(|r| r["mountpoint"] == stage_a.to_str().unwrap())
+        .unwrap_or_else(|| panic!("no record of {}: {records:?}", stage_a.display()));
+    let daemon = record["pid"].as_u64().unwrap();
+    let device = blobdrive::mount::system::LoopDevice::at(record["device"].as_str().unwrap());
+    let backing = device
+        .backing_file()
+        .expect("node-a's loop device over its disk");
+    a.ok(
+        "ControllerUnpublishVolume",
+        format!(r#"{{"volume_id": "{id}", "node_id": "node-a"}}"#),
+    );
+    // node-a is cut off, not dead: it writes on, and its fsync fails.
+    assert!(
+        !usage.write(&target_a, "late", &late, 4 * mib, 8 * mib),
+        "node-a's fsync after it was fenced succeeded"
+    );
+    publish("node-b").unwrap();
+    b.stage(&id, &stage_b, cap);
+    b.publish(&id, &stage_b, &target_b, cap);
+    assert!(usage.read(&target_b, "kept", 0, 4 * mib) == Some(std::fs::read(&kept).unwrap()));
+    let after = usage.read(&target_b, "late", 4 * mib, 8 * mib);
+    assert!(
+        after.is_none_or(|l| l.iter().all(|b| *b == 0)),
+        "node-a's late write reached node-b"
+    );
+    let mine = dir.path().join("mine");
+    random(&mine, 2 * mib);
+    assert!(usage.write(&target_b, "mine", &mine, 12 * mib, 2 * mib));
+    // node-a lets go, in bounded time, fenced as it is; and again.
+    let started = Instant::now();
+    a.take_down(&id, &stage_a, &target_a);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(60), "node-a let go in {took:?}");
+    a.take_down(&id, &stage_a, &target_a);
+    for path in [&stage_a, &target_a] {
+        assert!(
+            !blobdrive::mount::system::is_mountpoint(path),
+            "{} is still mounted",
+            path.display()
+        );
+    }
+    assert!(
+        !target_a.exists(),
+        "the target node-a's plugin made is left"
+    );
+    assert_ne!(
+        device.backing_file(),
+        Some(backing),
+        "{device} is still attached over node-a's disk"
+    );
+    common::util::wait_for_exit(daemon, "node-a's daemon to end", Duration::from_secs(10));
+    // What node-a could not write is said: by its plugin, and in its mount's log.
+    let dropped = "MiB written to the drive but not yet on the blob were dropped";
+    let said = driver_a.log();
+    assert!(
+        said.contains("unstaged") && said.contains(dropped),
+        "{said}"
+    );
+    let log_id = blobdrive::mount::record::id_for(&stage_a);
+    let log = csi_run().join("mounts").join(format!("{log_id}.log"));
+    let mount_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        mount_log.contains(dropped),
+        "{}: {mount_log}",
+        log.display()
+    );
+    // node-b's volume is as node-b left it.
+    assert!(
+        usage.read(&target_b, "mine", 12 * mib, 2 * mib) == Some(std::fs::read(&mine).unwrap())
+    );
+    assert!(usage.read(&target_b, "kept", 0, 4 * mib) == Some(std::fs::read(&kept).unwrap()));
+    b.take_down(&id, &stage_b, &target_b);
+    a.ok(
+        "ControllerUnpublishVolume",
+        format!(r#"{{"volume_id": "{id}", "node_id": "node-b"}}"#),
+    );
+    a.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
+}
+
+/// [`a_fenced_node_lets_go`] with an xfs volume, which shuts itself down once
+/// it cannot write its log: every stat of it then fails, its bind mount
+/// included (NodeUnpublish answered FAILED_PRECONDITION, so the filesystem
+/// stayed mounted at the target and its loop device could not be detached).
+#[test]
+fn a_fenced_node_lets_go_of_its_xfs_volume() {
+    a_fenced_node_lets_go(
+        &Usage {
+            cap: r#"{"mount": {"fs_type": "xfs"}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}"#,
+            block: false,
+        },
+        320 << 20,
+    );
+}
+
+/// [`a_fenced_node_lets_go`] with an ext4 volume.
+#[test]
+fn a_fenced_node_lets_go_of_its_ext4_volume() {
+    a_fenced_node_lets_go(
+        &Usage {
+            cap: MOUNT_CAP,
+            block: false,
+        },
+        64 << 20,
+    );
+}
+
+/// [`a_fenced_node_lets_go`] with a raw block volume, written with O_DIRECT.
+#[test]
+fn a_fenced_node_lets_go_of_its_block_volume() {
+    a_fenced_node_lets_go(
+        &Usage {
+            cap: r#"{"block": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}"#,
+            block: true,
+        },
+        64 << 20,
+    );
+}
+
 /// Scenarios 4 and 5: a raw block volume is a block device at the target, and
 /// 1 MiB written with O_DIRECT reads back; the node plugin's container killed
 /// whole (every process in its cgroup, as a runtime stops a container) leaves
