@@ -7,7 +7,7 @@ use tonic::Status;
 
 use super::proto::{CreateSnapshotRequest, ListSnapshotsRequest, ListSnapshotsResponse, Snapshot};
 use super::volume::VolumeId;
-use super::{parameters, status_of, Driver};
+use super::{flush, parameters, status_of, Driver};
 use crate::azure::xml::BlobItem;
 use crate::azure::{AzureError, BlobClient, BlobService};
 use crate::vhd::FOOTER_SIZE;
@@ -130,6 +130,7 @@ pub async fn create(driver: &Driver, req: &CreateSnapshotRequest) -> Result<Snap
         }
         Err(e) => return Err(status_of(e)),
     };
+    flush::before_snapshot(driver, &source, &props).await;
     let at = blob
         .create_snapshot_with(&[(SNAPSHOT_META, &req.name), (DIGEST_META, &digest)])
         .await
