@@ -119,9 +119,9 @@ fn unmount_dir(inv: &Invocation) -> anyhow::Result<()> {
         &mp,
         false,
         &mut |p| eprintln!("{UMOUNT_HELPER_NAME}: {p}"),
-        &mut |s| {
+        &mut |done| {
             if verbose {
-                println!("{s}")
+                println!("{done}")
             }
         },
     )?;
