@@ -559,7 +559,12 @@ fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    BD.cmd(&["unmount", mp.s()]).fails_with("busy");
+    let err = BD.cmd(&["unmount", mp.s()]).fails_with("busy");
+    // The process inside it is named, as for a raw mount's open disk file.
+    assert!(
+        err.contains(&format!("pid {} (sleep)", holder.id())),
+        "{err}"
+    );
     assert_eq!(
         sh_ok(&format!("cat '{}/f'", mp.s())),
         "keep\n",
