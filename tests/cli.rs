@@ -711,6 +711,109 @@ fn help_teaches_and_lists_only_built_commands() {
     }
 }
 
+/// The names `--help` lists in its section `section` (`Commands:`), but help.
+fn listed_in_help(help: &str, section: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| *l != section)
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect()
+}
+
+/// The options `--help` lists (at their place in the option list, not those
+/// named in a description): each as `--long`, with `-s` if it has a short one.
+fn options_in_help(help: &str) -> Vec<(String, Option<String>)> {
+    help.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("  ")?;
+            let (short, rest) = match rest.strip_prefix("    ") {
+                Some(after) => (None, after),
+                None => {
+                    let (short, after) = rest.split_at_checked(4)?;
+                    let s = short.strip_suffix(", ").filter(|s| s.starts_with('-'))?;
+                    (Some(s.to_string()), after)
+                }
+            };
+            let name = rest.strip_prefix("--")?;
+            let end = name
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(name.len());
+            Some((format!("--{}", &name[..end]), short))
+        })
+        .collect()
+}
+
+/// The synopsis of docs/mounting.md ("The commands") says what is true: a line
+/// for every command `--help` lists (each command of `lease` and `snapshot`
+/// too), naming each of its options; the global ones on the first line.
+#[test]
+fn the_manual_s_synopsis_names_every_command_and_option() {
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/mounting.md")).unwrap();
+    let block: Vec<&str> = page
+        .split("## The commands")
+        .nth(1)
+        .and_then(|s| s.split("```text\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .unwrap()
+        .lines()
+        .collect();
+    // A command's lines: its own and those indented below it.
+    let mut synopsis: Vec<String> = Vec::new();
+    for l in &block {
+        if l.starts_with("blobdrive ") {
+            synopsis.push(l.to_string());
+        } else if l.starts_with(' ') {
+            if let Some(last) = synopsis.last_mut() {
+                last.push_str(l);
+            }
+        }
+    }
+    let top = BD.ok(&["--help"]);
+    let global = options_in_help(&top);
+    let names = |line: &str, (long, short): &(String, Option<String>)| {
+        let word = |w: &str| {
+            line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .any(|x| x == w)
+        };
+        word(long) || short.as_deref().is_some_and(word)
+    };
+    for g in global
+        .iter()
+        .filter(|(g, _)| g != "--help" && g != "--version")
+    {
+        assert!(names(&synopsis[0], g), "the first line lacks {}", g.0);
+    }
+    let mut commands = Vec::new();
+    for c in listed_in_help(&top, "Commands:") {
+        let subs = listed_in_help(&BD.ok(&[&c, "--help"]), "Commands:");
+        if subs.is_empty() {
+            commands.push(vec![c]);
+        } else {
+            commands.extend(subs.into_iter().map(|s| vec![c.clone(), s]));
+        }
+    }
+    assert!(commands.len() > 20, "{commands:?}");
+    for cmd in commands {
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        let name = format!("blobdrive {} ", args.join(" "));
+        let line = synopsis
+            .iter()
+            .find(|l| l.starts_with(&name))
+            .unwrap_or_else(|| panic!("the synopsis has no line for `{}`", name.trim()));
+        let help = BD.ok(&[args.as_slice(), &["--help"]].concat());
+        for o in options_in_help(&help) {
+            if global.contains(&o) || o.0 == "--help" {
+                continue;
+            }
+            assert!(names(line, &o), "`{}` lacks {}: {line}", name.trim(), o.0);
+        }
+    }
+}
+
 #[test]
 fn upload_of_a_missing_file_names_its_cause_once() {
     let c = BD.new_container("nofile");

@@ -1299,3 +1299,52 @@ fn text_and_json_say_the_same_for_mount_list_stats_warm_and_unmount() {
         assert_eq!(down["done"], "unmounted");
     }
 }
+
+/// A mount that fails keeps its log (to be read), which says the error once:
+/// the worker tells the root part, which reports it and writes it.
+#[test]
+fn a_failed_mount_s_log_holds_its_error_once() {
+    require_root();
+    let spec = BD.new_drive("failedlog", "64MiB");
+    let mp = BD.mp();
+    let err = BD.cmd(&["mount", &spec, mp.s()]).fails_in_one_line();
+    assert!(err.contains("holds no filesystem"), "{err}");
+    let id = blobdrive::mount::record::id_for(mp.path());
+    let log_path = BD.run_dir().join(format!("mounts/{id}.log"));
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let said = log
+        .lines()
+        .filter(|l| l.contains("holds no filesystem"))
+        .count();
+    assert_eq!(said, 1, "{log}");
+    let _ = std::fs::remove_file(log_path);
+}
+
+/// `delete` of a drive mounted on this very machine says so and how to
+/// unmount it, never to break the lease "if that host is dead": the host is
+/// this one. Nothing is deleted; unmounted, it goes.
+#[test]
+fn delete_of_a_drive_mounted_here_says_where_and_how_to_unmount() {
+    require_root();
+    let spec = BD.new_drive("deletehere", "64MiB");
+    let mp = BD.mp();
+    BD.mount(&spec, &mp, &["--mode", "raw"]);
+    for args in [
+        vec!["delete", &spec, "--yes"],
+        vec!["delete", &spec, "--yes", "--snapshots"],
+    ] {
+        let err = BD.cmd(&args).fails_in_one_line();
+        assert!(
+            err.contains(&format!("is mounted on this machine, at {}", mp.s()))
+                && err.contains(&format!("blobdrive unmount {}", mp.s()))
+                && !err.contains("lease break"),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        json(&BD.ok(&["info", &spec, "--json"]))["lease_state"],
+        "leased"
+    );
+    BD.unmount(&mp);
+    BD.ok(&["delete", &spec, "--yes"]);
+}

@@ -566,7 +566,15 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
         ctx.sign_in(a, Some(read))
             .map_err(|e| super::error_text(&e))
     };
-    daemon::run(req, account, &sign_in, &mut report).map_err(Into::into)
+    let root_part = std::process::id();
+    let done = daemon::run(req, account, &sign_in, &mut report);
+    if std::process::id() != root_part {
+        // The worker, forked from the root part: its failure went to the root
+        // part, which reports it and says it in the mount's log. Said here
+        // too, the log held each error twice.
+        std::process::exit(i32::from(done.is_err()));
+    }
+    done.map_err(Into::into)
 }
 
 fn detach_stdout() {
