@@ -18,7 +18,7 @@ lease was lost with data not yet written or after writes failed, or could not be
 released, and after cleaning up behind a daemon that died while holding the lease. A
 part of the daemon stopped (SIGSTOP, a debugger) for 15 s ends the wait, naming the
 process and what to do. A plain `umount DIR` does the same through
-/sbin/umount.blobdrive (installed by the package, or by scripts/install.sh).")]
+umount.blobdrive (installed by the package, or by scripts/install.sh).")]
 pub struct Args {
     /// Where the drive is mounted (as given to `blobdrive mount`).
     pub mountpoint: PathBuf,
