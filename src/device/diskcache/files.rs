@@ -273,6 +273,12 @@ pub fn open_drive_dir(
         Some(l) => l,
         None => lock_new(&dir, &shown.to_string(), holder)?,
     };
+    // A split daemon's root part holds it: root's, not the worker's.
+    // SAFETY: fchown on a valid descriptor.
+    if owner.is_some() && unsafe { libc::fchown(lock.as_raw_fd(), 0, 0) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("cannot make {shown}/lock root's: {e}"));
+    }
     Ok(DriveDir { dir, lock })
 }
 
@@ -328,7 +334,7 @@ fn give_to(dir: &File, to: (u32, u32), from: u32) -> std::io::Result<()> {
 /// Gives the cache's own files in `dir` that are `from`'s (regular, with one
 /// link) to `to` (uid, gid).
 fn chown_files(dir: &File, from: u32, to: (u32, u32)) -> std::io::Result<()> {
-    for name in ["lock", "data", "index", "index.new"] {
+    for name in ["data", "index", "index.new"] {
         let Ok(f) = open_at(dir, name, libc::O_RDONLY | libc::O_NONBLOCK) else {
             continue;
         };
