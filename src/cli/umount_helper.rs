@@ -107,8 +107,15 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
 fn unmount_dir(inv: &Invocation) -> anyhow::Result<()> {
     record::check_readable().map_err(anyhow::Error::msg)?;
     let dir = &inv.target;
-    let mp = dir.canonicalize().unwrap_or_else(|_| dir.clone());
     if inv.lazy {
+        // Named without a look at the mount itself (a lazy unmount is for one
+        // that may not answer): its parent resolved, its own name kept.
+        let whole = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+        let named = match (whole.parent(), whole.file_name()) {
+            (Some(p), Some(name)) => p.canonicalize().map(|p| p.join(name)).ok(),
+            _ => None,
+        };
+        let mp = named.unwrap_or(whole);
         if record::load(&record::id_for(&mp)).is_none() {
             return Err(not_ours(dir));
         }
@@ -118,6 +125,7 @@ fn unmount_dir(inv: &Invocation) -> anyhow::Result<()> {
         forget(dir);
         return Ok(());
     }
+    let mp = dir.canonicalize().unwrap_or_else(|_| dir.clone());
     let verbose = inv.verbose;
     let found = unmount::take_down(
         &mp,
