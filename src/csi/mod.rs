@@ -127,9 +127,11 @@ pub struct Driver {
     pub cache_budget: u64,
 }
 
+pub use budget::NodeSummary;
+
 /// For `blobdrive list`: each node plugin's cache budget on this host, and
-/// what its volumes take of it, one line each.
-pub fn cache_budgets_here() -> Vec<String> {
+/// what its volumes take of it (a line each as text).
+pub fn cache_budgets_here() -> Vec<NodeSummary> {
     budget::host_summaries()
 }
 
