@@ -593,8 +593,9 @@ fn a_split_fs_mount_with_a_disk_cache_keeps_its_cache_the_workers_and_warm() {
         "{said}"
     );
     assert_split_from_outside(daemon);
-    // The drive's own directory in the cache directory is the worker's; the
-    // directory the operator named stays root's.
+    // The drive's own directory in the cache directory is the worker's, and
+    // its files but the lock, which the root part holds; the directory the
+    // operator named stays root's.
     use std::os::unix::fs::MetadataExt;
     let drive_dirs: Vec<_> = std::fs::read_dir(cache.path()).unwrap().flatten().collect();
     assert_eq!(drive_dirs.len(), 1, "one drive's directory");
@@ -602,7 +603,12 @@ fn a_split_fs_mount_with_a_disk_cache_keeps_its_cache_the_workers_and_warm() {
     let worker_uid: u32 = String::from_utf8_lossy(&id.stdout).trim().parse().unwrap();
     for entry in std::fs::read_dir(drive_dirs[0].path()).unwrap().flatten() {
         let m = entry.metadata().unwrap();
-        assert_eq!(m.uid(), worker_uid, "{}", entry.path().display());
+        let owner = if entry.file_name() == "lock" {
+            0
+        } else {
+            worker_uid
+        };
+        assert_eq!(m.uid(), owner, "{}", entry.path().display());
     }
     assert_eq!(drive_dirs[0].metadata().unwrap().uid(), worker_uid);
     assert_eq!(cache.path().metadata().unwrap().uid(), 0);

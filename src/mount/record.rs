@@ -351,6 +351,21 @@ pub fn writable_mount(endpoint: &str, blob: &str) -> Option<MountRecord> {
         .find(|m| m.endpoint == endpoint && m.blob == blob && m.snapshot.is_none() && !m.read_only)
 }
 
+/// Names, for a message, the process `pid` that holds a lock (a disk cache's,
+/// as /proc/locks tells): the mount whose daemon it is, else the process.
+pub fn lock_holder(pid: Option<u32>) -> String {
+    let Some(pid) = pid else {
+        return "another mount".to_string();
+    };
+    match load_all().into_iter().find(|m| m.pid == pid) {
+        Some(m) => format!("the mount at {} (pid {pid})", m.mountpoint.display()),
+        None => {
+            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("pid {pid} ({})", comm.trim())
+        }
+    }
+}
+
 /// Whether the daemon of a record is still running.
 pub fn alive(r: &MountRecord) -> bool {
     super::system::pid_alive(r.pid)

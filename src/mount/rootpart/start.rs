@@ -48,7 +48,7 @@ struct Opened {
     /// The `/dev/fuse` descriptor of the FUSE mount.
     fuse: OwnedFd,
     control: UnixListener,
-    disk_cache: Option<std::fs::File>,
+    disk_cache: Option<files::DriveDir>,
     walls: Walls,
 }
 
@@ -143,13 +143,14 @@ pub fn split(
     // connection alive after the worker died (and every access to it
     // hanging), and the channel and the log pipe open (so their end unseen).
     // The root part keeps a handle of the disk cache's directory, to take it
-    // back from the worker's uid once the worker is gone.
+    // back from the worker's uid once the worker is gone, and holds its lock
+    // until then.
     let cache_dir = opened.disk_cache.as_ref().and_then(|d| d.try_clone().ok());
     drop((opened, worker_channel, worker_log, null));
     info!("the worker (pid {pid}) serves the drive as {user_name}");
     let result = root.serve(pid, root_channel, signals, root_log, ready);
     if let Some(dir) = cache_dir {
-        if let Err(e) = files::take_back(&dir, user.uid) {
+        if let Err(e) = files::take_back(&dir.dir, user.uid) {
             warn!(
                 "cannot take the disk cache's directory back from uid {}: {e}",
                 user.uid
@@ -259,6 +260,8 @@ fn in_the_child(
         disk_cache,
         walls,
     } = opened;
+    // The directory; its lock is the root part's to hold.
+    let disk_cache = disk_cache.map(|d| d.dir);
     // What the worker is handed; every other descriptor of the root part's
     // closes once the walls are up (the Landlock ruleset's with them).
     let mut kept = vec![
@@ -355,26 +358,28 @@ fn prepare(
     })
 }
 
-/// The drive's own directory in the `--disk-cache` directory `parent`, given
-/// to the worker's `user` and allowed to it (by handle) in `allowed`.
+/// The drive's own directory in the `--disk-cache` directory `parent`, locked
+/// (refused while another mount holds it, naming that mount), given to the
+/// worker's `user` and allowed to it (by handle) in `allowed`.
 fn open_disk_cache_for(
     parent: &std::path::Path,
     blob_ref: &BlobRef,
     account: &Account,
     user: WorkerUser,
     allowed: &mut Allowed,
-) -> Result<std::fs::File, MountError> {
+) -> Result<files::DriveDir, MountError> {
     let name = crate::mount::disk_cache_name(
         account,
         &blob_ref.container,
         &blob_ref.name,
         blob_ref.snapshot.as_deref(),
     );
-    let dir = files::open_drive_dir(parent, &name, Some((user.uid, user.gid)), &|uid| {
-        uids::pool_id_state(&uids::Places::system(), u64::from(uid))
-    })
-    .map_err(MountError::system)?;
+    let left_to = |uid| uids::pool_id_state(&uids::Places::system(), u64::from(uid));
+    let owner = Some((user.uid, user.gid));
+    let dir = files::open_drive_dir(parent, &name, owner, &left_to, &record::lock_holder)
+        .map_err(MountError::system)?;
     let handle = dir
+        .dir
         .try_clone()
         .map_err(|e| MountError::with_source("cannot hand on the disk cache", e))?;
     allowed.read_write_dirs.push(handle);

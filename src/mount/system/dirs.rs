@@ -56,13 +56,23 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), MountError> {
     }
     let err = std::io::Error::last_os_error();
     match err.raw_os_error() {
-        Some(libc::EBUSY) => Err(MountError::Busy(path.display().to_string())),
+        Some(libc::EBUSY) => Err(MountError::Busy(busy_with(path))),
         Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(()), // not mounted (any more)
         _ => Err(MountError::with_source(
             format!("cannot unmount {}", path.display()),
             err,
         )),
     }
+}
+
+/// A busy mount at `path`, named with the processes that use it, as a raw
+/// mount's `disk` is named with those that hold it open.
+fn busy_with(path: &Path) -> String {
+    let users = super::procs::users_of(path);
+    if users.is_empty() {
+        return path.display().to_string();
+    }
+    format!("{} (in use by {})", path.display(), users.join(", "))
 }
 
 /// Whether `path` is a mount point (per /proc/self/mountinfo).

@@ -135,6 +135,15 @@ impl LoopDevice {
         }
     }
 
+    /// The file the device is attached to, as sysfs names it (`None` when it
+    /// is not attached): a name for people to read, which the worker serving
+    /// `disk` can change (see `binding.rs`), so nothing here decides by it.
+    pub fn backing_file(&self) -> Option<std::path::PathBuf> {
+        let text = std::fs::read_to_string(format!("/sys/block/{}/loop/backing_file", self.name()))
+            .ok()?;
+        Some(text.trim_end_matches('\n').into())
+    }
+
     /// Whether the device is attached to any file: the kernel gives a bound
     /// device its `loop` directory in sysfs.
     fn is_bound(&self) -> bool {
