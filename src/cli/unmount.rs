@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use blobdrive::mount::system::LoopDevice;
+use blobdrive::mount::system::{Binding, LoopDevice};
 use blobdrive::mount::{daemon, record, system, utab, Mode};
 
 #[derive(Debug, clap::Args)]
@@ -169,7 +169,7 @@ pub fn take_down(
     clean_dead(
         &rec.mountpoint,
         rec.mode,
-        rec.device.as_deref(),
+        rec.device.as_deref().map(|d| (d, rec.device_seq)),
         &rec.fuse_dir,
     )?;
     record::remove(&rec.id);
@@ -237,9 +237,15 @@ impl<'a> Stalled<'a> {
     }
 }
 
-/// Removes what a dead daemon left: its filesystem mount, loop device and FUSE
+/// Removes what a dead daemon left: its filesystem mount, loop device (named
+/// by the record with the disk sequence number it had when attached) and FUSE
 /// mount (whose connection is dead, so nothing can hang on it).
-fn clean_dead(mountpoint: &Path, mode: Mode, device: Option<&str>, fuse_dir: &Path) -> Result<()> {
+fn clean_dead(
+    mountpoint: &Path,
+    mode: Mode,
+    device: Option<(&str, Option<u64>)>,
+    fuse_dir: &Path,
+) -> Result<()> {
     if mode == Mode::Fs && system::is_mountpoint(mountpoint) {
         if let Err(e) = system::umount(mountpoint, false) {
             match e {
@@ -250,18 +256,12 @@ fn clean_dead(mountpoint: &Path, mode: Mode, device: Option<&str>, fuse_dir: &Pa
     }
     // Only while it still serves this drive's file: a device that detached itself
     // (autoclear) may already have been given to another drive.
-    // (The kernel names the file by its real path; the FUSE directory itself
-    // cannot be looked at with its daemon dead.)
-    let real_dir = match (fuse_dir.parent(), fuse_dir.file_name()) {
-        (Some(parent), Some(name)) => parent
-            .canonicalize()
-            .map(|p| p.join(name))
-            .unwrap_or_else(|_| fuse_dir.to_path_buf()),
-        _ => fuse_dir.to_path_buf(),
-    };
-    let disk = real_dir.join("disk");
-    if let Some(dev) = device.map(LoopDevice::at) {
-        dev.detach(Some(&disk))?;
+    match device {
+        Some((dev, Some(seq))) => LoopDevice::at(dev).detach(&Binding::recorded(seq))?,
+        Some((dev, None)) => tracing::warn!(
+            "the record does not say which attachment of {dev} was the drive's (an older blobdrive wrote it, or the kernel has no disk sequence numbers): it is left as it is; `losetup -d {dev}` detaches it once you know it is the drive's"
+        ),
+        None => {}
     }
     if system::is_mountpoint(fuse_dir) {
         system::umount(fuse_dir, true)?;

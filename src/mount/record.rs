@@ -30,6 +30,11 @@ pub struct MountRecord {
     pub mode: Mode,
     pub fuse_dir: PathBuf,
     pub device: Option<String>,
+    /// The loop device's disk sequence number right after the root part
+    /// attached it: while the device still has it, it is still attached to
+    /// this mount's `disk` (`unmount` of a dead daemon detaches it only then).
+    #[serde(default)]
+    pub device_seq: Option<u64>,
     pub read_only: bool,
     /// The memory cache's limit (`--cache-size`), for `list` and for a CSI
     /// node plugin counting what its staged volumes take of its budget.

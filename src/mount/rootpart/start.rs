@@ -34,9 +34,6 @@ pub struct WorkerStart {
     pub disk_cache: Option<std::fs::File>,
 }
 
-/// The type of the FUSE mount (`system::mount_fuse`), as the mount table names it.
-const FUSE_TYPE: &str = "fuse.blobdrive";
-
 /// Which side of the fork this is.
 pub enum Split {
     /// The root part, done: the mount's result.
@@ -182,6 +179,7 @@ fn record_for(req: &MountRequest, blob_ref: &BlobRef, account: &Account) -> Moun
             Mode::Block | Mode::Raw => req.mountpoint.clone(),
         },
         device: None,
+        device_seq: None,
         read_only: req.read_only,
         cache_size: Some(req.cache_size),
         worker_uid: None,
@@ -325,12 +323,13 @@ fn prepare(
     } else {
         system::open_dir(&root.fuse_dir, req.mountpoint_id)?
     };
-    let fuse = system::mount_fuse(&at, &format!("blobdrive:{blob_ref}"), req.read_only)
+    let mounted = system::mount_fuse(&at, &format!("blobdrive:{blob_ref}"), req.read_only)
         .map_err(|e| MountError::system(format!("{e} at {}", root.fuse_dir.display())))?;
     root.held.fuse = Some(Guard::new(FuseMount {
         dir: root.fuse_dir.clone(),
     }));
-    root.fuse_id = system::mount_id_at(&root.fuse_dir, FUSE_TYPE);
+    root.fuse_id = Some(mounted.id);
+    let fuse = mounted.dev;
     let control = record::listen(rec)?;
     // The CA certificates the worker will trust, and a service principal's
     // certificate it will sign in with, read while root may.

@@ -110,28 +110,53 @@ fn maps_name(maps: &Path, mountpoint: &Path) -> bool {
 
 /// The processes holding `path` open, as "pid N (name)", found in /proc.
 pub fn holders(path: &Path) -> Vec<String> {
-    let mut found = Vec::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for p in procs.flatten() {
-        let name = p.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
-            continue;
-        };
-        if fds
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == path))
-        {
-            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
-            found.push(format!("pid {pid} ({})", comm.trim()));
-        }
-    }
-    found
+    processes()
+        .filter(|(dir, _)| {
+            std::fs::read_dir(dir.join("fd")).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == path))
+            })
+        })
+        .map(|(dir, pid)| named(&dir, pid))
+        .collect()
+}
+
+/// The mount namespaces where a mount has the device `devno` (`MAJOR:MINOR`)
+/// as its source, each as "a mount of it in the mount namespace of pid N
+/// (name)", by the first process found in it.
+pub fn mounted_in_namespaces(devno: &str) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    processes()
+        .filter(|(dir, _)| {
+            std::fs::read_link(dir.join("ns/mnt")).is_ok_and(|ns| seen.insert(ns))
+                && std::fs::read_to_string(dir.join("mountinfo"))
+                    .is_ok_and(|t| t.lines().any(|l| l.split(' ').nth(2) == Some(devno)))
+        })
+        .map(|(dir, pid)| {
+            format!(
+                "a mount of it in the mount namespace of {}",
+                named(&dir, pid)
+            )
+        })
+        .collect()
+}
+
+/// The processes of /proc: their directory and pid.
+fn processes() -> impl Iterator<Item = (std::path::PathBuf, String)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|p| {
+            let pid = p.file_name().to_str()?.to_string();
+            pid.bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| (p.path(), pid))
+        })
+}
+
+/// "pid N (name)".
+fn named(dir: &Path, pid: String) -> String {
+    let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+    format!("pid {pid} ({})", comm.trim())
 }
