@@ -17,6 +17,7 @@ pub mod csi;
 pub mod device;
 pub mod drive;
 pub mod fuse;
+pub mod luks;
 pub mod mount;
 pub mod pool;
 pub mod privsep;

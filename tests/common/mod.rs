@@ -4,6 +4,7 @@
 pub mod azurite;
 pub mod bd;
 pub mod entra;
+pub mod luks;
 pub mod mount;
 pub mod sdk;
 pub mod user;
