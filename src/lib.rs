@@ -16,6 +16,7 @@ pub mod changes;
 pub mod csi;
 pub mod device;
 pub mod drive;
+pub mod encrypted;
 pub mod fuse;
 pub mod luks;
 pub mod mount;
