@@ -183,3 +183,80 @@ pub fn key_file(dir: &Path) -> PathBuf {
     f.write_all(PASSPHRASE).unwrap();
     path
 }
+
+/// A new encrypted drive of `size` in a new container named after `tag`, its
+/// passphrase [`PASSPHRASE`] from the key file `key`: its spec.
+pub fn new_encrypted_drive(bd: &super::bd::Harness, tag: &str, size: &str, key: &Path) -> String {
+    let spec = format!("{}/disk.vhd", super::azurite::unique_container(tag));
+    bd.ok(&[
+        "create",
+        &spec,
+        "--size",
+        size,
+        "--create-container",
+        "--encrypt",
+        "--key-file",
+        &key.to_string_lossy(),
+    ]);
+    spec
+}
+
+/// The data segment's sector size, as cryptsetup's `luksDump` of `image` says.
+pub fn sector_size(image: &Path) -> usize {
+    let dump = cryptsetup_ok(&["luksDump", &image.to_string_lossy()], b"");
+    let at = dump.find("sector: ").expect("a sector size in the dump") + "sector: ".len();
+    dump[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The plaintext of the data segment of `image` (a downloaded drive, raw or
+/// VHD, whose disk is `disk_size` bytes), decrypted by Python's
+/// `cryptography` with the volume key cryptsetup dumps for [`PASSPHRASE`]:
+/// what any Linux host reads of it. Sectors all zeros (never written) are
+/// left as zeros, as blobdrive serves them.
+pub fn decrypt_image(image: &Path, disk_size: u64) -> Vec<u8> {
+    let key = dump_volume_key(image, PASSPHRASE);
+    let sector = sector_size(image);
+    let offset: u64 = 16 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plain");
+    let script = r#"
+import sys
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+key = bytes.fromhex(sys.argv[1]); sector = int(sys.argv[2])
+start = int(sys.argv[3]); end = int(sys.argv[4])
+src = open(sys.argv[5], "rb"); src.seek(start)
+seg = src.read(end - start)
+out = bytearray(len(seg))
+zero = bytes(512)
+for i in range(0, len(seg) - len(seg) % sector, sector):
+    s = seg[i:i + sector]
+    if s.count(0) == len(s):
+        continue
+    c = Cipher(algorithms.AES(key), modes.XTS((i // 512).to_bytes(16, "little"))).decryptor()
+    p = c.update(s) + c.finalize()
+    for j in range(0, sector, 512):
+        if s[j:j + 512] != zero:
+            out[i + j:i + j + 512] = p[j:j + 512]
+open(sys.argv[6], "wb").write(bytes(out))
+"#;
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let status = Command::new("python3")
+        .args(["-c", script, &hex, &sector.to_string()])
+        .args([offset.to_string(), disk_size.to_string()])
+        .arg(image)
+        .arg(&out)
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "decrypting {} failed", image.display());
+    std::fs::read(&out).unwrap()
+}
+
+/// Whether `needle` occurs anywhere in `hay`.
+pub fn holds(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
