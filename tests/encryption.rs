@@ -380,8 +380,16 @@ fn no_plaintext_in_the_disk_cache_and_no_key_in_the_log() {
     );
     let log = std::fs::read(&log_path).unwrap();
     BD.unmount(&mp);
-    // Mounted again, read through the disk cache.
-    let mp = mount(&spec, &args);
+    // Mounted again, warmed up and read through the disk cache.
+    let mp = mount(&spec, &[&args[..], &["--warm"]].concat());
+    common::util::wait_for("the warm-up", std::time::Duration::from_secs(60), || {
+        mp.stats()["warm_up"]["running"] == false
+    });
+    let warm = &mp.stats()["warm_up"];
+    assert!(
+        warm["error"].is_null() && warm["allocated"].as_u64() > Some(4 << 20),
+        "{warm}"
+    );
     assert_eq!(
         std::fs::read(mp.path().join("secret")).unwrap(),
         pattern(4 << 20)
@@ -403,6 +411,7 @@ fn no_plaintext_in_the_disk_cache_and_no_key_in_the_log() {
     let volume_key = dump_volume_key(&img, PASSPHRASE);
     let hex: String = volume_key.iter().map(|b| format!("{b:02x}")).collect();
     assert!(!holds(&log, PASSPHRASE), "the passphrase is in the log");
+    assert!(!holds(&log, b"could not lock key material"), "the worker may not lock its keys");
     assert!(
         !holds(&log, &volume_key[..16]) && !holds(&log, &hex.as_bytes()[..32]),
         "the key is in the log"
@@ -412,4 +421,62 @@ fn no_plaintext_in_the_disk_cache_and_no_key_in_the_log() {
         "the log is the mount's: {}",
         String::from_utf8_lossy(&log)
     );
+}
+
+/// The passphrase from `BLOBDRIVE_PASSPHRASE` and from a systemd credential
+/// named `key` (`$CREDENTIALS_DIRECTORY/key`, as `LoadCredential=key:...`
+/// hands it over); and `--no-discard`: a hole punched in the raw disk is
+/// refused (EOPNOTSUPP), its bytes stay on the blob and read back.
+#[test]
+fn passphrases_from_the_environment_or_a_credential_and_discards_kept_local() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let key = key_file(dir.path());
+    let spec = new_encrypted_drive(&BD, "enc-env", "32MiB", &key);
+    let passphrase = String::from_utf8(PASSPHRASE.to_vec()).unwrap();
+    let mp = BD.mp();
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
+        .env("BLOBDRIVE_PASSPHRASE", &passphrase)
+        .ok();
+    BD.unmount(&mp);
+    let creds = tempfile::tempdir().unwrap();
+    std::fs::copy(&key, creds.path().join("key")).unwrap();
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw", "--no-discard"])
+        .env_remove("BLOBDRIVE_PASSPHRASE")
+        .env("CREDENTIALS_DIRECTORY", creds.path())
+        .ok();
+    let data = pattern(1 << 20);
+    {
+        use std::os::unix::fs::FileExt;
+        use std::os::unix::io::AsRawFd;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(mp.disk())
+            .unwrap();
+        f.write_all_at(&data, 0).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: fallocate on an open descriptor with in-range arguments.
+        let rc = unsafe {
+            libc::fallocate(
+                f.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                1 << 20,
+            )
+        };
+        let e = std::io::Error::last_os_error();
+        assert_eq!(rc, -1, "a discard was taken under --no-discard");
+        assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "{e}");
+        let mut back = vec![0u8; 1 << 20];
+        f.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == data);
+    }
+    BD.unmount(&mp);
+    let on_blob = common::sdk::page_ranges(&BD.cs(), &spec);
+    let data_pages: u64 = on_blob
+        .iter()
+        .map(|&(s, e)| e.min(17 << 20).saturating_sub(s.max(16 << 20)))
+        .sum();
+    assert_eq!(data_pages, 1 << 20, "the blob lost the range: {on_blob:?}");
 }
