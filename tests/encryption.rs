@@ -411,7 +411,10 @@ fn no_plaintext_in_the_disk_cache_and_no_key_in_the_log() {
     let volume_key = dump_volume_key(&img, PASSPHRASE);
     let hex: String = volume_key.iter().map(|b| format!("{b:02x}")).collect();
     assert!(!holds(&log, PASSPHRASE), "the passphrase is in the log");
-    assert!(!holds(&log, b"could not lock key material"), "the worker may not lock its keys");
+    assert!(
+        !holds(&log, b"could not lock key material"),
+        "the worker may not lock its keys"
+    );
     assert!(
         !holds(&log, &volume_key[..16]) && !holds(&log, &hex.as_bytes()[..32]),
         "the key is in the log"

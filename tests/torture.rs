@@ -202,15 +202,10 @@ impl Drive {
     /// The disk's bytes on the blob: an encrypted drive's data segment,
     /// decrypted (holes, pages of zeros, read as zeros).
     fn blob_bytes(&self) -> Vec<u8> {
-        let Some(c) = &self.crypt else {
-            return rt().block_on(self.blob.read(0, SIZE)).unwrap().to_vec();
-        };
-        let mut bytes = rt()
-            .block_on(self.blob.read(c.data_offset, SIZE))
-            .unwrap()
-            .to_vec();
-        c.cipher.decrypt_data(0, &mut bytes);
-        bytes
+        match &self.crypt {
+            Some(c) => common::luks::plaintext(&self.blob, c, SIZE),
+            None => rt().block_on(self.blob.read(0, SIZE)).unwrap().to_vec(),
+        }
     }
 }
 
@@ -318,8 +313,7 @@ fn torture_with(
     };
     d.via.cmd(&create).cs(&BD.cs()).ok();
     if encrypted {
-        let opened = blobdrive::encrypted::open(&d.blob, common::luks::PASSPHRASE, 48 << 20);
-        d.crypt = Some(rt().block_on(opened).unwrap());
+        d.crypt = Some(common::luks::open_drive(&d.blob, 48 << 20));
     }
     let mut m = Model::new();
     d.mount();

@@ -3,7 +3,9 @@
 //! key it dumps, an independent AES-XTS (Python's `cryptography`, OpenSSL's),
 //! and a plain file as a LUKS2 header's disk for blobdrive's own library.
 //!
-//! Tests that mount encrypted drives take [`PASSPHRASE`] from [`key_file`].
+//! Tests that mount encrypted drives make them with [`new_encrypted_drive`],
+//! mount them with `--key-file` [`key_file`] (which holds [`PASSPHRASE`]), and
+//! read what the blob holds as plaintext with [`open_drive`] and [`plaintext`].
 
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -259,4 +261,32 @@ open(sys.argv[6], "wb").write(bytes(out))
 /// Whether `needle` occurs anywhere in `hay`.
 pub fn holds(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// An encrypted drive on `blob` (whose disk is `disk_size` bytes), opened
+/// with [`PASSPHRASE`] by blobdrive's own library: for a test that checks
+/// what the blob holds against a model (the torture test, a crash replayer),
+/// not for interoperability (that is [`decrypt_image`]'s).
+pub fn open_drive(
+    blob: &blobdrive::azure::BlobClient,
+    disk_size: u64,
+) -> blobdrive::encrypted::Opened {
+    super::util::rt()
+        .block_on(blobdrive::encrypted::open(blob, PASSPHRASE, disk_size))
+        .expect("the drive opens with the tests' passphrase")
+}
+
+/// `len` bytes of the plaintext disk of the drive `opened`, from the blob:
+/// its data segment read and decrypted (pages the blob never held, zeros).
+pub fn plaintext(
+    blob: &blobdrive::azure::BlobClient,
+    opened: &blobdrive::encrypted::Opened,
+    len: u64,
+) -> Vec<u8> {
+    let mut bytes = super::util::rt()
+        .block_on(blob.read(opened.data_offset, len))
+        .unwrap()
+        .to_vec();
+    opened.cipher.decrypt_data(0, &mut bytes);
+    bytes
 }
