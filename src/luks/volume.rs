@@ -186,10 +186,12 @@ fn new_keyslot(
         priority: 1,
     };
     let slot_key = slot.kdf.derive(passphrase, slot.area_key_size)?;
-    let material = af::split(key, STRIPES as usize, slot.af_hash);
+    // The split key is encrypted where it was made, in locked memory; only
+    // the ciphertext leaves it.
+    let mut material = af::split(key, STRIPES as usize, slot.af_hash);
+    XtsCipher::new(slot_key.as_bytes(), 512, 0)?.encrypt(0, material.bytes_mut());
     let mut area = vec![0u8; slot.area_size as usize];
     area[..material.len()].copy_from_slice(material.as_bytes());
-    XtsCipher::new(slot_key.as_bytes(), 512, 0)?.encrypt(0, &mut area[..material.len()]);
     Ok((slot, area))
 }
 
