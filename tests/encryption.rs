@@ -161,6 +161,32 @@ fn wrong_missing_and_misplaced_passphrases_change_nothing() {
     let after = json(&BD.ok(&["info", &spec, "--json"]));
     assert_eq!(after["etag"], before["etag"]);
     assert_eq!(after["lease_state"], "available", "{after}");
+    // create --json says what it made.
+    let container = spec.split('/').next().unwrap();
+    let made = json(&BD.ok(&[
+        "create",
+        &format!("{container}/small.vhd"),
+        "--size",
+        "17MiB",
+        "--encrypt",
+        "--key-file",
+        &key.to_string_lossy(),
+        "--sector-size",
+        "512",
+        "--json",
+    ]));
+    let want = serde_json::json!({"type": "luks2", "cipher": "aes-xts-plain64", "sector_size": 512, "data_offset": 16 * MIB});
+    assert_eq!(made["encryption"], want, "{made}");
+    BD.cmd(&[
+        "create",
+        &format!("{container}/tiny.vhd"),
+        "--size",
+        "16MiB",
+        "--encrypt",
+        "--key-file",
+        &key.to_string_lossy(),
+    ])
+    .fails_with_error(&["needs at least 17 MiB"]);
     let plain = BD.new_drive("enc-plain", "32MiB");
     BD.cmd(&[
         "mount",

@@ -22,7 +22,8 @@ pub struct Args {
     #[arg(long)]
     pub create_container: bool,
     /// Print one JSON object instead of text: blob, size_bytes, blob_bytes,
-    /// container_created and encrypted.
+    /// container_created, and for an encrypted drive encryption (type,
+    /// cipher, sector_size, data_offset).
     #[arg(long)]
     pub json: bool,
     /// Encrypt the drive: a LUKS2 header at the start of its disk, as
@@ -75,13 +76,21 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         Ok(made)
     })??;
     if args.json {
-        return super::print_json(&serde_json::json!({
+        let mut made = serde_json::json!({
             "blob": r.to_string(),
             "size_bytes": size,
             "blob_bytes": size + FOOTER_SIZE,
             "container_created": container_created,
-            "encrypted": args.encrypt,
-        }));
+        });
+        if let Some((_, sector, _)) = &encryption {
+            made["encryption"] = serde_json::json!({
+                "type": "luks2",
+                "cipher": "aes-xts-plain64",
+                "sector_size": sector,
+                "data_offset": blobdrive::luks::DEFAULT_DATA_OFFSET,
+            });
+        }
+        return super::print_json(&made);
     }
     println!(
         "created {r}: {} fixed VHD ({} bytes of disk, blob {} bytes)",
