@@ -187,6 +187,15 @@ fn wrong_missing_and_misplaced_passphrases_change_nothing() {
         &key.to_string_lossy(),
     ])
     .fails_with_error(&["needs at least 17 MiB"]);
+    BD.cmd(&[
+        "create",
+        &format!("{container}/plain.vhd"),
+        "--size",
+        "32MiB",
+        "--pbkdf",
+        "pbkdf2",
+    ])
+    .fails_with_error(&["add --encrypt"]);
     let plain = BD.new_drive("enc-plain", "32MiB");
     BD.cmd(&[
         "mount",

@@ -52,6 +52,9 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
     if r.snapshot.is_some() {
         bail!("cannot create a snapshot ({r}); name the base blob");
     }
+    if !args.encrypt && (args.kdf.pbkdf != "argon2id" || args.kdf.pbkdf_memory.is_some()) {
+        bail!("--pbkdf and --pbkdf-memory are an encrypted drive's: add --encrypt");
+    }
     let encryption = args
         .encrypt
         .then(|| encryption_of(&args, size))
