@@ -1,14 +1,15 @@
 //! A filesystem state checked as the next mount would meet it: a copy of the
-//! disk, mounted through a loop device in a mount namespace of its own (the
-//! kernel replays the journal or log, as a mount after a crash does), its files
-//! copied out, unmounted, then the filesystem's own checker, which must find
-//! nothing to repair. The namespace dies with the command, so a test that dies
-//! leaves no mount behind, and the loop device (autoclear) goes with it.
+//! disk, mounted through a loop device as a detached mount that nothing else
+//! reaches (`detached.rs`; the kernel replays the journal or log, as a mount
+//! after a crash does), its files copied out, unmounted, then the filesystem's
+//! own checker, which must find nothing to repair. A test that dies leaves no
+//! mount behind, and the loop device (autoclear) goes with it.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::detached::Detached;
 use super::image::Pieces;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,12 +26,12 @@ impl Fs {
         }
     }
 
-    /// mount(8)'s options for the copy: the live drive's xfs is mounted on
+    /// The mount's flags for the copy: the live drive's xfs is mounted on
     /// this machine with the same UUID.
-    fn mount_options(self) -> &'static str {
+    fn mount_flags(self) -> &'static [&'static str] {
         match self {
-            Fs::Ext4 => "loop",
-            Fs::Xfs => "loop,nouuid",
+            Fs::Ext4 => &[],
+            Fs::Xfs => &["nouuid"],
         }
     }
 
@@ -83,16 +84,6 @@ impl Fault {
     }
 }
 
-/// Mounts `$1` at `$2` with the options `$4`, copies every file to `$3`, and
-/// unmounts; 90 if the mount failed.
-const RECOVER: &str = r#"
-mount -o "$4" "$1" "$2" || exit 90
-cp -a "$2"/. "$3"/
-rc=$?
-umount "$2" || exit 91
-exit $rc
-"#;
-
 /// Where a state's image, mountpoint and files go (on tmpfs: a state is
 /// written, mounted and read once).
 pub struct Scratch {
@@ -133,34 +124,26 @@ impl Scratch {
     /// failed, with the tool's own words.
     pub fn check(&self, fs: Fs, disk: &Pieces) -> Result<(), Fault> {
         let image = self.write_image(disk);
-        let (mnt, files) = (self.path("mnt"), self.files());
+        let files = self.files();
         let _ = std::fs::remove_dir_all(&files);
         std::fs::create_dir_all(&files).unwrap();
-        std::fs::create_dir_all(&mnt).unwrap();
-        let out = Command::new("unshare")
-            .args([
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                RECOVER,
-                "sh",
-            ])
-            .args([&image, &mnt, &files])
-            .arg(fs.mount_options())
+        let recovery =
+            |what: &str, e: String| Fault::Recovery(format!("{} state: {what}: {e}", fs.name()));
+        let mounted = Detached::mount(&image, fs.name(), fs.mount_flags())
+            .map_err(|e| recovery("the kernel could not mount it", e))?;
+        let out = mounted
+            .command("cp")
+            .arg("-a")
+            .arg(format!("{}/.", mounted.root()))
+            .arg(&files)
             .output()
             .unwrap();
+        mounted.unmount();
         if !out.status.success() {
-            let what = match out.status.code() {
-                Some(90) => "the kernel could not mount it",
-                _ => "its files could not be read after the mount",
-            };
-            return Err(Fault::Recovery(format!(
-                "{} state: {what}: {}",
-                fs.name(),
-                last_lines(&out.stderr, 6)
-            )));
+            return Err(recovery(
+                "its files could not be read after the mount",
+                last_lines(&out.stderr, 6),
+            ));
         }
         let checked = fs.checker(&image).output().unwrap();
         if !checked.status.success() {

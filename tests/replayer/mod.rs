@@ -7,6 +7,7 @@
 
 pub mod bytes;
 pub mod check;
+pub mod detached;
 pub mod files;
 pub mod fscheck;
 pub mod fsload;
