@@ -1,5 +1,6 @@
 //! A filesystem image mounted where nothing else reaches it: attached to a
-//! loop device of its own that clears itself once its last user lets go, and
+//! loop device of its own (by blobdrive's own attach, as a mount's root part
+//! does) that clears itself once its last user lets go, and
 //! mounted with the kernel's mount API as a detached mount (`fsopen`,
 //! `fsmount`, never `move_mount`), reachable only through its descriptor
 //! (`/proc/self/fd/N`) and unmounted when that closes.
@@ -11,57 +12,23 @@
 //! no namespace made meanwhile copies it either; and a test that dies leaves
 //! nothing behind: its descriptors close.
 
-use std::fs::{File, OpenOptions};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::fs::OpenOptions;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-/// `struct loop_info64` of <linux/loop.h>.
-#[repr(C)]
-struct LoopInfo64 {
-    device: u64,
-    inode: u64,
-    rdevice: u64,
-    offset: u64,
-    sizelimit: u64,
-    number: u32,
-    encrypt_type: u32,
-    encrypt_key_size: u32,
-    flags: u32,
-    file_name: [u8; 64],
-    crypt_name: [u8; 64],
-    encrypt_key: [u8; 32],
-    init: [u64; 2],
-}
-
-/// `struct loop_config` of <linux/loop.h>.
-#[repr(C)]
-struct LoopConfig {
-    fd: u32,
-    block_size: u32,
-    info: LoopInfo64,
-    reserved: [u64; 8],
-}
-
-const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
-const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
-const LO_FLAGS_AUTOCLEAR: u32 = 4;
-/// Of <linux/mount.h>.
-const FSOPEN_CLOEXEC: libc::c_uint = 1;
-const FSMOUNT_CLOEXEC: libc::c_uint = 1;
-const FSCONFIG_SET_FLAG: libc::c_uint = 0;
-const FSCONFIG_SET_STRING: libc::c_uint = 1;
-const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+use blobdrive::mount::system::newmount::{fs_mount, fs_open, fs_set};
+use blobdrive::mount::system::{set_autoclear, Binding, LoopDevice, Now};
 
 /// A detached mount of an image's filesystem.
 pub struct Detached {
     mount: OwnedFd,
-    /// The loop device, `loopN`.
-    loop_name: String,
-    image: PathBuf,
+    /// The loop device, and what it was attached to.
+    dev: LoopDevice,
+    binding: Binding,
 }
 
 impl Detached {
@@ -75,20 +42,26 @@ impl Detached {
             .custom_flags(libc::O_CLOEXEC)
             .open(image)
             .map_err(|e| format!("{}: {e}", image.display()))?;
-        // Held until the filesystem has the device open: the device clears
-        // itself once its last user lets go.
-        let (_dev, loop_name) = attach(&file).map_err(|e| format!("no loop device: {e}"))?;
-        let fs = fs_open(fstype).map_err(|e| format!("fsopen {fstype}: {e}"))?;
-        fs_set(&fs, "source", Some(&format!("/dev/{loop_name}")))
-            .map_err(|e| format!("source: {e}"))?;
+        let attached =
+            LoopDevice::attach_through(&file, false).map_err(|e| format!("no loop device: {e}"))?;
+        // Held open until the filesystem has the device: it clears itself
+        // once its last user lets go.
+        let (pinned, binding) = (attached.pinned, attached.binding);
+        if let Err(e) = set_autoclear(&pinned.file) {
+            let _ = pinned.dev.detach(&binding);
+            return Err(format!("{pinned}: autoclear: {e}"));
+        }
+        let name = std::ffi::CString::new(fstype).unwrap();
+        let fs = fs_open(&name).map_err(|e| format!("fsopen {fstype}: {e}"))?;
+        fs_set(&fs, "source", Some(pinned.path())).map_err(|e| format!("source: {e}"))?;
         for flag in flags {
             fs_set(&fs, flag, None).map_err(|e| format!("{flag}: {e}"))?;
         }
-        let mount = fs_mount(&fs).map_err(|e| format!("{e}: {}", said(&fs)))?;
+        let mount = fs_mount(&fs, 0).map_err(|e| format!("{e}: {}", said(&fs)))?;
         Ok(Detached {
             mount,
-            loop_name,
-            image: image.canonicalize().unwrap(),
+            dev: pinned.dev.clone(),
+            binding,
         })
     }
 
@@ -113,102 +86,21 @@ impl Detached {
     /// Unmounts: the descriptor closed, then a wait (a minute at most) until
     /// the loop device has let go of the image, so the filesystem is shut
     /// down (a child of another thread, forked but not yet exec'd, may hold
-    /// the descriptor a moment longer).
+    /// the descriptor a moment longer). Not waited for on a kernel without
+    /// disk sequence numbers.
     pub fn unmount(self) {
         let Detached {
             mount,
-            loop_name,
-            image,
+            dev,
+            binding,
         } = self;
         drop(mount);
-        let backing = format!("/sys/block/{loop_name}/loop/backing_file");
         crate::common::util::wait_for(
-            &format!("{loop_name} to let go of {}", image.display()),
+            &format!("{dev} to let go of the state's image"),
             Duration::from_secs(60),
-            || std::fs::read_to_string(&backing).map_or(true, |b| Path::new(b.trim()) != image),
+            || dev.serves_now(&binding) != Now::Serves,
         );
     }
-}
-
-/// Attaches `file` to a free loop device, cleared when its last user closes
-/// it: the device, open, and its name.
-fn attach(file: &File) -> std::io::Result<(File, String)> {
-    let control = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open("/dev/loop-control")?;
-    loop {
-        // SAFETY: an ioctl without arguments on our descriptor.
-        let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
-        check(n)?;
-        let name = format!("loop{n}");
-        let dev = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(format!("/dev/{name}"))?;
-        // SAFETY: all zeros is a valid loop_config.
-        let mut config: LoopConfig = unsafe { std::mem::zeroed() };
-        config.fd = file.as_raw_fd() as u32;
-        config.info.flags = LO_FLAGS_AUTOCLEAR;
-        // SAFETY: our descriptor and a loop_config that outlives the call.
-        let rc = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, &config) };
-        match check(rc) {
-            Ok(()) => return Ok((dev, name)),
-            // Taken by another process since it was free: the next.
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-fn fs_open(fstype: &str) -> std::io::Result<OwnedFd> {
-    let name = std::ffi::CString::new(fstype)?;
-    // SAFETY: a NUL-terminated string and integer flags.
-    owned(unsafe { libc::syscall(libc::SYS_fsopen, name.as_ptr(), FSOPEN_CLOEXEC) } as i32)
-}
-
-/// The string option `key` set to `value`, or the flag `key`.
-fn fs_set(fs: &OwnedFd, key: &str, value: Option<&str>) -> std::io::Result<()> {
-    let key = std::ffi::CString::new(key)?;
-    let value = value.map(std::ffi::CString::new).transpose()?;
-    let (cmd, ptr) = match &value {
-        Some(v) => (FSCONFIG_SET_STRING, v.as_ptr()),
-        None => (FSCONFIG_SET_FLAG, std::ptr::null()),
-    };
-    // SAFETY: NUL-terminated strings (or null for a flag) that outlive it.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_fsconfig,
-            fs.as_raw_fd(),
-            cmd,
-            key.as_ptr(),
-            ptr,
-            0,
-        )
-    };
-    check(rc as i32)
-}
-
-/// The superblock made (the filesystem read from the device), then the
-/// detached mount of it.
-fn fs_mount(fs: &OwnedFd) -> std::io::Result<OwnedFd> {
-    let none = std::ptr::null::<libc::c_char>();
-    // SAFETY: integer arguments and null pointers, as the command takes.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_fsconfig,
-            fs.as_raw_fd(),
-            FSCONFIG_CMD_CREATE,
-            none,
-            none,
-            0,
-        )
-    };
-    check(rc as i32)?;
-    // SAFETY: integer arguments.
-    owned(unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, 0) } as i32)
 }
 
 /// What the filesystem said while it was being made (its error first),
@@ -225,12 +117,6 @@ fn said(fs: &OwnedFd) -> String {
         lines.push(String::from_utf8_lossy(&buf[..n as usize]).into_owned());
     }
     lines.join(" | ")
-}
-
-fn owned(fd: i32) -> std::io::Result<OwnedFd> {
-    check(fd)?;
-    // SAFETY: a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn check(rc: i32) -> std::io::Result<()> {
