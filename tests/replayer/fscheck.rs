@@ -4,6 +4,9 @@
 //! after a crash does), its files copied out, unmounted, then the filesystem's
 //! own checker, which must find nothing to repair. A test that dies leaves no
 //! mount behind, and the loop device (autoclear) goes with it.
+//!
+//! An encrypted drive's state is decrypted first, by cryptsetup and an AES-XTS
+//! not blobdrive's (`sealed.rs`).
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -11,6 +14,7 @@ use std::process::Command;
 
 use super::detached::Detached;
 use super::image::Pieces;
+use super::sealed::Unsealer;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fs {
@@ -84,14 +88,16 @@ impl Fault {
     }
 }
 
-/// Where a state's image, mountpoint and files go (on tmpfs: a state is
-/// written, mounted and read once).
+/// Where a state's image and files go (on tmpfs: a state is written, mounted
+/// and read once).
 pub struct Scratch {
     dir: tempfile::TempDir,
+    /// For an encrypted drive (its disk a LUKS2 volume), what decrypts it.
+    unsealer: Option<Unsealer>,
 }
 
 impl Scratch {
-    pub fn new(tag: &str) -> Scratch {
+    pub fn new(tag: &str, encrypted: bool) -> Scratch {
         let base = Path::new("/dev/shm");
         let dir = tempfile::Builder::new()
             .prefix(&format!("blobdrive-replay-{tag}."))
@@ -101,11 +107,22 @@ impl Scratch {
                 Path::new(env!("CARGO_TARGET_TMPDIR"))
             })
             .unwrap();
-        Scratch { dir }
+        Scratch {
+            dir,
+            unsealer: encrypted.then(Unsealer::default),
+        }
     }
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// For an encrypted drive, holds the decryption of `disk` to OpenSSL's
+    /// (see [`Unsealer::assert_agrees_with_openssl`]).
+    pub fn check_decryption(&self, disk: &Pieces) {
+        if let Some(u) = &self.unsealer {
+            u.assert_agrees_with_openssl(disk, self.dir.path());
+        }
     }
 
     /// Where the last checked state's files were copied.
@@ -113,22 +130,29 @@ impl Scratch {
         self.path("files")
     }
 
-    fn write_image(&self, disk: &Pieces) -> PathBuf {
+    /// The image of the filesystem on `disk`: the disk, or an encrypted
+    /// drive's data segment decrypted. The error: what could not decrypt it.
+    fn write_image(&self, disk: &Pieces) -> Result<PathBuf, String> {
         let image = self.path("disk.img");
-        write_sparse(disk, &image);
-        image
+        match &self.unsealer {
+            None => write_sparse(disk, &image),
+            Some(u) => u.write_plaintext(disk, &self.path("sealed.img"), &image)?,
+        }
+        Ok(image)
     }
 
     /// Checks the filesystem `fs` on `disk`: recovered by a mount, its files
     /// copied to [`Scratch::files`], then its checker. The error says what
     /// failed, with the tool's own words.
     pub fn check(&self, fs: Fs, disk: &Pieces) -> Result<(), Fault> {
-        let image = self.write_image(disk);
+        let recovery =
+            |what: &str, e: String| Fault::Recovery(format!("{} state: {what}: {e}", fs.name()));
+        let image = self
+            .write_image(disk)
+            .map_err(|e| recovery("it could not be decrypted", e))?;
         let files = self.files();
         let _ = std::fs::remove_dir_all(&files);
         std::fs::create_dir_all(&files).unwrap();
-        let recovery =
-            |what: &str, e: String| Fault::Recovery(format!("{} state: {what}: {e}", fs.name()));
         let mounted = Detached::mount(&image, fs.name(), fs.mount_flags())
             .map_err(|e| recovery("the kernel could not mount it", e))?;
         let out = mounted
@@ -166,7 +190,7 @@ fn last_lines(out: &[u8], n: usize) -> String {
 }
 
 /// Writes `disk` to `path` as a sparse file: only the pieces that are not zeros.
-fn write_sparse(disk: &Pieces, path: &Path) {
+pub(super) fn write_sparse(disk: &Pieces, path: &Path) {
     let _ = std::fs::remove_file(path);
     let f = std::fs::File::create(path).unwrap();
     f.set_len(disk.len() as u64).unwrap();

@@ -19,4 +19,5 @@ mod model_tests;
 pub mod rawload;
 pub mod report;
 pub mod run;
+pub mod sealed;
 pub mod snapshots;
