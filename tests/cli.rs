@@ -798,11 +798,7 @@ fn hostile_drive_of(
                 .with("Content-Length-Override", &(size + 512).to_string());
         }
         if req.query("comp").is_none() && req.header("x-ms-range").is_some() {
-            return stub::Reply::Respond {
-                status: 206,
-                headers: vec![],
-                body: footer.to_vec(),
-            };
+            return stub::Reply::part(req, size + 512, footer.to_vec());
         }
         listing(req, i)
     })
@@ -919,6 +915,8 @@ fn a_hostile_endpoint_cannot_make_commands_hold_memory_or_run_for_ever() {
     // A Get Page Ranges answer of 4 GiB, and a listing of 4 GiB.
     let unit = b"<PageRange><Start>0</Start><End>511</End></PageRange>".repeat(1000);
     let s = hostile_drive(move |_, _| stub::Reply::Stream {
+        status: 200,
+        headers: vec![],
         len: 4 << 30,
         unit: unit.clone(),
     });

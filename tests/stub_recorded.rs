@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blobdrive::azure::{
-    Account, AzureError, BlobService, Credential, PageRange, RetryPolicy, SegmentPlan,
+    crc64, Account, AzureError, BlobService, Credential, PageRange, RetryPolicy, SegmentPlan,
 };
 use bytes::Bytes;
 use common::util::rt;
@@ -680,6 +680,8 @@ fn a_ranged_read_answered_with_more_bytes_than_asked_fails_and_writes_no_further
     // with 4 GiB: the read fails as soon as the answer passes what was asked,
     // and no byte lands beyond the parts.
     let stub = Stub::start(|_, _| Reply::Stream {
+        status: 206,
+        headers: vec![("Content-Range".into(), "bytes 0-131071/4294967296".into())],
         len: 4 << 30,
         unit: vec![0xAB; 4096],
     });
@@ -920,4 +922,70 @@ fn delta_extents_merge_written_and_cleared_pages_of_the_service_diff() {
     let mut both = model.allocated(pageblob::S1);
     both.extend(model.allocated(pageblob::S2));
     assert_eq!(drain(&mut extents, 1000), common::util::merged_ranges(both));
+}
+
+#[test]
+fn a_put_page_carries_the_crc64_of_its_body_for_the_service_to_check() {
+    let stub = Stub::start(|_, _| Reply::status(201));
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    let body: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+    rt().block_on(blob.put_pages(4096, Bytes::from(body.clone()), None))
+        .unwrap();
+    let reqs = stub.requests();
+    let sent = reqs[0].header("x-ms-content-crc64").expect("no CRC64 sent");
+    assert_eq!(sent, crc64::header(crc64::of(&body)));
+    assert_eq!(reqs[0].body, body);
+}
+
+/// A drive's ranged reads served as Azure serves them, except that the
+/// first `corrupt` answers have one byte changed on the way (their CRC64 is
+/// the true bytes').
+fn reads_corrupted(corrupt: usize) -> Stub {
+    Stub::start(move |req: &Recorded, i| {
+        let (s, e) = req
+            .header("x-ms-range")
+            .and_then(|r| r.strip_prefix("bytes="))
+            .and_then(|r| r.split_once('-'))
+            .map(|(s, e)| (s.parse::<u64>().unwrap(), e.parse::<u64>().unwrap()))
+            .unwrap();
+        let body: Vec<u8> = (s..=e).map(|at| (at % 251) as u8).collect();
+        let mut reply = Reply::part(req, 64 << 20, body);
+        if i < corrupt {
+            if let Reply::Respond { body, .. } = &mut reply {
+                body[100] ^= 0x40;
+            }
+        }
+        reply
+    })
+}
+
+#[test]
+fn a_ranged_read_whose_bytes_do_not_match_their_crc64_is_read_again() {
+    let stub = reads_corrupted(2);
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    let got = rt().block_on(blob.read(1024, 65536)).unwrap();
+    let truth: Vec<u8> = (1024..1024 + 65536u64).map(|at| (at % 251) as u8).collect();
+    assert!(got == truth, "a corrupted answer was returned");
+    let reqs = stub.requests();
+    assert_eq!(reqs.len(), 3, "two corrupted answers, then the truth");
+    for r in &reqs {
+        assert_eq!(r.header("x-ms-range-get-content-crc64"), Some("true"));
+    }
+    // Corrupted every time: an error naming why, never the bytes.
+    let stub = reads_corrupted(usize::MAX);
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    let mut buf = vec![0u8; 65536];
+    let err = rt()
+        .block_on(blob.read_into(0, &mut buf))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("do not match the CRC64"), "{err}");
+    // The service gives the CRC64 of at most 4 MiB: a longer read does not ask.
+    let stub = reads_corrupted(0);
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    rt().block_on(blob.read(0, (4 << 20) + 512)).unwrap();
+    assert_eq!(
+        stub.requests()[0].header("x-ms-range-get-content-crc64"),
+        None
+    );
 }

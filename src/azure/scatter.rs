@@ -47,6 +47,16 @@ impl<'a, 'b> Scatter<'a, 'b> {
         self.filled = 0;
     }
 
+    /// The CRC64 (Azure's, see [`super::crc64`]) of the bytes filled.
+    pub fn crc64(&self) -> u64 {
+        let mut left = self.filled;
+        super::crc64::of_parts(self.parts.iter().map(|p| {
+            let n = p.len().min(left);
+            left -= n;
+            &p[..n]
+        }))
+    }
+
     /// Appends `chunk` after what is filled. `false`, with nothing written, if it
     /// does not fit (an answer longer than asked for).
     pub fn put(&mut self, mut chunk: &[u8]) -> bool {

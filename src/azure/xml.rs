@@ -134,13 +134,39 @@ pub struct PageListPage {
     pub cleared: Vec<PageRange>,
     /// Continuation marker; `None` when this was the last page.
     pub next_marker: Option<String>,
+    /// How many ranges came off the 512-byte grid, each rounded outward to
+    /// whole pages (reading a little more than was written, never less).
+    pub off_grid: usize,
 }
 
-/// Parses `<PageList>` with `PageRange`, `ClearRange` and `NextMarker`.
+/// Checks that `body` is one whole page list (see [`parse_page_list`]).
+pub fn check_page_list(body: &[u8]) -> Result<(), String> {
+    parse_page_list(body).map(|_| ())
+}
+
+/// Parses `<PageList>` with `PageRange`, `ClearRange` and `NextMarker`. The
+/// body must be one whole, well-formed `PageList` element and nothing else:
+/// an empty body, junk, another element or a list cut short is an error,
+/// never a list of nothing written. A range off the 512-byte grid is rounded
+/// outward to whole pages and counted.
 pub fn parse_page_list(body: &[u8]) -> Result<PageListPage, String> {
     let mut out = PageListPage::default();
     let (mut start, mut end) = (None, None);
+    let mut whole = false;
     walk(body, |item| {
+        let path = match &item {
+            Item::Text(p, _) | Item::End(p) => *p,
+        };
+        if whole {
+            return Err("more follows the PageList element".to_string());
+        }
+        if path != "PageList" && !path.starts_with("PageList/") {
+            let root = path.split('/').next().unwrap_or_default();
+            return Err(format!(
+                "not a page list: its element is <{}>",
+                crate::azure::text::service_text(root)
+            ));
+        }
         match item {
             Item::Text(p, raw) => {
                 let field = match p {
@@ -160,11 +186,9 @@ pub fn parse_page_list(body: &[u8]) -> Result<PageListPage, String> {
                     )
                 })?);
             }
+            Item::End("PageList") => whole = true,
             Item::End(p) if p == "PageList/PageRange" || p == "PageList/ClearRange" => {
-                let range = match (start.take(), end.take()) {
-                    (Some(s), Some(e)) if e >= s && e < u64::MAX => PageRange::new(s, e + 1),
-                    _ => return Err("page range without a valid Start and End".to_string()),
-                };
+                let range = whole_pages(start.take(), end.take(), &mut out.off_grid)?;
                 if p.ends_with("ClearRange") {
                     out.cleared.push(range);
                 } else {
@@ -175,7 +199,29 @@ pub fn parse_page_list(body: &[u8]) -> Result<PageListPage, String> {
         }
         Ok(())
     })?;
+    if !whole {
+        return Err("not a whole page list: the answer holds no closed PageList element".into());
+    }
     Ok(out)
+}
+
+/// The half-open range of a listed `Start` and inclusive `End`, rounded
+/// outward to whole 512-byte pages (counted in `off_grid` when it had to be).
+fn whole_pages(
+    start: Option<u64>,
+    end: Option<u64>,
+    off_grid: &mut usize,
+) -> Result<PageRange, String> {
+    const PAGE: u64 = crate::azure::PAGE;
+    let (s, e) = match (start, end) {
+        (Some(s), Some(e)) if e >= s && e < u64::MAX - PAGE => (s, e + 1),
+        _ => return Err("page range without a valid Start and End".to_string()),
+    };
+    let (rs, re) = (s - s % PAGE, e.div_ceil(PAGE) * PAGE);
+    if (rs, re) != (s, e) {
+        *off_grid += 1;
+    }
+    Ok(PageRange::new(rs, re))
 }
 
 /// The longest blob name Azure allows, in characters.
@@ -411,6 +457,36 @@ mod tests {
         assert_eq!(p, PageListPage::default());
         let p = parse_page_list(b"<PageList />").unwrap();
         assert_eq!(p, PageListPage::default());
+    }
+
+    #[test]
+    fn only_one_whole_page_list_is_a_page_list() {
+        for (body, says) in [
+            (&b""[..], "no closed PageList"),
+            (b"garbage", "no closed PageList"),
+            (b"<Error/>", "its element is <Error>"),
+            (b"<Error><Code>x</Code></Error>", "its element is <Error>"),
+            (
+                b"<?xml version=\"1.0\"?><PageList><PageRange><Start>0</Start><End>511</End></PageRange>",
+                "no closed PageList",
+            ),
+            (b"<PageList/><PageList/>", "more follows"),
+            (b"\x1f\x8b\x08\x00\x00\x00\x00\x00", "no closed PageList"),
+        ] {
+            let e = parse_page_list(body).unwrap_err();
+            assert!(e.contains(says), "{body:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn ranges_off_the_grid_are_rounded_outward_and_counted() {
+        let p = parse_page_list(b"<PageList><PageRange><Start>100</Start><End>923</End></PageRange><PageRange><Start>1024</Start><End>2047</End></PageRange><ClearRange><Start>2148</Start><End>2560</End></ClearRange></PageList>").unwrap();
+        assert_eq!(
+            p.ranges,
+            vec![PageRange::new(0, 1024), PageRange::new(1024, 2048)]
+        );
+        assert_eq!(p.cleared, vec![PageRange::new(2048, 3072)]);
+        assert_eq!(p.off_grid, 2);
     }
 
     #[test]

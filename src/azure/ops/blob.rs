@@ -135,7 +135,7 @@ impl BlobClient {
     /// Creates an empty page blob of `size` bytes; never replaces an existing blob
     /// (`If-None-Match: *` makes the service refuse with `BlobAlreadyExists`).
     pub async fn create_page_blob(&self, size: u64) -> Result<(), AzureError> {
-        if size % PAGE != 0 || size == 0 || size > MAX_PAGE_BLOB {
+        if !size.is_multiple_of(PAGE) || size == 0 || size > MAX_PAGE_BLOB {
             return Err(self.invalid(
                 Op::CreateBlob,
                 format!(
@@ -256,7 +256,7 @@ impl BlobClient {
         lease: Option<&str>,
         if_match: Option<&str>,
     ) -> Result<(), AzureError> {
-        if size % PAGE != 0 || size == 0 || size > MAX_PAGE_BLOB {
+        if !size.is_multiple_of(PAGE) || size == 0 || size > MAX_PAGE_BLOB {
             return Err(self.invalid(
                 Op::SetProperties,
                 format!(
