@@ -403,35 +403,70 @@ fn a_blob_whose_length_is_not_whole_pages_is_refused() {
 }
 
 /// A stub whose Set Blob Properties answers count the sequence number up from
-/// `first`, and whose Put Page answers come from `page` (by Put Page index).
+/// `first` (Get Blob Properties says the number the next raise will answer),
+/// and whose Put Page answers come from `page` (by Put Page index).
 fn fenced_stub(first: u64, page: fn(usize) -> Reply) -> Stub {
+    fenced_stub_telling(first, page, |n| n)
+}
+
+/// [`fenced_stub`] whose raises are answered with `told(number)`.
+fn fenced_stub_telling(first: u64, page: fn(usize) -> Reply, told: fn(u64) -> u64) -> Stub {
     let raised = std::sync::atomic::AtomicU64::new(first);
     let pages = std::sync::atomic::AtomicUsize::new(0);
     Stub::start(move |req: &Recorded, _| {
         use std::sync::atomic::Ordering::SeqCst;
-        match req.query("comp").as_deref() {
-            Some("properties") => Reply::status(200).with(
+        match (req.method.as_str(), req.query("comp").as_deref()) {
+            ("HEAD", None) => Reply::status(200)
+                .with("x-ms-blob-type", "PageBlob")
+                .with("Content-Length-Override", "1049088")
+                .with("x-ms-lease-state", "leased")
+                .with(
+                    "x-ms-blob-sequence-number",
+                    &raised.load(SeqCst).to_string(),
+                ),
+            (_, Some("properties")) => Reply::status(200).with(
                 "x-ms-blob-sequence-number",
-                &raised.fetch_add(1, SeqCst).to_string(),
+                &told(raised.fetch_add(1, SeqCst)).to_string(),
             ),
-            Some("page") => page(pages.fetch_add(1, SeqCst)),
+            (_, Some("page")) => page(pages.fetch_add(1, SeqCst)),
             _ => Reply::status(400),
         }
     })
 }
 
-/// (comp, x-ms-if-sequence-number-eq, x-ms-sequence-number-action) of each request.
+/// (comp, or the method, x-ms-if-sequence-number-eq,
+/// x-ms-sequence-number-action) of each request.
 fn fence_trace(stub: &Stub) -> Vec<(String, Option<String>, Option<String>)> {
     stub.requests()
         .iter()
         .map(|r| {
             (
-                r.query("comp").unwrap_or_default(),
+                r.query("comp").unwrap_or_else(|| r.method.clone()),
                 r.header("x-ms-if-sequence-number-eq").map(str::to_string),
                 r.header("x-ms-sequence-number-action").map(str::to_string),
             )
         })
         .collect()
+}
+
+/// Fails unless the requests `stub` got are `want`: (comp or method,
+/// x-ms-if-sequence-number-eq, x-ms-sequence-number-action) each.
+fn trace_is(stub: &Stub, want: &[(&str, Option<&str>, Option<&str>)]) {
+    let want: Vec<(String, Option<String>, Option<String>)> = want
+        .iter()
+        .map(|(c, n, a)| (c.to_string(), n.map(str::to_string), a.map(str::to_string)))
+        .collect();
+    assert_eq!(fence_trace(stub), want);
+}
+
+/// One Put Page of 512 bytes at 0 to `stub` under the lease `lease-1`,
+/// fenced: the fence it went through.
+fn one_fenced_write(stub: &Stub) -> Arc<blobdrive::azure::WriteFence> {
+    let blob = service(stub, fast_policy()).blob("disks", "a.vhd");
+    let fence = blobdrive::azure::WriteFence::new(blob.clone(), Some("lease-1".into()));
+    rt().block_on(blob.put_pages_fenced(0, Bytes::from(vec![1u8; 512]), Some("lease-1"), &fence))
+        .unwrap();
+    fence
 }
 
 #[test]
@@ -443,21 +478,16 @@ fn an_unanswered_fenced_write_raises_the_sequence_number_before_it_is_sent_again
             Reply::status(201)
         }
     });
-    let svc = service(&stub, fast_policy());
-    let blob = svc.blob("disks", "a.vhd");
-    let fence = blobdrive::azure::WriteFence::new(blob.clone(), Some("lease-1".into()));
-    rt().block_on(blob.put_pages_fenced(0, Bytes::from(vec![1u8; 512]), Some("lease-1"), &fence))
-        .unwrap();
-    let s = |v: &str| Some(v.to_string());
-    assert_eq!(
-        fence_trace(&stub),
-        vec![
-            ("properties".into(), None, s("increment")),
-            ("page".into(), s("7"), None),
+    let fence = one_fenced_write(&stub);
+    trace_is(
+        &stub,
+        &[
+            ("properties", None, Some("increment")),
+            ("page", Some("7"), None),
             // The first attempt may still land: it carries 7, which is gone now.
-            ("properties".into(), None, s("increment")),
-            ("page".into(), s("8"), None),
-        ]
+            ("properties", None, Some("increment")),
+            ("page", Some("8"), None),
+        ],
     );
     for r in stub.requests() {
         assert_eq!(r.header("x-ms-lease-id"), Some("lease-1"));
@@ -483,16 +513,53 @@ fn a_fenced_write_refused_for_its_number_learns_the_current_one_and_lands() {
     let fence = blobdrive::azure::WriteFence::new(blob.clone(), None);
     rt().block_on(blob.clear_pages_fenced(0, 4096, None, &fence))
         .unwrap();
-    let s = |v: &str| Some(v.to_string());
-    assert_eq!(
-        fence_trace(&stub),
-        vec![
-            ("properties".into(), None, s("increment")),
-            ("page".into(), s("3"), None),
-            ("properties".into(), None, s("increment")),
-            ("page".into(), s("4"), None),
-        ]
+    trace_is(
+        &stub,
+        &[
+            ("properties", None, Some("increment")),
+            ("page", Some("3"), None),
+            // Refused: nothing was written, and the number moved on. It is
+            // read, not raised again.
+            ("HEAD", None, None),
+            ("page", Some("4"), None),
+        ],
     );
+}
+
+#[test]
+fn a_raise_answered_with_a_number_nobody_asked_for_is_read_again_before_it_is_used() {
+    // The first answer of a Put Page is lost; the raise after it is answered
+    // with 2^63-1 (or a number below the one known): read again with Get
+    // Blob Properties, the write carries the blob's real number and lands,
+    // one read later.
+    for told in [
+        |n| if n == 8 { i64::MAX as u64 } else { n },
+        |n| if n == 8 { 2 } else { n },
+    ] {
+        let stub = fenced_stub_telling(
+            7,
+            |i| {
+                if i == 0 {
+                    Reply::Hangup
+                } else {
+                    Reply::status(201)
+                }
+            },
+            told,
+        );
+        let fence = one_fenced_write(&stub);
+        trace_is(
+            &stub,
+            &[
+                ("properties", None, Some("increment")),
+                ("page", Some("7"), None),
+                ("properties", None, Some("increment")),
+                ("HEAD", None, None),
+                ("page", Some("9"), None),
+            ],
+        );
+        assert_eq!(fence.current(), Some(9));
+    }
 }
 
 #[test]
@@ -511,15 +578,14 @@ fn a_throttled_fenced_write_is_sent_again_with_the_same_number() {
     let fence = blobdrive::azure::WriteFence::new(blob.clone(), None);
     rt().block_on(blob.put_pages_fenced(0, Bytes::from(vec![2u8; 512]), None, &fence))
         .unwrap();
-    let s = |v: &str| Some(v.to_string());
-    assert_eq!(
-        fence_trace(&stub),
-        vec![
-            ("properties".into(), None, s("increment")),
-            ("page".into(), s("5"), None),
-            ("page".into(), s("5"), None),
-            ("page".into(), s("5"), None),
-        ]
+    trace_is(
+        &stub,
+        &[
+            ("properties", None, Some("increment")),
+            ("page", Some("5"), None),
+            ("page", Some("5"), None),
+            ("page", Some("5"), None),
+        ],
     );
     assert_eq!(fence.current(), Some(5));
 }

@@ -212,7 +212,7 @@ fn whole_pages(
     end: Option<u64>,
     off_grid: &mut usize,
 ) -> Result<PageRange, String> {
-    const PAGE: u64 = crate::azure::PAGE;
+    use super::ranges::PAGE;
     let (s, e) = match (start, end) {
         (Some(s), Some(e)) if e >= s && e < u64::MAX - PAGE => (s, e + 1),
         _ => return Err("page range without a valid Start and End".to_string()),

@@ -220,3 +220,11 @@ pub fn merged_ranges(mut all: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     }
     out
 }
+
+/// `len` bytes of a pattern that differs with `seed` (and from one sector of
+/// 512 bytes to the next).
+pub fn pattern(seed: u64, len: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i / 512 * 7 + i * 31 + seed * 131) % 251) as u8)
+        .collect()
+}

@@ -311,7 +311,8 @@ impl Shared {
     }
 }
 
-fn read_request(r: &mut BufReader<TcpStream>) -> Option<(Vec<u8>, Vec<u8>)> {
+/// One request from `r`: its head and body (`None` once the client is gone).
+pub fn read_request(r: &mut BufReader<TcpStream>) -> Option<(Vec<u8>, Vec<u8>)> {
     let mut head = Vec::new();
     loop {
         let mut line = Vec::new();
@@ -336,7 +337,7 @@ fn read_request(r: &mut BufReader<TcpStream>) -> Option<(Vec<u8>, Vec<u8>)> {
 }
 
 /// Forwards one request on a fresh upstream connection; returns the raw response.
-fn forward(port: u16, head: &[u8], body: &[u8]) -> Option<Vec<u8>> {
+pub fn forward(port: u16, head: &[u8], body: &[u8]) -> Option<Vec<u8>> {
     let mut up = TcpStream::connect(("127.0.0.1", port)).ok()?;
     up.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
     let text = String::from_utf8_lossy(head);

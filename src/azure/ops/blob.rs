@@ -11,8 +11,7 @@ use crate::azure::error::{AzureError, Op};
 use crate::azure::pipeline::{BlobService, Request};
 use crate::azure::stats::ClientStats;
 
-/// Page size: every page-blob offset and length is a multiple of it.
-pub const PAGE: u64 = 512;
+pub use crate::azure::ranges::PAGE;
 
 /// Metadata name of the token that makes a retried create recognise its own blob.
 pub const CREATE_TOKEN_META: &str = "blobdrivecreate";

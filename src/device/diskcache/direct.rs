@@ -115,9 +115,9 @@ impl DirectReader {
     ) -> std::io::Result<bool> {
         if !self.on.load(Relaxed)
             || !offset.is_multiple_of(ALIGN as u64)
-            || bufs
-                .iter()
-                .any(|b| b.is_empty() || b.len() % ALIGN != 0 || !(b.as_ptr() as usize).is_multiple_of(ALIGN))
+            || bufs.iter().any(|b| {
+                b.is_empty() || b.len() % ALIGN != 0 || !(b.as_ptr() as usize).is_multiple_of(ALIGN)
+            })
         {
             return Ok(false);
         }
