@@ -148,6 +148,27 @@ fn a_page_list_that_is_not_one_whole_page_list_is_an_error_never_nothing_allocat
     drive_unchanged(&spec, &before, &file);
 }
 
+/// `mount.blobdrive SPEC DIR -o credentials=FILE,mkfs=ext4` as mount(8) runs
+/// it for an fstab line, the credentials file naming the account `cs`.
+fn fstab_mkfs(spec: &str, dir: &Path, cs: &str) -> std::process::Output {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let helper = d.path().join("mount.blobdrive");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_blobdrive"), &helper).unwrap();
+    let creds = d.path().join("acct.env");
+    std::fs::write(&creds, format!("AZURE_STORAGE_CONNECTION_STRING={cs}\n")).unwrap();
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o600)).unwrap();
+    common::user::ensure_user();
+    std::process::Command::new(&helper)
+        .arg(spec)
+        .arg(dir)
+        .args(["-o", &format!("credentials={},mkfs=ext4", creds.display())])
+        .env_remove("AZURE_STORAGE_CONNECTION_STRING")
+        .env("BLOBDRIVE_RUN_DIR", BD.run_dir())
+        .output()
+        .unwrap()
+}
+
 /// A well-formed page list saying nothing is written.
 const NOTHING_WRITTEN: &[u8] = b"<?xml version=\"1.0\" encoding=\"utf-8\"?><PageList></PageList>";
 
@@ -169,6 +190,11 @@ fn mkfs_formats_only_a_drive_whose_first_and_last_mib_hold_nothing() {
         .cmd(&["mount", &spec, mp.s(), "--mkfs", "ext4"])
         .fails_with_error(&["ext4", "nothing was formatted"]);
     assert!(err.contains("first MiB"), "{err}");
+    // The same from an fstab line (`mkfs=ext4`), as mount(8) runs the helper.
+    let out = fstab_mkfs(&spec, mp.path(), &liar.connection_string());
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "the helper formatted: {err}");
+    assert!(err.contains("nothing was formatted"), "{err}");
     drop(mp);
     drive_unchanged(&spec, &before, &file);
     // Bytes in the last MiB alone, which no filesystem probe knows (the lie

@@ -1055,3 +1055,101 @@ fn a_ranged_read_whose_bytes_do_not_match_their_crc64_is_read_again() {
         None
     );
 }
+
+/// An answer written as `head` (status line and headers, without the blank
+/// line) and `body`.
+fn raw_page_list(head: &str, body: &[u8]) -> Vec<u8> {
+    let mut bytes = format!("{head}\r\n\r\n").into_bytes();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+#[test]
+fn answers_with_a_lying_length_broken_chunks_or_a_mebibyte_of_headers_fail_within_the_budget() {
+    const LIST: &[u8] =
+        b"<?xml version=\"1.0\"?><PageList><PageRange><Start>0</Start><End>511</End></PageRange></PageList>";
+    let huge = format!("HTTP/1.1 200 OK\r\nx-ms-junk: {}", "j".repeat(1 << 20));
+    for (what, reply) in [
+        (
+            "a Content-Length longer than the body",
+            raw_page_list("HTTP/1.1 200 OK\r\nContent-Length: 100000", LIST),
+        ),
+        (
+            "a Content-Length shorter than the body",
+            raw_page_list("HTTP/1.1 200 OK\r\nContent-Length: 40", LIST),
+        ),
+        (
+            "a chunk size that is not hex",
+            raw_page_list(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked",
+                b"zz\r\n<PageList/>\r\n0\r\n\r\n",
+            ),
+        ),
+        (
+            "a chunk larger than what follows",
+            raw_page_list(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked",
+                b"ffffffffffff\r\n<PageList/>\r\n",
+            ),
+        ),
+        ("a mebibyte of headers", raw_page_list(&huge, LIST)),
+    ] {
+        // The same broken answer every time, the connection closed after it.
+        let stub = Stub::start(move |_, _| Reply::Raw(reply.clone()));
+        let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+        let started = Instant::now();
+        let got = rt().block_on(blob.page_ranges(None));
+        let took = started.elapsed();
+        let err = got.expect_err(what).to_string();
+        assert!(err.contains("page ranges"), "{what}: {err}");
+        assert!(took < Duration::from_secs(15), "{what}: {took:?}");
+    }
+}
+
+#[test]
+fn a_retry_after_of_days_is_not_waited_for() {
+    let stub = Stub::start(|_, _| {
+        Reply::error(503, "ServerBusy", &fixture("error-503.xml")).with("Retry-After", "999999")
+    });
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    let started = Instant::now();
+    let err = rt().block_on(blob.clear_pages(0, 512, None)).unwrap_err();
+    assert_eq!(err.status(), Some(503), "{err}");
+    // Not 11 days, nor the minute the pause is capped at: the budget (10 s).
+    assert!(
+        started.elapsed() < Duration::from_secs(11),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn unsorted_overlapping_and_out_of_range_page_lists_are_merged_and_clipped_to_the_blob() {
+    let stub = Stub::start(|_, _| {
+        Reply::xml(
+            200,
+            "<?xml version=\"1.0\"?><PageList>\
+             <PageRange><Start>8192</Start><End>12287</End></PageRange>\
+             <PageRange><Start>0</Start><End>1023</End></PageRange>\
+             <PageRange><Start>512</Start><End>2047</End></PageRange>\
+             <PageRange><Start>10240</Start><End>16383</End></PageRange>\
+             <PageRange><Start>1048576</Start><End>4194303</End></PageRange>\
+             </PageList>",
+        )
+    });
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    let plan = SegmentPlan {
+        initial: 1 << 20,
+        min: 1 << 20,
+        max: 1 << 20,
+        grow_below: 0,
+        shrink_above: usize::MAX,
+    };
+    let ranges = rt()
+        .block_on(blob.page_ranges_segmented(1 << 20, plan))
+        .unwrap();
+    assert_eq!(
+        ranges,
+        vec![PageRange::new(0, 2048), PageRange::new(8192, 16384)]
+    );
+}

@@ -50,6 +50,9 @@ pub enum Reply {
     },
     /// Close the connection without answering (a reset as the client sees it).
     Hangup,
+    /// These bytes as they are (a status line, headers and a body as a broken
+    /// or hostile server writes them), then the connection closed.
+    Raw(Vec<u8>),
     /// An answer (200, or another `status` with `headers`) whose body is
     /// `len` bytes of `unit` repeated, written as it goes (never held in
     /// memory): a hostile endpoint's endless answer.
@@ -236,6 +239,10 @@ fn serve(
         };
         match handler(&rec, index) {
             Reply::Hangup => return,
+            Reply::Raw(bytes) => {
+                let _ = writer.write_all(&bytes);
+                return;
+            }
             Reply::Stream {
                 status,
                 headers,
