@@ -99,6 +99,17 @@ mod tests {
     }
 
     #[test]
+    fn the_crc64_covers_what_is_filled_across_the_parts() {
+        let (mut a, mut b) = ([0u8; 3], [0u8; 5]);
+        let mut parts: Vec<&mut [u8]> = vec![&mut a, &mut b];
+        let mut s = Scatter::new(&mut parts);
+        assert!(s.put(b"Hello"));
+        assert_eq!(s.crc64(), crate::azure::crc64::of(b"Hello"));
+        assert!(s.put(b" Az"));
+        assert_eq!(s.crc64(), crate::azure::crc64::of(b"Hello Az"));
+    }
+
+    #[test]
     fn a_chunk_too_long_writes_nothing_and_restart_starts_over() {
         let (mut a, mut b) = ([0u8; 2], [0u8; 2]);
         let mut parts: Vec<&mut [u8]> = vec![&mut a, &mut b];

@@ -365,6 +365,41 @@ fn metadata_value(name: &str, raw: &Raw<'_>, total: &mut usize) -> Result<String
     Ok(value)
 }
 
+/// Checks that `body` is one whole, well-formed `EnumerationResults` element
+/// and nothing else: a List Blobs answer that is empty, junk or cut short is
+/// garbled, never a listing of nothing.
+pub fn check_blob_list(body: &[u8]) -> Result<(), String> {
+    whole(body, "EnumerationResults")
+}
+
+/// Checks that `body` is one element named `root`, closed, and nothing else.
+fn whole(body: &[u8], root: &str) -> Result<(), String> {
+    let mut closed = false;
+    walk(body, |item| {
+        let path = match &item {
+            Item::Text(p, _) | Item::End(p) => *p,
+        };
+        if closed {
+            return Err(format!("more follows the {root} element"));
+        }
+        if path.split('/').next() != Some(root) {
+            return Err(format!(
+                "not the answer asked for: its element is <{}>",
+                crate::azure::text::service_text(path.split('/').next().unwrap_or_default())
+            ));
+        }
+        closed = matches!(item, Item::End(p) if p == root);
+        Ok(())
+    })?;
+    if closed {
+        Ok(())
+    } else {
+        Err(format!(
+            "not a whole answer: it holds no closed {root} element"
+        ))
+    }
+}
+
 /// Parses `<EnumerationResults>` of List Blobs (flat listing), keeping of its
 /// items what `keep` says and counting them into it.
 pub fn parse_blob_list(body: &[u8], keep: &mut ListingKeep) -> Result<BlobListPage, String> {
@@ -474,6 +509,24 @@ mod tests {
             (b"\x1f\x8b\x08\x00\x00\x00\x00\x00", "no closed PageList"),
         ] {
             let e = parse_page_list(body).unwrap_err();
+            assert!(e.contains(says), "{body:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn only_one_whole_listing_is_a_listing() {
+        assert!(check_blob_list(b"<EnumerationResults><Blobs/></EnumerationResults>").is_ok());
+        for (body, says) in [
+            (&b""[..], "no closed EnumerationResults"),
+            (b"junk", "no closed EnumerationResults"),
+            (b"<Error/>", "its element is <Error>"),
+            (
+                b"<EnumerationResults><Blobs>",
+                "no closed EnumerationResults",
+            ),
+            (b"<EnumerationResults/><x/>", "more follows"),
+        ] {
+            let e = check_blob_list(body).unwrap_err();
             assert!(e.contains(says), "{body:?}: {e}");
         }
     }
