@@ -64,6 +64,16 @@ impl Numbers {
             .filter(|c| self.abandoned.is_none_or(|a| a < *c))
     }
 
+    /// Takes `n` as the service's number now: a raise's answer, or the
+    /// blob's properties read again. Either is newer than whatever a refusal
+    /// said of the number before it (a write refused meanwhile, while a
+    /// raise was under way, made it stale; three raises in a row were then
+    /// each found stale, and the write failed).
+    fn adopt(&mut self, n: u64) {
+        self.current = Some(n);
+        self.stale = false;
+    }
+
     /// Whether a raise answered `raised` fits what the fence knows: one above
     /// the number it knows, plus one for each raise whose answer was lost.
     /// Lower, or further up, is read again before it is believed; so is any
@@ -154,7 +164,7 @@ impl WriteFence {
                     known.map_or("?".into(), |k| k.to_string())
                 );
             } else {
-                self.numbers().current = Some(raised);
+                self.numbers().adopt(raised);
             }
             if let Some(n) = self.numbers().usable() {
                 return Ok(n);
@@ -206,9 +216,7 @@ impl WriteFence {
             lease = props.lease_state.as_deref().unwrap_or("unknown"),
             "read the sequence number again"
         );
-        let mut numbers = self.numbers();
-        numbers.current = Some(n);
-        numbers.stale = false;
+        self.numbers().adopt(n);
         Ok(n)
     }
 
@@ -309,13 +317,15 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_number_is_not_usable_until_read_again() {
+    fn a_refused_number_is_not_usable_until_read_again_or_raised() {
         let mut n = Numbers {
             current: Some(4),
             ..Numbers::default()
         };
         n.stale = true;
         assert_eq!(n.usable(), None);
+        n.adopt(6);
+        assert_eq!(n.usable(), Some(6), "a raise's answer is the number now");
     }
 
     #[test]
