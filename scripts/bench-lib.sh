@@ -157,7 +157,7 @@ cpu_per_gib() {
 
 # root_pid MOUNTPOINT: the mount's root part (the pid its record names).
 root_pid() {
-    "$BD" list --json | python3 -c "import json,sys; print([m['pid'] for m in json.load(sys.stdin) if m['mountpoint']=='$1'][0])"
+    "$BD" list --json | python3 -c "import json,sys; print([m['pid'] for m in json.load(sys.stdin) if m.get('mountpoint')=='$1'][0])"
 }
 
 # daemon_pid MOUNTPOINT: the mount's worker, which does all its I/O (the root

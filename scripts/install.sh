@@ -78,9 +78,12 @@ reload_systemd() {
 
 if [ "$uninstall" = 1 ]; then
     if [ -z "$destdir" ] && [ -x "$bin" ]; then
-        mounted="$("$bin" list --json 2>/dev/null || echo '[]')"
-        if [ "$(echo "$mounted" | tr -d ' \n')" != "[]" ]; then
-            echo "install.sh: drives are mounted (see \`$bin list\`): unmount them first" >&2
+        # The mounts `blobdrive list --json` lists (not its CSI node plugins).
+        . scripts/debian/mounted-drives
+        mounted="$(mounted_drives "$bin")"
+        if [ -n "$mounted" ]; then
+            echo "install.sh: drives are mounted; unmount them first (umount DIR, or $bin unmount DIR):" >&2
+            echo "$mounted" | sed 's/^/  /' >&2
             exit 1
         fi
     fi

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds the Debian package blobdrive_VERSION-1_ARCH.deb into target/debian/:
 #   /usr/bin/blobdrive                          the program (stripped)
-#   /sbin/mount.blobdrive, /sbin/umount.blobdrive
+#   /usr/sbin/mount.blobdrive, /usr/sbin/umount.blobdrive
 #                                               links to it: the helpers mount(8)
 #                                               and umount(8) run (they look in
-#                                               /sbin; scripts/install.sh puts
-#                                               them there too)
+#                                               /sbin, which /usr/sbin is on a
+#                                               merged-/usr system; elsewhere
+#                                               postinst links them into /sbin,
+#                                               scripts/debian/helper-links)
 #   /usr/lib/systemd/system/blobdrive@.service  the unit template
 #   /usr/share/man/man8/*.8.gz                  `blobdrive manpages`
 #   bash, zsh and fish completions              `blobdrive completions SHELL`
@@ -19,10 +21,13 @@
 #                                               (scripts/debian/lintian-overrides)
 # and maintainer scripts that make the blobdrive system user (with its range of
 # ids for mounts, scripts/debian/reserve-uids) and /etc/blobdrive,
-# refuse removal while drives are mounted (naming them), and on purge remove
-# /etc/blobdrive if the admin left nothing in it (saying so if it is kept) and
-# the logs the package's own program left in /run/blobdrive (the directory too,
-# once empty; never a live mount's files, nor another install's logs).
+# refuse removal while drives are mounted (naming them, one a line, as
+# `blobdrive list --json` lists them: scripts/debian/mounted-drives), and on
+# purge remove the enablement links of the unit (`systemctl enable
+# blobdrive@NAME`), /etc/blobdrive if the admin left nothing in it (saying so
+# if it is kept) and the logs the package's own program left in /run/blobdrive
+# (the directory too, once empty; never a live mount's files, nor another
+# install's logs).
 #
 # Made with dpkg-deb from a staged tree: everything it needs comes with dpkg
 # (cargo-deb would first have to be built from crates.io, minutes on 2 cores),
@@ -85,9 +90,9 @@ root="$stage/root"
 # The program and its helpers.
 install -D -m 755 "$binary" "$root/usr/bin/blobdrive"
 strip --strip-unneeded --remove-section=.comment --remove-section=.note "$root/usr/bin/blobdrive"
-install -d -m 755 "$root/sbin"
+install -d -m 755 "$root/usr/sbin"
 for h in mount.blobdrive umount.blobdrive; do
-    ln -s /usr/bin/blobdrive "$root/sbin/$h"
+    ln -s ../bin/blobdrive "$root/usr/sbin/$h"
 done
 install -d -m 755 "$root/usr/lib/systemd/system"
 sed "s|@BINDIR@|/usr/bin|g" systemd/blobdrive@.service >"$root/usr/lib/systemd/system/blobdrive@.service"
@@ -169,10 +174,19 @@ EOF
 for script in postinst prerm postrm; do
     install -m 755 "scripts/debian/$script" "$root/DEBIAN/$script"
 done
-# The uid range's reservation, shared with scripts/install.sh and
-# scripts/install-deps.sh, goes into postinst where it says #RESERVE_UIDS#.
-grep -qx '#RESERVE_UIDS#' "$root/DEBIAN/postinst" || { echo "package.sh: postinst has no #RESERVE_UIDS# line" >&2; exit 1; }
-sed -i -e '/^#RESERVE_UIDS#$/{r scripts/debian/reserve-uids' -e 'd}' "$root/DEBIAN/postinst"
+# The pieces shared with scripts/install.sh (and install-deps.sh) go into the
+# maintainer scripts where they say so: the uid range's reservation into
+# postinst (#RESERVE_UIDS#), the helpers' links into /sbin into postinst and
+# postrm (#HELPER_LINKS#), the mounts that block a removal into prerm
+# (#MOUNTED_DRIVES#).
+put() {
+    grep -qx "#$2#" "$root/DEBIAN/$1" || { echo "package.sh: $1 has no #$2# line" >&2; exit 1; }
+    sed -i -e "/^#$2#\$/{r scripts/debian/$3" -e 'd}' "$root/DEBIAN/$1"
+}
+put postinst RESERVE_UIDS reserve-uids
+put postinst HELPER_LINKS helper-links
+put postrm HELPER_LINKS helper-links
+put prerm MOUNTED_DRIVES mounted-drives
 (cd "$root" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) >"$root/DEBIAN/md5sums"
 chmod 644 "$root/DEBIAN/md5sums" "$root/DEBIAN/control"
 

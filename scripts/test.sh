@@ -79,8 +79,8 @@ PY
 # #[ignore]d in plain `cargo test` (a mount whose one-minute tokens are renewed across
 # four lifetimes, 260; an outage at the default I/O timeout, 430, and beside it in
 # the same binary fsyncs past a 20 s one, 95), then durability (180), torture (100),
-# reliability (120), fsx (60).
-order="entra_mount--ignored reliability--ignored durability torture reliability fsx concurrency entra_mount"
+# reliability (120), replay (75), fsx (60).
+order="entra_mount--ignored reliability--ignored durability torture reliability replay fsx concurrency entra_mount"
 jobs_list() {
     for name in $order; do
         case "$name" in
@@ -105,7 +105,9 @@ report() {
         reported="$reported$name "
         read -r rc secs <"$f"
         echo "== $name: exit $rc after ${secs}s"
-        grep -E '^test result:' "$STATE/logs/$name.log" || true
+        # The crash-state replay's figures (states checked, writes in flight,
+        # answers dropped, states found wrong), one line per drive.
+        grep -E '^test result:|^replay [^ ]+: [0-9]+ states checked' "$STATE/logs/$name.log" || true
         if [ "$rc" -ne 0 ]; then
             failed+=("$name")
             cat "$STATE/logs/$name.log"

@@ -221,15 +221,21 @@ pub async fn allocated(blob: &BlobClient, from: u64) -> Result<Extents, ChangesE
 }
 
 /// The extents of `target` (a later snapshot of the drive, or the drive
-/// itself) that changed since `base` (a snapshot of it), from `from`.
+/// itself) that changed since `base` (a snapshot of it), from `from`. A
+/// snapshot or drive that does not exist is said (not found) before the pair
+/// is judged: a base on a drive that does not exist is missing, not another
+/// drive's.
 pub async fn delta(
     base: &BlobClient,
     target: &BlobClient,
     from: u64,
 ) -> Result<Extents, ChangesError> {
-    let base_id = check_pair(base, target)?;
+    if base.snapshot().is_none() {
+        return Err(ChangesError::NotASnapshot(base.target()));
+    }
     let base_size = Drive::open(base).await?.disk_size();
     let size = Drive::open(target).await?.disk_size();
+    let base_id = check_pair(base, target)?;
     check_from(target, from, size)?;
     let span = PageRange::new(from, size);
     let plan = SegmentPlan::default();

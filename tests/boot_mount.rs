@@ -320,9 +320,11 @@ AZURE_STORAGE_CONNECTION_STRING="$CS" "$BD" download '{spec}' '{image}' --format
 
 /// `umount` of a drive in use is refused by `umount.blobdrive` with one line and
 /// exit 32, and the drive stays mounted with its lease; `umount -l` detaches it,
-/// and the daemon writes back and goes once the last user lets go. A mount that
-/// is not blobdrive's but carries a stale entry naming the helper is unmounted as
-/// umount would.
+/// and the daemon writes back and goes once the last user lets go. What is not
+/// a drive blobdrive mounted (an empty directory, /proc, another filesystem,
+/// lazily too) is refused in one line and left as it is; one with a stale entry
+/// naming the helper too, the entry taken out, so that the next umount
+/// unmounts it as umount would.
 #[test]
 fn umount_of_a_busy_drive_is_refused_and_a_lazy_one_finishes_when_let_go() {
     require_root();
@@ -331,6 +333,7 @@ fn umount_of_a_busy_drive_is_refused_and_a_lazy_one_finishes_when_let_go() {
     let mnt = s.mnt();
     let other = s.path("other");
     std::fs::create_dir(&other).unwrap();
+    std::fs::create_dir(s.path("empty")).unwrap();
     let dc = s.path("disk-caches");
     common::util::private_dir(&dc);
     let out = s.in_namespace(&format!(
@@ -357,13 +360,24 @@ for i in $(seq 1 300); do
 done
 [ -n "$st" ] && [ "$st" != Z ] && echo DAEMON-STILL-RUNNING
 grep -q 'helper=blobdrive' /run/mount/utab && echo UTAB-ENTRY-LEFT
-# A mount that is not blobdrive's, with an entry naming the helper left behind.
+# What is not a drive blobdrive mounted is refused, one line, and left as it is:
+# an empty directory, /proc, another filesystem (lazily too).
+umount.blobdrive '{empty}' 2>'{notours}' || echo "empty_rc=$?"
+[ -d '{empty}' ] || echo EMPTY-DIR-GONE
+umount.blobdrive /proc 2>>'{notours}' || echo "proc_rc=$?"
+mountpoint -q /proc || echo PROC-UNMOUNTED
 mount -t tmpfs tmpfs '{other}'
+umount.blobdrive -l '{other}' 2>>'{notours}' || echo "lazy_rc=$?"
+mountpoint -q '{other}' || echo LAZY-UNMOUNTED-ANOTHER
+# Another filesystem with an entry naming the helper left behind: refused too,
+# the stale entry taken out, and a second umount unmounts it as umount would.
 mid="$(awk '$5 == "{other}" {{ print $1 }}' /proc/self/mountinfo | tail -1)"
 echo "ID=$mid SRC=tmpfs TARGET={other} ROOT=/ OPTS=helper=blobdrive" >> /run/mount/utab
-umount '{other}' || echo "stale_rc=$?"
-mountpoint -q '{other}' && echo OTHER-STILL-MOUNTED
+umount '{other}' 2>'{stale}' || echo "stale_rc=$?"
+mountpoint -q '{other}' || echo STALE-UNMOUNTED-AT-ONCE
 grep -q 'TARGET={other}' /run/mount/utab && echo STALE-ENTRY-LEFT
+umount '{other}' || echo "again_rc=$?"
+mountpoint -q '{other}' && echo OTHER-STILL-MOUNTED
 # Mode raw: the directory is the FUSE mount, and umount goes through the helper too;
 # with a disk cache from the options, which that umount keeps for the next mount.
 mount -t blobdrive -o 'credentials={creds},mode=raw,disk-cache={dc},disk-cache-size=8MiB' '{spec}' '{mnt}'
@@ -387,6 +401,9 @@ true
         other = other.display(),
         dc = dc.display(),
         err = s.path("busy.err").display(),
+        empty = s.path("empty").display(),
+        notours = s.path("notours.err").display(),
+        stale = s.path("stale.err").display(),
     ));
     let t = text(&out);
     assert!(out.status.success(), "{t}");
@@ -399,7 +416,11 @@ true
         "STILL-MOUNTED-AFTER-LAZY",
         "DAEMON-STILL-RUNNING",
         "UTAB-ENTRY-LEFT",
-        "stale_rc=",
+        "EMPTY-DIR-GONE",
+        "PROC-UNMOUNTED",
+        "LAZY-UNMOUNTED-ANOTHER",
+        "STALE-UNMOUNTED-AT-ONCE",
+        "again_rc=",
         "OTHER-STILL-MOUNTED",
         "STALE-ENTRY-LEFT",
         "RAW-NOT-IN-UTAB",
@@ -416,6 +437,26 @@ true
     assert!(
         err.starts_with("umount.blobdrive: ") && err.contains("busy"),
         "{err}"
+    );
+    // The process inside it is named, as for a raw mount's open disk file.
+    assert!(err.contains("(sleep)"), "{err}");
+    for rc in ["empty_rc=32", "proc_rc=32", "lazy_rc=32", "stale_rc=32"] {
+        assert!(stdout.contains(rc), "{rc}: {t}");
+    }
+    let refused = std::fs::read_to_string(s.path("notours.err")).unwrap();
+    let lines: Vec<&str> = refused.lines().collect();
+    assert_eq!(lines.len(), 3, "a line each: {refused}");
+    for l in lines {
+        assert!(
+            l.starts_with("umount.blobdrive: ")
+                && l.contains("is not a drive mounted by blobdrive"),
+            "{refused}"
+        );
+    }
+    let stale = std::fs::read_to_string(s.path("stale.err")).unwrap();
+    assert!(
+        stale.contains("stale entry in /run/mount/utab") && stale.lines().count() == 1,
+        "{stale}"
     );
     let kept = files_on_the_blob(&spec, &s, &["kept"]);
     let want = sh_ok("printf 'kept\n' | sha256sum");
@@ -538,8 +579,9 @@ fn bad_options_and_open_credentials_are_refused_leaving_nothing_behind() {
 /// An fstab line that contradicts itself is refused through mount(8) too, which
 /// passes the helper only the last of `rw,ro`: the helper reads the line as
 /// written (from the fstab libmount reads, `LIBMOUNT_FSTAB` here) and names it.
-/// A repeated option, which mount(8) passes as it is, the same; and so a
-/// run-as= naming no user, as a bad option (1), not a failed mount (32).
+/// A repeated option, which mount(8) passes as it is, the same, and a flag
+/// given twice, which it passes once; and so a run-as= naming no user, as a
+/// bad option (1), not a failed mount (32).
 #[test]
 fn an_fstab_line_that_contradicts_itself_is_refused_through_mount() {
     require_root();
@@ -560,6 +602,9 @@ fn an_fstab_line_that_contradicts_itself_is_refused_through_mount() {
             "option metrics is given twice",
         ),
         ("mode=raw,run-as=nosuchuser", "option run-as=nosuchuser"),
+        // A flag twice, which mount(8) passes once: read from the line too.
+        ("noatime,noatime", "option noatime is given twice"),
+        ("ro,mode=raw,ro", "option ro is given twice"),
     ]
     .into_iter()
     .enumerate()

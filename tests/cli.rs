@@ -6,6 +6,7 @@ mod raw;
 mod stub;
 
 use common::bd::{the_error_line, Bd, Harness};
+use common::facts::strings;
 use common::util::{json, rt};
 use std::process::Command;
 
@@ -51,14 +52,14 @@ fn create_info_lease_delete_lifecycle() {
     let st = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(
         st,
-        serde_json::json!({"state": "available", "duration": null})
+        serde_json::json!({"blob": spec, "state": "available", "duration": null})
     );
     rt().block_on(blob.acquire_lease("55555555-5555-4555-8555-555555555555", None))
         .unwrap();
     let st = json(&BD.ok(&["lease", "status", &spec, "--json"]));
     assert_eq!(
         st,
-        serde_json::json!({"state": "leased", "duration": "infinite"})
+        serde_json::json!({"blob": spec, "state": "leased", "duration": "infinite"})
     );
     let info = json(&BD.ok(&["info", &spec, "--json"]));
     assert_eq!(info["lease_state"], "leased");
@@ -155,7 +156,7 @@ fn every_command_that_prints_a_result_has_json() {
     ]));
     assert_eq!(
         would,
-        serde_json::json!({"blob": spec, "dry_run": true, "deleted": [first], "kept": [second, third], "skipped": []})
+        serde_json::json!({"blob": spec, "dry_run": true, "would_delete": [first], "kept": [second, third], "skipped": []})
     );
     let gone = json(&BD.ok(&["snapshot", "delete", &format!("{spec}@{third}"), "--json"]));
     assert_eq!(
@@ -176,6 +177,156 @@ fn every_command_that_prints_a_result_has_json() {
         serde_json::json!({"deleted": spec, "snapshots": true})
     );
     BD.cmd(&["info", &spec]).fails_saying("does not exist");
+}
+
+/// The check the test below runs on every command is itself checked: the
+/// twins' names and snapshot times made alike, a size found in either
+/// spelling, and a fact missing from either side found missing.
+#[test]
+fn the_check_of_text_against_json_finds_a_fact_either_lacks() {
+    use common::facts::{alike, assert_same};
+    assert_eq!(
+        alike(
+            "c/jtwin.vhd@2026-11-22T11:05:54.5810000Z on /dev/loop12",
+            &[]
+        ),
+        "c/ttwin.vhd@SNAPSHOT on /dev/loopN"
+    );
+    let v = serde_json::json!({"blob": "c/d.vhd", "size": 67108864, "pid": 7});
+    assert_same("t", "c/d.vhd is 64 MiB", &v, &["pid"], &[]);
+    for text in [
+        "c/d.vhd at /m is 64 MiB",
+        "c/d.vhd",
+        "c/d.vhd is 67108864 bytes, 9 of 12345",
+    ] {
+        let check = std::panic::catch_unwind(|| assert_same("t", text, &v, &["pid"], &[]));
+        assert!(check.is_err(), "{text}");
+    }
+}
+
+/// Every command that prints a result says the same facts as text and as
+/// JSON: run on twin drives made alike (or on one, for a command that
+/// changes nothing), each fact of the text (names, sizes, numbers) is in the
+/// JSON and each value of the JSON in the text (see tests/common/facts.rs).
+/// Mount, unmount, list, stats and warm are compared in tests/mount_e2e.rs.
+#[test]
+fn text_and_json_say_the_same_for_each_command() {
+    let text_and_json = |args: &dyn Fn(&str) -> Vec<String>, same, own: &[&str]| {
+        common::facts::text_and_json(&BD, args, same, own, &[])
+    };
+    let c = unique_container("facts");
+    let d = |twin: &str| format!("{c}/{twin}.vhd");
+    let tmp = tempfile::tempdir().unwrap();
+    let local = |name: &str| tmp.path().join(name).display().to_string();
+    text_and_json(
+        &|t| strings(&["create", &d(t), "--size", "64MiB", "--create-container"]),
+        false,
+        &[],
+    );
+    text_and_json(&|t| strings(&["info", &d(t)]), true, &[]);
+    text_and_json(
+        &|t| strings(&["resize", &d(t), "--size", "96MiB"]),
+        false,
+        &[],
+    );
+    for twin in ["ttwin", "jtwin"] {
+        let blob = BD.service().blob(&c, &format!("{twin}.vhd"));
+        rt().block_on(blob.acquire_lease("55555555-5555-4555-8555-555555555555", None))
+            .unwrap();
+    }
+    let st = text_and_json(&|t| strings(&["lease", "status", &d(t)]), true, &[]);
+    assert_eq!(st["blob"], d("ttwin"));
+    let broken = text_and_json(
+        &|t| strings(&["lease", "break", &d(t), "--yes"]),
+        false,
+        &[],
+    );
+    assert_eq!(
+        (&broken["state"], &broken["changed"]),
+        (&"broken".into(), &true.into())
+    );
+    text_and_json(&|t| strings(&["lease", "break", &d(t)]), true, &[]);
+    // Three snapshots of each twin, the first taken through each way.
+    let mut ids: std::collections::HashMap<String, Vec<String>> = Default::default();
+    let snap = text_and_json(&|t| strings(&["snapshot", "create", &d(t)]), false, &[]);
+    assert_eq!(snap["blob"], d("jtwin"));
+    for twin in ["ttwin", "jtwin"] {
+        let list = json(&BD.ok(&["snapshot", "list", &d(twin), "--json"]));
+        let mut mine: Vec<String> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["snapshot"].as_str().unwrap().to_string())
+            .collect();
+        for _ in 0..2 {
+            let made = json(&BD.ok(&["snapshot", "create", &d(twin), "--json"]));
+            mine.push(made["snapshot"].as_str().unwrap().to_string());
+        }
+        ids.insert(twin.to_string(), mine);
+    }
+    let id = |t: &str, i: usize| ids[t][i].clone();
+    text_and_json(&|t| strings(&["snapshot", "list", &d(t)]), true, &[]);
+    text_and_json(&|t| strings(&["snapshot", "changes", &d(t)]), true, &[]);
+    let would = text_and_json(
+        &|t| strings(&["snapshot", "prune", &d(t), "--keep", "2", "--dry-run"]),
+        true,
+        &[],
+    );
+    assert_eq!(would["would_delete"], serde_json::json!([id("ttwin", 0)]));
+    assert!(
+        would.get("deleted").is_none(),
+        "a dry run deletes nothing: {would}"
+    );
+    text_and_json(
+        &|t| strings(&["snapshot", "delete", &format!("{}@{}", d(t), id(t, 2))]),
+        false,
+        &[],
+    );
+    text_and_json(
+        &|t| strings(&["snapshot", "prune", &d(t), "--keep", "1"]),
+        false,
+        &[],
+    );
+    text_and_json(
+        &|t| strings(&["restore", &d(t), "--from", &id(t, 1), "--yes"]),
+        false,
+        &[],
+    );
+    // A transfer's seconds are those of its own run.
+    text_and_json(
+        &|t| strings(&["download", &d(t), &local(&format!("{t}.img"))]),
+        false,
+        &["seconds"],
+    );
+    std::fs::write(local("image"), vec![7u8; MIB as usize]).unwrap();
+    text_and_json(
+        &|t| strings(&["upload", &local("image"), &format!("{c}/up-{t}.vhd")]),
+        false,
+        &["seconds"],
+    );
+    text_and_json(
+        &|t| strings(&["manpages", &local(&format!("man-{t}"))]),
+        false,
+        &[],
+    );
+    // A lease breaking, then broken.
+    for twin in ["ttwin", "jtwin"] {
+        let blob = BD.service().blob(&c, &format!("{twin}.vhd"));
+        rt().block_on(blob.acquire_lease("55555555-5555-4555-8555-555555555555", None))
+            .unwrap();
+    }
+    let breaking = text_and_json(
+        &|t| strings(&["lease", "break", &d(t), "--period", "2", "--yes"]),
+        false,
+        &[],
+    );
+    assert_eq!(breaking["state"], "breaking");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    text_and_json(
+        &|t| strings(&["delete", &d(t), "--snapshots", "--yes"]),
+        false,
+        &[],
+    );
 }
 
 #[test]
@@ -557,6 +708,109 @@ fn help_teaches_and_lists_only_built_commands() {
     // upload and download have --json, as the README lists.
     for sub in ["upload", "download"] {
         assert!(BD.ok(&[sub, "--help"]).contains("--json"), "{sub}");
+    }
+}
+
+/// The names `--help` lists in its section `section` (`Commands:`), but help.
+fn listed_in_help(help: &str, section: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| *l != section)
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect()
+}
+
+/// The options `--help` lists (at their place in the option list, not those
+/// named in a description): each as `--long`, with `-s` if it has a short one.
+fn options_in_help(help: &str) -> Vec<(String, Option<String>)> {
+    help.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("  ")?;
+            let (short, rest) = match rest.strip_prefix("    ") {
+                Some(after) => (None, after),
+                None => {
+                    let (short, after) = rest.split_at_checked(4)?;
+                    let s = short.strip_suffix(", ").filter(|s| s.starts_with('-'))?;
+                    (Some(s.to_string()), after)
+                }
+            };
+            let name = rest.strip_prefix("--")?;
+            let end = name
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(name.len());
+            Some((format!("--{}", &name[..end]), short))
+        })
+        .collect()
+}
+
+/// The synopsis of docs/mounting.md ("The commands") says what is true: a line
+/// for every command `--help` lists (each command of `lease` and `snapshot`
+/// too), naming each of its options; the global ones on the first line.
+#[test]
+fn the_manual_s_synopsis_names_every_command_and_option() {
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/mounting.md")).unwrap();
+    let block: Vec<&str> = page
+        .split("## The commands")
+        .nth(1)
+        .and_then(|s| s.split("```text\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .unwrap()
+        .lines()
+        .collect();
+    // A command's lines: its own and those indented below it.
+    let mut synopsis: Vec<String> = Vec::new();
+    for l in &block {
+        if l.starts_with("blobdrive ") {
+            synopsis.push(l.to_string());
+        } else if l.starts_with(' ') {
+            if let Some(last) = synopsis.last_mut() {
+                last.push_str(l);
+            }
+        }
+    }
+    let top = BD.ok(&["--help"]);
+    let global = options_in_help(&top);
+    let names = |line: &str, (long, short): &(String, Option<String>)| {
+        let word = |w: &str| {
+            line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .any(|x| x == w)
+        };
+        word(long) || short.as_deref().is_some_and(word)
+    };
+    for g in global
+        .iter()
+        .filter(|(g, _)| g != "--help" && g != "--version")
+    {
+        assert!(names(&synopsis[0], g), "the first line lacks {}", g.0);
+    }
+    let mut commands = Vec::new();
+    for c in listed_in_help(&top, "Commands:") {
+        let subs = listed_in_help(&BD.ok(&[&c, "--help"]), "Commands:");
+        if subs.is_empty() {
+            commands.push(vec![c]);
+        } else {
+            commands.extend(subs.into_iter().map(|s| vec![c.clone(), s]));
+        }
+    }
+    assert!(commands.len() > 20, "{commands:?}");
+    for cmd in commands {
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        let name = format!("blobdrive {} ", args.join(" "));
+        let line = synopsis
+            .iter()
+            .find(|l| l.starts_with(&name))
+            .unwrap_or_else(|| panic!("the synopsis has no line for `{}`", name.trim()));
+        let help = BD.ok(&[args.as_slice(), &["--help"]].concat());
+        for o in options_in_help(&help) {
+            if global.contains(&o) || o.0 == "--help" {
+                continue;
+            }
+            assert!(names(line, &o), "`{}` lacks {}: {line}", name.trim(), o.0);
+        }
     }
 }
 

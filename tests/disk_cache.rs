@@ -187,6 +187,91 @@ fn a_killed_mount_a_lease_break_and_another_writer_leave_nothing_stale() {
     BD.unmount(&mp);
 }
 
+/// What a drive's cache directory holds, by name: inode, owner and size, so
+/// that any file removed, replaced, given away or cut shows.
+fn files_in(dir: &Path) -> Vec<(String, u64, u32, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, m.ino(), m.uid(), m.len())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// A disk cache directory a live mount holds is refused to every other mount
+/// of the drive, a read-only one too, in one line naming the mount that holds
+/// it, and nothing in it is touched: the writer's unmount leaves its index and
+/// its next mount starts warm. A holder that is gone (SIGKILLed) leaves a lock
+/// nobody holds, and the next mount takes the directory over.
+#[test]
+fn a_live_mount_s_disk_cache_is_refused_to_others_and_a_dead_one_s_taken_over() {
+    require_root();
+    let spec = BD.new_drive("dc-held", "64MiB");
+    let caches = cache_parent("held");
+    let dc = caches.to_str().unwrap();
+    let (writer, reader) = (BD.mp(), BD.mp());
+    let a = pattern(21, 4 * MIB);
+    mount_raw(&spec, &writer, &["--disk-cache", dc]);
+    write_disk(&writer, 0, &a);
+    assert!(read_disk(&writer, 0, 4 * MIB) == a);
+    let dir = drive_dir(&caches);
+    let before = files_in(&dir);
+    let owner = |p: &Path| std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(p).unwrap());
+    let dir_owner = owner(&dir);
+    let err = BD
+        .cmd(&[
+            "mount",
+            &spec,
+            reader.s(),
+            "--mode",
+            "raw",
+            "--read-only",
+            "--disk-cache",
+            dc,
+        ])
+        .fails_in_one_line();
+    assert!(
+        err.contains(&format!("in use by the mount at {}", writer.s())),
+        "{err}"
+    );
+    assert_eq!(files_in(&dir), before, "the holder's files were touched");
+    assert_eq!(owner(&dir), dir_owner);
+    let listed = json(&BD.ok(&["list", "--json"]));
+    assert!(
+        !listed.to_string().contains(reader.s()),
+        "the second mount is up"
+    );
+    // The writer's cache is whole: its unmount seals it and it starts warm.
+    let d = disk_stats(&writer);
+    assert_eq!(d["on"], true, "{d}");
+    BD.unmount(&writer);
+    assert!(dir.join("index").exists(), "the writer left no index");
+    mount_raw(&spec, &writer, &["--disk-cache", dc]);
+    assert_eq!(disk_stats(&writer)["warm_start"], true);
+    // Its holder killed, the lock is held by nobody: the next mount (read-only,
+    // as the lease is still the dead mount's) takes the directory over.
+    let pid = writer.pid();
+    sh_ok(&format!("kill -KILL {pid}"));
+    wait_for_exit(pid, "the daemon to end on SIGKILL", Duration::from_secs(20));
+    let _ = BD.cmd(&["unmount", writer.s()]).output();
+    mount_raw(&spec, &reader, &["--read-only", "--disk-cache", dc]);
+    assert!(read_disk(&reader, 0, 4 * MIB) == a);
+    let d = disk_stats(&reader);
+    assert_eq!(
+        (d["on"].clone(), d["warm_start"].clone()),
+        (true.into(), false.into()),
+        "{d}"
+    );
+    BD.unmount(&reader);
+    BD.ok(&["lease", "break", &spec, "--yes"]);
+}
+
 /// Read-only mounts: a snapshot's cache is warm on its next mount; a live blob
 /// mounted read-only starts its cache empty (another writer may change the blob
 /// once mounted, and bytes from before the mount would then be served where a

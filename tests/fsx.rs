@@ -25,7 +25,7 @@ use common::azurite::Azurite;
 use common::bd::Harness;
 use common::mount::require_root;
 use common::sdk;
-use common::util::{env_u64, sh};
+use common::util::{env_u64, fsx_bin};
 use faultproxy::{Config, Hold, Proxy};
 
 /// fsx settings shared by both runs: reads and writes of up to 1 MiB at any byte
@@ -64,22 +64,6 @@ fn file_config() -> String {
 
 fn ops() -> u64 {
     env_u64("BLOBDRIVE_FSX_OPS").unwrap_or(1500)
-}
-
-fn fsx_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("BLOBDRIVE_FSX") {
-        return PathBuf::from(p);
-    }
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tools/bin/fsx");
-    if built.exists() {
-        return built;
-    }
-    let on_path = sh("command -v fsx");
-    assert!(
-        on_path.status.success(),
-        "fsx is not installed: scripts/install-deps.sh builds it into target/tools (or set BLOBDRIVE_FSX)"
-    );
-    PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim())
 }
 
 /// One fsx run of `ops` operations with `seed` on `file`; fails the test with

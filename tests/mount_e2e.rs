@@ -559,7 +559,12 @@ fn busy_filesystem_stays_mounted_and_sigterm_unmounts() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    BD.cmd(&["unmount", mp.s()]).fails_with("busy");
+    let err = BD.cmd(&["unmount", mp.s()]).fails_with("busy");
+    // The process inside it is named, as for a raw mount's open disk file.
+    assert!(
+        err.contains(&format!("pid {} (sleep)", holder.id())),
+        "{err}"
+    );
     assert_eq!(
         sh_ok(&format!("cat '{}/f'", mp.s())),
         "keep\n",
@@ -1157,4 +1162,189 @@ fn a_fifo_or_a_symlink_as_credentials_file_is_refused_at_once() {
             f.display()
         );
     }
+}
+
+/// A CSI node plugin that ran on this machine (in this binary's run
+/// directory): started until `list` shows its line, then stopped. Its record
+/// of its budget stays, as a stopped plugin's does; dropping this removes it.
+struct CsiNodeRan(std::path::PathBuf);
+
+impl CsiNodeRan {
+    fn start(node_id: &str) -> CsiNodeRan {
+        let socket = BD.run_dir().join(format!("{node_id}.sock"));
+        let mut node = BD
+            .cmd(&["csi", "--role", "node", "--node-id", node_id])
+            .command();
+        node.args(["--container", "facts-node", "--cache-budget", "1GiB"])
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let mut child = node.spawn().unwrap();
+        let listed = (0..200).any(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            BD.ok(&["list"]).contains(&format!("CSI node {node_id}:"))
+        });
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let _ = std::fs::remove_file(&socket);
+        assert!(listed, "the node plugin's line never showed in `list`");
+        CsiNodeRan(BD.run_dir().join("csi/staged"))
+    }
+}
+
+impl Drop for CsiNodeRan {
+    fn drop(&mut self) {
+        for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with("budget-") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// `mount`, `list` (with a CSI node plugin's line), `stats`, `warm` and
+/// `unmount` say the same facts as text and as JSON (see tests/common/facts.rs
+/// and `text_and_json_say_the_same_for_each_command` in tests/cli.rs): mount
+/// and unmount on twin drives, fs and raw, the others on the same mounts.
+#[test]
+fn text_and_json_say_the_same_for_mount_list_stats_warm_and_unmount() {
+    use common::facts::{strings, text_and_json, JSON_TWIN};
+    require_root();
+    let specs = [
+        BD.new_drive("facts-fs", "64MiB"),
+        BD.new_drive("facts-fs", "64MiB"),
+    ];
+    let raws = [
+        BD.new_drive("facts-raw", "64MiB"),
+        BD.new_drive("facts-raw", "64MiB"),
+    ];
+    let (fs, raw) = ([BD.mp(), BD.mp()], [BD.mp(), BD.mp()]);
+    let caches = BD.run_dir().join("facts-caches");
+    let _ = std::fs::remove_dir_all(&caches);
+    common::util::private_dir(&caches);
+    let dc = caches.to_str().unwrap();
+    let which = |twin: &str| usize::from(twin == JSON_TWIN);
+    let pairs = [
+        (specs[1].as_str(), specs[0].as_str()),
+        (raws[1].as_str(), raws[0].as_str()),
+        (fs[1].s(), fs[0].s()),
+        (raw[1].s(), raw[0].s()),
+    ];
+    let both = |args: &dyn Fn(&str) -> Vec<String>, same, own: &[&str]| {
+        text_and_json(&BD, args, same, own, &pairs)
+    };
+    let mounted = both(
+        &|t| {
+            strings(&[
+                "mount",
+                &specs[which(t)],
+                fs[which(t)].s(),
+                "--mkfs",
+                "ext4",
+            ])
+        },
+        false,
+        &["pid", "mode", "fuse_dir", "disk"],
+    );
+    assert_eq!(
+        (&mounted["fstype"], &mounted["formatted"]),
+        (&"ext4".into(), &true.into())
+    );
+    both(
+        &|t| {
+            let w = which(t);
+            strings(&[
+                "mount",
+                &raws[w],
+                raw[w].s(),
+                "--mode",
+                "raw",
+                "--disk-cache",
+                dc,
+            ])
+        },
+        false,
+        &["pid", "mode"],
+    );
+    for mp in &raw {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(mp.disk())
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &vec![5u8; 4 * MIB as usize], 0).unwrap();
+        f.sync_all().unwrap();
+    }
+    let _node = CsiNodeRan::start("facts-node");
+    let listed = both(&|_| strings(&["list"]), true, &["kind"]);
+    let kinds: Vec<&serde_json::Value> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| &m["kind"])
+        .collect();
+    assert!(
+        kinds.contains(&&"csi_node".into()) && kinds.contains(&&"mount".into()),
+        "{listed}"
+    );
+    both(&|_| strings(&["stats", fs[0].s()]), true, &["*"]);
+    let warmed = both(
+        &|t| strings(&["warm", raw[which(t)].s()]),
+        false,
+        &["seconds"],
+    );
+    assert_eq!(warmed["mountpoint"], raw[1].s());
+    for mps in [&fs, &raw] {
+        let down = both(&|t| strings(&["unmount", mps[which(t)].s()]), false, &[]);
+        assert_eq!(down["done"], "unmounted");
+    }
+}
+
+/// A mount that fails keeps its log (to be read), which says the error once:
+/// the worker tells the root part, which reports it and writes it.
+#[test]
+fn a_failed_mount_s_log_holds_its_error_once() {
+    require_root();
+    let spec = BD.new_drive("failedlog", "64MiB");
+    let mp = BD.mp();
+    let err = BD.cmd(&["mount", &spec, mp.s()]).fails_in_one_line();
+    assert!(err.contains("holds no filesystem"), "{err}");
+    let id = blobdrive::mount::record::id_for(mp.path());
+    let log_path = BD.run_dir().join(format!("mounts/{id}.log"));
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let said = log
+        .lines()
+        .filter(|l| l.contains("holds no filesystem"))
+        .count();
+    assert_eq!(said, 1, "{log}");
+    let _ = std::fs::remove_file(log_path);
+}
+
+/// `delete` of a drive mounted on this very machine says so and how to
+/// unmount it, never to break the lease "if that host is dead": the host is
+/// this one. Nothing is deleted; unmounted, it goes.
+#[test]
+fn delete_of_a_drive_mounted_here_says_where_and_how_to_unmount() {
+    require_root();
+    let spec = BD.new_drive("deletehere", "64MiB");
+    let mp = BD.mp();
+    BD.mount(&spec, &mp, &["--mode", "raw"]);
+    for args in [
+        vec!["delete", &spec, "--yes"],
+        vec!["delete", &spec, "--yes", "--snapshots"],
+    ] {
+        let err = BD.cmd(&args).fails_in_one_line();
+        assert!(
+            err.contains(&format!("is mounted on this machine, at {}", mp.s()))
+                && err.contains(&format!("blobdrive unmount {}", mp.s()))
+                && !err.contains("lease break"),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        json(&BD.ok(&["info", &spec, "--json"]))["lease_state"],
+        "leased"
+    );
+    BD.unmount(&mp);
+    BD.ok(&["delete", &spec, "--yes"]);
 }

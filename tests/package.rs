@@ -157,7 +157,14 @@ dpkg -i '{deb}' >/dev/null
 echo "status=$(dpkg-query -W -f='${{Status}}' blobdrive)"
 echo "man=$(man -w blobdrive) $(man -w mount.blobdrive) $(man -w umount.blobdrive) $(man -w blobdrive-mount)"
 echo "complete=$({complete} | tr '\n' ' ')"
-echo "helpers=$(readlink /sbin/mount.blobdrive) $(readlink /sbin/umount.blobdrive)"
+echo "helpers=$(readlink -f /sbin/mount.blobdrive) $(readlink -f /sbin/umount.blobdrive)"
+# Debian's place for them, which dpkg knows them by (on this merged-/usr system
+# /sbin is /usr/sbin: no link of the package's own is made there).
+dpkg -S /usr/sbin/mount.blobdrive /usr/sbin/umount.blobdrive >/dev/null && echo HELPERS-IN-USR-SBIN
+[ -L /usr/sbin/mount.blobdrive ] && [ "$(readlink /usr/sbin/mount.blobdrive)" = ../bin/blobdrive ] && echo HELPER-LINK-RELATIVE
+# The unit enabled for a drive, as the manual's boot.md does it.
+systemctl enable blobdrive@data.service >/dev/null 2>&1 || echo "ENABLE-FAILED"
+[ -L /etc/systemd/system/remote-fs.target.wants/blobdrive@data.service ] && echo UNIT-ENABLED
 grep -q '^ExecStart=/usr/bin/blobdrive mount ' /usr/lib/systemd/system/blobdrive@.service && echo UNIT-OK
 getent passwd blobdrive >/dev/null && echo USER-MADE
 echo "user-shell=$(getent passwd blobdrive | cut -d: -f7)"
@@ -184,6 +191,13 @@ echo hello > '{mnt}/hello'
 BLOBDRIVE_RUN_DIR=/run/blobdrive mount -T '{fstab}' '{s}/blank' 2>/dev/null && echo BLANK-MOUNTED
 failed_log="$(grep -l '^== blobdrive .* (/usr/bin/blobdrive): mounting ' /run/blobdrive/mounts/*.log || true)"
 [ -n "$failed_log" ] && echo FAILED-MOUNT-LOG-KEPT
+# A CSI node plugin ran here too: `blobdrive list` shows its line after the
+# mounts, which the refusal below must not mistake for one.
+( export AZURE_STORAGE_CONNECTION_STRING="$(sed -n 's/^AZURE_STORAGE_CONNECTION_STRING=//p' '{creds}')"; exec /usr/bin/blobdrive csi --role node --node-id node-a --container csi-vols --cache-budget 1GiB --endpoint 'unix://{s}/csi.sock' ) >/dev/null 2>'{s}/csi.err' &
+csi=$!
+for i in $(seq 1 100); do /usr/bin/blobdrive list | grep -q '^CSI node node-a:' && break; sleep 0.1; done
+kill "$csi" 2>/dev/null || true; wait "$csi" 2>/dev/null || true
+/usr/bin/blobdrive list | grep -q '^CSI node node-a:' && echo CSI-NODE-LISTED || sed 's/^/csi: /' '{s}/csi.err'
 dpkg -r blobdrive >/dev/null 2>'{s}/remove.err' && echo REMOVED-WHILE-MOUNTED
 umount '{mnt}'
 [ -d "/proc/$pid" ] && [ "$(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' /proc/$pid/status)" != Z ] && echo DAEMON-LEFT
@@ -207,6 +221,9 @@ dpkg --purge blobdrive >/dev/null 2>'{s}/purge.err'
 [ -e $d/live.log ] || echo "PURGE-TOOK-A-LIVE-LOG"
 [ -e $d/other.log ] || echo "PURGE-TOOK-ANOTHER-INSTALL-S-LOG"
 [ -e "$failed_log" ] && echo "LEFT-AFTER-PURGE $failed_log"
+# Links too: the unit's enablement, any link to what the package had.
+for f in $(find /etc /usr /sbin/ -lname '*blobdrive*' 2>/dev/null); do echo "LEFT-AFTER-PURGE $f"; done
+[ -e /etc/systemd/system/remote-fs.target.wants ] && echo "LEFT-AFTER-PURGE remote-fs.target.wants"
 echo "after-purge=$(dpkg-query -W -f='${{Status}}' blobdrive 2>/dev/null || echo gone)"
 while read -r f; do
     [ -d "$f" ] && continue
@@ -277,6 +294,10 @@ fn the_package_installs_mounts_from_fstab_unmounts_and_purges_to_nothing() {
         "{t}"
     );
     for want in [
+        "HELPERS-IN-USR-SBIN",
+        "HELPER-LINK-RELATIVE",
+        "UNIT-ENABLED",
+        "CSI-NODE-LISTED",
         "UNIT-OK",
         "USER-MADE",
         "etc=700 root",
@@ -314,6 +335,7 @@ fn the_package_installs_mounts_from_fstab_unmounts_and_purges_to_nothing() {
         .unwrap_or_else(|_| panic!("{t}"));
     assert!((first..first + 65536).contains(&uid), "{t}");
     for bad in [
+        "ENABLE-FAILED",
         "USER-BEFORE",
         "PAGE-NAMES-MISSING-DOC",
         "BLANK-MOUNTED",
@@ -326,13 +348,20 @@ fn the_package_installs_mounts_from_fstab_unmounts_and_purges_to_nothing() {
         assert!(!o.contains(bad), "{bad}: {t}");
     }
     let said = |f: &str| std::fs::read_to_string(s.join(f)).unwrap_or_default();
-    // Removal while mounted was refused naming the drive and where it is.
+    // Removal while mounted was refused naming the drive and where it is, one
+    // mount a line, and nothing of the CSI node plugin's line.
     let refused = said("remove.err");
-    assert!(
-        refused.contains(&format!(
-            "cannot remove the package while drives are mounted: {spec} at {}",
-            mnt.display()
-        )),
+    // (dpkg's own lines start with "dpkg:", a word, or one space.)
+    let lines: Vec<&str> = refused
+        .lines()
+        .filter(|l| l.starts_with("blobdrive: ") || l.starts_with("  "))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "blobdrive: cannot remove the package while drives are mounted; unmount them first (umount DIR, or blobdrive unmount DIR):".to_string(),
+            format!("  {spec} at {}", mnt.display()),
+        ],
         "{refused}"
     );
     // The purge said, in one line, that it kept the account.

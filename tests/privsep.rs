@@ -15,15 +15,18 @@ mod faultproxy;
 use std::collections::HashSet;
 use std::io::{BufRead, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
+use std::os::unix::net::UnixStream;
 use std::process::Command;
 use std::time::Duration;
 
 use common::bd::Harness;
+use common::fuseplay::{inval_disk, Disk, Player};
 use common::mount::{require_root, Mp};
 use common::user::USER;
 use common::util::{wait_for, wait_for_exit};
 use common::worker::{
-    ask, channel_of, fd_links, listener_of, mount_processes, signal_pending, worker_of, Stopped,
+    ask, channel_of, fd_links, fuse_of, listener_of, mount_processes, signal_pending, worker_of,
+    Stopped,
 };
 use common::Azurite;
 use faultproxy::{Config, Proxy};
@@ -590,8 +593,9 @@ fn a_split_fs_mount_with_a_disk_cache_keeps_its_cache_the_workers_and_warm() {
         "{said}"
     );
     assert_split_from_outside(daemon);
-    // The drive's own directory in the cache directory is the worker's; the
-    // directory the operator named stays root's.
+    // The drive's own directory in the cache directory is the worker's, and
+    // its files but the lock, which the root part holds; the directory the
+    // operator named stays root's.
     use std::os::unix::fs::MetadataExt;
     let drive_dirs: Vec<_> = std::fs::read_dir(cache.path()).unwrap().flatten().collect();
     assert_eq!(drive_dirs.len(), 1, "one drive's directory");
@@ -599,7 +603,12 @@ fn a_split_fs_mount_with_a_disk_cache_keeps_its_cache_the_workers_and_warm() {
     let worker_uid: u32 = String::from_utf8_lossy(&id.stdout).trim().parse().unwrap();
     for entry in std::fs::read_dir(drive_dirs[0].path()).unwrap().flatten() {
         let m = entry.metadata().unwrap();
-        assert_eq!(m.uid(), worker_uid, "{}", entry.path().display());
+        let owner = if entry.file_name() == "lock" {
+            0
+        } else {
+            worker_uid
+        };
+        assert_eq!(m.uid(), owner, "{}", entry.path().display());
     }
     assert_eq!(drive_dirs[0].metadata().unwrap().uid(), worker_uid);
     assert_eq!(cache.path().metadata().unwrap().uid(), 0);
@@ -1268,4 +1277,262 @@ sys.exit(1)
     assert!(names[0].starts_with("loop"), "{err}");
     assert_eq!(names[1..], ["null", "urandom", "zero"], "{err}");
     BD.assert_nothing_left(mp.path(), &spec);
+}
+
+/// The sha256 of the first 16 MiB of `path` (a file or a device), in hex.
+fn sha256_of(path: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .unwrap()
+        .take(16 << 20)
+        .read_to_end(&mut bytes)
+        .unwrap();
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The loop devices the kernel says are attached to `path` (sysfs, by the
+/// name it gives their backing file).
+fn loops_over(path: &str) -> Vec<String> {
+    std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("loop/backing_file"))
+                .is_ok_and(|b| b.trim_end() == path)
+        })
+        .map(|e| format!("/dev/{}", e.file_name().to_string_lossy()))
+        .collect()
+}
+
+/// The root part attached, formatted and mounted any file the worker named:
+/// `losetup` attached `disk` by path, following the worker's answer to its
+/// lookup. Played from a worker held in its lease request, before it attaches
+/// anything (its `/dev/fuse` and channel taken), answering `disk` with a
+/// symlink to a file only root can read, to another drive's `disk`, to that
+/// drive's loop device, and with a block device node: every attach is
+/// refused, and so are a stat of `disk`, formatting, mounting and `ready`. No
+/// loop device is ever attached to any of them, their bytes are unchanged,
+/// nothing is mounted, and `blobdrive mount` says the mount failed.
+#[test]
+fn the_worker_cannot_make_root_attach_format_or_mount_a_file_it_names() {
+    use std::os::unix::fs::MetadataExt;
+    require_root();
+    let spec_b = BD.new_drive("privsep-named-other", "16MiB");
+    let mp_b = BD.mp();
+    BD.mount(&spec_b, &mp_b, &["--mode", "block", "--run-as", USER]);
+    let loop_b = recorded_device(&mp_b);
+    let disk_b = mp_b.disk();
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret = secret_dir.path().join("b.vhd");
+    std::fs::write(&secret, b"a text file with no filesystem\n".repeat(1 << 19)).unwrap();
+    let secret_s = secret.to_str().unwrap().to_string();
+    let sums = || [sha256_of(&secret), sha256_of(std::path::Path::new(&loop_b))];
+    let before = sums();
+    let spec = BD.new_drive("privsep-named", "16MiB");
+    let proxy = Proxy::start(Config::holding(
+        Azurite::shared().port,
+        "x-ms-lease-action: acquire",
+        1,
+        Duration::from_secs(10),
+    ));
+    let cs = proxy.connection_string();
+    let mp = BD.mp_through(&cs);
+    let mount = BD
+        .via(&cs, &[])
+        .cmd(&["mount", &spec, mp.s(), "--mkfs", "ext4", "--run-as", USER])
+        .spawn_piped();
+    proxy.wait_for_holding("the worker's lease request", Duration::from_secs(60));
+    let daemon = mp.pid();
+    let worker = worker_of(daemon);
+    let stopped = Stopped::new(worker);
+    let channel = channel_of(worker, daemon);
+    let player = Player::start(fuse_of(worker), Disk::Symlink(secret.clone()));
+    let node = Disk::Node {
+        mode: libc::S_IFBLK | 0o600,
+        rdev: std::fs::metadata(&loop_b).unwrap().rdev() as u32,
+    };
+    let mut said = Vec::new();
+    for disk in [
+        Disk::Symlink(secret.clone()),
+        Disk::Symlink(disk_b.clone().into()),
+        Disk::Symlink(loop_b.clone().into()),
+        node,
+    ] {
+        player.answer(disk.clone());
+        for req in [
+            r#"{"op":"attach_loop"}"#,
+            r#"{"op":"disk_size"}"#,
+            r#"{"op":"prepare_fs","zeroed":false}"#,
+            r#"{"op":"mount_fs","small":null}"#,
+        ] {
+            said.push((format!("{disk:?}: {req}"), ask(&channel, req).unwrap()));
+        }
+        // Never attached, not even for a moment.
+        assert_eq!(loops_over(&secret_s), Vec::<String>::new(), "{said:?}");
+        assert_eq!(loops_over(&disk_b), vec![loop_b.clone()], "{said:?}");
+        assert_eq!(loops_over(&loop_b), Vec::<String>::new(), "{said:?}");
+    }
+    let ready = ask(&channel, r#"{"op":"ready","status":"played"}"#).unwrap();
+    drop((player, channel));
+    // SAFETY: kill with integer arguments, to the test's own mount's worker.
+    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    drop(stopped);
+    for (what, answer) in &said {
+        assert!(
+            answer.starts_with(r#"{"failed":"#),
+            "{what} answered {answer}"
+        );
+    }
+    assert!(said[0].1.contains("symlink"), "{}", said[0].1);
+    assert!(
+        ready.starts_with(r#"{"refused":"#),
+        "ready answered {ready}"
+    );
+    assert_eq!(sums(), before, "bytes changed");
+    let out = mount.wait_with_output().unwrap();
+    let printed = printed(&out);
+    assert!(!out.status.success(), "{printed}");
+    assert!(
+        !printed.contains("mounted ") && !printed.contains("created a new"),
+        "{printed}"
+    );
+    wait_for_exit(daemon, "the root part", Duration::from_secs(60));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(mp.s()), "something mounted at {}", mp.s());
+    // The held lease request lands late: broken, then nothing of it is left.
+    proxy.wait_for_held();
+    let _ = BD.cmd(&["lease", "break", &spec, "--yes"]).output();
+    BD.assert_nothing_left(mp.path(), &spec);
+    assert_eq!(sums(), before, "bytes changed");
+    BD.unmount(&mp_b);
+    BD.assert_nothing_left(mp_b.path(), &spec_b);
+}
+
+/// An fs mount, its worker stopped and its channel taken after it sent
+/// `FUSE_NOTIFY_INVAL_ENTRY` for `disk` (sysfs then says the loop device's
+/// file is "disk (deleted)"): its root part and daemon.
+fn fs_mount_after_an_inval_entry(tag: &str) -> (Mp, String, u64, u64, Stopped, UnixStream) {
+    let spec = BD.new_drive(tag, "64MiB");
+    let mp = BD.mp();
+    BD.mount(&spec, &mp, &["--mkfs", "ext4", "--run-as", USER]);
+    std::fs::write(mp.path().join("kept"), b"written before").unwrap();
+    let daemon = mp.pid();
+    let worker = worker_of(daemon);
+    let dev = recorded_device(&mp);
+    let stopped = Stopped::new(worker);
+    let channel = channel_of(worker, daemon);
+    assert!(inval_disk(&fuse_of(worker)), "the kernel took the notice");
+    assert!(
+        backing_file(&dev).contains("(deleted)"),
+        "{}",
+        backing_file(&dev)
+    );
+    (mp, spec, daemon, worker, stopped, channel)
+}
+
+/// A `FUSE_NOTIFY_INVAL_ENTRY` for `disk` made sysfs name the loop device's
+/// file ".../disk (deleted)", which the root part took for a device that had
+/// let go: it forgot the device and the filesystem mounted on it (both still
+/// there) and took another attach. Now it still holds both: the device is
+/// attached, another attach is refused, and so is `finished`; the mount stays
+/// listed, and `blobdrive unmount` takes it down whole.
+#[test]
+fn an_inval_entry_for_disk_leaves_the_mount_held_listed_and_unmountable() {
+    require_root();
+    let (mp, spec, daemon, _worker, stopped, channel) =
+        fs_mount_after_an_inval_entry("privsep-inval");
+    let attached = ask(&channel, r#"{"op":"loop_attached"}"#).unwrap();
+    let again = ask(&channel, r#"{"op":"attach_loop"}"#).unwrap();
+    let finished = ask(&channel, r#"{"op":"finished","losses":[]}"#).unwrap();
+    drop((channel, stopped));
+    assert_eq!(attached, r#"{"attached":true}"#);
+    assert!(again.contains("attached already"), "{again}");
+    assert!(finished.starts_with(r#"{"refused":"#), "{finished}");
+    assert_eq!(mp.listed()["pid"], daemon, "the mount is listed still");
+    let kept = std::fs::read(mp.path().join("kept")).unwrap();
+    assert_eq!(kept, b"written before");
+    unmount_cleanly(&mp, &spec, daemon);
+}
+
+/// The same notice, then the worker killed: the root part, which had
+/// forgotten the filesystem, left it mounted and released the record, so
+/// `blobdrive list` no longer showed a mount `findmnt` did. Now it takes it
+/// down with the rest, and nothing is left mounted, listed or not.
+#[test]
+fn a_worker_killed_after_an_inval_entry_leaves_nothing_mounted() {
+    require_root();
+    let (mp, spec, daemon, worker, stopped, channel) =
+        fs_mount_after_an_inval_entry("privsep-inval-killed");
+    let attached = ask(&channel, r#"{"op":"loop_attached"}"#).unwrap();
+    drop(channel);
+    // SAFETY: kill with integer arguments, to the test's own mount's worker.
+    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    drop(stopped);
+    wait_for_exit(daemon, "the root part", Duration::from_secs(60));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let listed = BD.ok(&["list", "--json"]).contains(mp.s());
+    assert!(
+        !mounts.contains(mp.s()),
+        "the filesystem left mounted at {} (listed: {listed}; the root part said {attached})",
+        mp.s()
+    );
+    // (A killed worker cannot release its lease.)
+    BD.ok(&["lease", "break", &spec, "--yes"]);
+    BD.assert_nothing_left(mp.path(), &spec);
+}
+
+/// Each request the root part refused was logged with the worker's whole
+/// line (up to 64 KiB) outside the log's bound: 12,348 such lines in 15 s
+/// rotated the log twice, pushing what came before out. Now a refusal quotes
+/// a few hundred characters, escaped, counted in the worker's share of the
+/// log: thousands of 60 KiB requests leave the log's first line in it, no
+/// line of it over 2 KiB, and the log under its bound.
+#[test]
+fn requests_full_of_the_worker_s_text_neither_rotate_the_log_nor_fill_it() {
+    require_root();
+    let (mp, spec, daemon, worker) = raw_mount("privsep-quotes");
+    let log = std::path::PathBuf::from(record_of(&mp)["log"].as_str().unwrap());
+    let first = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    let junk = format!(r#"{{"op":"\u001b]0;owned\u0007{}"}}"#, "x".repeat(60 << 10));
+    let (sent, longest_answer) = {
+        let _stopped = Stopped::new(worker);
+        let channel = channel_of(worker, daemon);
+        let started = std::time::Instant::now();
+        let (mut sent, mut longest) = (0, 0);
+        while sent < 4000 && started.elapsed() < Duration::from_secs(20) {
+            let answer = ask(&channel, &junk).unwrap();
+            assert!(answer.starts_with(r#"{"refused":"#), "{answer}");
+            longest = longest.max(answer.len());
+            sent += 1;
+        }
+        (sent, longest)
+    };
+    let mut text = std::fs::read(log.with_extension("log.1")).unwrap_or_default();
+    text.extend(std::fs::read(&log).unwrap());
+    let text = String::from_utf8_lossy(&text);
+    let longest = text.lines().map(str::len).max().unwrap_or(0);
+    eprintln!(
+        "{sent} requests of 60 KiB; the logs hold {} bytes, the longest line {longest}",
+        text.len()
+    );
+    assert!(text.contains(&first), "the log's first line was pushed out");
+    assert!(longest < 2048, "a line of {longest} bytes");
+    assert!(
+        !text.contains('\x1b') && !text.contains('\x07'),
+        "raw escapes"
+    );
+    assert!(text.contains("\\u{1b}]0;owned"), "the refusals, quoted");
+    assert!(log_bytes(&log) < blobdrive::mount::record::LOG_MAX_BYTES);
+    assert!(longest_answer < 2048, "an answer of {longest_answer} bytes");
+    unmount_cleanly(&mp, &spec, daemon);
 }

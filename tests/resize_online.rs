@@ -19,7 +19,7 @@ use std::time::Duration;
 use common::azurite::Azurite;
 use common::bd::Harness;
 use common::mount::require_root;
-use common::util::{json, rt, sh_ok};
+use common::util::{has_cap_sys_resource, json, rt, sh_ok};
 use faultproxy::{Config, Proxy};
 
 const MIB: u64 = 1 << 20;
@@ -219,17 +219,6 @@ fn grow_in_place_while_writing(fstype: &str, from: u64, to: u64) {
     check_written(mp.path(), n);
     assert_eq!(sh_ok(&format!("sha256sum < '{}'", big.display())), big_sum);
     BD.ok(&["unmount", mp.s()]);
-}
-
-/// Whether this process has CAP_SYS_RESOURCE (bit 24 of CapEff), as the daemon
-/// it starts will.
-fn has_cap_sys_resource() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .unwrap();
-    u64::from_str_radix(hex.trim(), 16).unwrap() >> 24 & 1 == 1
 }
 
 fn statvfs_size(path: &Path) -> u64 {

@@ -243,7 +243,7 @@ fn every_way_to_install_makes_the_worker_s_user() {
         postinst.contains("\n#RESERVE_UIDS#\n    reserve_uids\n"),
         "{postinst}"
     );
-    assert!(read("scripts/package.sh").contains("r scripts/debian/reserve-uids"));
+    assert!(read("scripts/package.sh").contains("\nput postinst RESERVE_UIDS reserve-uids\n"));
     // The package's postinst, with Debian's adduser (tests/package.rs checks it
     // is made on a machine without it).
     let postinst = read("scripts/debian/postinst");
@@ -385,6 +385,132 @@ scripts/install.sh --binary '{binary}'
 /// The README stays a front page; every page of docs/ is linked from the index,
 /// docs/README.md; every relative link of the README and of docs/*.md names a
 /// file that exists, and a `#part` of one names a heading of that page.
+/// `sh -c SCRIPT` with `scripts/debian/PIECE` sourced first; its output,
+/// which must be a success.
+fn with_piece(piece: &str, script: &str) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(". '{}/scripts/debian/{piece}'\n{script}", root()))
+        .output()
+        .expect("run sh");
+    assert!(out.status.success(), "{script}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The mounts that block a removal of the package (prerm) or an uninstall
+/// (install.sh), as `blobdrive list --json` lists them: one a line, a
+/// snapshot's and a dead daemon's said so, odd characters as written, and
+/// nothing of the CSI node plugins listed after them; nothing when nothing
+/// is mounted or the program fails. The pieces are where package.sh and
+/// install.sh put them.
+#[test]
+fn the_mounts_that_block_a_removal_are_read_from_list_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = |name: &str, json: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, format!("#!/bin/sh\ncat <<'J'\n{json}\nJ\n")).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        p.display().to_string()
+    };
+    let listed = fake(
+        "listed",
+        r#"[
+  {
+    "auth": "account key",
+    "blob": "c/d.vhd",
+    "kind": "mount",
+    "mountpoint": "/mnt/a \"b\", c",
+    "pid": 12,
+    "running": true,
+    "snapshot": null
+  },
+  {"blob":"c/e.vhd","kind":"mount","mountpoint":"/x","pid":1,"running":false,"snapshot":"2026-11-22T11:05:54.5810000Z","device":null},
+  {
+    "cache_budget": 6313000000,
+    "cache_taken": 0,
+    "kind": "csi_node",
+    "node_id": "node-a",
+    "volumes": 0
+  }
+]"#,
+    );
+    assert_eq!(
+        with_piece("mounted-drives", &format!("mounted_drives '{listed}'")),
+        "c/d.vhd at /mnt/a \"b\", c\n\
+         c/e.vhd@2026-11-22T11:05:54.5810000Z at /x (its daemon is dead: blobdrive unmount /x cleans up)\n"
+    );
+    let only_nodes = fake(
+        "nodes",
+        r#"[{"cache_budget": 1, "cache_taken": 0, "kind": "csi_node", "node_id": "n", "volumes": 0}]"#,
+    );
+    for bd in [only_nodes.as_str(), "/bin/false", "/nonexistent/blobdrive"] {
+        assert_eq!(
+            with_piece("mounted-drives", &format!("mounted_drives '{bd}'")),
+            "",
+            "{bd}"
+        );
+    }
+    assert!(read("scripts/debian/prerm").contains("\n#MOUNTED_DRIVES#\n"));
+    assert!(read("scripts/package.sh").contains("\nput prerm MOUNTED_DRIVES mounted-drives\n"));
+    assert!(read("scripts/install.sh").contains(". scripts/debian/mounted-drives\n"));
+}
+
+/// The helpers where mount(8) looks for them: the package ships them in
+/// /usr/sbin; where /sbin is a directory of its own (not merged /usr),
+/// postinst links them into it, leaving a name something else has alone, and
+/// postrm takes only its own links away; on a merged /usr it makes nothing.
+#[test]
+fn the_helpers_are_linked_into_sbin_only_where_it_is_not_usr_sbin() {
+    let split = tempfile::tempdir().unwrap();
+    let r = split.path().display().to_string();
+    std::fs::create_dir_all(split.path().join("usr/sbin")).unwrap();
+    std::fs::create_dir(split.path().join("sbin")).unwrap();
+    std::os::unix::fs::symlink(
+        "/usr/local/bin/blobdrive",
+        split.path().join("sbin/umount.blobdrive"),
+    )
+    .unwrap();
+    with_piece(
+        "helper-links",
+        &format!("helper_links_add '{r}'; helper_links_add '{r}'"),
+    );
+    let link = |name: &str| std::fs::read_link(split.path().join("sbin").join(name));
+    assert_eq!(
+        link("mount.blobdrive").unwrap(),
+        std::path::Path::new("/usr/sbin/mount.blobdrive")
+    );
+    assert_eq!(
+        link("umount.blobdrive").unwrap(),
+        std::path::Path::new("/usr/local/bin/blobdrive")
+    );
+    with_piece("helper-links", &format!("helper_links_remove '{r}'"));
+    assert!(link("mount.blobdrive").is_err(), "its own link is gone");
+    assert!(link("umount.blobdrive").is_ok(), "another's is left");
+    let merged = tempfile::tempdir().unwrap();
+    let m = merged.path().display().to_string();
+    std::fs::create_dir_all(merged.path().join("usr/sbin")).unwrap();
+    std::os::unix::fs::symlink("usr/sbin", merged.path().join("sbin")).unwrap();
+    with_piece("helper-links", &format!("helper_links_add '{m}'"));
+    assert_eq!(
+        std::fs::read_dir(merged.path().join("usr/sbin"))
+            .unwrap()
+            .count(),
+        0
+    );
+    for (script, call) in [
+        ("postinst", "helper_links_add \"\""),
+        ("postrm", "helper_links_remove \"\""),
+    ] {
+        let text = read(&format!("scripts/debian/{script}"));
+        assert!(
+            text.contains("\n#HELPER_LINKS#\n") && text.contains(call),
+            "{script}"
+        );
+        assert!(read("scripts/package.sh")
+            .contains(&format!("\nput {script} HELPER_LINKS helper-links\n")));
+    }
+}
+
 #[test]
 fn the_manual_is_a_front_page_and_an_index_with_no_link_into_nothing() {
     let readme = read("README.md");

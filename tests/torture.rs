@@ -21,14 +21,13 @@ mod faultproxy;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use blobdrive::azure::BlobClient;
 use common::azurite::{unique_container, Azurite};
 use common::bd::{isolated_cs, Harness, Via};
-use common::util::{env_u64, json, rt, wait_for_exit};
+use common::util::{discard, env_u64, json, rt, wait_for_exit};
 use faultproxy::{Config, Hold, Proxy};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -220,19 +219,6 @@ impl Drop for Drive {
         let mp = self.mp().to_string();
         let _ = self.via.cmd(&["unmount", &mp]).cs(&BD.cs()).output();
     }
-}
-
-fn discard(f: &File, offset: u64, len: u64) {
-    // SAFETY: fallocate on an open descriptor with in-range arguments.
-    let rc = unsafe {
-        libc::fallocate(
-            f.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset as i64,
-            len as i64,
-        )
-    };
-    assert_eq!(rc, 0, "discard failed: {}", std::io::Error::last_os_error());
 }
 
 /// A sector-aligned range, half the time inside a small hot region so that the

@@ -434,7 +434,10 @@ fn restore_takes_the_snapshot_as_printed() {
     rt().block_on(blob.put_pages(MIB, Bytes::from(vec![0x56u8; 4096]), None))
         .unwrap();
     let done = BD.ok(&["restore", &spec, "--from", &printed, "--yes"]);
-    assert_eq!(done.trim(), format!("restored {spec} from {printed}"));
+    assert_eq!(
+        done.trim(),
+        format!("restored {spec} from {printed} (4 MiB, the size it had)")
+    );
     assert_eq!(rt().block_on(blob.read(MIB, 4096)).unwrap(), v1);
 }
 

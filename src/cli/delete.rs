@@ -2,7 +2,9 @@
 
 use anyhow::{bail, Result};
 use blobdrive::azure::DeleteSnapshots;
+use blobdrive::blobref::BlobRef;
 use blobdrive::drive;
+use blobdrive::mount::record;
 
 use super::Context;
 
@@ -30,6 +32,8 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
     if r.snapshot.is_some() && args.snapshots {
         bail!("--snapshots deletes a drive's snapshots with the drive; it makes no sense with a snapshot ({r})");
     }
+    let endpoint = blob.service().account().endpoint_for_messages();
+    refuse_if_mounted_here(&endpoint, &r, args.snapshots)?;
     ctx.block_on(async {
         let props = drive::properties(&blob).await?;
         drive::check_page_blob(&blob, &props)?;
@@ -68,4 +72,37 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         println!("deleted {r}");
     }
     Ok(())
+}
+
+/// Refuses to delete what a mount of this very machine serves (the drive, or
+/// with `snapshots` one of its snapshots; `r`'s snapshot if it names one): the
+/// service would refuse a leased drive and suggest breaking its lease "if that
+/// host is dead", when the host is this one and the way is to unmount. A user
+/// who cannot read this machine's mounts is left to the service's answer.
+fn refuse_if_mounted_here(endpoint: &str, r: &BlobRef, snapshots: bool) -> Result<()> {
+    let base = r.base().to_string();
+    let serves = |m: &record::MountRecord| match &r.snapshot {
+        Some(id) => m.snapshot.as_ref() == Some(id),
+        None => m.snapshot.is_none() || snapshots,
+    };
+    let Some(m) = record::load_all()
+        .into_iter()
+        .find(|m| (m.endpoint.is_empty() || m.endpoint == endpoint) && m.blob == base && serves(m))
+    else {
+        return Ok(());
+    };
+    let what = match &m.snapshot {
+        Some(s) => format!("{base}@{s}"),
+        None => base,
+    };
+    let mp = m.mountpoint.display();
+    if record::alive(&m) {
+        bail!(
+            "{what} is mounted on this machine, at {mp}: unmount it first (`blobdrive unmount {mp}`); nothing was deleted"
+        );
+    }
+    bail!(
+        "{what} was mounted on this machine at {mp} and its daemon (pid {}) is dead: run `blobdrive unmount {mp}` first, which cleans up after it; nothing was deleted",
+        m.pid
+    )
 }

@@ -57,8 +57,8 @@ OPTIONS (comma-separated):
                           suid and dev only by hand: mount(8) never passes its defaults
   _netdev,nofail,auto,noauto,defaults,x-*    for mount(8) and systemd; ignored here
 Anything else is refused, naming the option (-s: ignored instead), and so is an option
-given twice or contradicted (rw,ro: read from the line in /etc/fstab, as mount(8)
-passes only the last). A line mounted at DIR already is left as it is (exit 0).
+given twice (ro,ro too; comment= and x-* may repeat) or contradicted (rw,ro: read from
+the line in /etc/fstab, as mount(8) passes only the last). A line mounted at DIR already is left as it is (exit 0).
   -f  check everything, mount nothing    -v  say what was mounted
   -n  accepted (no mtab is kept)          -s  sloppy: ignore unknown options
 
@@ -126,6 +126,7 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
         disk_cache_size: o.disk_cache_size,
         warm: o.warm,
         run_as: o.run_as.or_else(run_as_env),
+        json: false,
         // `mount -a` again: the line is mounted already, and that is success.
         mounted_is_done: true,
     };

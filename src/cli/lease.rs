@@ -17,7 +17,7 @@ pub enum Command {
     Status {
         /// The drive (container/name.vhd).
         blob: String,
-        /// Print {"state":..,"duration":..} instead of text.
+        /// Print {"blob":..,"state":..,"duration":..} instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -39,13 +39,49 @@ pub enum Command {
         /// has not yet put on the blob, and each later write fails.
         #[arg(long)]
         yes: bool,
+        /// Print one JSON object instead of text: blob, state (after: broken,
+        /// breaking, or the state left as it was), seconds_left (until a
+        /// breaking lease is broken; null otherwise) and changed (whether a
+        /// lease was broken).
+        #[arg(long)]
+        json: bool,
     },
 }
 
 #[derive(Debug, Serialize)]
 struct Status {
+    blob: String,
     state: String,
     duration: Option<String>,
+}
+
+/// What `lease break` did, as its text and its JSON say it.
+#[derive(Debug, Serialize)]
+struct Broken {
+    blob: String,
+    /// broken, breaking, or the state found when there was no lease to break.
+    state: String,
+    /// Seconds until a breaking lease is broken (none once broken).
+    seconds_left: Option<u32>,
+    /// Whether a lease was broken (or set breaking).
+    changed: bool,
+}
+
+impl std::fmt::Display for Broken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = &self.blob;
+        match (self.changed, self.seconds_left) {
+            (false, _) => write!(
+                f,
+                "{r}: no active lease (state: {}); nothing changed",
+                self.state
+            ),
+            (true, Some(left)) if left > 0 => {
+                write!(f, "{r}: lease breaking; it will be broken in {left} s")
+            }
+            (true, _) => write!(f, "{r}: lease broken; the drive can be mounted again"),
+        }
+    }
 }
 
 pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
@@ -63,7 +99,13 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
             let state = props.lease_state.unwrap_or_else(|| "available".into());
             let duration = props.lease_duration.filter(|_| state == "leased");
             if json {
-                println!("{}", serde_json::to_string(&Status { state, duration })?);
+                let blob = r.to_string();
+                let status = Status {
+                    blob,
+                    state,
+                    duration,
+                };
+                println!("{}", serde_json::to_string(&status)?);
             } else {
                 match duration {
                     Some(d) => println!("{r}: {state} ({d})"),
@@ -72,14 +114,24 @@ pub fn run(ctx: &Context, cmd: Command) -> Result<()> {
             }
             Ok(())
         }
-        Command::Break { blob, period, yes } => {
+        Command::Break {
+            blob,
+            period,
+            yes,
+            json,
+        } => {
             let (r, client) = ctx.blob(&blob)?;
             if r.snapshot.is_some() {
                 bail!("snapshots have no lease; name the base blob ({})", r.base());
             }
             let endpoint = client.service().account().endpoint_for_messages();
             refuse_if_mounted_here(&endpoint, &r.to_string())?;
-            ctx.block_on(break_lease(&client, &r.to_string(), period, yes))?
+            let done = ctx.block_on(break_lease(&client, &r.to_string(), period, yes))??;
+            if json {
+                return super::print_json(&serde_json::to_value(&done)?);
+            }
+            println!("{done}");
+            Ok(())
         }
     }
 }
@@ -139,7 +191,18 @@ const BREAK_ROUNDS: usize = 3;
 /// that mount's lease. When an attempt went unanswered, the sequence number is
 /// raised once the lease is broken, so that the ETag has moved on before anyone
 /// can take the lease again. A held lease is broken only when `yes`.
-async fn break_lease(client: &BlobClient, r: &str, period: Option<u32>, yes: bool) -> Result<()> {
+async fn break_lease(
+    client: &BlobClient,
+    r: &str,
+    period: Option<u32>,
+    yes: bool,
+) -> Result<Broken> {
+    let outcome = |state: &str, seconds_left, changed| Broken {
+        blob: r.to_string(),
+        state: state.to_string(),
+        seconds_left,
+        changed,
+    };
     let mut round = 0;
     let broken = loop {
         round += 1;
@@ -147,8 +210,7 @@ async fn break_lease(client: &BlobClient, r: &str, period: Option<u32>, yes: boo
         drive::check_page_blob(client, &p)?;
         let state = p.lease_state.as_deref().unwrap_or("available");
         if matches!(state, "available" | "broken" | "expired") {
-            println!("{r}: no active lease (state: {state}); nothing changed");
-            return Ok(());
+            return Ok(outcome(state, None, false));
         }
         if !yes {
             bail!(needs_yes(r, state, p.lease_duration.as_deref(), period));
@@ -169,17 +231,17 @@ async fn break_lease(client: &BlobClient, r: &str, period: Option<u32>, yes: boo
     if broken.earlier_attempt_unanswered {
         // Once the lease is broken a write needs no lease id.
         if left > 0 {
-            println!(
+            eprintln!(
                 "{r}: lease breaking; waiting {left} s for it to break (a request that got no answer must be fenced off)"
             );
             tokio::time::sleep(std::time::Duration::from_secs(left.into())).await;
         }
         client.increment_sequence_number(None).await?;
-        println!("{r}: lease broken; the drive can be mounted again");
-    } else if left == 0 {
-        println!("{r}: lease broken; the drive can be mounted again");
-    } else {
-        println!("{r}: lease breaking; it will be broken in {left} s");
+        return Ok(outcome("broken", None, true));
     }
-    Ok(())
+    Ok(if left == 0 {
+        outcome("broken", None, true)
+    } else {
+        outcome("breaking", Some(left), true)
+    })
 }

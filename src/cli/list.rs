@@ -8,8 +8,14 @@ use blobdrive::size::human;
 use serde_json::json;
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+The table has a row per mount (a dead daemon's pid marked \"(dead)\": `blobdrive unmount
+MOUNTPOINT` cleans up after it), then a line per Kubernetes CSI node plugin that ran on
+this machine: its cache budget and what its volumes take of it. --json prints the same as
+one array: an object per mount (kind \"mount\"), then one per node plugin (kind
+\"csi_node\": node_id, cache_budget, cache_taken, volumes).")]
 pub struct Args {
-    /// Print a JSON array instead of a table.
+    /// Print a JSON array instead of a table (see below).
     #[arg(long)]
     pub json: bool,
 }
@@ -18,12 +24,14 @@ pub fn run(args: Args) -> Result<()> {
     record::check_readable().map_err(anyhow::Error::msg)?;
     let records = record::load_all();
     let sizes: Vec<Option<u64>> = records.iter().map(disk_size).collect();
+    let nodes = blobdrive::csi::cache_budgets_here();
     if args.json {
-        let v: Vec<_> = records
+        let mut v: Vec<_> = records
             .iter()
             .zip(&sizes)
             .map(|(r, size)| {
                 json!({
+                    "kind": "mount",
                     "blob": r.blob,
                     "auth": r.auth,
                     "snapshot": r.snapshot,
@@ -39,13 +47,27 @@ pub fn run(args: Args) -> Result<()> {
                 })
             })
             .collect();
+        for n in &nodes {
+            let mut node = serde_json::to_value(n)?;
+            node["kind"] = "csi_node".into();
+            v.push(node);
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     if records.is_empty() {
         println!("no drives mounted");
-        return Ok(());
+    } else {
+        print!("{}", table(&rows(&records, &sizes)));
     }
+    for n in &nodes {
+        println!("{n}");
+    }
+    Ok(())
+}
+
+/// The table's rows: a header, then one per mount.
+fn rows(records: &[record::MountRecord], sizes: &[Option<u64>]) -> Vec<[String; 10]> {
     let mut rows = vec![[
         "BLOB",
         "MOUNTPOINT",
@@ -59,7 +81,7 @@ pub fn run(args: Args) -> Result<()> {
         "PID",
     ]
     .map(String::from)];
-    for (r, size) in records.iter().zip(&sizes) {
+    for (r, size) in records.iter().zip(sizes) {
         let blob = match &r.snapshot {
             Some(s) => format!("{}@{s}", r.blob),
             None => r.blob.clone(),
@@ -83,11 +105,7 @@ pub fn run(args: Args) -> Result<()> {
             pid,
         ]);
     }
-    print!("{}", table(&rows));
-    for line in blobdrive::csi::cache_budgets_here() {
-        println!("{line}");
-    }
-    Ok(())
+    rows
 }
 
 /// The disk size a running daemon serves now (it changes when the drive is grown

@@ -38,15 +38,25 @@ place.")]
 pub struct Args {
     /// The directory to write the pages into (created if missing).
     pub dir: PathBuf,
+    /// Print {"written": [PATH, ...]} instead of a path a line.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let mut written = Vec::new();
     for (name, text) in pages() {
         let path = args.dir.join(&name);
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
-        println!("{}", path.display());
+        if !args.json {
+            println!("{}", path.display());
+        }
+        written.push(path);
+    }
+    if args.json {
+        return super::print_json(&serde_json::json!({ "written": written }));
     }
     Ok(())
 }

@@ -187,12 +187,12 @@ impl Cli {
         let auth = self.auth.unwrap_or_default();
         if let Command::Mount(a) = self.command {
             // Its account may come from a credentials file instead.
-            return mount::run(
-                a,
-                self.connection_string.as_deref(),
-                auth,
-                mount::Say::Mounted,
-            );
+            let say = if a.json {
+                mount::Say::Json
+            } else {
+                mount::Say::Mounted
+            };
+            return mount::run(a, self.connection_string.as_deref(), auth, say);
         }
         // Neither needs an account.
         let command = match self.command {

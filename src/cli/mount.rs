@@ -18,6 +18,9 @@ use blobdrive::size::{human, parse_size};
 
 use super::auth::{AuthChoice, AUTH_ENV};
 use super::Context;
+use ready::say_ready;
+
+mod ready;
 
 /// The variable a connection string is read from.
 const CONNECTION_STRING_ENV: &str = "AZURE_STORAGE_CONNECTION_STRING";
@@ -121,6 +124,11 @@ pub struct Args {
     /// the user blobdrive (the package and scripts/install.sh reserve it)]
     #[arg(long, value_name = "USER", env = "BLOBDRIVE_RUN_AS")]
     pub run_as: Option<String>,
+    /// Print one JSON object once the drive is ready instead of text: blob,
+    /// mountpoint, mode, read_only, fstype, formatted, device, fuse_dir, disk,
+    /// pid, warnings and notes.
+    #[arg(long)]
+    pub json: bool,
     /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)
     /// helper from an fstab line.
     #[arg(skip)]
@@ -133,12 +141,13 @@ pub struct Args {
     pub mounted_is_done: bool,
 }
 
-/// How a mount tells its outcome: `blobdrive mount` says what it mounted; the
-/// mount(8) helper is quiet, as mount(8) is, unless asked with -v. Warnings are
-/// always said.
+/// How a mount tells its outcome: `blobdrive mount` says what it mounted (as
+/// one JSON object with --json); the mount(8) helper is quiet, as mount(8) is,
+/// unless asked with -v. Warnings are always said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Say {
     Mounted,
+    Json,
     Quiet,
 }
 
@@ -337,8 +346,8 @@ fn mount(
                         warnings: Vec::new(),
                         ..ready.clone()
                     };
-                    if say == Say::Mounted {
-                        print_ready(&quiet, &blob);
+                    if say != Say::Quiet {
+                        say_ready(&quiet, &blob, say);
                     }
                 }
             },
@@ -507,16 +516,7 @@ fn spawn_daemon(
     BufReader::new(stdout).read_line(&mut answer)?;
     if let Some(json) = answer.strip_prefix("READY ") {
         let ready: Ready = serde_json::from_str(json.trim())?;
-        match say {
-            Say::Mounted => print_ready(&ready, blob),
-            Say::Quiet => {
-                ready
-                    .warnings
-                    .iter()
-                    .for_each(|w| eprintln!("warning: {w}"));
-                ready.notes.iter().for_each(|n| eprintln!("{n}"));
-            }
-        }
+        say_ready(&ready, blob, say);
         return Ok(());
     }
     if let Some(msg) = answer.strip_prefix("ERROR ") {
@@ -528,43 +528,6 @@ fn spawn_daemon(
         "the mount daemon exited ({status}) before the drive was ready; see {}",
         log_path.display()
     )
-}
-
-fn print_ready(ready: &Ready, blob: &str) {
-    for w in &ready.warnings {
-        eprintln!("warning: {w}");
-    }
-    for n in &ready.notes {
-        eprintln!("{n}");
-    }
-    let ro = if ready.read_only { " read-only" } else { "" };
-    match ready.mode {
-        Mode::Fs => {
-            if ready.formatted {
-                eprintln!(
-                    "created a new {} filesystem on {blob}",
-                    ready.fstype.as_deref().unwrap_or("")
-                );
-            }
-            println!(
-                "mounted {blob} at {} ({}{ro} on {})",
-                ready.mountpoint.display(),
-                ready.fstype.as_deref().unwrap_or("?"),
-                ready.device.as_deref().unwrap_or("?")
-            );
-        }
-        Mode::Block => {
-            eprintln!(
-                "{blob} attached{ro}; FUSE files in {}",
-                ready.fuse_dir.display()
-            );
-            println!("{}", ready.device.as_deref().unwrap_or("?"));
-        }
-        Mode::Raw => {
-            eprintln!("{blob} served{ro}");
-            println!("{}", ready.fuse_dir.join("disk").display());
-        }
-    }
 }
 
 /// The hidden `__daemon` entry: detach from the terminal's session, run the mount,
@@ -603,7 +566,15 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
         ctx.sign_in(a, Some(read))
             .map_err(|e| super::error_text(&e))
     };
-    daemon::run(req, account, &sign_in, &mut report).map_err(Into::into)
+    let root_part = std::process::id();
+    let done = daemon::run(req, account, &sign_in, &mut report);
+    if std::process::id() != root_part {
+        // The worker, forked from the root part: its failure went to the root
+        // part, which reports it and says it in the mount's log. Said here
+        // too, the log held each error twice.
+        std::process::exit(i32::from(done.is_err()));
+    }
+    done.map_err(Into::into)
 }
 
 fn detach_stdout() {

@@ -18,7 +18,8 @@ pub enum Command {
     Create {
         /// The drive (container/name.vhd).
         blob: String,
-        /// Print {"snapshot": ".."}.
+        /// Print {"blob": "..", "snapshot": "..", "taken": ".."} (taken: how:
+        /// consistent, flushed, or not mounted on this machine).
         #[arg(long)]
         json: bool,
     },
@@ -26,7 +27,7 @@ pub enum Command {
     List {
         /// The drive (container/name.vhd) whose snapshots to list.
         blob: String,
-        /// Print a JSON array of {snapshot, time, allocated_bytes}.
+        /// Print a JSON array of {blob, snapshot, time, allocated_bytes}.
         #[arg(long)]
         json: bool,
     },
@@ -50,8 +51,8 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
         /// Print one JSON object instead of text: blob, dry_run, deleted (the
-        /// snapshots deleted, or with --dry-run to be), kept, and skipped (those
-        /// mounted here, each with its mountpoint).
+        /// snapshots deleted; with --dry-run would_delete instead), kept, and
+        /// skipped (those mounted here, each with its mountpoint).
         #[arg(long)]
         json: bool,
     },
@@ -128,7 +129,8 @@ fn create(ctx: &Context, blob: &str, json: bool) -> Result<()> {
         }
     };
     if json {
-        println!("{}", serde_json::json!({ "snapshot": id }));
+        let v = serde_json::json!({ "blob": base, "snapshot": id, "taken": how });
+        println!("{v}");
     } else {
         println!("{id}");
         eprintln!("snapshot of {r} taken ({how}); name it as {r}@{id}");
@@ -145,7 +147,18 @@ fn list(ctx: &Context, blob: &str, json: bool) -> Result<()> {
         anyhow::Ok(snapshot::list(&client, true).await?)
     })??;
     if json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        let v: Vec<_> = list
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "blob": r.base().to_string(),
+                    "snapshot": s.snapshot,
+                    "time": s.time,
+                    "allocated_bytes": s.allocated_bytes,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else if list.is_empty() {
         println!("{} has no snapshots", r.base());
     } else {
@@ -226,10 +239,12 @@ fn prune(ctx: &Context, blob: &str, keep: usize, dry_run: bool, json: bool) -> R
     }
     if json {
         let kept: Vec<&String> = ids.iter().filter(|i| !doomed.contains(i)).collect();
+        // A dry run deletes nothing: what it would delete is said so.
+        let done = if dry_run { "would_delete" } else { "deleted" };
         return super::print_json(&serde_json::json!({
             "blob": r.to_string(),
             "dry_run": dry_run,
-            "deleted": deleted,
+            done: deleted,
             "kept": kept,
             "skipped": skipped,
         }));

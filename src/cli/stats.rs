@@ -13,7 +13,8 @@ use blobdrive::size::human;
 pub struct Args {
     /// Where the drive is mounted.
     pub mountpoint: PathBuf,
-    /// Print one JSON object.
+    /// Print one JSON object: the daemon's figures (more than the text
+    /// shows), with the blob, snapshot and mountpoint.
     #[arg(long)]
     pub json: bool,
 }
@@ -42,6 +43,13 @@ pub fn run(args: Args) -> Result<()> {
     let mut v: serde_json::Value = serde_json::from_str(&answer)
         .map_err(|_| anyhow::anyhow!("unexpected answer from the daemon: {answer}"))?;
     plain(&mut v);
+    if !v.is_object() {
+        bail!("unexpected answer from the daemon: {v}");
+    }
+    // What the text names the mount by, from this machine's record.
+    v["blob"] = rec.blob.clone().into();
+    v["snapshot"] = rec.snapshot.clone().into();
+    v["mountpoint"] = mp.display().to_string().into();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());

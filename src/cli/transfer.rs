@@ -1,6 +1,6 @@
 //! `blobdrive upload`, `download` and `restore`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use blobdrive::mount::record;
@@ -23,7 +23,7 @@ pub struct UploadArgs {
     /// Replace an existing blob (not one with snapshots, not one in use).
     #[arg(long)]
     pub overwrite: bool,
-    /// Print the report as JSON.
+    /// Print the report as one JSON object (with the blob and the file).
     #[arg(long)]
     pub json: bool,
 }
@@ -42,7 +42,7 @@ pub struct DownloadArgs {
     /// transferring only what changed.
     #[arg(long, value_name = "SNAPSHOT")]
     pub since: Option<String>,
-    /// Print the report as JSON.
+    /// Print the report as one JSON object (with the blob and the file).
     #[arg(long)]
     pub json: bool,
 }
@@ -64,11 +64,20 @@ pub struct RestoreArgs {
     pub json: bool,
 }
 
-fn summary(verb: &str, what: &str, r: &Report, json: bool) -> Result<()> {
+/// The result of a transfer between the drive `blob` and the local `file`:
+/// the JSON object is the report with both named, as the text names them.
+fn summary(verb: &str, (blob, file): (&str, &Path), r: &Report, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(r)?);
+        let mut v = serde_json::to_value(r)?;
+        v["blob"] = blob.into();
+        v["file"] = file.display().to_string().into();
+        println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
+    let what = match verb {
+        "uploaded" => format!("{} to {blob}", file.display()),
+        _ => format!("{blob} to {}", file.display()),
+    };
     let rate = r.bytes_transferred as f64 / r.seconds.max(0.001);
     println!(
         "{verb} {what}: {} transferred for a {} image in {} requests, {:.1} s ({}/s){}{}",
@@ -108,12 +117,7 @@ pub fn upload(ctx: &Context, a: UploadArgs) -> Result<()> {
         );
         return Ok(());
     }
-    summary(
-        "uploaded",
-        &format!("{} to {r}", a.file.display()),
-        &report,
-        a.json,
-    )
+    summary("uploaded", (&r.to_string(), &a.file), &report, a.json)
 }
 
 pub fn download(ctx: &Context, a: DownloadArgs) -> Result<()> {
@@ -154,12 +158,7 @@ pub fn download(ctx: &Context, a: DownloadArgs) -> Result<()> {
             ))??
         }
     };
-    summary(
-        "downloaded",
-        &format!("{r} to {}", a.file.display()),
-        &report,
-        a.json,
-    )
+    summary("downloaded", (&r.to_string(), &a.file), &report, a.json)
 }
 
 pub fn restore(ctx: &Context, a: RestoreArgs) -> Result<()> {
@@ -180,8 +179,12 @@ pub fn restore(ctx: &Context, a: RestoreArgs) -> Result<()> {
             "size_bytes": sizes.now,
         }));
     }
-    println!("restored {r} from {r}@{from}");
     let (was, now) = (human(sizes.was), human(sizes.now));
+    if sizes.now == sizes.was {
+        println!("restored {r} from {r}@{from} ({now}, the size it had)");
+        return Ok(());
+    }
+    println!("restored {r} from {r}@{from}");
     if sizes.now < sizes.was {
         println!("{r} is {now} again, as it was when the snapshot was taken (it was {was}: it grew since)");
     } else if sizes.now > sizes.was {

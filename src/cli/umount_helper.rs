@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use blobdrive::mount::{record, system, utab, MountError};
+use blobdrive::mount::{record, system, utab};
 
 use super::unmount;
 
@@ -27,8 +27,9 @@ The umount(8) helper for drives mounted by blobdrive: `umount DIR` runs it (the
 daemon names it in /run/mount/utab), and it does what `blobdrive unmount DIR` does:
 writes every cached byte to the blob (waiting out an outage, saying what it waits
 for), releases the lease and stops the daemon, and only then returns. A busy
-filesystem stays mounted (exit 32). A mount that is not blobdrive's is unmounted as
-umount would.
+filesystem stays mounted (exit 32), naming the processes that use it. Anything that
+is not a drive blobdrive mounted (an empty directory, /proc) is refused (exit 32),
+and nothing is done.
   -l  detach now (lazy); the daemon writes back and stops once the last user lets go
   -v  say what was unmounted
   -f, -n, -r, -t TYPE  accepted and ignored (to drop data that cannot be written,
@@ -107,6 +108,17 @@ fn unmount_dir(inv: &Invocation) -> anyhow::Result<()> {
     record::check_readable().map_err(anyhow::Error::msg)?;
     let dir = &inv.target;
     if inv.lazy {
+        // Named without a look at the mount itself (a lazy unmount is for one
+        // that may not answer): its parent resolved, its own name kept.
+        let whole = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+        let named = match (whole.parent(), whole.file_name()) {
+            (Some(p), Some(name)) => p.canonicalize().map(|p| p.join(name)).ok(),
+            _ => None,
+        };
+        let mp = named.unwrap_or(whole);
+        if record::load(&record::id_for(&mp)).is_none() {
+            return Err(not_ours(dir));
+        }
         // The daemon sees the filesystem go and stops by itself once its last
         // user lets go, writing everything back first.
         system::umount(dir, true)?;
@@ -119,25 +131,34 @@ fn unmount_dir(inv: &Invocation) -> anyhow::Result<()> {
         &mp,
         false,
         &mut |p| eprintln!("{UMOUNT_HELPER_NAME}: {p}"),
-        &mut |s| {
+        &mut |done| {
             if verbose {
-                println!("{s}")
+                println!("{done}")
             }
         },
     )?;
     if !found {
-        // Not blobdrive's (any more): an entry left behind for a mount ID the
-        // kernel has since given to another mount. Unmount it as umount would.
-        match system::umount(dir, false) {
-            Err(MountError::Busy(_)) => anyhow::bail!("{}: target is busy", dir.display()),
-            other => other?,
-        }
-        forget(dir);
-        if verbose {
-            println!("{}: unmounted", dir.display());
-        }
+        return Err(not_ours(dir));
     }
     Ok(())
+}
+
+/// The refusal of `dir`, which blobdrive has nothing mounted at (an empty
+/// directory, `/proc`): nothing is unmounted. An entry of this program's left
+/// for it in libmount's table (for a mount ID the kernel has since given to
+/// another mount), which is what made umount(8) run this helper, is taken out,
+/// so that the next `umount` unmounts what is there as it would any mount.
+fn not_ours(dir: &Path) -> anyhow::Error {
+    let d = dir.display();
+    if utab::has_entry(dir) {
+        forget(dir);
+        return anyhow::anyhow!(
+            "{d} is not a drive mounted by blobdrive any more: nothing was unmounted, and the stale entry in /run/mount/utab that sent umount here was removed; run umount again to unmount what is there"
+        );
+    }
+    anyhow::anyhow!(
+        "{d} is not a drive mounted by blobdrive (`blobdrive list` shows those): nothing was done"
+    )
 }
 
 /// Takes the helper's entry for `dir` out of libmount's table.

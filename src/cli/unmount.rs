@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use blobdrive::mount::system::LoopDevice;
+use blobdrive::mount::system::{Binding, LoopDevice};
 use blobdrive::mount::{daemon, record, system, utab, Mode};
 
 #[derive(Debug, clap::Args)]
@@ -18,7 +18,7 @@ lease was lost with data not yet written or after writes failed, or could not be
 released, and after cleaning up behind a daemon that died while holding the lease. A
 part of the daemon stopped (SIGSTOP, a debugger) for 15 s ends the wait, naming the
 process and what to do. A plain `umount DIR` does the same through
-/sbin/umount.blobdrive (installed by the package, or by scripts/install.sh).")]
+umount.blobdrive (installed by the package, or by scripts/install.sh).")]
 pub struct Args {
     /// Where the drive is mounted (as given to `blobdrive mount`).
     pub mountpoint: PathBuf,
@@ -31,6 +31,35 @@ pub struct Args {
     /// Confirms --discard-dirty.
     #[arg(long)]
     pub yes: bool,
+    /// Print one JSON object instead of text: mountpoint, blob, done
+    /// ("unmounted", or "cleaned_up" after a daemon that died) and note (what
+    /// the daemon had to say besides, such as a lease lost while mounted).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What an unmount did, as its text and its JSON say it.
+#[derive(Debug, serde::Serialize)]
+pub struct TakenDown {
+    pub mountpoint: PathBuf,
+    pub blob: String,
+    /// `unmounted` by the daemon, or `cleaned_up` after one that died.
+    pub done: &'static str,
+    pub note: Option<String>,
+}
+
+impl std::fmt::Display for TakenDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (mp, blob) = (self.mountpoint.display(), &self.blob);
+        match self.done {
+            "cleaned_up" => write!(f, "cleaned up after the dead daemon of {mp} ({blob})")?,
+            _ => write!(f, "unmounted {mp} ({blob})")?,
+        }
+        if let Some(note) = &self.note {
+            write!(f, "\n{note}")?;
+        }
+        Ok(())
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -42,11 +71,18 @@ pub fn run(args: Args) -> Result<()> {
         .canonicalize()
         .unwrap_or_else(|_| args.mountpoint.clone());
     record::check_readable().map_err(anyhow::Error::msg)?;
+    let json = args.json;
     let found = take_down(
         &mp,
         args.discard_dirty,
         &mut |p| eprintln!("blobdrive: {p}"),
-        &mut |s| println!("{s}"),
+        &mut |done| {
+            if json {
+                println!("{}", serde_json::to_string_pretty(done).unwrap_or_default());
+            } else {
+                println!("{done}");
+            }
+        },
     )?;
     if !found {
         bail!(
@@ -67,8 +103,14 @@ pub fn take_down(
     mp: &Path,
     discard: bool,
     progress: &mut dyn FnMut(&str),
-    say: &mut dyn FnMut(&str),
+    say: &mut dyn FnMut(&TakenDown),
 ) -> Result<bool> {
+    let said = |rec: &record::MountRecord, done, note: Option<&str>| TakenDown {
+        mountpoint: mp.to_path_buf(),
+        blob: rec.blob.clone(),
+        done,
+        note: note.map(blobdrive::azure::text::escape_controls),
+    };
     let id = record::id_for(mp);
     let Some(rec) = record::load(&id) else {
         if let Some(lost) = record::take_outcome(&id) {
@@ -91,12 +133,9 @@ pub fn take_down(
             Ok(a) if a == "ok" || a.starts_with("ok ") => {
                 wait_gone(rec.pid);
                 record::take_outcome(&rec.id);
-                say(&format!("unmounted {} ({})", mp.display(), rec.blob));
                 // Kept everything, with something to say all the same (a lease
                 // lost while mounted, no write failed).
-                if let Some(note) = a.strip_prefix("ok ") {
-                    say(&blobdrive::azure::text::escape_controls(note));
-                }
+                say(&said(&rec, "unmounted", a.strip_prefix("ok ")));
                 return Ok(true);
             }
             Ok(a) if a.starts_with("failed ") => {
@@ -121,7 +160,7 @@ pub fn take_down(
                 if let Some(lost) = record::take_outcome(&rec.id) {
                     return Err(lost_by_itself(mp, &lost));
                 }
-                say(&format!("unmounted {} ({})", mp.display(), rec.blob));
+                say(&said(&rec, "unmounted", None));
                 return Ok(true);
             }
             Err(_) => {} // it died just now: clean up below
@@ -130,15 +169,11 @@ pub fn take_down(
     clean_dead(
         &rec.mountpoint,
         rec.mode,
-        rec.device.as_deref(),
+        rec.device.as_deref().map(|d| (d, rec.device_seq)),
         &rec.fuse_dir,
     )?;
     record::remove(&rec.id);
-    say(&format!(
-        "cleaned up after the dead daemon of {} ({})",
-        mp.display(),
-        rec.blob
-    ));
+    say(&said(&rec, "cleaned_up", None));
     if !rec.read_only && rec.snapshot.is_none() {
         // Non-zero, so scripts notice: the drive cannot be mounted again until the
         // lease is broken, and unflushed writes are gone.
@@ -202,9 +237,15 @@ impl<'a> Stalled<'a> {
     }
 }
 
-/// Removes what a dead daemon left: its filesystem mount, loop device and FUSE
+/// Removes what a dead daemon left: its filesystem mount, loop device (named
+/// by the record with the disk sequence number it had when attached) and FUSE
 /// mount (whose connection is dead, so nothing can hang on it).
-fn clean_dead(mountpoint: &Path, mode: Mode, device: Option<&str>, fuse_dir: &Path) -> Result<()> {
+fn clean_dead(
+    mountpoint: &Path,
+    mode: Mode,
+    device: Option<(&str, Option<u64>)>,
+    fuse_dir: &Path,
+) -> Result<()> {
     if mode == Mode::Fs && system::is_mountpoint(mountpoint) {
         if let Err(e) = system::umount(mountpoint, false) {
             match e {
@@ -215,18 +256,12 @@ fn clean_dead(mountpoint: &Path, mode: Mode, device: Option<&str>, fuse_dir: &Pa
     }
     // Only while it still serves this drive's file: a device that detached itself
     // (autoclear) may already have been given to another drive.
-    // (The kernel names the file by its real path; the FUSE directory itself
-    // cannot be looked at with its daemon dead.)
-    let real_dir = match (fuse_dir.parent(), fuse_dir.file_name()) {
-        (Some(parent), Some(name)) => parent
-            .canonicalize()
-            .map(|p| p.join(name))
-            .unwrap_or_else(|_| fuse_dir.to_path_buf()),
-        _ => fuse_dir.to_path_buf(),
-    };
-    let disk = real_dir.join("disk");
-    if let Some(dev) = device.map(LoopDevice::at) {
-        dev.detach(Some(&disk))?;
+    match device {
+        Some((dev, Some(seq))) => LoopDevice::at(dev).detach(&Binding::recorded(seq))?,
+        Some((dev, None)) => tracing::warn!(
+            "the record does not say which attachment of {dev} was the drive's (an older blobdrive wrote it, or the kernel has no disk sequence numbers): it is left as it is; `losetup -d {dev}` detaches it once you know it is the drive's"
+        ),
+        None => {}
     }
     if system::is_mountpoint(fuse_dir) {
         system::umount(fuse_dir, true)?;

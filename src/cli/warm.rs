@@ -39,8 +39,8 @@ pub struct Args {
     /// Fetch at most SIZE a second (e.g. 100MiB) [default: no limit].
     #[arg(long, value_name = "SIZE")]
     pub max_rate: Option<String>,
-    /// Print a JSON summary (fetched, already_cached, skipped, seconds) instead of
-    /// progress and a line.
+    /// Print a JSON summary (mountpoint, fetched, already_cached, skipped,
+    /// seconds, allocated, stopped) instead of progress and a line.
     #[arg(long)]
     pub json: bool,
 }
@@ -110,7 +110,9 @@ pub fn run(args: Args) -> Result<()> {
         );
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary(&end))?);
+        let mut v = summary(&end);
+        v["mountpoint"] = mp.display().to_string().into();
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!("warm-up of {}: {}", mp.display(), end.summary());
     }

@@ -46,9 +46,32 @@ pub struct Counted {
     pub cache_size: u64,
 }
 
-/// One line for each node plugin that ran on this host (`blobdrive list`):
-/// its budget and what its live volumes take of it.
-pub fn host_summaries() -> Vec<String> {
+/// A node plugin that ran on this host, as `blobdrive list` shows it: its
+/// budget and what its live volumes take of it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeSummary {
+    pub node_id: String,
+    pub cache_budget: u64,
+    pub cache_taken: u64,
+    pub volumes: usize,
+}
+
+impl std::fmt::Display for NodeSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CSI node {}: cache budget {}, {} taken by {} volume{}",
+            self.node_id,
+            human(self.cache_budget),
+            human(self.cache_taken),
+            self.volumes,
+            if self.volumes == 1 { "" } else { "s" }
+        )
+    }
+}
+
+/// Each node plugin that ran on this host (`blobdrive list`).
+pub fn host_summaries() -> Vec<NodeSummary> {
     staged::budgets()
         .into_iter()
         .map(|b| {
@@ -59,15 +82,12 @@ pub fn host_summaries() -> Vec<String> {
                 pending: Mutex::new(HashMap::new()),
             };
             let counted = budget.counted();
-            let taken: u64 = counted.iter().map(|c| c.cache_size).sum();
-            format!(
-                "CSI node {}: cache budget {}, {} taken by {} volume{}",
-                b.node_id,
-                human(b.total),
-                human(taken),
-                counted.len(),
-                if counted.len() == 1 { "" } else { "s" }
-            )
+            NodeSummary {
+                node_id: b.node_id,
+                cache_budget: b.total,
+                cache_taken: counted.iter().map(|c| c.cache_size).sum(),
+                volumes: counted.len(),
+            }
         })
         .collect()
 }

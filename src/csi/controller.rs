@@ -350,7 +350,6 @@ impl Controller for ControllerService {
         if req.capacity_range.is_none() {
             return Err(Status::invalid_argument("a capacity range is required"));
         }
-        let size = volume::size_for(req.capacity_range.as_ref())?;
         let id = VolumeId::known(&req.volume_id)?;
         let blob = self.blob(&id);
         let props = match blob.properties().await {
@@ -360,6 +359,8 @@ impl Controller for ControllerService {
             }
             Err(e) => return Err(status_of(e)),
         };
+        // A volume that does not exist is NOT_FOUND whatever size is asked.
+        let size = volume::size_for(req.capacity_range.as_ref())?;
         let now = props.content_length.saturating_sub(crate::vhd::FOOTER_SIZE);
         if size <= now {
             return Ok(Response::new(ControllerExpandVolumeResponse {

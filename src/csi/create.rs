@@ -12,7 +12,7 @@ use super::origin::{Origin, Source};
 use super::proto::{CreateVolumeRequest, Volume};
 use super::snapshots::SnapshotId;
 use super::volume::{self, VolumeId};
-use super::{clone, parameters, status_of, status_of_drive, Driver};
+use super::{clone, flush, parameters, status_of, status_of_drive, Driver};
 use crate::azure::{BlobClient, BlobProperties, BlobService};
 use crate::drive::{self, Drive, DriveError};
 
@@ -40,6 +40,13 @@ pub async fn create_volume(driver: &Driver, req: &CreateVolumeRequest) -> Result
         Some(Source::Snapshot(s)) => copy_snapshot(driver, &blob, s, &asked).await?,
         Some(Source::Volume(v)) => {
             let source = VolumeId::parse(v).expect("checked");
+            // The clone is a copy of a snapshot of the source: with every
+            // write its node acknowledged (a source that does not exist is
+            // NOT_FOUND below).
+            let src = driver.service.blob(&source.container, &source.blob);
+            if let Ok(props) = src.properties().await {
+                flush::before_snapshot(driver, &source, &props).await;
+            }
             let (blob, asked) = (&blob, &asked);
             let copy = |snapshot: SnapshotId| async move {
                 copy_snapshot(driver, blob, &snapshot.spec(), asked).await
@@ -205,17 +212,19 @@ async fn copy_snapshot(
     spec: &str,
     asked: &Asked<'_>,
 ) -> Result<u64, Status> {
-    let snapshot =
-        SnapshotId::parse(spec).ok_or_else(|| Status::not_found(format!("no snapshot {spec}")))?;
+    // What the request named: a clone's snapshot is the driver's own, taken
+    // for the copy and deleted after, and no answer names it.
+    let named = match &asked.source {
+        Some(Source::Volume(v)) => format!("volume {v}"),
+        _ => format!("snapshot {spec}"),
+    };
+    let missing = || Status::not_found(format!("no {named}"));
+    let snapshot = SnapshotId::parse(spec).ok_or_else(missing)?;
     let source = snapshot.blob(&driver.service);
     let has = match Drive::open(&source).await {
         Ok(d) => d.disk_size(),
-        Err(DriveError::Azure(e)) if e.is_not_found() => {
-            return Err(Status::not_found(format!("no snapshot {spec}")))
-        }
-        Err(DriveError::BlobMissing(_) | DriveError::ContainerMissing(_)) => {
-            return Err(Status::not_found(format!("no snapshot {spec}")))
-        }
+        Err(DriveError::Azure(e)) if e.is_not_found() => return Err(missing()),
+        Err(DriveError::BlobMissing(_) | DriveError::ContainerMissing(_)) => return Err(missing()),
         Err(e) => return Err(status_of_drive(e)),
     };
     let range = asked.req.capacity_range.as_ref();
@@ -225,7 +234,7 @@ async fn copy_snapshot(
     };
     if range.is_some_and(|r| r.limit_bytes > 0 && (r.limit_bytes as u64) < has) {
         return Err(Status::out_of_range(format!(
-            "snapshot {spec} holds {has} bytes, more than the limit asked"
+            "{named} holds {has} bytes, more than the limit asked"
         )));
     }
     let size = wanted.max(has);

@@ -8,7 +8,8 @@
 //!   from a snapshot taken for it;
 //! - `publish.rs`: which node a volume is published to, and fencing a node
 //!   that lost it;
-//! - `snapshots.rs`: volume snapshots as blob snapshots;
+//! - `snapshots.rs`: volume snapshots as blob snapshots, taken once the node
+//!   holding the volume flushed it (`flush.rs`);
 //! - `metadata.rs`: the SnapshotMetadata service, a snapshot's allocated
 //!   blocks and the blocks changed between two, for backup tools;
 //! - `node.rs`: the Node service, its calls carried out below it (`node/`):
@@ -28,6 +29,7 @@ mod cgroup;
 mod clone;
 mod controller;
 mod create;
+mod flush;
 mod identity;
 mod memcg;
 mod metadata;
@@ -125,9 +127,11 @@ pub struct Driver {
     pub cache_budget: u64,
 }
 
+pub use budget::NodeSummary;
+
 /// For `blobdrive list`: each node plugin's cache budget on this host, and
-/// what its volumes take of it, one line each.
-pub fn cache_budgets_here() -> Vec<String> {
+/// what its volumes take of it (a line each as text).
+pub fn cache_budgets_here() -> Vec<NodeSummary> {
     budget::host_summaries()
 }
 
@@ -228,6 +232,15 @@ pub async fn serve(
     });
     let node = (driver.role != Role::Controller)
         .then(|| proto::node_server::NodeServer::new(node::NodeService::new(driver.clone())));
+    // The controller's requests to flush a volume before its snapshot.
+    let flusher = match (&node, &driver.container) {
+        (Some(_), Some(container)) => Some(tokio::spawn(flush::serve(
+            driver.service.clone(),
+            container.clone(),
+            driver.node_id.clone(),
+        ))),
+        _ => None,
+    };
     // Said once the services are made (the node's has logged its budget).
     tracing::info!("CSI driver {PLUGIN_NAME} serving on {}", path.display());
     let result = tonic::transport::Server::builder()
@@ -244,6 +257,9 @@ pub async fn serve(
             stop,
         )
         .await;
+    if let Some(f) = flusher {
+        f.abort();
+    }
     let _ = std::fs::remove_file(&path);
     Ok(result?)
 }

@@ -58,6 +58,12 @@ pub fn found(path: &Path) -> std::io::Result<Found> {
 
 /// Opens `path` without following its last part (`O_PATH`): a directory when
 /// `dir`, else anything but a symlink. Used for mounting, never for I/O.
+///
+/// A directory is opened without asking its filesystem anything: `O_DIRECTORY`
+/// refuses a symlink already (ENOTDIR), and a filesystem shut down after I/O
+/// errors (xfs, once its volume was fenced and its log could not be written)
+/// answers every stat with EIO, while its mounts must still be found and
+/// taken down.
 pub fn open_path(path: &Path, dir: bool) -> std::io::Result<OwnedFd> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
@@ -73,7 +79,7 @@ pub fn open_path(path: &Path, dir: bool) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: `fd` was just opened and is owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    if id_of(&fd)?.2 == libc::S_IFLNK {
+    if !dir && id_of(&fd)?.2 == libc::S_IFLNK {
         return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
     }
     Ok(fd)
@@ -97,6 +103,28 @@ pub fn mount_id(fd: &OwnedFd) -> std::io::Result<u64> {
         .find_map(|l| l.strip_prefix("mnt_id:"))
         .and_then(|v| v.trim().parse().ok())
         .ok_or_else(|| std::io::Error::other("no mnt_id in fdinfo"))
+}
+
+/// The device (as `st_dev` numbers it) and the root within its filesystem of
+/// the mount `mount_id`, as this process's mount table says: what identifies a
+/// mount whose filesystem answers no stat (see [`open_path`]).
+pub fn mount_source(mount_id: u64) -> Option<(u64, String)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    source_per(&info, mount_id)
+}
+
+/// [`mount_source`], per the mount table `info` read already.
+fn source_per(info: &str, mount_id: u64) -> Option<(u64, String)> {
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').next().and_then(|m| m.parse().ok()) == Some(mount_id))?;
+    let mut fields = line.split(' ').skip(2);
+    let (major, minor) = fields.next()?.split_once(':')?;
+    let root = fields.next()?.to_string();
+    Some((
+        libc::makedev(major.parse().ok()?, minor.parse().ok()?),
+        root,
+    ))
 }
 
 /// Bind-mounts what `from` is open on onto what `to` is open on.
@@ -203,5 +231,27 @@ mod tests {
             real.canonicalize().unwrap().join("x")
         );
         assert_eq!(resolve(&dir.path().join("none/x")), None);
+    }
+
+    #[test]
+    fn a_mount_s_device_and_root_are_read_from_the_mount_table() {
+        let info = "\
+22 1 259:1 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p1 rw
+618 22 7:3 / /var/lib/kubelet/pods/p/volumes/v/mount rw,nosuid,nodev shared:300 - xfs /dev/loop3 rw
+619 22 7:3 /sub /elsewhere rw shared:301 - xfs /dev/loop3 rw
+";
+        assert_eq!(
+            source_per(info, 618),
+            Some((libc::makedev(7, 3), "/".to_string()))
+        );
+        assert_eq!(
+            source_per(info, 619),
+            Some((libc::makedev(7, 3), "/sub".to_string()))
+        );
+        assert_eq!(source_per(info, 61), None);
+        let mine = open_path(Path::new("/"), true).unwrap();
+        let (dev, _, _) = id_of(&mine).unwrap();
+        let (seen, _) = mount_source(mount_id(&mine).unwrap()).unwrap();
+        assert_eq!(seen, dev);
     }
 }

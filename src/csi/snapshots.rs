@@ -7,7 +7,7 @@ use tonic::Status;
 
 use super::proto::{CreateSnapshotRequest, ListSnapshotsRequest, ListSnapshotsResponse, Snapshot};
 use super::volume::VolumeId;
-use super::{parameters, status_of, Driver};
+use super::{flush, parameters, status_of, Driver};
 use crate::azure::xml::BlobItem;
 use crate::azure::{AzureError, BlobClient, BlobService};
 use crate::vhd::FOOTER_SIZE;
@@ -44,7 +44,9 @@ impl SnapshotId {
     /// made.
     pub fn parse(id: &str) -> Option<SnapshotId> {
         let (volume, at) = id.split_once('@')?;
-        if !crate::azure::xml::is_snapshot_id(at) {
+        // Any text but a time names no snapshot this driver took: NOT_FOUND
+        // to its callers, never a pair of snapshots to judge.
+        if !crate::azure::xml::is_snapshot_id(at) || creation_time(at).is_none() {
             return None;
         }
         Some(SnapshotId {
@@ -128,6 +130,7 @@ pub async fn create(driver: &Driver, req: &CreateSnapshotRequest) -> Result<Snap
         }
         Err(e) => return Err(status_of(e)),
     };
+    flush::before_snapshot(driver, &source, &props).await;
     let at = blob
         .create_snapshot_with(&[(SNAPSHOT_META, &req.name), (DIGEST_META, &digest)])
         .await
@@ -275,7 +278,13 @@ mod tests {
         let id = SnapshotId::parse("vols/pvc-1.vhd@2026-11-22T11:05:54.5810000Z").unwrap();
         assert_eq!(id.volume.spec(), "vols/pvc-1.vhd");
         assert_eq!(id.spec(), "vols/pvc-1.vhd@2026-11-22T11:05:54.5810000Z");
-        for bad in ["vols/pvc-1.vhd", "vols/pvc-1.vhd@", "x@y", "vols/a.vhd@a b"] {
+        for bad in [
+            "vols/pvc-1.vhd",
+            "vols/pvc-1.vhd@",
+            "x@y",
+            "vols/a.vhd@a b",
+            "vols/a.vhd@notatime",
+        ] {
             assert_eq!(SnapshotId::parse(bad), None, "{bad}");
         }
     }

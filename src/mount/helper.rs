@@ -232,19 +232,18 @@ fn options_of(list: &str) -> impl Iterator<Item = &str> {
     list.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 
-/// Refuses an option given twice with a value (`metrics=` twice: which one
-/// counts?; `warm` with or without one) and flags that contradict each other (`rw,ro`), naming them. The
-/// same flag twice says nothing twice and is let be. Options the helper does
-/// not take (mount(8)'s own, `x-*`, `comment=`) are not looked at: mount(8)
-/// handles them.
+/// Refuses an option given twice, with a value or not (`metrics=` twice:
+/// which one counts?; `noatime,noatime`, `ro,ro`: a line that says a thing
+/// twice was written in error, and the reader cannot tell which one a later
+/// edit meant), and flags that contradict each other (`rw,ro`), naming them.
+/// `comment=` and `x-*` are mount(8)'s and systemd's, which may repeat them
+/// (`x-systemd.requires=` once per unit): they are not looked at.
 pub fn check_repeats(list: &str) -> Result<(), UsageError> {
     let opts: Vec<&str> = options_of(list).collect();
     let name_of = |o: &str| o.split_once('=').map_or(o, |(n, _)| n).to_string();
     for (i, opt) in opts.iter().enumerate() {
         let name = name_of(opt);
-        // `warm` takes a value or none; the others always take one.
-        let once = (VALUED.contains(&name.as_str()) && name != "comment") || name == "warm";
-        if !once {
+        if name == "comment" || name.starts_with("x-") {
             continue;
         }
         if let Some(again) = opts[i + 1..].iter().find(|o| name_of(o) == name) {
@@ -548,12 +547,22 @@ mod tests {
             // Sloppy or not: -s is for options blobdrive does not know.
             assert!(parse_options(list, true).is_err(), "{list}");
         }
-        // The same flag twice says the same; mount(8)'s own options are its.
+        // A flag twice too, whatever it is.
+        for (list, needle) in [
+            ("ro,ro", "option ro is given twice (ro and ro)"),
+            ("noatime,noatime", "option noatime is given twice"),
+            ("nosuid,nodev,nosuid", "option nosuid is given twice"),
+            ("_netdev,nofail,_netdev", "option _netdev is given twice"),
+            ("defaults,defaults", "option defaults is given twice"),
+        ] {
+            let e = parse_options(list, false).unwrap_err().0;
+            assert!(e.starts_with(needle), "{list}: {e}");
+        }
+        // mount(8)'s and systemd's own may repeat.
         for fine in [
-            "ro,ro",
-            "nosuid,nosuid,nodev",
             "comment=a,comment=b",
             "x-a=1,x-a=2",
+            "x-systemd.requires=a.service,x-systemd.requires=b.service",
             "noatime,nodiratime",
         ] {
             assert!(parse_options(fine, false).is_ok(), "{fine}");

@@ -30,6 +30,11 @@ pub struct MountRecord {
     pub mode: Mode,
     pub fuse_dir: PathBuf,
     pub device: Option<String>,
+    /// The loop device's disk sequence number right after the root part
+    /// attached it: while the device still has it, it is still attached to
+    /// this mount's `disk` (`unmount` of a dead daemon detaches it only then).
+    #[serde(default)]
+    pub device_seq: Option<u64>,
     pub read_only: bool,
     /// The memory cache's limit (`--cache-size`), for `list` and for a CSI
     /// node plugin counting what its staged volumes take of its budget.
@@ -344,6 +349,21 @@ pub fn writable_mount(endpoint: &str, blob: &str) -> Option<MountRecord> {
     load_all()
         .into_iter()
         .find(|m| m.endpoint == endpoint && m.blob == blob && m.snapshot.is_none() && !m.read_only)
+}
+
+/// Names, for a message, the process `pid` that holds a lock (a disk cache's,
+/// as /proc/locks tells): the mount whose daemon it is, else the process.
+pub fn lock_holder(pid: Option<u32>) -> String {
+    let Some(pid) = pid else {
+        return "another mount".to_string();
+    };
+    match load_all().into_iter().find(|m| m.pid == pid) {
+        Some(m) => format!("the mount at {} (pid {pid})", m.mountpoint.display()),
+        None => {
+            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("pid {pid} ({})", comm.trim())
+        }
+    }
 }
 
 /// Whether the daemon of a record is still running.

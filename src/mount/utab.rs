@@ -50,6 +50,12 @@ pub fn remove(target: &Path) -> Result<(), String> {
     edit(dir, |text| without_entry(text, target))
 }
 
+/// Whether the table has an entry of this program's for `target`.
+pub fn has_entry(target: &Path) -> bool {
+    let table = read_table(&Path::new(UTAB_DIR).join("utab")).unwrap_or_default();
+    without_entry(&table, target) != table
+}
+
 /// The mount on top of `target` whose device is `devno` (`MAJOR:MINOR`, as the
 /// caller knows its own mount: not by a stat of `target`, which would wait on
 /// the worker's FUSE answers): its ID and source, from /proc/self/mountinfo.

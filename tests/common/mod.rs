@@ -4,6 +4,8 @@
 pub mod azurite;
 pub mod bd;
 pub mod entra;
+pub mod facts;
+pub mod fuseplay;
 pub mod mount;
 pub mod sdk;
 pub mod user;

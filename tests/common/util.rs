@@ -221,6 +221,51 @@ pub fn merged_ranges(mut all: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
+/// fsx, the File System eXerciser: `BLOBDRIVE_FSX`, else the one
+/// `scripts/install-deps.sh` builds into target/tools, else one on the PATH.
+pub fn fsx_bin() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("BLOBDRIVE_FSX") {
+        return std::path::PathBuf::from(p);
+    }
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tools/bin/fsx");
+    if built.exists() {
+        return built;
+    }
+    let on_path = sh("command -v fsx");
+    assert!(
+        on_path.status.success(),
+        "fsx is not installed: scripts/install-deps.sh builds it into target/tools (or set BLOBDRIVE_FSX)"
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim())
+}
+
+/// Discards `len` bytes at `offset` of the open file or device `f` (hole
+/// punching, which blobdrive turns into Clear Pages); fails the test if refused.
+pub fn discard(f: &std::fs::File, offset: u64, len: u64) {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: fallocate on an open descriptor with in-range arguments.
+    let rc = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as i64,
+            len as i64,
+        )
+    };
+    assert_eq!(rc, 0, "discard failed: {}", std::io::Error::last_os_error());
+}
+
+/// Whether this process has CAP_SYS_RESOURCE (bit 24 of CapEff), as a daemon
+/// it starts will: growing a mounted ext4 takes it.
+pub fn has_cap_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap();
+    u64::from_str_radix(hex.trim(), 16).unwrap() >> 24 & 1 == 1
+}
+
 /// `len` bytes of a pattern that differs with `seed` (and from one sector of
 /// 512 bytes to the next).
 pub fn pattern(seed: u64, len: u64) -> Vec<u8> {

@@ -201,3 +201,14 @@ pub fn listener_of(worker: u64) -> std::os::unix::net::UnixListener {
     }
     panic!("no listening unix socket among the descriptors of {worker}");
 }
+
+/// The worker's `/dev/fuse` descriptor, taken from it: requests of the
+/// drive's FUSE mount read from it are the taker's to answer while the worker
+/// is stopped, and notifications written to it are the kernel's to act on.
+pub fn fuse_of(worker: u64) -> OwnedFd {
+    let (n, _) = fd_links(worker)
+        .into_iter()
+        .find(|(_, link)| link == "/dev/fuse")
+        .unwrap_or_else(|| panic!("no /dev/fuse among the descriptors of {worker}"));
+    take_fd(worker, n)
+}

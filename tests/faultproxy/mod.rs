@@ -376,7 +376,8 @@ fn error_response(status: u16, code: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-fn status_of(resp: &[u8]) -> Option<u16> {
+/// The status code of a raw HTTP response.
+pub fn status_of(resp: &[u8]) -> Option<u16> {
     let line = resp.split(|b| *b == b'\n').next()?;
     String::from_utf8_lossy(line)
         .split_whitespace()

@@ -27,9 +27,22 @@ pub fn alive(p: &Published) -> bool {
     paths::open_path(&p.target, !p.block).is_ok_and(|fd| is_ours(&fd, p))
 }
 
+/// Whether `fd` is open on the root of the bind mount `p` records: that
+/// mount, over that directory (or device node). A filesystem shut down after
+/// I/O errors (xfs, its volume fenced) answers no stat, so there the mount
+/// table says it instead: that mount, of that device, at its root.
 fn is_ours(fd: &OwnedFd, p: &Published) -> bool {
-    paths::mount_id(fd).is_ok_and(|m| m == p.mount_id)
-        && paths::id_of(fd).is_ok_and(|(dev, ino, _)| (dev, ino) == p.root)
+    if !paths::mount_id(fd).is_ok_and(|m| m == p.mount_id) {
+        return false;
+    }
+    match paths::id_of(fd) {
+        Ok((dev, ino, _)) => (dev, ino) == p.root,
+        Err(e) if e.raw_os_error() == Some(libc::EIO) && !p.block => {
+            paths::mount_source(p.mount_id)
+                .is_some_and(|(dev, root)| dev == p.root.0 && root == "/")
+        }
+        Err(_) => false,
+    }
 }
 
 /// Whether a mount of this id is in this process's mount table.

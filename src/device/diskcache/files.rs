@@ -18,6 +18,7 @@ use std::path::Path;
 
 use super::direct::DirectReader;
 use super::index::{Chunk, CHUNK, PIECE, PIECES};
+use super::lock::{lock_existing, lock_new, Holder};
 use super::preadv::read_vectored_exact_at;
 use super::reclaim::{empty_untrusted, LeftTo};
 
@@ -33,11 +34,29 @@ pub struct BlobState {
 /// What a clean unmount left: the blob's state then, and the index's entries.
 pub type Left = (BlobState, Vec<(u64, Chunk)>);
 
+/// A drive's cache directory, and its lock file, locked (flock) for as long
+/// as it is open (see [`open_drive_dir`]).
+pub struct DriveDir {
+    pub dir: File,
+    pub lock: File,
+}
+
+impl DriveDir {
+    /// Another handle of both: the lock is held until every handle is closed.
+    pub fn try_clone(&self) -> std::io::Result<DriveDir> {
+        Ok(DriveDir {
+            dir: self.dir.try_clone()?,
+            lock: self.lock.try_clone()?,
+        })
+    }
+}
+
 /// The files of one drive's cache, locked for this mount.
 pub struct Files {
     dir: File,
-    /// Held (flock) for as long as this is alive.
-    _lock: File,
+    /// Held (flock) for as long as this is alive, when this process locked
+    /// the directory (a split daemon's root part holds it for its worker).
+    _lock: Option<File>,
     pub data: File,
     /// The same data file opened for direct reads, where its filesystem allows.
     direct: Option<DirectReader>,
@@ -182,7 +201,9 @@ pub fn check_dir(dir: &Path) -> Result<File, String> {
 }
 
 /// Opens (creating it 0700) the directory of one drive's cache, `name` under
-/// `parent` (see [`check_dir`]), not following a link. It must be root's, or
+/// `parent` (see [`check_dir`]), not following a link, and locks it: one
+/// another mount holds is refused before anything in it is changed, naming
+/// that mount (`holder` names the pid holding the lock). It must be root's, or
 /// with `owner` (the uid and gid of a split daemon's worker, which does the
 /// cache's I/O) root's, that user's, or a pool uid (`left_to` tells) whose
 /// mount's root part was killed before it could take the directory back:
@@ -195,7 +216,8 @@ pub fn open_drive_dir(
     name: &str,
     owner: Option<(u32, u32)>,
     left_to: &dyn Fn(u32) -> LeftTo,
-) -> Result<File, String> {
+    holder: Holder,
+) -> Result<DriveDir, String> {
     let top = check_dir(parent)?;
     let shown = parent.join(name);
     let shown = shown.display();
@@ -219,6 +241,8 @@ pub fn open_drive_dir(
         .map_err(|e| format!("cannot read {shown}: {e}"))?;
     let mut left_by = meta.uid();
     let mut meta = meta;
+    // A live mount's directory is refused before anything in it changes.
+    let mut lock = lock_existing(&dir, &shown.to_string(), left_by, holder)?;
     let also = match owner {
         Some((uid, _)) if left_by != 0 && left_by != uid => match left_to(left_by) {
             LeftTo::Idle => Some(left_by),
@@ -228,6 +252,8 @@ pub fn open_drive_dir(
                 })?;
                 tracing::warn!("the disk cache {shown} was left to uid {left_by}, which another mount now runs as: emptied, this mount starts cold");
                 left_by = 0;
+                // (Its file is gone with the rest.)
+                lock = None;
                 meta = dir
                     .metadata()
                     .map_err(|e| format!("cannot read {shown}: {e}"))?;
@@ -243,7 +269,17 @@ pub fn open_drive_dir(
         give_to(&dir, (uid, gid), left_by)
             .map_err(|e| format!("cannot give {shown} to uid {uid}: {e}"))?;
     }
-    Ok(dir)
+    let lock = match lock {
+        Some(l) => l,
+        None => lock_new(&dir, &shown.to_string(), holder)?,
+    };
+    // A split daemon's root part holds it: root's, not the worker's.
+    // SAFETY: fchown on a valid descriptor.
+    if owner.is_some() && unsafe { libc::fchown(lock.as_raw_fd(), 0, 0) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("cannot make {shown}/lock root's: {e}"));
+    }
+    Ok(DriveDir { dir, lock })
 }
 
 /// Takes a drive's directory `dir` back from the worker's uid `uid` once its
@@ -298,7 +334,7 @@ fn give_to(dir: &File, to: (u32, u32), from: u32) -> std::io::Result<()> {
 /// Gives the cache's own files in `dir` that are `from`'s (regular, with one
 /// link) to `to` (uid, gid).
 fn chown_files(dir: &File, from: u32, to: (u32, u32)) -> std::io::Result<()> {
-    for name in ["lock", "data", "index", "index.new"] {
+    for name in ["data", "index", "index.new"] {
         let Ok(f) = open_at(dir, name, libc::O_RDONLY | libc::O_NONBLOCK) else {
             continue;
         };
@@ -317,25 +353,19 @@ impl Files {
     /// Opens (creating it 0700) the directory `name` under `parent` and takes its
     /// lock: a second mount of the same drive with the same parent is refused.
     pub fn open(parent: &Path, name: &str) -> Result<Files, String> {
-        let dir = open_drive_dir(parent, name, None, &|_| LeftTo::NotPool)?;
-        Files::open_in(dir, &parent.join(name))
+        let holder = |pid: Option<u32>| match pid {
+            Some(pid) => format!("pid {pid}"),
+            None => "another mount".to_string(),
+        };
+        let d = open_drive_dir(parent, name, None, &|_| LeftTo::NotPool, &holder)?;
+        Files::open_in(d.dir, Some(d.lock), &parent.join(name))
     }
 
-    /// Takes the lock of the drive's cache directory `dir` (opened by
-    /// [`open_drive_dir`]; `shown` names it) and opens its files.
-    pub fn open_in(dir: File, shown: &Path) -> Result<Files, String> {
+    /// Opens the files of the drive's cache directory `dir` (opened and
+    /// locked by [`open_drive_dir`]; `shown` names it), keeping `lock` (the
+    /// lock's handle, when this process is to hold it).
+    pub fn open_in(dir: File, lock: Option<File>, shown: &Path) -> Result<Files, String> {
         let shown = shown.display();
-        let lock = open_at(&dir, "lock", libc::O_RDWR | libc::O_CREAT)
-            .map_err(|e| format!("cannot open {shown}/lock: {e}"))?;
-        // SAFETY: a valid fd.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                format!("the disk cache {shown} is in use by another mount of the same drive: give this mount another --disk-cache directory, or none")
-            } else {
-                format!("cannot lock {shown}: {e}")
-            });
-        }
         let data = open_at(&dir, "data", libc::O_RDWR | libc::O_CREAT)
             .map_err(|e| format!("cannot open {shown}/data: {e}"))?;
         if !data

@@ -25,6 +25,7 @@
 mod direct;
 pub mod files;
 pub mod index;
+pub mod lock;
 mod open;
 mod preadv;
 mod read;

@@ -70,8 +70,9 @@ impl DiskCache {
         DiskCache::open_files(files, shown, limit, now, may_start_warm)
     }
 
-    /// Like [`DiskCache::open`], in the drive's directory `dir` opened already
-    /// (by a split daemon's root part: `files::open_drive_dir`); `shown` names it.
+    /// Like [`DiskCache::open`], in the drive's directory `dir` opened and
+    /// locked already (by a split daemon's root part, which holds the lock:
+    /// `files::open_drive_dir`); `shown` names it.
     pub fn open_in(
         dir: std::fs::File,
         shown: std::path::PathBuf,
@@ -79,7 +80,7 @@ impl DiskCache {
         now: &BlobState,
         may_start_warm: bool,
     ) -> Result<DiskCache, String> {
-        let files = Files::open_in(dir, &shown)?;
+        let files = Files::open_in(dir, None, &shown)?;
         DiskCache::open_files(files, shown, limit, now, may_start_warm)
     }
 

@@ -205,6 +205,7 @@ impl Mounted {
                 };
                 reply.send(&answer);
             }
+            FLUSH_CMD => reply.send(&self.flush_on_request()),
             "unmount" | DISCARD_CMD => return self.unmount_on_request(cmd, reply, rx),
             other if other.starts_with("resize ") => {
                 let answer = match other["resize ".len()..].trim().parse::<u64>() {
@@ -468,6 +469,10 @@ impl Ticker {
 
 /// The control command of `unmount --discard-dirty`.
 pub const DISCARD_CMD: &str = "unmount discard-dirty";
+
+/// The control command that writes everything the drive acknowledged so far
+/// to the blob (a CSI node's, before its volume is snapshotted).
+pub const FLUSH_CMD: &str = "flush";
 
 /// What the control thread needs to make a teardown stop waiting.
 struct Discard {

@@ -29,7 +29,9 @@ mod stats;
 mod teardown;
 mod warm;
 
-pub use control::{control, control_on, control_watching, control_with_progress, DISCARD_CMD};
+pub use control::{
+    control, control_on, control_watching, control_with_progress, DISCARD_CMD, FLUSH_CMD,
+};
 pub use warm::CMD as WARM_CMD;
 
 use std::path::PathBuf;

@@ -174,6 +174,18 @@ impl Mounted {
             .map_err(|e| {
                 MountError::with_source(format!("growing the {fstype} filesystem failed"), e)
             })?;
+        // XFS writes its secondary superblocks after the grow's own commit and
+        // flushes nothing after them: until the next flush a crash left a
+        // primary superblock the others disagree with (the kernel mounts it,
+        // xfs_repair finds the superblocks in conflict and, with none of the
+        // others written, would undo the grow). Once the resize has returned,
+        // the grown filesystem is whole on the blob.
+        set(phase, "writing the grown filesystem to the blob");
+        if let Some(cache) = &self.cache {
+            cache.flush().map_err(|e| {
+                MountError::Data(format!("cannot write the grown {fstype} filesystem: {e}"))
+            })?;
+        }
         Ok(format!(
             "the {fstype} filesystem at {} grew to {}",
             mp.display(),

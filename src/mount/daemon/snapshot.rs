@@ -39,4 +39,18 @@ impl Mounted {
         info!("consistent snapshot {id} of {}", self.target);
         Ok(id)
     }
+
+    /// `flush`: writes everything the drive acknowledged so far to the blob,
+    /// so that a snapshot taken next (by someone else: a CSI controller) holds
+    /// it, as a disk's snapshot holds every write it completed. The answer:
+    /// `ok`, or `error` and why.
+    pub(super) fn flush_on_request(&self) -> String {
+        let Some(c) = self.cache.as_ref().filter(|_| !self.req.read_only) else {
+            return "ok".to_string();
+        };
+        match c.flush() {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("error {e}"),
+        }
+    }
 }

@@ -120,7 +120,8 @@ impl Mounted {
     }
 
     /// Whether the loop device is still attached over `disk` (the root part
-    /// looks: sysfs names the backing file it named right after attaching).
+    /// asks the kernel: the device's disk sequence number is the one it read
+    /// right after attaching).
     /// Also when that cannot be told.
     fn loop_still_attached(&self) -> bool {
         self.root.loop_attached() != Some(false)

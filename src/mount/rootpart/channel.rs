@@ -63,22 +63,27 @@ pub enum Request {
     },
     /// The drive came down cleanly: its log is of no more use.
     RemoveLog {},
-    /// Attach a loop device over the FUSE file `disk` (the root part's FUSE
-    /// mount), set up for a disk across a network (read-ahead, direct I/O and,
-    /// when writable, a writeback limit), read-only when the mount is: answered
-    /// with the device's path, which the record and `Ready` then name.
+    /// Attach a loop device over the FUSE file `disk` (opened by the root part
+    /// beneath its own FUSE mount, a regular file of it, never through a
+    /// symlink), set up for a disk across a network (read-ahead, direct I/O
+    /// and, when writable, a writeback limit), read-only when the mount is:
+    /// answered with the device's path, which the record and `Ready` then name.
+    /// Refused in raw mode.
     AttachLoop {},
-    /// Whether the loop device is still attached over `disk` (sysfs names the
-    /// same backing file as right after attaching): after a plain umount with
-    /// autoclear it is not, and the root part forgets it.
+    /// Whether the loop device is still attached over `disk` (the kernel's
+    /// disk sequence number of it is the one read right after attaching):
+    /// after a plain umount with autoclear it is not, and the root part
+    /// forgets it.
     LoopAttached {},
     /// Make the loop device take the new size of `disk` (after a resize):
     /// answered with the device's size in bytes.
     LoopCapacity {},
-    /// The size of `disk` as the kernel sees it (a stat through the FUSE mount,
-    /// which lets root alone in): answered with its size in bytes.
+    /// The size of `disk` as the kernel sees it (a stat of it, opened as
+    /// `AttachLoop` opens it: the FUSE mount lets root alone in): answered with
+    /// its size in bytes.
     DiskSize {},
-    /// Detach the loop device (and put its writeback settings back).
+    /// Detach the loop device (and put its writeback settings back); refused
+    /// while the filesystem on it is mounted.
     DetachLoop {},
     /// Find the filesystem on the loop device, or make the one the mount asked
     /// for (`--mkfs`) when it holds none; refused unless blobdrive mounts it.
@@ -239,7 +244,17 @@ pub(super) fn exchange(
 /// answers; this carries out.
 pub trait Ops {
     fn carry_out(&mut self, req: Request) -> Answer;
+
+    /// A line that is not one of the requests, refused: `why` is the parser's
+    /// reason, which quotes the line (the answer quotes only the start of it).
+    fn refuse(&mut self, why: &str) -> Answer {
+        let start: String = why.chars().take(REFUSAL_QUOTES).collect();
+        Answer::Refused(format!("not a request the root part takes ({start})"))
+    }
 }
+
+/// The most characters of a refused line's reason an answer repeats.
+const REFUSAL_QUOTES: usize = 300;
 
 /// Reads one request from `conn` and answers it. `Ok(false)` at the end of the
 /// stream; an error when the peer broke the framing (a line too long, not
@@ -254,10 +269,7 @@ pub fn answer_one<O: Ops>(
     };
     let answer = match serde_json::from_str::<Request>(&line) {
         Ok(req) => ops.carry_out(req),
-        Err(e) => {
-            tracing::warn!("the worker sent a request the root part does not take: {e}");
-            Answer::Refused(format!("not a request the root part takes ({e})"))
-        }
+        Err(e) => ops.refuse(&e.to_string()),
     };
     write_line(conn.get_mut(), &answer)?;
     Ok(true)

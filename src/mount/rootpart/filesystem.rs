@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::channel::{Answer, Request};
 use super::errand::{answer_only, failed};
-use super::guards::{undone, Frozen, FsMount, Guard};
+use super::guards::{undone, Frozen, FsMount, Guard, LoopOverDisk};
 use super::RootPart;
 use crate::mount::system::filesystem::{self, Small};
 use crate::mount::system::{self, LoopDevice};
@@ -22,15 +22,15 @@ impl RootPart {
         if let Request::CanGrowMountedExt4 {} = req {
             return Answer::Flag(system::has_capability(system::CAP_SYS_RESOURCE));
         }
-        let Some(dev) = self.attached_loop().cloned() else {
+        let Some(l) = self.attached_loop() else {
             return Answer::Failed("no loop device is attached".into());
         };
         match req {
-            Request::PrepareFs { zeroed } => self.prepare_fs(req, dev, zeroed),
-            Request::MountFs { small } => self.mount_fs(req, dev, small),
-            Request::LoopMounted {} => match self.mount_table.loop_mounted(&dev) {
+            Request::PrepareFs { zeroed } => self.prepare_fs(req, l, zeroed),
+            Request::MountFs { small } => self.mount_fs(req, l, small),
+            Request::LoopMounted {} => match self.mount_table.loop_mounted(&l.dev) {
                 Some(yes) => Answer::Flag(yes),
-                None => Answer::Failed(format!("cannot tell whether {dev} is mounted")),
+                None => Answer::Failed(format!("cannot tell whether {} is mounted", l.dev)),
             },
             Request::UmountFs { lazy } => {
                 if self.held.fs.is_none() {
@@ -48,7 +48,7 @@ impl RootPart {
                     })
                 })
             }
-            Request::Freeze {} => self.freeze(req, dev),
+            Request::Freeze {} => self.freeze(req, l.dev),
             Request::Thaw {} => self.thaw(req),
             Request::GrowFs {} => {
                 let Some(fstype) = self.fs.as_ref().map(|f| f.fstype.clone()) else {
@@ -59,7 +59,11 @@ impl RootPart {
                 }
                 let mp = self.req.mountpoint.clone();
                 self.on_errand(req, move || {
-                    answer_only(match system::grow_fs(&dev, &fstype, &mp) {
+                    let grown = l
+                        .dev
+                        .pinned(&l.binding)
+                        .and_then(|p| system::grow_fs(&p, &fstype, &mp));
+                    answer_only(match grown {
                         Ok(()) => Answer::Size(system::fs_size(&mp).unwrap_or(0)),
                         Err(e) => failed(e),
                     })
@@ -69,15 +73,24 @@ impl RootPart {
         }
     }
 
-    fn prepare_fs(&mut self, req: Request, dev: LoopDevice, zeroed: bool) -> Answer {
+    /// Finds (or makes) the filesystem on the device, held open while it
+    /// still serves this mount: what is found is this mount's only while the
+    /// same device is.
+    fn prepare_fs(&mut self, req: Request, l: LoopOverDisk, zeroed: bool) -> Answer {
         if self.held.fs.is_some() {
             return Answer::Refused("the filesystem is mounted already".into());
         }
         let mount_req = self.req.clone();
         self.on_errand(req, move || {
-            let prepared = filesystem::prepare(&dev, &mount_req, zeroed);
+            let prepared = l
+                .dev
+                .pinned(&l.binding)
+                .and_then(|p| filesystem::prepare(&p, &mount_req, zeroed));
             Box::new(move |root: &mut RootPart| match prepared {
                 Ok(p) => {
+                    if !root.still_holds(&l) {
+                        return Answer::Failed(format!("{} let go of the drive meanwhile", l.dev));
+                    }
                     root.fs = Some(p.clone());
                     Answer::Prepared {
                         fstype: p.fstype,
@@ -90,7 +103,7 @@ impl RootPart {
         })
     }
 
-    fn mount_fs(&mut self, req: Request, dev: LoopDevice, small: Option<(u64, u64)>) -> Answer {
+    fn mount_fs(&mut self, req: Request, l: LoopOverDisk, small: Option<(u64, u64)>) -> Answer {
         let Some(fstype) = self.fs.as_ref().map(|f| f.fstype.clone()) else {
             return Answer::Refused("no filesystem was prepared".into());
         };
@@ -100,7 +113,10 @@ impl RootPart {
         let small = small.map(|(bytes, disk)| Small { bytes, disk });
         let mount_req = self.req.clone();
         self.on_errand(req, move || {
-            let mounted = filesystem::mount(&dev, &fstype, &mount_req, small);
+            let mounted = l
+                .dev
+                .pinned(&l.binding)
+                .and_then(|p| filesystem::mount(&p, &fstype, &mount_req, small));
             Box::new(move |root: &mut RootPart| match mounted {
                 Ok(done) => {
                     let mountpoint = root.req.mountpoint.clone();
@@ -138,6 +154,14 @@ impl RootPart {
                 Err(e) => failed(e),
             })
         })
+    }
+
+    /// Whether `l` is still the device this mount holds.
+    fn still_holds(&self, l: &LoopOverDisk) -> bool {
+        self.held
+            .loop_dev
+            .as_ref()
+            .is_some_and(|h| h.binding == l.binding)
     }
 
     fn thaw(&mut self, req: Request) -> Answer {

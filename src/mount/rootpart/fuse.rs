@@ -6,6 +6,7 @@ use super::errand::{answer_only, failed};
 use super::guards::undone;
 use super::RootPart;
 use crate::mount::system;
+use crate::mount::MountError;
 
 impl RootPart {
     /// The requests about the FUSE mount.
@@ -40,17 +41,26 @@ impl RootPart {
         })
     }
 
-    /// The size of `disk`: a stat through the FUSE mount, which lets root
+    /// The size of `disk`: a stat of it, opened `O_PATH` beneath the FUSE
+    /// mount's root as an attach opens it (a symlink in the worker's answer
+    /// is refused, not followed to a file of the machine's), which lets root
     /// alone in (and waits on the worker's answer, so an errand).
     fn disk_size(&mut self, req: Request) -> Answer {
-        if self.held.fuse.is_none() {
+        let Some(fuse) = self.fuse_id.filter(|_| self.held.fuse.is_some()) else {
             return Answer::Failed("the FUSE mount is gone".into());
-        }
-        let disk = self.fuse_dir.join("disk");
+        };
+        let dir = self.fuse_dir.clone();
         self.on_errand(req, move || {
-            answer_only(match std::fs::metadata(&disk) {
-                Ok(m) => Answer::Size(m.len()),
-                Err(e) => Answer::Failed(format!("cannot stat {}: {e}", disk.display())),
+            let size = system::open_mount_root(&dir, &fuse)
+                .and_then(|root| system::open_disk(&root, fuse.dev, libc::O_PATH))
+                .and_then(|disk| {
+                    disk.metadata()
+                        .map(|m| m.len())
+                        .map_err(|e| MountError::with_source("cannot stat the FUSE file disk", e))
+                });
+            answer_only(match size {
+                Ok(n) => Answer::Size(n),
+                Err(e) => Answer::Failed(e.to_string()),
             })
         })
     }

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use tracing::{error, info, warn};
 
-use crate::mount::system::{self, LoopDevice};
+use crate::mount::system::{self, Binding, LoopDevice, Now};
 use crate::mount::{record, utab};
 
 /// Something put in place, and how it is undone.
@@ -140,32 +140,27 @@ impl Undo for FsMount {
     }
 }
 
-/// The loop device attached over `disk`, with its backing file as sysfs named
-/// it then: while sysfs still says so, the device is this mount's.
+/// The loop device attached over `disk`, and the attachment root made: while
+/// the device still serves it (by the kernel's numbers, see
+/// `system::loopdev`), the device is this mount's.
 #[derive(Clone)]
 pub(super) struct LoopOverDisk {
     pub dev: LoopDevice,
-    pub backing: Option<PathBuf>,
+    pub binding: Binding,
 }
 
 impl LoopOverDisk {
-    pub fn new(dev: &LoopDevice) -> LoopOverDisk {
-        LoopOverDisk {
-            dev: dev.clone(),
-            backing: dev.backing_file(),
-        }
-    }
-
-    /// Detaches it from `disk`, if it is still over it.
+    /// Detaches it from `disk`, if it still serves this mount.
     pub fn detach(&self) -> Result<(), crate::mount::MountError> {
-        self.dev.detach(self.backing.as_deref())
+        self.dev.detach(&self.binding)
     }
 
     /// It let go of `disk` by itself (autoclear, once the filesystem on it
-    /// was unmounted): it is no longer this mount's to detach, and its
-    /// writeback settings are put back.
+    /// was unmounted), as the kernel says without waiting on anyone: it is no
+    /// longer this mount's to detach, and its writeback settings are put
+    /// back. `false` also when that cannot be told.
     pub fn let_go(&self) -> bool {
-        if self.backing.is_some() && self.dev.backing_file() != self.backing {
+        if self.dev.serves_now(&self.binding) == Now::Gone {
             info!("{} let go of the drive by itself", self.dev);
             self.dev.released();
             return true;

@@ -11,7 +11,11 @@
 //! after every round of the root part's loop, whoever wrote it (the root
 //! part's own lines count too): rotated when it is the file in the run
 //! directory, started afresh there when someone removed it while the daemon
-//! still wrote to it.
+//! still wrote to it. The root part's own messages that quote the worker (a
+//! request it refused) quote at most [`QUOTE_MAX`] characters of it, and what
+//! they quote counts in the same window: once it is spent they are left out
+//! until the minute is over, so a worker flooding the channel with requests to
+//! refuse cannot push the log's earlier lines out either.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
@@ -25,6 +29,24 @@ use crate::mount::record;
 /// The most of the worker's log copied in a [`WINDOW`].
 pub(super) const WORKER_LOG_PER_WINDOW: u64 = record::LOG_MAX_BYTES;
 const WINDOW: Duration = Duration::from_secs(60);
+/// The most characters of the worker's text one of the root part's messages
+/// quotes: enough to tell what it sent, few enough that a flood of them stays
+/// small.
+pub(super) const QUOTE_MAX: usize = 300;
+
+/// `text` (the worker's) with its control characters escaped, cut to `max`
+/// characters (an ellipsis marks a cut).
+pub(super) fn quoted(text: &str, max: usize) -> String {
+    let mut cut = text
+        .char_indices()
+        .nth(max)
+        .map_or(text, |(i, _)| &text[..i])
+        .to_string();
+    if cut.len() < text.len() {
+        cut.push('…');
+    }
+    crate::azure::text::escape_controls(&cut)
+}
 
 /// The read end of the worker's stderr, and what its copy has done.
 pub(super) struct WorkerLog {
@@ -39,6 +61,9 @@ pub(super) struct WorkerLog {
     window_bytes: u64,
     /// The pipe is left unread until then: the window's bytes were copied.
     held_until: Option<Instant>,
+    /// The root part's messages quoting the worker are left out for the rest
+    /// of the window (and said so once).
+    quotes_held: bool,
 }
 
 impl WorkerLog {
@@ -50,7 +75,34 @@ impl WorkerLog {
             window_start: Instant::now(),
             window_bytes: 0,
             held_until: None,
+            quotes_held: false,
         }
+    }
+
+    /// Starts a new window once the last one is over.
+    fn roll_window(&mut self) {
+        if self.window_start.elapsed() >= WINDOW {
+            self.window_start = Instant::now();
+            self.window_bytes = 0;
+            self.quotes_held = false;
+        }
+    }
+
+    /// What one of the root part's messages may quote of the worker's `text`:
+    /// [`quoted`] to [`QUOTE_MAX`], counted in the window; `None` once the
+    /// window's bytes are spent (the first time, a line says so).
+    pub fn quote(&mut self, text: &str) -> Option<String> {
+        self.roll_window();
+        if self.window_bytes >= WORKER_LOG_PER_WINDOW {
+            if !self.quotes_held {
+                self.quotes_held = true;
+                warn!("the worker's words filled this minute's share of the log: messages quoting it are left out until the minute is over");
+            }
+            return None;
+        }
+        let q = quoted(text, QUOTE_MAX);
+        self.window_bytes += q.len() as u64;
+        Some(q)
     }
 
     /// The descriptor to poll for the worker's next bytes: none while they are
@@ -79,13 +131,10 @@ impl WorkerLog {
         if self.held_until.is_some() {
             return false;
         }
+        self.roll_window();
         let Some(pipe) = &self.pipe else {
             return false;
         };
-        if self.window_start.elapsed() >= WINDOW {
-            self.window_start = Instant::now();
-            self.window_bytes = 0;
-        }
         let room = WORKER_LOG_PER_WINDOW.saturating_sub(self.window_bytes);
         let mut buf = [0u8; 64 * 1024];
         let want = buf.len().min(room as usize);

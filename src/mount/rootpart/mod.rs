@@ -9,7 +9,11 @@
 //! talks to the storage service. From then on the root part only answers the
 //! worker's requests ([`Request`]), a fixed set carrying no paths: the root part
 //! knows the mountpoint, the FUSE directory and the loop device itself, and acts
-//! only on those.
+//! only on those. It resolves no path inside the FUSE filesystem the worker
+//! serves: `disk` is opened beneath the FUSE mount's root, refusing symlinks,
+//! and the loop device attached through that descriptor; from then on the
+//! device and both mounts are known by the kernel's numbers, and nothing the
+//! worker says or serves changes what the root part holds.
 //!
 //! Where each part lives:
 //! - this file: the root part's state (`RootPart`);
@@ -55,6 +59,7 @@ use std::path::PathBuf;
 use crate::mount::notify::Notifier;
 use crate::mount::record::MountRecord;
 use crate::mount::system::filesystem::Prepared;
+use crate::mount::system::MountId;
 use crate::mount::{MountRequest, Ready};
 use errand::Errand;
 use filesystem::MountTable;
@@ -73,10 +78,11 @@ struct RootPart {
     rec: MountRecord,
     /// Where FUSE is mounted (the user's directory in modes raw and block).
     fuse_dir: PathBuf,
-    /// The FUSE mount's device (`0:N` in /proc/self/mountinfo), as the kernel
-    /// named it right after mounting: how the root part tells its own FUSE
-    /// mount is still there.
-    fuse_id: Option<String>,
+    /// The FUSE mount, by the numbers the kernel gave it as it was made (its
+    /// mount id, device and unique mount id): how the root part tells its own
+    /// FUSE mount is still there, and finds its root again, never by the FUSE
+    /// directory's path alone.
+    fuse_id: Option<MountId>,
     /// What it put in place and has not undone yet.
     held: InPlace,
     /// The filesystem on the loop device as `PrepareFs` found (or made) it.

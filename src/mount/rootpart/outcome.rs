@@ -2,16 +2,19 @@
 //! the record told how the worker signed in), that it failed, status lines for
 //! the service manager, and that the drive is down (the record released, with
 //! what was lost) and its log of no more use. The kernel, not the worker, says
-//! whether the drive is down. Every word that reaches a terminal, the service
-//! manager or the record goes there with its control characters escaped.
+//! whether the drive is down, and what `blobdrive mount` prints of the result
+//! (the device, the filesystem and whether it was made now) is the root
+//! part's own account, given only once the kernel shows it in place. Every
+//! word of the worker's that reaches a terminal, the service manager or the
+//! record goes there with its control characters escaped, cut short.
 
 use tracing::warn;
 
 use super::channel::{Answer, Request};
 use super::guards::{Guard, UtabEntry};
+use super::log::quoted;
 use super::RootPart;
 use crate::mount::record;
-use crate::mount::system;
 use crate::mount::{utab, Mode, Ready};
 
 impl RootPart {
@@ -62,9 +65,10 @@ impl RootPart {
         }
     }
 
-    /// The worker's `Ready`: libmount's entry added, the record told how the
-    /// worker signed in, and the mount's description kept for `blobdrive
-    /// mount` and the service manager.
+    /// The worker's `Ready`, taken once the kernel shows what the mode puts
+    /// in place: libmount's entry added, the record told how the worker signed
+    /// in, and the mount's description (the root part's account of it) kept
+    /// for `blobdrive mount` and the service manager.
     fn said_ready(
         &mut self,
         status: String,
@@ -74,6 +78,10 @@ impl RootPart {
     ) -> Answer {
         if self.has_said || self.said.is_some() {
             return Answer::Refused("the mount's outcome was said already".into());
+        }
+        if let Err(why) = self.in_place() {
+            warn!("the worker said the drive is ready, but {why}: refused");
+            return Answer::Refused(format!("the drive is not ready: {why}"));
         }
         if let Some(auth) = auth {
             // Shown by `list`: the worker's words, bounded and plain.
@@ -90,7 +98,7 @@ impl RootPart {
         // device: a stat of the mountpoint would wait on the worker's FUSE.
         let devno = match self.req.mode {
             Mode::Fs => self.held.loop_dev.as_ref().and_then(|l| l.dev.devno()),
-            Mode::Block | Mode::Raw => self.fuse_id.clone(),
+            Mode::Block | Mode::Raw => self.fuse_id.map(|id| id.devno()),
         };
         let added = devno
             .ok_or_else(|| "its device is not known".to_string())
@@ -150,7 +158,7 @@ impl RootPart {
     }
 
     /// What of this mount the kernel still has mounted, in words: the root
-    /// part's FUSE mount (known by its device and its place), the filesystem
+    /// part's FUSE mount (known by its unique mount id), the filesystem
     /// on its loop device (while the device is still this mount's). `None`
     /// when neither is. An unreadable mount table counts as mounted.
     pub(super) fn still_mounted(&mut self) -> Option<String> {
@@ -158,24 +166,55 @@ impl RootPart {
             return Some("(the mount table cannot be read, so maybe) the drive".into());
         };
         let fuse = match &self.fuse_id {
-            Some(id) => system::mounted_with_id(&table, id, "fuse.blobdrive", &self.fuse_dir),
+            Some(id) => id.is_mounted(&table, &self.fuse_dir),
             None => self.held.fuse.is_some(),
         };
         if fuse {
             return Some(format!("FUSE at {}", self.fuse_dir.display()));
         }
-        let dev = self.attached_loop().cloned()?;
+        let dev = self.attached_loop()?.dev;
         (dev.is_mounted_per(&table) != Some(false)).then(|| format!("the filesystem on {dev}"))
+    }
+
+    /// What the drive's mode puts in place before it is ready, as the kernel
+    /// says it is (raw: the FUSE mount; block: the loop device over `disk`;
+    /// fs: the filesystem on it, mounted), so that what `blobdrive mount`
+    /// prints of the result is what is there; `Err` says what is missing.
+    fn in_place(&mut self) -> Result<(), String> {
+        let table = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("the mount table cannot be read ({e})"))?;
+        if !self
+            .fuse_id
+            .is_some_and(|id| id.is_mounted(&table, &self.fuse_dir))
+        {
+            return Err("its FUSE mount is not mounted".into());
+        }
+        if self.req.mode == Mode::Raw {
+            return Ok(());
+        }
+        let Some(l) = self.attached_loop() else {
+            return Err("no loop device is attached".into());
+        };
+        if self.req.mode == Mode::Block {
+            return Ok(());
+        }
+        if self.held.fs.is_none() || self.fs.is_none() || l.dev.is_mounted_per(&table) != Some(true)
+        {
+            return Err(format!("no filesystem of {} is mounted", l.dev));
+        }
+        Ok(())
     }
 }
 
 /// The worker's words that go on to a terminal, the service manager or the
 /// mount's record (warnings, notes, status lines, why it failed, what was
-/// lost) with every control character escaped: a worker that was made to say
-/// anything must not reach root's terminal with an escape sequence.
+/// lost) with every control character escaped and each cut to [`WORDS_MAX`]
+/// characters, at most [`WORDS_MANY`] of a list: a worker that was made to say
+/// anything must not reach root's terminal with an escape sequence, nor fill
+/// it (or the log, where the daemon's last error goes).
 pub(super) fn plain_words(req: Request) -> Request {
-    use crate::azure::text::escape_controls as plain;
-    let all = |v: Vec<String>| v.iter().map(|w| plain(w)).collect();
+    let plain = |w: &str| quoted(w, WORDS_MAX);
+    let all = |v: Vec<String>| v.iter().take(WORDS_MANY).map(|w| plain(w)).collect();
     match req {
         Request::Ready {
             status,
@@ -199,6 +238,13 @@ pub(super) fn plain_words(req: Request) -> Request {
         other => other,
     }
 }
+
+/// The most characters of one of the worker's words passed on: far more than
+/// any the worker writes (a warning naming the mountpoint), few enough that a
+/// flood of them stays small.
+const WORDS_MAX: usize = 1000;
+/// The most words of one list (warnings, notes, losses) passed on.
+const WORDS_MANY: usize = 16;
 
 #[cfg(test)]
 mod tests {

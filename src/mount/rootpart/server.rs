@@ -8,37 +8,58 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use tracing::error;
+use tracing::{error, warn};
 
 use super::channel::{answer_one, Answer, Ops, Request};
-use super::guards::undone;
-use super::log::WorkerLog;
+use super::guards::{undone, Guard};
+use super::log::{quoted, WorkerLog, QUOTE_MAX};
 use super::outcome::plain_words;
 use super::token::{federated_token, FEDERATED_TOKEN_FILE_ENV};
 use super::watch::Watch;
 use super::RootPart;
 use crate::mount::record;
+use crate::mount::system::Now;
 use crate::mount::{MountError, Ready};
 
 impl RootPart {
     /// Undoes what the root part did that is still in place (see
     /// `guards.rs`): the filesystem thawed and unmounted, the loop device
     /// detached, FUSE unmounted (lazily when busy: whatever holds it sees the
-    /// drive gone), the FUSE directory removed, libmount's entry, the record
-    /// (with `lost`, if any, left for `blobdrive unmount`).
+    /// drive gone), the FUSE directory removed, then libmount's entry and the
+    /// record (with `lost`, if any, left for `blobdrive unmount`), but those
+    /// two only once the kernel shows nothing of the mount still mounted: a
+    /// mount the root part could not take down stays listed, for `blobdrive
+    /// list` and `blobdrive unmount`.
     pub(super) fn undo(&mut self, lost: Option<String>) {
         // A frozen filesystem first: every writer to it waits.
         self.held.frozen = None;
         // The filesystem is unmounted only while the loop device under it is
         // still this mount's: whatever is at the mountpoint otherwise is not
         // this mount's filesystem.
-        if self.attached_loop().is_none() {
+        let last_loop = self.attached_loop();
+        if last_loop.is_none() {
             undone(&mut self.held.fs);
         }
         if let (Some(rec), Some(lost)) = (self.held.record.as_mut(), lost) {
             rec.note = Some(lost);
         }
+        let (utab, record) = (self.held.utab.take(), self.held.record.take());
         self.held = Default::default();
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let fuse_left = self
+            .fuse_id
+            .is_some_and(|id| id.is_mounted(&table, &self.fuse_dir));
+        let fs_left = last_loop.is_some_and(|l| {
+            l.dev.serves_now(&l.binding) != Now::Gone && l.dev.is_mounted_per(&table) != Some(false)
+        });
+        if table.is_empty() || fuse_left || fs_left {
+            error!(
+                "the drive is still mounted ({}), and the root part could not take it down: its record stays, for `blobdrive list` and `blobdrive unmount`",
+                if fs_left { "its filesystem" } else { "FUSE" }
+            );
+            utab.map(Guard::done);
+            record.map(Guard::done);
+        }
     }
 
     /// Answers the worker on `conn` until it is gone, then takes down what is
@@ -176,6 +197,18 @@ impl RootPart {
 }
 
 impl Ops for RootPart {
+    /// Logged, quoting as much of the worker's line as the log's bound
+    /// allows (see `log.rs`).
+    fn refuse(&mut self, why: &str) -> Answer {
+        if let Some(q) = self.watch.as_mut().and_then(|w| w.log.quote(why)) {
+            warn!("the worker sent a request the root part does not take: {q}");
+        }
+        Answer::Refused(format!(
+            "not a request the root part takes ({})",
+            quoted(why, QUOTE_MAX)
+        ))
+    }
+
     fn carry_out(&mut self, req: Request) -> Answer {
         let req = plain_words(req);
         // Asked again after `Pending`: the errand's answer, or more waiting.

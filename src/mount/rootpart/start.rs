@@ -34,9 +34,6 @@ pub struct WorkerStart {
     pub disk_cache: Option<std::fs::File>,
 }
 
-/// The type of the FUSE mount (`system::mount_fuse`), as the mount table names it.
-const FUSE_TYPE: &str = "fuse.blobdrive";
-
 /// Which side of the fork this is.
 pub enum Split {
     /// The root part, done: the mount's result.
@@ -51,7 +48,7 @@ struct Opened {
     /// The `/dev/fuse` descriptor of the FUSE mount.
     fuse: OwnedFd,
     control: UnixListener,
-    disk_cache: Option<std::fs::File>,
+    disk_cache: Option<files::DriveDir>,
     walls: Walls,
 }
 
@@ -146,13 +143,14 @@ pub fn split(
     // connection alive after the worker died (and every access to it
     // hanging), and the channel and the log pipe open (so their end unseen).
     // The root part keeps a handle of the disk cache's directory, to take it
-    // back from the worker's uid once the worker is gone.
+    // back from the worker's uid once the worker is gone, and holds its lock
+    // until then.
     let cache_dir = opened.disk_cache.as_ref().and_then(|d| d.try_clone().ok());
     drop((opened, worker_channel, worker_log, null));
     info!("the worker (pid {pid}) serves the drive as {user_name}");
     let result = root.serve(pid, root_channel, signals, root_log, ready);
     if let Some(dir) = cache_dir {
-        if let Err(e) = files::take_back(&dir, user.uid) {
+        if let Err(e) = files::take_back(&dir.dir, user.uid) {
             warn!(
                 "cannot take the disk cache's directory back from uid {}: {e}",
                 user.uid
@@ -181,6 +179,7 @@ fn record_for(req: &MountRequest, blob_ref: &BlobRef, account: &Account) -> Moun
             Mode::Block | Mode::Raw => req.mountpoint.clone(),
         },
         device: None,
+        device_seq: None,
         read_only: req.read_only,
         cache_size: Some(req.cache_size),
         worker_uid: None,
@@ -261,6 +260,8 @@ fn in_the_child(
         disk_cache,
         walls,
     } = opened;
+    // The directory; its lock is the root part's to hold.
+    let disk_cache = disk_cache.map(|d| d.dir);
     // What the worker is handed; every other descriptor of the root part's
     // closes once the walls are up (the Landlock ruleset's with them).
     let mut kept = vec![
@@ -322,12 +323,13 @@ fn prepare(
     } else {
         system::open_dir(&root.fuse_dir, req.mountpoint_id)?
     };
-    let fuse = system::mount_fuse(&at, &format!("blobdrive:{blob_ref}"), req.read_only)
+    let mounted = system::mount_fuse(&at, &format!("blobdrive:{blob_ref}"), req.read_only)
         .map_err(|e| MountError::system(format!("{e} at {}", root.fuse_dir.display())))?;
     root.held.fuse = Some(Guard::new(FuseMount {
         dir: root.fuse_dir.clone(),
     }));
-    root.fuse_id = system::mount_id_at(&root.fuse_dir, FUSE_TYPE);
+    root.fuse_id = Some(mounted.id);
+    let fuse = mounted.dev;
     let control = record::listen(rec)?;
     // The CA certificates the worker will trust, and a service principal's
     // certificate it will sign in with, read while root may.
@@ -356,26 +358,28 @@ fn prepare(
     })
 }
 
-/// The drive's own directory in the `--disk-cache` directory `parent`, given
-/// to the worker's `user` and allowed to it (by handle) in `allowed`.
+/// The drive's own directory in the `--disk-cache` directory `parent`, locked
+/// (refused while another mount holds it, naming that mount), given to the
+/// worker's `user` and allowed to it (by handle) in `allowed`.
 fn open_disk_cache_for(
     parent: &std::path::Path,
     blob_ref: &BlobRef,
     account: &Account,
     user: WorkerUser,
     allowed: &mut Allowed,
-) -> Result<std::fs::File, MountError> {
+) -> Result<files::DriveDir, MountError> {
     let name = crate::mount::disk_cache_name(
         account,
         &blob_ref.container,
         &blob_ref.name,
         blob_ref.snapshot.as_deref(),
     );
-    let dir = files::open_drive_dir(parent, &name, Some((user.uid, user.gid)), &|uid| {
-        uids::pool_id_state(&uids::Places::system(), u64::from(uid))
-    })
-    .map_err(MountError::system)?;
+    let left_to = |uid| uids::pool_id_state(&uids::Places::system(), u64::from(uid));
+    let owner = Some((user.uid, user.gid));
+    let dir = files::open_drive_dir(parent, &name, owner, &left_to, &record::lock_holder)
+        .map_err(MountError::system)?;
     let handle = dir
+        .dir
         .try_clone()
         .map_err(|e| MountError::with_source("cannot hand on the disk cache", e))?;
     allowed.read_write_dirs.push(handle);

@@ -31,7 +31,8 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::Mutex;
 
-use super::{tool_command, LoopDevice, STANDARD_PATH};
+use super::loopdev::flush_buffers;
+use super::{tool_command, LoopDevice, Pinned, STANDARD_PATH};
 use crate::mount::MountError;
 use crate::privsep::{Allowed, Purpose, WallError, Walls, WorkerUser};
 
@@ -44,8 +45,11 @@ pub const TOOL_USER: WorkerUser = WorkerUser {
 };
 
 /// Runs `tool` with `args` on `dev` (named in `args` by its path), confined
-/// as the module says; its output whatever its exit status.
-pub(super) fn output_on(dev: &LoopDevice, tool: &str, args: &[&str]) -> Result<Output, MountError> {
+/// as the module says; its output whatever its exit status. The device is
+/// pinned (held open since it was checked to serve the drive) while the tool
+/// runs, so the node the tool is given, made from the device's number, is
+/// that device still.
+pub(super) fn output_on(dev: &Pinned, tool: &str, args: &[&str]) -> Result<Output, MountError> {
     let program = find_program(tool)?;
     let cannot = |why: String| MountError::system(format!("cannot run {tool} confined: {why}"));
     let walls = Walls::prepare_for(Purpose::Tool, TOOL_USER, &allowed_for(&program))
@@ -63,8 +67,8 @@ pub(super) fn output_on(dev: &LoopDevice, tool: &str, args: &[&str]) -> Result<O
     let out = cmd.output().map_err(|e| cannot(e.to_string()))?;
     // What the tool's BLKFLSBUF asked for, which its walls answered without
     // doing (see privsep's `root_only_block_ioctls`).
-    if let Err(e) = dev.flush_buffers() {
-        tracing::warn!("{e}");
+    if let Err(e) = flush_buffers(&dev.file) {
+        tracing::warn!("cannot flush the buffers of {}: {e}", dev);
     }
     Ok(out)
 }
@@ -120,13 +124,14 @@ struct NewRoot {
 }
 
 impl NewRoot {
+    /// The root for a tool run on `dev`, whose node is made from the number
+    /// read when root attached it (never from a path looked up now).
     fn for_tool(dev: &LoopDevice, program: &Path) -> std::io::Result<NewRoot> {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let name = dev.path().strip_prefix("/dev/").unwrap_or_default();
-        let meta = std::fs::metadata(dev.path())?;
-        if name.is_empty() || name.contains('/') || !meta.file_type().is_block_device() {
+        let rdev = dev.rdev();
+        if name.is_empty() || name.contains('/') || rdev.is_none() {
             return Err(std::io::Error::other(format!(
-                "{dev} is not a block device of /dev"
+                "{dev} is not a device of /dev whose number was read when it was attached"
             )));
         }
         let c = |p: &Path| {
@@ -138,7 +143,7 @@ impl NewRoot {
             binds: Vec::new(),
             links: Vec::new(),
             node: c(&staged(Path::new(dev.path())))?,
-            rdev: meta.rdev(),
+            rdev: rdev.unwrap_or_default(),
         };
         let mut seen: Vec<PathBuf> = Vec::new();
         let tool_dir = program.parent().map(Path::to_path_buf);

@@ -56,13 +56,23 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), MountError> {
     }
     let err = std::io::Error::last_os_error();
     match err.raw_os_error() {
-        Some(libc::EBUSY) => Err(MountError::Busy(path.display().to_string())),
+        Some(libc::EBUSY) => Err(MountError::Busy(busy_with(path))),
         Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(()), // not mounted (any more)
         _ => Err(MountError::with_source(
             format!("cannot unmount {}", path.display()),
             err,
         )),
     }
+}
+
+/// A busy mount at `path`, named with the processes that use it, as a raw
+/// mount's `disk` is named with those that hold it open.
+fn busy_with(path: &Path) -> String {
+    let users = super::procs::users_of(path);
+    if users.is_empty() {
+        return path.display().to_string();
+    }
+    format!("{} (in use by {})", path.display(), users.join(", "))
 }
 
 /// Whether `path` is a mount point (per /proc/self/mountinfo).
@@ -76,55 +86,6 @@ pub fn is_mountpoint(path: &Path) -> bool {
             .nth(4)
             .is_some_and(|mp| unescape_mountinfo(mp) == want)
     })
-}
-
-/// The device (`MAJOR:MINOR`) of the newest mount of type `fstype` at `path`
-/// in /proc/self/mountinfo: with the place, a mount's own name (a device
-/// number alone is given to another mount once this one is gone).
-pub fn mount_id_at(path: &Path, fstype: &str) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let newest = mounts_at(&info, path, fstype).next_back();
-    newest
-}
-
-/// Whether the mount table `mountinfo` still has the mount of type `fstype`
-/// whose device is `id` at `path` (see [`mount_id_at`]).
-pub fn mounted_with_id(mountinfo: &str, id: &str, fstype: &str, path: &Path) -> bool {
-    mounts_at(mountinfo, path, fstype).any(|d| d == id)
-}
-
-/// The devices of the mounts of type `fstype` at `path` in `mountinfo`, oldest
-/// first. The kernel writes the path without links; only the parent is
-/// resolved here (a stat of a FUSE mount itself would wait for its server).
-fn mounts_at<'a>(
-    mountinfo: &'a str,
-    path: &Path,
-    fstype: &'a str,
-) -> impl DoubleEndedIterator<Item = String> + 'a {
-    let real = path
-        .parent()
-        .and_then(|p| p.canonicalize().ok())
-        .zip(path.file_name())
-        .map(|(p, name)| p.join(name));
-    let want = real
-        .as_deref()
-        .unwrap_or(path)
-        .to_string_lossy()
-        .into_owned();
-    mountinfo
-        .lines()
-        .filter(move |l| mount_type(l) == Some(fstype))
-        .filter(move |l| {
-            l.split(' ')
-                .nth(4)
-                .is_some_and(|mp| unescape_mountinfo(mp) == want)
-        })
-        .filter_map(|l| l.split(' ').nth(2).map(str::to_string))
-}
-
-/// The filesystem type of a line of /proc/self/mountinfo (after ` - `).
-fn mount_type(line: &str) -> Option<&str> {
-    line.split_once(" - ")?.1.split(' ').next()
 }
 
 /// Undoes the octal escapes (`\040` for a space) of a path in
@@ -187,24 +148,6 @@ pub fn make_private_dir(dir: &Path) -> Result<(), MountError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_mount_is_known_by_its_device_and_its_place_together() {
-        let table = "61 27 0:50 / /tmp/x rw,nosuid - fuse.blobdrive blobdrive:c/d.vhd rw\n\
-                     62 27 0:51 / /tmp/y rw,nosuid - fuse.blobdrive blobdrive:c/e.vhd rw\n\
-                     63 61 0:52 / /tmp/x rw - tmpfs tmpfs rw\n";
-        let x = Path::new("/tmp/x");
-        assert!(mounted_with_id(table, "0:50", "fuse.blobdrive", x));
-        // Its device number given to another mount elsewhere, or another type.
-        assert!(!mounted_with_id(table, "0:51", "fuse.blobdrive", x));
-        assert!(!mounted_with_id(table, "0:52", "fuse.blobdrive", x));
-        assert!(!mounted_with_id(
-            table,
-            "0:50",
-            "fuse.blobdrive",
-            Path::new("/tmp/y")
-        ));
-    }
 
     #[test]
     fn a_mountpoint_that_changed_since_it_was_checked_is_refused() {

@@ -6,7 +6,9 @@
 
 use tracing::{info, warn};
 
-use super::{fs_type, grow_ext4_unmounted, grow_fs, mkfs, mount_fs, open_dir, LoopDevice};
+use super::{
+    fs_type, grow_ext4_unmounted, grow_fs, mkfs, mount_fs, open_dir, set_autoclear, Pinned,
+};
 use crate::mount::{hardened_fs_flags, MountError, MountRequest, MOUNTABLE_FS};
 use crate::size::human;
 use crate::words::article;
@@ -35,7 +37,7 @@ pub struct MountedFs {
 /// byte of the drive was ever written (see [`mkfs`]): its page list says so
 /// and its first and last MiB, read from the service, are zeros. A drive
 /// that is not is never formatted, whatever blkid finds on it or not.
-pub fn prepare(dev: &LoopDevice, req: &MountRequest, zeroed: bool) -> Result<Prepared, MountError> {
+pub fn prepare(dev: &Pinned, req: &MountRequest, zeroed: bool) -> Result<Prepared, MountError> {
     let mut out = Prepared::default();
     let t = match (fs_type(dev)?, req.mkfs.as_deref()) {
         // What mkfs asks for is there already: it formats only a blank disk,
@@ -97,7 +99,7 @@ pub struct Small {
 /// itself when the filesystem is unmounted: a plain `umount` is the daemon's
 /// cue to write back and stop.
 pub fn mount(
-    dev: &LoopDevice,
+    dev: &Pinned,
     fstype: &str,
     req: &MountRequest,
     small: Option<Small>,
@@ -112,10 +114,10 @@ pub fn mount(
         &hardened_fs_flags(&req.fs_flags),
     )?;
     let mut out = MountedFs::default();
-    match dev.set_autoclear() {
+    match set_autoclear(&dev.file) {
         Ok(()) => out.autoclear = true,
         Err(e) => {
-            let w = format!("{e}: a plain umount of {} will leave the daemon running; take the drive down with `blobdrive unmount`", req.mountpoint.display());
+            let w = format!("cannot set autoclear on {}: {e}: a plain umount of {} will leave the daemon running; take the drive down with `blobdrive unmount`", dev, req.mountpoint.display());
             warn!("{w}");
             out.warnings.push(w);
         }
@@ -135,7 +137,7 @@ pub fn mount(
 /// (`mounted` says which call this is; the other does nothing). `Ok` says what
 /// was done, `Err` why not and the one step that does it.
 fn fit_to_disk(
-    dev: &LoopDevice,
+    dev: &Pinned,
     fstype: &str,
     small: Small,
     req: &MountRequest,

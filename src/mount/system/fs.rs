@@ -5,7 +5,8 @@
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use super::{confined, run_on, LoopDevice};
+use super::loopdev::{block_size, block_size_to_sector_size};
+use super::{confined, run_on, LoopDevice, Pinned};
 use crate::mount::MountError;
 
 /// Grows the filesystem of `dev`, mounted at `mountpoint`, to fill the device, in
@@ -14,9 +15,10 @@ use crate::mount::MountError;
 /// size in the filesystem's blocks), so no tool running as root reads the
 /// drive's bytes first. Only if `mountpoint` (not followed if a symlink) is
 /// still the root of `dev`'s filesystem.
-pub fn grow_fs(dev: &LoopDevice, fstype: &str, mountpoint: &Path) -> Result<(), MountError> {
+pub fn grow_fs(dev: &Pinned, fstype: &str, mountpoint: &Path) -> Result<(), MountError> {
     let root = open_root_of(mountpoint, dev, "growing")?;
-    let bytes = dev.size()?;
+    let bytes = block_size(&dev.file)
+        .map_err(|e| MountError::with_source(format!("cannot read the size of {}", dev), e))?;
     let failed = |e: std::io::Error| {
         MountError::with_source(format!("cannot grow the {fstype} filesystem of {dev}"), e)
     };
@@ -108,7 +110,7 @@ struct XfsGrowfsData {
 /// last mounted; `-p` repairs only what is safe without asking, the journal's
 /// replay included), then `resize2fs`. Unlike growing it mounted, this needs no
 /// `CAP_SYS_RESOURCE`.
-pub fn grow_ext4_unmounted(dev: &LoopDevice) -> Result<(), MountError> {
+pub fn grow_ext4_unmounted(dev: &Pinned) -> Result<(), MountError> {
     let out = confined::output_on(dev, "e2fsck", &["-f", "-p", dev.path()])?;
     // 0: clean; 1: errors corrected.
     if !matches!(out.status.code(), Some(0 | 1)) {
@@ -167,7 +169,7 @@ pub fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
 }
 
 /// The filesystem type on a device, if any.
-pub fn fs_type(dev: &LoopDevice) -> Result<Option<String>, MountError> {
+pub fn fs_type(dev: &Pinned) -> Result<Option<String>, MountError> {
     let out = confined::output_on(
         dev,
         "blkid",
@@ -197,7 +199,7 @@ pub fn fs_type(dev: &LoopDevice) -> Result<Option<String>, MountError> {
 /// only repeat what the blob already holds. During an outage such a call
 /// waits, and the loop device's reads queue behind it (a read of cached data
 /// waited for an expired token in a fresh-clone run of entra_mount).
-pub fn mkfs(dev: &LoopDevice, fstype: &str, zeroed: bool) -> Result<(), MountError> {
+pub fn mkfs(dev: &Pinned, fstype: &str, zeroed: bool) -> Result<(), MountError> {
     let ext4_options = if zeroed {
         "nodiscard,assume_storage_prezeroed=1"
     } else {
@@ -211,7 +213,11 @@ pub fn mkfs(dev: &LoopDevice, fstype: &str, zeroed: bool) -> Result<(), MountErr
         )
         .map(|_| ()),
         "xfs" => {
-            let _held = dev.held_at_sector_size()?;
+            // Held open (pinned) while the tool runs: the kernel keeps the
+            // block size set now until the last opener closes it.
+            block_size_to_sector_size(&dev.file).map_err(|e| {
+                MountError::with_source(format!("cannot set the block size of {}", dev), e)
+            })?;
             run_on(dev, "mkfs.xfs", &["-q", "-f", "-K", dev.path()]).map(|_| ())
         }
         other => Err(MountError::system(format!(
@@ -226,7 +232,7 @@ pub fn mkfs(dev: &LoopDevice, fstype: &str, zeroed: bool) -> Result<(), MountErr
 /// mounted without replaying it. `flags` (e.g. `nosuid`, `noatime`) are mount(8)'s
 /// words for the kernel's flags.
 pub fn mount_fs(
-    dev: &LoopDevice,
+    dev: &Pinned,
     at: &std::os::fd::OwnedFd,
     fstype: &str,
     read_only: bool,
@@ -364,10 +370,7 @@ fn open_root_of(
         .metadata()
         .map_err(|e| MountError::with_source(format!("cannot check {}", mountpoint.display()), e))?
         .dev();
-    let device = std::fs::metadata(dev.path())
-        .map_err(|e| MountError::with_source(format!("cannot check {dev}"), e))?
-        .rdev();
-    if here != device {
+    if Some(here) != dev.rdev() {
         return Err(MountError::system(format!(
             "{} is not the filesystem of {dev} any more: not {doing} it",
             mountpoint.display()

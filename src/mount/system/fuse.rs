@@ -1,45 +1,372 @@
-//! Mounting FUSE without a FUSE library: the root part of a split daemon mounts
-//! it itself and hands the `/dev/fuse` descriptor to the worker, which could
-//! neither open `/dev/fuse` (root's alone) nor call mount(2) (its seccomp filter
-//! refuses it).
+//! Mounting FUSE without a FUSE library, and opening what is in it without
+//! following anything the worker serving it answers.
+//!
+//! The root part of a split daemon mounts FUSE itself and hands the
+//! `/dev/fuse` descriptor to the worker, which could neither open `/dev/fuse`
+//! (root's alone) nor call mount(2) (its seccomp filter refuses it). The mount
+//! is made with the kernel's mount API (`fsopen`, `fsmount`, `move_mount`), so
+//! root has the new mount itself in hand before it is placed, and knows it from
+//! then on by the numbers the kernel gave it ([`MountId`]), never by a path.
+//! Every lookup in it is answered by the worker, which can answer `disk` with
+//! a symlink (to any file of the machine), a device node, or another drive's
+//! file: root opens `disk` only beneath the mount's root, refusing symlinks,
+//! magic links and other mounts on the way, and uses it only if it is a regular
+//! file of that mount.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
 
+use super::MountId;
 use crate::mount::MountError;
 
+/// What mounting FUSE gives the root part.
+pub struct FuseMounted {
+    /// The `/dev/fuse` descriptor that serves it (the worker's).
+    pub dev: OwnedFd,
+    /// The mount, by the kernel's numbers.
+    pub id: MountId,
+}
+
 /// Mounts FUSE at the directory `at` (an `O_PATH` descriptor from
-/// [`super::open_dir`]) and returns the `/dev/fuse` descriptor that serves it.
-/// The options are the ones fuser 0.18 gives today's daemon (its
-/// `fuse_mount_sys`): `fd`, `rootmode` from the directory, `user_id=0` and
-/// `group_id=0` without `allow_other` (the kernel lets root alone in, as
-/// `SessionACL::Owner` did when root served the session), `nodev` and
-/// `nosuid`, read-only when asked, and `source` (`blobdrive:<blob>`) as the
-/// mount's source.
-pub fn mount_fuse(at: &OwnedFd, source: &str, read_only: bool) -> Result<OwnedFd, MountError> {
+/// [`super::open_dir`]). The options are the ones fuser 0.18 gives today's
+/// daemon (its `fuse_mount_sys`): `fd`, `rootmode` from the directory,
+/// `user_id=0` and `group_id=0` without `allow_other` (the kernel lets root
+/// alone in, as `SessionACL::Owner` did when root served the session),
+/// `nodev` and `nosuid`, read-only when asked, and `source`
+/// (`blobdrive:<blob>`) as the mount's source; the type is `fuse.blobdrive`.
+pub fn mount_fuse(at: &OwnedFd, source: &str, read_only: bool) -> Result<FuseMounted, MountError> {
     let dev: OwnedFd = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/fuse")
         .map_err(|e| MountError::with_source("cannot open /dev/fuse", e))?
         .into();
-    // SAFETY: fstat writes only into the zeroed struct it is given.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(at.as_raw_fd(), &mut st) } != 0 {
-        return Err(MountError::with_source(
-            "cannot read the mountpoint's mode",
-            std::io::Error::last_os_error(),
-        ));
+    let fail = |e| MountError::with_source("cannot mount FUSE", e);
+    let (_, _, mode) = stat_of(at).map_err(fail)?;
+    let fs = fs_open(c"fuse").map_err(fail)?;
+    let options = [
+        ("source", source.to_string()),
+        ("subtype", "blobdrive".to_string()),
+        ("fd", dev.as_raw_fd().to_string()),
+        ("rootmode", format!("{mode:o}")),
+        ("user_id", "0".to_string()),
+        ("group_id", "0".to_string()),
+    ];
+    for (key, value) in &options {
+        fs_set(&fs, key, Some(value)).map_err(fail)?;
     }
-    let data = format!(
-        "fd={},rootmode={:o},user_id=0,group_id=0",
-        dev.as_raw_fd(),
-        st.st_mode
-    );
-    let mut flags = libc::MS_NODEV | libc::MS_NOSUID;
     if read_only {
-        flags |= libc::MS_RDONLY;
+        fs_set(&fs, "ro", None).map_err(fail)?;
     }
-    super::fs::mount_on(source, at, "fuse.blobdrive", flags, &data)
-        .map_err(|e| MountError::with_source("cannot mount FUSE", e))?;
-    Ok(dev)
+    let mut attrs = MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID;
+    if read_only {
+        attrs |= MOUNT_ATTR_RDONLY;
+    }
+    let mount = fs_mount(&fs, attrs).map_err(fail)?;
+    let id = MountId::of(&mount).map_err(fail)?;
+    move_mount(&mount, at).map_err(fail)?;
+    Ok(FuseMounted { dev, id })
+}
+
+/// The root of the mount `id` at `path`, opened `O_PATH` (which asks the FUSE
+/// server nothing): the directories on the way are the machine's, but what is
+/// found there is used only if it is that very mount's root, which cannot
+/// change while it is held open.
+pub fn open_mount_root(path: &Path, id: &MountId) -> Result<OwnedFd, MountError> {
+    let root = open_beneath(
+        None,
+        path,
+        libc::O_PATH | libc::O_DIRECTORY,
+        libc::RESOLVE_NO_MAGICLINKS,
+    )
+    .map_err(|e| MountError::with_source(format!("cannot open {}", path.display()), e))?;
+    match MountId::of(&root) {
+        Ok(found) if found == *id => Ok(root),
+        Ok(_) => Err(MountError::system(format!(
+            "{} is no longer the FUSE mount this mount made",
+            path.display()
+        ))),
+        Err(e) => Err(MountError::with_source(
+            format!("cannot check {}", path.display()),
+            e,
+        )),
+    }
+}
+
+/// The FUSE file `disk`, opened beneath the FUSE mount's root `root` (see
+/// [`open_mount_root`]) without following a symlink, a magic link, `..` or
+/// another mount, and only if it is a regular file of the mount whose device
+/// is `dev`: whatever the worker answered for the name, what is opened is a
+/// file it serves. `how`: `O_RDWR`, `O_RDONLY` or `O_PATH` (a stat alone).
+pub fn open_disk(root: &OwnedFd, dev: u64, how: libc::c_int) -> Result<File, MountError> {
+    let resolve = libc::RESOLVE_NO_SYMLINKS
+        | libc::RESOLVE_BENEATH
+        | libc::RESOLVE_NO_MAGICLINKS
+        | libc::RESOLVE_NO_XDEV;
+    let refused = |why: String| MountError::system(format!("the FUSE file disk is refused: {why}"));
+    // (openat2 takes no other flag with O_PATH.)
+    let how = if how == libc::O_PATH {
+        how
+    } else {
+        how | libc::O_NOCTTY
+    };
+    let file: File = open_beneath(Some(root), Path::new("disk"), how, resolve)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refused("the worker answered it with a symlink".into()),
+            Some(libc::EXDEV) => refused("the worker answered it with another mount".into()),
+            _ => MountError::with_source("cannot open the FUSE file disk", e),
+        })?
+        .into();
+    let (on, _, mode) = stat_of(&file)
+        .map_err(|e| MountError::with_source("cannot check the FUSE file disk", e))?;
+    if mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(refused(format!(
+            "the worker answered it with a file of type {:o}, not a regular file",
+            mode & libc::S_IFMT
+        )));
+    }
+    if on != dev {
+        return Err(refused("it is not a file of the drive's FUSE mount".into()));
+    }
+    Ok(file)
+}
+
+/// openat2(2) of `path` beneath `dir` (or from the working directory) with
+/// `resolve`'s restrictions; on a kernel without it (before 5.6), openat(2)
+/// of a single name with `O_NOFOLLOW`, which refuses a symlink there too.
+fn open_beneath(
+    dir: Option<&OwnedFd>,
+    path: &Path,
+    flags: libc::c_int,
+    resolve: u64,
+) -> std::io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let at = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+    let flags = flags | libc::O_CLOEXEC;
+    // SAFETY: an all-zero open_how is a valid value of this plain C struct.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags as u64;
+    how.resolve = resolve;
+    // SAFETY: `c` is a valid path and `how` an open_how of the size given.
+    let mut fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            at,
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    } as libc::c_int;
+    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        let single = !path.as_os_str().as_bytes().contains(&b'/');
+        let nofollow = if resolve & libc::RESOLVE_NO_SYMLINKS != 0 && single {
+            libc::O_NOFOLLOW
+        } else {
+            0
+        };
+        // SAFETY: as above.
+        fd = unsafe { libc::openat(at, c.as_ptr(), flags | nofollow) };
+    }
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The device, inode and mode of what `fd` is open on. (For a FUSE file, the
+/// server may be asked: call it where waiting on the worker is allowed.)
+fn stat_of(fd: &impl AsRawFd) -> std::io::Result<(u64, u64, u32)> {
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open; `st` is a stat the call fills.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((st.st_dev, st.st_ino, st.st_mode))
+}
+
+/// `fsopen(2)` of the filesystem type `name`.
+fn fs_open(name: &std::ffi::CStr) -> std::io::Result<OwnedFd> {
+    // SAFETY: a valid C string and integer flags.
+    let fd =
+        unsafe { libc::syscall(libc::SYS_fsopen, name.as_ptr(), FSOPEN_CLOEXEC) } as libc::c_int;
+    owned(fd)
+}
+
+/// `fsconfig(2)`: the string option `key` set to `value`, or the flag `key`.
+fn fs_set(fs: &OwnedFd, key: &str, value: Option<&str>) -> std::io::Result<()> {
+    let c = |v: &str| {
+        std::ffi::CString::new(v)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+    };
+    let key = c(key)?;
+    let value = value.map(c).transpose()?;
+    let (cmd, ptr) = match &value {
+        Some(v) => (FSCONFIG_SET_STRING, v.as_ptr()),
+        None => (FSCONFIG_SET_FLAG, std::ptr::null()),
+    };
+    // SAFETY: valid C strings (or null for a flag) that outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            cmd,
+            key.as_ptr(),
+            ptr,
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `fsconfig(FSCONFIG_CMD_CREATE)`, then `fsmount(2)` with the mount
+/// attributes `attrs`: the new mount, not yet placed anywhere.
+fn fs_mount(fs: &OwnedFd, attrs: u64) -> std::io::Result<OwnedFd> {
+    // SAFETY: integer arguments and null pointers, as the command takes.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) }
+        as libc::c_int;
+    owned(fd)
+}
+
+/// `move_mount(2)` of the new mount `mount` onto the directory `at`.
+fn move_mount(mount: &OwnedFd, at: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: descriptors of ours and empty C strings.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            at.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn owned(fd: libc::c_int) -> std::io::Result<OwnedFd> {
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Of <linux/mount.h>.
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_FLAG: libc::c_uint = 0;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// `dir` opened as `open_mount_root` opens a FUSE mount's root.
+    fn root_of(dir: &Path) -> (OwnedFd, u64) {
+        let id = MountId::of(&File::open(dir).unwrap()).unwrap();
+        (open_mount_root(dir, &id).unwrap(), id.dev)
+    }
+
+    /// Whatever `disk` is answered with, only a regular file of the mount is
+    /// opened: a symlink (to a file of root's), a FIFO and a directory are
+    /// refused, and so is a regular file of another filesystem.
+    #[test]
+    fn disk_is_opened_only_as_a_regular_file_of_the_mount_without_following_links() {
+        let secret = tempfile::NamedTempFile::new().unwrap();
+        let refused = |make: &dyn Fn(&Path), want: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            make(&dir.path().join("disk"));
+            let (root, dev) = root_of(dir.path());
+            for how in [libc::O_RDWR, libc::O_PATH] {
+                let err = open_disk(&root, dev, how).err().map(|e| e.to_string());
+                assert!(
+                    err.as_deref().is_some_and(|e| e.contains(want)),
+                    "{err:?}, wanted {want}"
+                );
+            }
+        };
+        refused(
+            &|p| std::os::unix::fs::symlink(secret.path(), p).unwrap(),
+            "a symlink",
+        );
+        refused(
+            &|p| std::os::unix::fs::symlink("/proc/self/root/etc/passwd", p).unwrap(),
+            "a symlink",
+        );
+        refused(
+            &|p| {
+                let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a valid C string.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            },
+            "not a regular file",
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("disk")).unwrap();
+        let (root, dev) = root_of(dir.path());
+        let err = open_disk(&root, dev, libc::O_PATH).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        assert!(open_disk(&root, dev, libc::O_RDWR).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("disk"), b"bytes").unwrap();
+        let (root, dev) = root_of(dir.path());
+        let f = open_disk(&root, dev, libc::O_RDONLY).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 5);
+        let err = open_disk(&root, dev + 1, libc::O_RDONLY).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("not a file of the drive's FUSE mount"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_mount_root_is_opened_only_if_it_is_the_mount_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = std::fs::metadata(dir.path()).unwrap();
+        let id = MountId::of(&File::open(dir.path()).unwrap()).unwrap();
+        assert_eq!(id.dev, meta.dev());
+        assert!(open_mount_root(dir.path(), &id).is_ok());
+        let other = MountId {
+            id: id.id + 1,
+            ..id
+        };
+        let err = open_mount_root(dir.path(), &other).unwrap_err();
+        assert!(
+            err.to_string().contains("no longer the FUSE mount"),
+            "{err}"
+        );
+    }
 }

@@ -1,20 +1,26 @@
 //! Loop devices: the block device a drive's FUSE file `disk` is attached to, and
 //! the settings that make it suit a disk whose every request crosses a network.
+//!
+//! The root part attaches the device through a descriptor of `disk` it opened
+//! and checked itself (`attach.rs`), and knows the attachment afterwards by
+//! numbers the kernel keeps, never by a name the worker serving `disk` could
+//! change (`binding.rs`): every action on the device first checks, on the
+//! device held open, that it still serves that attachment.
 
+mod attach;
+mod binding;
+
+use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
-use super::run;
-use crate::mount::MountError;
+pub use attach::Attached;
+pub use binding::{Binding, Now, Pinned, Serves};
 
 /// Most dirty data of the drive's filesystem the page cache holds before its
 /// writers wait for writeback: see [`LoopDevice::limit_writeback`].
 pub const LOOP_DIRTY_MAX: u64 = 256 * 1024 * 1024;
-
-/// The loop driver's request to let go of the backing file (linux/loop.h).
-const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 
 /// A loop device, `/dev/loopN`: one attached by this process, or one a mount
 /// record names. Every operation on it goes through this type, so a device path
@@ -22,6 +28,10 @@ const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoopDevice {
     path: String,
+    /// Its device number, as read from the node root opened when it attached
+    /// it (`None` for one a record names): every later open of the path is
+    /// checked against it.
+    rdev: Option<u64>,
 }
 
 impl std::fmt::Display for LoopDevice {
@@ -33,51 +43,20 @@ impl std::fmt::Display for LoopDevice {
 impl LoopDevice {
     /// The device at `path` (as a mount record names it).
     pub fn at(path: impl Into<String>) -> LoopDevice {
-        LoopDevice { path: path.into() }
-    }
-
-    /// Attaches `file` (a drive's FUSE file `disk`) set up for a disk across a
-    /// network: a long read-ahead, direct I/O (no second page cache beside
-    /// the filesystem's), and when writable a writeback limit. Both the
-    /// one-process daemon and a split daemon's root part attach through it.
-    pub fn attach_for_network(file: &Path, read_only: bool) -> Result<LoopDevice, MountError> {
-        let dev = LoopDevice::attach(file, read_only)?;
-        dev.set_readahead(4096);
-        dev.use_direct_io();
-        if !read_only {
-            dev.limit_writeback(LOOP_DIRTY_MAX);
+        LoopDevice {
+            path: path.into(),
+            rdev: None,
         }
-        tracing::info!("attached {dev}");
-        Ok(dev)
-    }
-
-    /// Attaches `file` to a free loop device.
-    pub fn attach(file: &Path, read_only: bool) -> Result<LoopDevice, MountError> {
-        let f = file
-            .to_str()
-            .ok_or_else(|| MountError::system("path is not UTF-8"))?;
-        let mut args = vec!["--find", "--show"];
-        if read_only {
-            args.push("--read-only");
-        }
-        args.push(f);
-        // Another process may take the device `--find` chose; losetup then fails: retry.
-        let mut last = None;
-        for _ in 0..5 {
-            match run("losetup", &args) {
-                Ok(dev) => return Ok(LoopDevice::at(dev)),
-                Err(e) => {
-                    last = Some(e);
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            }
-        }
-        Err(last.expect("tried"))
     }
 
     /// `/dev/loopN`.
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// Its device number, when known (see the field).
+    pub fn rdev(&self) -> Option<u64> {
+        self.rdev
     }
 
     /// `loopN`, its name under /sys/block.
@@ -88,6 +67,25 @@ impl LoopDevice {
     /// The sysfs directory of the device's writeback settings.
     fn bdi_dir(&self) -> String {
         format!("/sys/block/{}/bdi", self.name())
+    }
+
+    /// Opens the device node (read-only: a close after writing would have
+    /// udev probe the device again), checked to be a block device and, when
+    /// its number is known, that device.
+    pub fn open(&self) -> std::io::Result<File> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&self.path)?;
+        let meta = f.metadata()?;
+        if !meta.file_type().is_block_device() || self.rdev.is_some_and(|r| r != meta.rdev()) {
+            return Err(std::io::Error::other(format!(
+                "{} is not the device that was attached",
+                self.path
+            )));
+        }
+        Ok(f)
     }
 
     /// Raises the device's read-ahead so the kernel asks for large, overlapping
@@ -132,9 +130,24 @@ impl LoopDevice {
     /// was unmounted): puts its default writeback rule back, unless something
     /// attached it again meanwhile (whose settings are its own).
     pub fn released(&self) {
-        if self.backing_file().is_none() {
+        if !self.is_bound() {
             self.writeback_defaults();
         }
+    }
+
+    /// The file the device is attached to, as sysfs names it (`None` when it
+    /// is not attached): a name for people to read, which the worker serving
+    /// `disk` can change (see `binding.rs`), so nothing here decides by it.
+    pub fn backing_file(&self) -> Option<std::path::PathBuf> {
+        let text = std::fs::read_to_string(format!("/sys/block/{}/loop/backing_file", self.name()))
+            .ok()?;
+        Some(text.trim_end_matches('\n').into())
+    }
+
+    /// Whether the device is attached to any file: the kernel gives a bound
+    /// device its `loop` directory in sysfs.
+    fn is_bound(&self) -> bool {
+        Path::new(&format!("/sys/block/{}/loop", self.name())).exists()
     }
 
     /// Puts back the kernel's default writeback rule (no limit of its own, no
@@ -152,83 +165,9 @@ impl LoopDevice {
         }
     }
 
-    /// Puts the device in direct-I/O mode: it then sends each request to the disk
-    /// file as asynchronous direct I/O, so a filesystem's queued requests reach the
-    /// daemon (and the storage service) together. In buffered mode the loop worker
-    /// reads and writes the file one request at a time: under 10 ms of network
-    /// latency random reads at queue depth 32 went from 80 to about 950 per second
-    /// with it (see docs/benchmarks.md). Best effort: a kernel that refuses leaves
-    /// buffered mode.
-    pub fn use_direct_io(&self) {
-        if let Err(e) = run("losetup", &["--direct-io=on", &self.path]) {
-            tracing::warn!("{self} stays in buffered mode: {e}");
-        }
-    }
-
-    /// Detaches the device from `backing` (the file it was attached over, as
-    /// the kernel names it) and waits until the kernel let go of it (until
-    /// then the FUSE mount below it cannot be unmounted), its default
-    /// writeback rule put back first. A device no longer over `backing` is not
-    /// touched: it let go by itself (autoclear, its filesystem unmounted) and
-    /// may already serve another drive, which `losetup --find` gives the first
-    /// free device. `None` (the file could not be read at attaching) detaches
-    /// whatever the device is attached over.
-    ///
-    /// The device is held open from the check to the detach, so it cannot let
-    /// go and be given to another file in between: the kernel keeps a device
-    /// someone holds open, and a detach (LOOP_CLR_FD) then takes effect at the
-    /// last close, as with `losetup -d` on a device in use.
-    pub fn detach(&self, backing: Option<&Path>) -> Result<(), MountError> {
-        let ours = || match (self.backing_file(), backing) {
-            (Some(now), Some(b)) => now == b,
-            (now, None) => now.is_some(),
-            (None, Some(_)) => false,
-        };
-        let pin = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(&self.path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(MountError::system(format!("cannot open {self}: {e}"))),
-        };
-        if !ours() {
-            self.released();
-            return Ok(());
-        }
-        self.writeback_defaults();
-        // SAFETY: an ioctl without an argument on a descriptor we hold.
-        if unsafe { libc::ioctl(pin.as_raw_fd(), LOOP_CLR_FD as _, 0) } != 0 {
-            let e = std::io::Error::last_os_error();
-            // ENXIO: not attached (any more).
-            if e.raw_os_error() != Some(libc::ENXIO) {
-                return Err(MountError::system(format!("cannot detach {self}: {e}")));
-            }
-        }
-        drop(pin);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while ours() {
-            if Instant::now() > deadline {
-                return Err(MountError::system(format!(
-                    "{self} is still attached 20 s after detaching it"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(())
-    }
-
-    /// The file the device is attached to, if it is attached (sysfs says).
-    pub fn backing_file(&self) -> Option<PathBuf> {
-        let text = std::fs::read_to_string(format!("/sys/block/{}/loop/backing_file", self.name()))
-            .ok()?;
-        Some(PathBuf::from(text.trim_end_matches('\n')))
-    }
-
     /// Whether any mount (in this mount namespace) has the device as its source,
     /// per the `MAJOR:MINOR` of /proc/self/mountinfo. `None` when that cannot be
-    /// told (the device node is gone, mountinfo unreadable).
+    /// told (its number unknown, mountinfo unreadable).
     pub fn is_mounted(&self) -> Option<bool> {
         let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
         self.is_mounted_per(&info)
@@ -244,106 +183,90 @@ impl LoopDevice {
         )
     }
 
-    /// The device's number as the mount table writes it (`MAJOR:MINOR`);
-    /// `None` when its node is gone or is not a block device.
+    /// The device's number as the mount table writes it (`MAJOR:MINOR`), from
+    /// the number read when it was attached.
     pub fn devno(&self) -> Option<String> {
-        use std::os::unix::fs::FileTypeExt;
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(&self.path).ok()?;
-        if !meta.file_type().is_block_device() {
-            return None;
-        }
-        let rdev = meta.rdev();
+        let rdev = self.rdev?;
         Some(format!("{}:{}", libc::major(rdev), libc::minor(rdev)))
     }
 
-    /// Sets the autoclear flag: the kernel detaches the device by itself when its
-    /// last opener closes it. Set once the filesystem on it is mounted (which holds
-    /// it open), so a plain `umount` of that filesystem detaches the device and so
-    /// closes the daemon's `disk` file: the daemon's cue to write back and stop.
-    /// Set earlier, the first close (blkid's, mkfs's) would detach it.
-    pub fn set_autoclear(&self) -> Result<(), MountError> {
-        use std::os::fd::AsRawFd;
-        let fail = |e: std::io::Error| {
-            MountError::with_source(format!("cannot set autoclear on {self}"), e)
-        };
-        let f = std::fs::File::open(&self.path).map_err(fail)?;
-        // SAFETY: an all-zero loop_info64 is a valid value of this plain C struct.
-        let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
-        // SAFETY: the ioctl writes a loop_info64 into `info`, which is one.
-        if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_GET_STATUS64, &mut info) } != 0 {
-            return Err(fail(std::io::Error::last_os_error()));
+    /// The processes holding the device open, and the mounts of it in any
+    /// mount namespace, in words: what keeps a device detached while in use
+    /// attached. (A mount namespace made while the filesystem was mounted,
+    /// with its mounts private, keeps a copy that an unmount here does not
+    /// reach: seen when a test of another program unshared its namespace
+    /// meanwhile, and the loop device stayed attached after its filesystem's
+    /// unmount.)
+    fn users(&self) -> String {
+        let mut users = super::holders(Path::new(&self.path));
+        if let Some(devno) = self.devno() {
+            users.extend(super::mounted_in_namespaces(&devno));
         }
-        info.lo_flags |= LO_FLAGS_AUTOCLEAR;
-        // SAFETY: the ioctl reads the loop_info64 it was given; offset, size limit
-        // and name are the device's own, so only the flag changes.
-        if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_SET_STATUS64, &info) } != 0 {
-            return Err(fail(std::io::Error::last_os_error()));
+        if users.is_empty() {
+            return String::new();
         }
-        Ok(())
-    }
-
-    /// Makes the device take its backing file's size again (LOOP_SET_CAPACITY),
-    /// after that file grew; returns the device's size in bytes now.
-    pub fn take_new_capacity(&self) -> Result<u64, MountError> {
-        use std::os::fd::AsRawFd;
-        let fail = |e: std::io::Error| MountError::with_source(format!("cannot grow {self}"), e);
-        let f = std::fs::File::open(&self.path).map_err(fail)?;
-        // SAFETY: LOOP_SET_CAPACITY takes no argument.
-        if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_SET_CAPACITY, 0) } != 0 {
-            return Err(fail(std::io::Error::last_os_error()));
-        }
-        block_size(&f).map_err(fail)
-    }
-
-    /// The device opened, its block size set to its sector size, as mkfs.xfs
-    /// sets it (which the kernel allows root alone): held open while a tool
-    /// confined without that right runs, since the kernel sets the block
-    /// size anew when a device's first opener opens it.
-    pub fn held_at_sector_size(&self) -> Result<std::fs::File, MountError> {
-        use std::os::fd::AsRawFd;
-        let fail = |e| MountError::with_source(format!("cannot set the block size of {self}"), e);
-        let f = std::fs::File::open(&self.path).map_err(fail)?;
-        let mut sector: libc::c_int = 0;
-        // SAFETY: BLKSSZGET writes one int into `sector`; BLKBSZSET reads one.
-        if unsafe { libc::ioctl(f.as_raw_fd(), BLKSSZGET, &mut sector) } != 0
-            || unsafe { libc::ioctl(f.as_raw_fd(), BLKBSZSET, &sector) } != 0
-        {
-            return Err(fail(std::io::Error::last_os_error()));
-        }
-        Ok(f)
-    }
-
-    /// Writes the device's dirty buffers and drops its cached ones
-    /// (BLKFLSBUF, root's alone): what a tool confined without that right
-    /// asked for.
-    pub fn flush_buffers(&self) -> Result<(), MountError> {
-        use std::os::fd::AsRawFd;
-        let fail = |e| MountError::with_source(format!("cannot flush the buffers of {self}"), e);
-        let f = std::fs::File::open(&self.path).map_err(fail)?;
-        // SAFETY: BLKFLSBUF takes no argument.
-        if unsafe { libc::ioctl(f.as_raw_fd(), BLKFLSBUF, 0) } != 0 {
-            return Err(fail(std::io::Error::last_os_error()));
-        }
-        Ok(())
-    }
-
-    /// The device's size in bytes.
-    pub fn size(&self) -> Result<u64, MountError> {
-        let fail = |e| MountError::with_source(format!("cannot read the size of {self}"), e);
-        block_size(&std::fs::File::open(&self.path).map_err(fail)?).map_err(fail)
+        format!(" (in use by {})", users.join(", "))
     }
 }
 
+/// Sets the autoclear flag of the device held open as `f` (LOOP_SET_STATUS64,
+/// which unlike LOOP_GET_STATUS64 asks nothing of the backing file's
+/// filesystem): the kernel detaches the device by itself when its last opener
+/// closes it. Set once the filesystem on it is mounted (which holds it open),
+/// so a plain `umount` of that filesystem detaches the device and so closes
+/// the daemon's `disk` file: the daemon's cue to write back and stop. Set
+/// earlier, the first close (blkid's, mkfs's) would detach it. The status
+/// given is the one the device was attached with (no offset, no size limit,
+/// no name); the flags the call cannot change (read-only, direct I/O) stay.
+pub fn set_autoclear(f: &File) -> std::io::Result<()> {
+    // SAFETY: an all-zero loop_info64 is a valid value of this plain C struct.
+    let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+    info.lo_flags = LO_FLAGS_AUTOCLEAR;
+    // SAFETY: the ioctl reads the loop_info64 it is given.
+    check(unsafe { libc::ioctl(f.as_raw_fd(), LOOP_SET_STATUS64, &info) })
+}
+
+/// Makes the device held open as `f` take its backing file's size again
+/// (LOOP_SET_CAPACITY), after that file grew; returns its size in bytes now.
+pub fn take_new_capacity(f: &File) -> std::io::Result<u64> {
+    // SAFETY: LOOP_SET_CAPACITY takes no argument.
+    check(unsafe { libc::ioctl(f.as_raw_fd(), LOOP_SET_CAPACITY, 0) })?;
+    block_size(f)
+}
+
+/// Sets the block size of the device held open as `f` to its sector size, as
+/// mkfs.xfs sets it (which the kernel allows root alone): done while a tool
+/// confined without that right runs and the device is held, since the kernel
+/// sets the block size anew when a device's first opener opens it.
+pub fn block_size_to_sector_size(f: &File) -> std::io::Result<()> {
+    let mut sector: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int into `sector`; BLKBSZSET reads one.
+    check(unsafe { libc::ioctl(f.as_raw_fd(), BLKSSZGET, &mut sector) })?;
+    check(unsafe { libc::ioctl(f.as_raw_fd(), BLKBSZSET, &sector) })
+}
+
+/// Writes the dirty buffers of the device held open as `f` and drops its
+/// cached ones (BLKFLSBUF, root's alone): what a tool confined without that
+/// right asked for.
+pub fn flush_buffers(f: &File) -> std::io::Result<()> {
+    // SAFETY: BLKFLSBUF takes no argument.
+    check(unsafe { libc::ioctl(f.as_raw_fd(), BLKFLSBUF, 0) })
+}
+
 /// The size in bytes of the block device open as `f` (BLKGETSIZE64).
-fn block_size(f: &std::fs::File) -> std::io::Result<u64> {
-    use std::os::fd::AsRawFd;
+pub fn block_size(f: &File) -> std::io::Result<u64> {
     let mut size: u64 = 0;
     // SAFETY: BLKGETSIZE64 writes one u64 into `size`.
-    if unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size) } != 0 {
+    check(unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size) })?;
+    Ok(size)
+}
+
+/// `Err` with the system's error when a call returned less than zero.
+fn check(rc: libc::c_int) -> std::io::Result<()> {
+    if rc < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(size)
+    Ok(())
 }
 
 /// `struct loop_info64` of <linux/loop.h>.
@@ -366,6 +289,7 @@ struct LoopInfo64 {
 
 const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
 const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+const LO_FLAGS_READ_ONLY: u32 = 1;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 const LOOP_SET_CAPACITY: libc::c_ulong = 0x4C07;
 /// `_IOR(0x12, 114, size_t)` of linux/fs.h.
@@ -377,50 +301,4 @@ const BLKBSZSET: libc::c_ulong = 0x4008_1271;
 const BLKFLSBUF: libc::c_ulong = 0x1261;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A file of 1 MiB in `dir`, by its real path (as sysfs names it).
-    fn backing(dir: &Path, name: &str) -> PathBuf {
-        let p = dir.join(name);
-        std::fs::write(&p, vec![0u8; 1 << 20]).unwrap();
-        p.canonicalize().unwrap()
-    }
-
-    /// A mount's loop device let go of its disk by itself and `losetup
-    /// --find` gave it to another file before the mount's teardown detached
-    /// it (seen in a CI run, where test binaries attach loop devices at the
-    /// same time): the teardown leaves the other file's device alone, and the
-    /// other's own detach still works.
-    #[test]
-    fn a_device_given_to_another_file_meanwhile_is_not_detached() {
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let (mine, other) = (backing(dir.path(), "mine"), backing(dir.path(), "other"));
-        // Another process may take the device between the two steps: again.
-        let dev = (0..5)
-            .find_map(|_| {
-                let dev = LoopDevice::attach(&mine, false).unwrap();
-                run("losetup", &["-d", dev.path()]).unwrap();
-                let again = run("losetup", &[dev.path(), other.to_str().unwrap()]);
-                again.is_ok().then_some(dev)
-            })
-            .expect("a loop device given to the other file");
-        assert_eq!(dev.backing_file().as_deref(), Some(other.as_path()));
-        dev.detach(Some(&mine)).unwrap();
-        let after = dev.backing_file();
-        if after.is_some() {
-            dev.detach(Some(&other)).unwrap();
-        }
-        assert_eq!(
-            after.as_deref(),
-            Some(other.as_path()),
-            "the other's device"
-        );
-        assert_eq!(dev.backing_file(), None);
-        dev.detach(Some(&other)).unwrap();
-    }
-}
+mod tests;

@@ -9,21 +9,23 @@ pub mod filesystem;
 mod fs;
 mod fuse;
 mod loopdev;
+mod mountid;
 mod procs;
 
 pub use confined::TOOL_USER;
 pub(crate) use dirs::unescape_mountinfo;
-pub use dirs::{
-    check_same_dir, dir_id, is_mountpoint, make_private_dir, mount_id_at, mounted_with_id,
-    open_dir, umount,
-};
+pub use dirs::{check_same_dir, dir_id, is_mountpoint, make_private_dir, open_dir, umount};
 pub use fs::{
     free_space, freeze, fs_size, fs_type, grow_ext4_unmounted, grow_fs, has_capability, mkfs,
     mount_fs, mount_on, statvfs, thaw, CAP_SYS_RESOURCE,
 };
-pub use fuse::mount_fuse;
-pub use loopdev::{LoopDevice, LOOP_DIRTY_MAX};
-pub use procs::{children, holders, pid_alive, state, threads_running};
+pub use fuse::{mount_fuse, open_disk, open_mount_root, FuseMounted};
+pub use loopdev::{
+    set_autoclear, take_new_capacity, Attached, Binding, LoopDevice, Now, Pinned, Serves,
+    LOOP_DIRTY_MAX,
+};
+pub use mountid::MountId;
+pub use procs::{children, holders, mounted_in_namespaces, pid_alive, state, threads_running};
 
 use std::process::Command;
 
@@ -34,7 +36,7 @@ pub(super) const STANDARD_PATH: &str =
     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// A system tool's command, without the daemon's secrets: the tools blobdrive runs
-/// (losetup, mkfs, mount, fsfreeze, blkid) need none of the account's variables,
+/// (mkfs, blkid, e2fsck, resize2fs) need none of the account's variables,
 /// and a child's environment is readable by anyone who can read its
 /// `/proc/PID/environ` for as long as it runs. `NOTIFY_SOCKET` goes too: only the
 /// daemon speaks for itself to the service manager.
@@ -60,19 +62,9 @@ pub(super) fn tool_command(name: &str) -> Command {
     c
 }
 
-/// Runs a tool that reads no byte of a drive (losetup); `Ok(stdout)` or an
-/// error with its first stderr line.
-pub fn run(tool: &str, args: &[&str]) -> Result<String, MountError> {
-    let out = tool_command(tool)
-        .args(args)
-        .output()
-        .map_err(|e| MountError::with_source(format!("cannot run {tool}"), e))?;
-    said(tool, args, out)
-}
-
 /// Runs a tool on the drive's device `dev`, confined (see `confined.rs`):
 /// `Ok(stdout)` or an error with its first stderr line.
-pub fn run_on(dev: &LoopDevice, tool: &str, args: &[&str]) -> Result<String, MountError> {
+pub fn run_on(dev: &Pinned, tool: &str, args: &[&str]) -> Result<String, MountError> {
     said(tool, args, confined::output_on(dev, tool, args)?)
 }
 

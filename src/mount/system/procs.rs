@@ -61,30 +61,102 @@ pub fn threads_running(pid: u32) -> bool {
         .any(|t| is_zombie(&t.path().join("stat")) == Some(false))
 }
 
-/// The processes holding `path` open, as "pid N (name)", found in /proc.
-pub fn holders(path: &Path) -> Vec<String> {
+/// The processes that keep the mount at `mountpoint` busy, as "pid N
+/// (name)": those whose working or root directory, an open file or a mapped
+/// one (a program run from it, a library) is in it, found in /proc by the
+/// paths the kernel names them by (nothing is looked up through the mount:
+/// no stat that could wait on a FUSE server). Bounded: a process's maps are
+/// read up to 4 MiB.
+pub fn users_of(mountpoint: &Path) -> Vec<String> {
+    let inside = |p: &Path| p.starts_with(mountpoint);
     let mut found = Vec::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return found;
     };
     for p in procs.flatten() {
-        let name = p.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        else {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
-            continue;
-        };
-        if fds
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == path))
-        {
-            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+        let dir = p.path();
+        let by_link = ["cwd", "root", "exe"]
+            .iter()
+            .any(|l| std::fs::read_link(dir.join(l)).is_ok_and(|t| inside(&t)));
+        let uses = by_link
+            || std::fs::read_dir(dir.join("fd")).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| inside(&t)))
+            })
+            || maps_name(&dir.join("maps"), mountpoint);
+        if uses {
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
             found.push(format!("pid {pid} ({})", comm.trim()));
         }
     }
     found
+}
+
+/// Whether the maps file `maps` names a file in `mountpoint`.
+fn maps_name(maps: &Path, mountpoint: &Path) -> bool {
+    use std::io::Read;
+    let mut text = String::new();
+    let read = std::fs::File::open(maps).and_then(|f| f.take(4 << 20).read_to_string(&mut text));
+    read.is_ok()
+        && text.lines().any(|l| {
+            l.split_whitespace()
+                .nth(5)
+                .is_some_and(|p| Path::new(p).starts_with(mountpoint))
+        })
+}
+
+/// The processes holding `path` open, as "pid N (name)", found in /proc.
+pub fn holders(path: &Path) -> Vec<String> {
+    processes()
+        .filter(|(dir, _)| {
+            std::fs::read_dir(dir.join("fd")).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == path))
+            })
+        })
+        .map(|(dir, pid)| named(&dir, pid))
+        .collect()
+}
+
+/// The mount namespaces where a mount has the device `devno` (`MAJOR:MINOR`)
+/// as its source, each as "a mount of it in the mount namespace of pid N
+/// (name)", by the first process found in it.
+pub fn mounted_in_namespaces(devno: &str) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    processes()
+        .filter(|(dir, _)| {
+            std::fs::read_link(dir.join("ns/mnt")).is_ok_and(|ns| seen.insert(ns))
+                && std::fs::read_to_string(dir.join("mountinfo"))
+                    .is_ok_and(|t| t.lines().any(|l| l.split(' ').nth(2) == Some(devno)))
+        })
+        .map(|(dir, pid)| {
+            format!(
+                "a mount of it in the mount namespace of {}",
+                named(&dir, pid)
+            )
+        })
+        .collect()
+}
+
+/// The processes of /proc: their directory and pid.
+fn processes() -> impl Iterator<Item = (std::path::PathBuf, String)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|p| {
+            let pid = p.file_name().to_str()?.to_string();
+            pid.bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| (p.path(), pid))
+        })
+}
+
+/// "pid N (name)".
+fn named(dir: &Path, pid: String) -> String {
+    let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+    format!("pid {pid} ({})", comm.trim())
 }

@@ -74,7 +74,11 @@ fn a_drive_s_directory_goes_to_each_mount_s_uid_and_back() {
     let parent = tempfile::tempdir().unwrap();
     let owner = |p: &Path| std::fs::metadata(p).unwrap().uid();
     let (a, b) = (1_900_000_100u32, 1_900_000_101u32);
-    let dir = open_drive_dir(parent.path(), "d", Some((a, a)), &|_| LeftTo::NotPool).unwrap();
+    let holder = |_: Option<u32>| "someone".to_string();
+    let open = |owner, left_to: &dyn Fn(u32) -> LeftTo| {
+        open_drive_dir(parent.path(), "d", Some(owner), left_to, &holder)
+    };
+    let dir = open((a, a), &|_| LeftTo::NotPool).unwrap().dir;
     let path = parent.path().join("d");
     // The worker's files, made as uid a; one hard link it made to a file
     // of someone else's is left alone.
@@ -83,6 +87,7 @@ fn a_drive_s_directory_goes_to_each_mount_s_uid_and_back() {
         std::os::unix::fs::chown(path.join(name), Some(a), Some(a)).unwrap();
     }
     std::fs::write(parent.path().join("other"), b"y").unwrap();
+    std::fs::remove_file(path.join("lock")).unwrap();
     std::fs::hard_link(parent.path().join("other"), path.join("lock")).unwrap();
     assert_eq!(owner(&path), a);
     take_back(&dir, a).unwrap();
@@ -92,7 +97,7 @@ fn a_drive_s_directory_goes_to_each_mount_s_uid_and_back() {
     // Left with uid a (a root part killed before it took it back): b gets
     // it only while a is idle.
     give_to(&dir, (a, a), 0).unwrap();
-    let err = open_drive_dir(parent.path(), "d", Some((b, b)), &|_| LeftTo::NotPool).unwrap_err();
+    let err = open((b, b), &|_| LeftTo::NotPool).err().unwrap();
     assert!(err.contains("must be root's"), "{err}");
     let idle = |u| {
         if u == a {
@@ -101,13 +106,16 @@ fn a_drive_s_directory_goes_to_each_mount_s_uid_and_back() {
             LeftTo::NotPool
         }
     };
-    open_drive_dir(parent.path(), "d", Some((b, b)), &idle).unwrap();
+    drop(open((b, b), &idle).unwrap());
     for p in [path.clone(), path.join("data"), path.join("index")] {
         assert_eq!(owner(&p), b, "{}", p.display());
     }
-    assert_eq!(owner(&path.join("lock")), 0, "two links: not given");
+    // The lock that was a second link to another's file is not given, and
+    // a lock file of the cache's own replaced it.
+    assert_eq!(std::fs::read(parent.path().join("other")).unwrap(), b"y");
+    assert_eq!(std::fs::metadata(path.join("lock")).unwrap().nlink(), 1);
     // Left with uid b while another mount now runs as b: c gets it
-    // emptied.
+    // emptied, with a new lock.
     let c = 1_900_000_102u32;
     let in_use = |u| {
         if u == b {
@@ -116,8 +124,17 @@ fn a_drive_s_directory_goes_to_each_mount_s_uid_and_back() {
             LeftTo::NotPool
         }
     };
-    open_drive_dir(parent.path(), "d", Some((c, c)), &in_use).unwrap();
-    assert_eq!(std::fs::read_dir(&path).unwrap().count(), 0);
+    let held = open((c, c), &in_use).unwrap();
+    let names: Vec<_> = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["lock"]);
     assert_eq!(owner(&path), c);
     assert_eq!(std::fs::read(parent.path().join("other")).unwrap(), b"y");
+    // While it is held, another mount is refused and changes nothing.
+    let err = open((a, a), &|_| LeftTo::InUse).err().unwrap();
+    assert!(err.contains("is in use by someone"), "{err}");
+    assert_eq!(owner(&path), c);
+    drop(held);
 }
