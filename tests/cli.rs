@@ -1058,6 +1058,18 @@ fn hostile_drive_of(
     })
 }
 
+/// A List Blobs request's answer as the service gives it for a drive without
+/// snapshots (`None` for any other request): a listing must be one whole
+/// EnumerationResults, and a page list is none.
+fn listing_of_nothing(req: &stub::Recorded) -> Option<stub::Reply> {
+    (req.query("comp").as_deref() == Some("list")).then(|| {
+        stub::Reply::xml(
+            200,
+            "<?xml version=\"1.0\"?><EnumerationResults><Blobs></Blobs><NextMarker/></EnumerationResults>",
+        )
+    })
+}
+
 /// Runs `blobdrive ARGS` against `endpoint` (an account key, a short retry budget),
 /// killed if it runs for two minutes or passes [`KILLED_PAST_KIB`] resident;
 /// returns whether it succeeded, its stderr, and its peak resident memory in KiB.
@@ -1290,10 +1302,12 @@ fn a_hostile_page_list_per_segment_cannot_grow_memory_with_the_drive() {
     let body = std::sync::Arc::new(body);
     let peak = |size: u64| {
         let body = body.clone();
-        let s = hostile_drive_of(size, move |_, _| stub::Reply::Respond {
-            status: 200,
-            headers: vec![("Content-Type".into(), "application/xml".into())],
-            body: body.to_vec(),
+        let s = hostile_drive_of(size, move |req, _| {
+            listing_of_nothing(req).unwrap_or_else(|| stub::Reply::Respond {
+                status: 200,
+                headers: vec![("Content-Type".into(), "application/xml".into())],
+                body: body.to_vec(),
+            })
         });
         let (ok, err, peak_kib) = run_against(&s.endpoint(), &["info", "disks/a.vhd", "--json"]);
         assert!(ok, "{err}");
@@ -1334,8 +1348,11 @@ fn a_proxy_from_the_environment_never_carries_plain_http() {
     // plain http, following it would send the Shared Key signature in the clear
     // to that host. The proxy here is a stub that records what reaches it.
     let proxy = stub::Stub::start(|_, _| stub::Reply::status(502));
-    let endpoint =
-        hostile_drive(|_, _| stub::Reply::xml(200, "<?xml version=\"1.0\"?><PageList></PageList>"));
+    let endpoint = hostile_drive(|req, _| {
+        listing_of_nothing(req).unwrap_or_else(|| {
+            stub::Reply::xml(200, "<?xml version=\"1.0\"?><PageList></PageList>")
+        })
+    });
     let via = format!("http://127.0.0.1:{}", proxy.port);
     let env: Vec<(&str, &str)> = ["http_proxy", "HTTP_PROXY", "all_proxy", "https_proxy"]
         .into_iter()
