@@ -27,6 +27,8 @@ EXPECTED = [
     "blobdrive_raw.seq_write_cpu_s_per_gib", "blobdrive_raw.seq_read_cold_cpu_s_per_gib",
     "s3backer.seq_write_mib_s", "s3backer.seq_read_cold_mib_s", "s3backer.seq_read_warm_mib_s",
     "s3backer.rand_write_iops", "s3backer.rand_read_iops", "s3backer.peak_mib",
+    "blobdrive_fs_encrypted.seq_write_mib_s", "blobdrive_fs_encrypted.seq_read_cold_mib_s",
+    "blobdrive_fs_encrypted.seq_write_cpu_s_per_gib", "blobdrive_fs_encrypted.seq_read_cold_cpu_s_per_gib",
 ]
 
 get = res.get
@@ -43,6 +45,8 @@ rows = [
     ("blobdrive fs seq read cold MiB/s", "blobdrive_fs.seq_read_cold_mib_s", "backend_ceiling.get_mib_s"),
     ("blobdrive raw seq read cold MiB/s", "blobdrive_raw.seq_read_cold_mib_s", "backend_ceiling.get_mib_s"),
     ("blobdrive fs seq read warm MiB/s", "blobdrive_fs.seq_read_warm_mib_s", "local.seq_read_warm_mib_s"),
+    ("encrypted fs seq write MiB/s (of plain fs)", "blobdrive_fs_encrypted.seq_write_mib_s", "blobdrive_fs.seq_write_mib_s"),
+    ("encrypted fs seq read cold MiB/s (of plain)", "blobdrive_fs_encrypted.seq_read_cold_mib_s", "blobdrive_fs.seq_read_cold_mib_s"),
     ("blobdrive fs rand write IOPS", "blobdrive_fs.rand_write_iops", "backend_ceiling.small_put_requests_s"),
     ("blobdrive fs rand read IOPS", "blobdrive_fs.rand_read_iops", "local.rand_read_iops"),
     ("local seq write MiB/s", "local.seq_write_mib_s", None),
@@ -67,6 +71,8 @@ cpu_rows = [
     ("blobdrive fs write (daemon)", "blobdrive_fs.seq_write_mib_s", "blobdrive_fs.seq_write_cpu_s_per_gib", "sdk.put_mib_s"),
     ("blobdrive fs cold read (daemon)", "blobdrive_fs.seq_read_cold_mib_s", "blobdrive_fs.seq_read_cold_cpu_s_per_gib", "sdk.get_mib_s"),
     ("blobdrive fs warm read (daemon)", "blobdrive_fs.seq_read_warm_mib_s", "blobdrive_fs.seq_read_warm_cpu_s_per_gib", None),
+    ("encrypted fs write (daemon)", "blobdrive_fs_encrypted.seq_write_mib_s", "blobdrive_fs_encrypted.seq_write_cpu_s_per_gib", "sdk.put_mib_s"),
+    ("encrypted fs cold read (daemon)", "blobdrive_fs_encrypted.seq_read_cold_mib_s", "blobdrive_fs_encrypted.seq_read_cold_cpu_s_per_gib", "sdk.get_mib_s"),
     ("blobdrive raw write, 1 MiB requests (daemon)", "blobdrive_raw.seq_write_mib_s", "blobdrive_raw.seq_write_cpu_s_per_gib", "sdk.put_mib_s"),
     ("blobdrive raw cold read, 1 MiB (daemon)", "blobdrive_raw.seq_read_cold_mib_s", "blobdrive_raw.seq_read_cold_cpu_s_per_gib", "sdk.get_mib_s"),
     ("Python SDK Put Page, 8 x 4 MiB", "sdk.put_mib_s", "sdk.put_cpu_s_per_gib", None),
@@ -96,6 +102,8 @@ targets = [
     ("ext4 seq write >= 1.0x the Python SDK", frac("blobdrive_fs.seq_write_mib_s", "sdk.put_mib_s") >= 1.0),
     ("ext4 cold seq read >= 1.0x the Python SDK", frac("blobdrive_fs.seq_read_cold_mib_s", "sdk.get_mib_s") >= 1.0),
     ("daemon peak <= cache + 100 MiB", 0 < fs_peak <= g("blobdrive_fs.cache_mib") + 100),
+    ("encrypted ext4 seq write >= 0.8 of the plain one", frac("blobdrive_fs_encrypted.seq_write_mib_s", "blobdrive_fs.seq_write_mib_s") >= 0.8),
+    ("encrypted ext4 cold seq read >= 0.8 of the plain one", frac("blobdrive_fs_encrypted.seq_read_cold_mib_s", "blobdrive_fs.seq_read_cold_mib_s") >= 0.8),
     ("seq write fraction above s3backer's", frac("blobdrive_fs.seq_write_mib_s", "backend_ceiling.put_mib_s") > frac("s3backer.seq_write_mib_s", "s3_ceiling.put_mib_s")),
     ("cold read fraction above s3backer's", frac("blobdrive_fs.seq_read_cold_mib_s", "backend_ceiling.get_mib_s") > frac("s3backer.seq_read_cold_mib_s", "s3_ceiling.get_mib_s")),
 ]

@@ -48,6 +48,10 @@ case "$mode" in
         # certificate assertions (tests/fixtures/entra/token_server.py).
         pkg_of[openssl]=openssl
         pkg_of[py:cryptography]=python3-cryptography
+        # Encrypted drives: cryptsetup reads and writes their LUKS2 headers on
+        # plain files (tests/luks_cryptsetup.rs, tests/encryption.rs), and
+        # python3-cryptography (above) is the independent AES-XTS.
+        pkg_of[cryptsetup]=cryptsetup-bin
         # tests/package.rs and tests/cli.rs: scripts/package.sh (dpkg-shlibdeps,
         # strip), lintian on its package, and man for the pages it installs.
         pkg_of[dpkg-shlibdeps]=dpkg-dev

@@ -184,10 +184,31 @@ fn a_lost_backend_fails_io_in_bounded_time_and_recovers() {
 
 #[test]
 fn sigkill_mid_workload_recovers_every_fsynced_file() {
+    sigkill_mid_workload(false);
+}
+
+/// The same on an encrypted drive (LUKS2 under the memory cache).
+#[test]
+fn sigkill_mid_workload_on_an_encrypted_drive_recovers_every_fsynced_file() {
+    sigkill_mid_workload(true);
+}
+
+/// SIGKILL of the daemon while files are written and fsynced one after
+/// another: the journal recovers, every file recorded after its fsync reads
+/// back, and the filesystem checks clean.
+fn sigkill_mid_workload(encrypted: bool) {
     require_root();
-    let spec = BD.new_drive("crash", "256MiB");
+    let keys = tempfile::tempdir().unwrap();
+    let key = common::luks::key_file(keys.path());
+    let key_args = ["--key-file", key.to_str().unwrap()];
+    let with_key: &[&str] = if encrypted { &key_args } else { &[] };
+    let spec = if encrypted {
+        common::luks::new_encrypted_drive(&BD, "crashcrypt", "256MiB", &key)
+    } else {
+        BD.new_drive("crash", "256MiB")
+    };
     let mp = Mp::new(&BD.run_dir(), &BD.cs());
-    BD.ok(&["mount", &spec, mp.s(), "--mkfs", "ext4"]);
+    BD.ok(&[&["mount", &spec, mp.s(), "--mkfs", "ext4"], with_key].concat());
     let journal = tempfile::NamedTempFile::new().unwrap();
     let jp = journal.path().to_str().unwrap().to_string();
     // Each file is recorded (with its checksum) only after fsync returned.
@@ -215,10 +236,11 @@ fn sigkill_mid_workload_recovers_every_fsynced_file() {
     // A new mount here names the mount that died holding the lease and the
     // way out, unmount there; unmount cleans up.
     let other = Mp::new(&BD.run_dir(), &BD.cs());
-    BD.cmd(&["mount", &spec, other.s()]).fails_with_error(&[
-        "that mount ended without an unmount (its daemon is gone)",
-        &format!("blobdrive unmount {}", mp.s()),
-    ]);
+    BD.cmd(&[&["mount", &spec, other.s()], with_key].concat())
+        .fails_with_error(&[
+            "that mount ended without an unmount (its daemon is gone)",
+            &format!("blobdrive unmount {}", mp.s()),
+        ]);
     // It fails (the lease is still held) after cleaning up, naming the way out.
     let out = BD.cmd(&["unmount", mp.s()]).output();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -229,7 +251,7 @@ fn sigkill_mid_workload_recovers_every_fsynced_file() {
         .contains(mp.s()));
     BD.ok(&["lease", "break", &spec, "--yes"]);
     // Journal recovery on mount; every fsync'd file intact.
-    BD.ok(&["mount", &spec, mp.s()]);
+    BD.ok(&[&["mount", &spec, mp.s()], with_key].concat());
     let recorded = std::fs::read_to_string(&jp).unwrap();
     assert!(
         recorded.lines().count() > 3,
@@ -238,7 +260,7 @@ fn sigkill_mid_workload_recovers_every_fsynced_file() {
     sh_ok(&format!("cd '{}' && sha256sum -c --quiet '{jp}'", mp.s()));
     BD.ok(&["unmount", mp.s()]);
     let dev = BD
-        .ok(&["mount", &spec, mp.s(), "--mode", "block"])
+        .ok(&[&["mount", &spec, mp.s(), "--mode", "block"], with_key].concat())
         .trim()
         .to_string();
     sh_ok(&format!("e2fsck -fn {dev}"));

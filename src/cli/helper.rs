@@ -127,6 +127,8 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
         warm: o.warm,
         run_as: o.run_as.or_else(run_as_env),
         json: false,
+        key_file: o.key_file,
+        no_discard: o.no_discard,
         // `mount -a` again: the line is mounted already, and that is success.
         mounted_is_done: true,
     };

@@ -10,10 +10,13 @@ mod csi;
 mod delete;
 pub mod helper;
 mod info;
+mod key;
 mod lease;
 mod list;
 mod manpages;
 mod mount;
+mod mounted;
+mod passphrase;
 mod resize;
 mod settings;
 mod snapshot;
@@ -142,6 +145,9 @@ pub enum Command {
     /// Inspect or break a drive's lease (the lock held by a writable mount).
     #[command(subcommand)]
     Lease(lease::Command),
+    /// Add, remove or change an encrypted drive's passphrases (its LUKS2 keyslots).
+    #[command(subcommand)]
+    Key(key::Command),
     /// Delete a drive (or one snapshot of it). Needs --yes.
     Delete(delete::Args),
     /// Mount a drive as a filesystem, a block device or a raw file (needs root).
@@ -206,6 +212,7 @@ impl Cli {
             Command::Info(a) => info::run(&ctx, a),
             Command::Resize(a) => resize::run(&ctx, a),
             Command::Lease(c) => lease::run(&ctx, c),
+            Command::Key(c) => key::run(&ctx, c),
             Command::Delete(a) => delete::run(&ctx, a),
             Command::Mount(_) => unreachable!("handled above"),
             Command::Unmount(a) => unmount::run(a),

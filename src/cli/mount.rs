@@ -18,6 +18,8 @@ use blobdrive::size::{human, parse_size};
 
 use super::auth::{AuthChoice, AUTH_ENV};
 use super::Context;
+use super::{mounted, passphrase};
+use blobdrive::luks::secret::Secret;
 use ready::say_ready;
 
 mod ready;
@@ -129,6 +131,16 @@ pub struct Args {
     /// pid, warnings and notes.
     #[arg(long)]
     pub json: bool,
+    /// An encrypted drive's passphrase: every byte of FILE (`-`: standard
+    /// input) [default: BLOBDRIVE_PASSPHRASE, the systemd credential key, or
+    /// asked on a terminal].
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Refuse discards (fstrim, hole punching) instead of clearing the pages:
+    /// cleared pages show the service which ranges an encrypted drive does not
+    /// use, as dm-crypt's allow-discards does.
+    #[arg(long)]
+    pub no_discard: bool,
     /// Flags for the filesystem mount (nosuid, noatime, ...): set by the mount(8)
     /// helper from an fstab line.
     #[arg(skip)]
@@ -290,7 +302,7 @@ fn mount(
         }
         None => None,
     };
-    if let Some(there) = mounted_here(ctx, &r, &args.mountpoint, read_only)? {
+    if let Some(there) = mounted::mounted_here(ctx, &r, &args.mountpoint, read_only)? {
         if !args.mounted_is_done {
             bail!("{r} is already mounted at {}", there.display());
         }
@@ -300,6 +312,7 @@ fn mount(
         return Ok(());
     }
     preflight(&args.mountpoint)?;
+    let passphrase = passphrase::for_mount(ctx, &r, args.key_file.as_deref())?;
     let mountpoint = args.mountpoint.canonicalize()?;
     let mountpoint_id = system::dir_id(&mountpoint)?;
     // SAFETY: getuid/getgid cannot fail.
@@ -327,6 +340,8 @@ fn mount(
         run_as: args.run_as.clone(),
         warm: args.warm.is_some(),
         warm_max_rate,
+        passphrase_follows: passphrase.is_some(),
+        no_discard: args.no_discard,
     };
     if args.foreground {
         // A failure is reported by the returned error; only readiness is printed here.
@@ -339,6 +354,7 @@ fn mount(
             req,
             ctx.unsigned_account_for(&r)?,
             &sign_in,
+            passphrase,
             &mut |outcome| {
                 if let Ok(ready) = outcome {
                     // The daemon's own log (stderr here) already said the warnings.
@@ -360,69 +376,8 @@ fn mount(
         creds,
         ctx.auth,
         &r.to_string(),
+        passphrase,
         say,
-    )
-}
-
-/// Where this machine already has the drive `r` mounted at `mountpoint` (the
-/// same drive, account and snapshot, its daemon running): a second `mount -a`
-/// asks for it again. A writable mount of it elsewhere here that holds its
-/// lease is refused naming that place: the service would only say that another
-/// mount holds it, "on this or another host". (One whose lease was broken, a
-/// fenced mount that has not let go yet, holds nothing: the new mount goes
-/// ahead, as on another machine.)
-fn mounted_here(
-    ctx: &Context,
-    r: &BlobRef,
-    mountpoint: &Path,
-    read_only: bool,
-) -> Result<Option<PathBuf>> {
-    let endpoint = ctx.unsigned_account_for(r)?.endpoint_for_messages();
-    let base = r.base().to_string();
-    let wanted = mountpoint.canonicalize().ok();
-    if let Some(mp) = &wanted {
-        let same = |m: &record::MountRecord| {
-            (m.endpoint.is_empty() || m.endpoint == endpoint)
-                && m.blob == base
-                && m.snapshot == r.snapshot
-                && record::alive(m)
-        };
-        if let Ok((_, Some(m))) = record::at_mountpoint(mp) {
-            if same(&m) && system::is_mountpoint(mp) {
-                return Ok(Some(m.mountpoint));
-            }
-        }
-    }
-    if read_only {
-        return Ok(None);
-    }
-    let holder = record::writable_mount(&endpoint, &base)
-        .filter(|m| Some(&m.mountpoint) != wanted.as_ref())
-        .filter(|_| lease_held(ctx, r));
-    match holder {
-        Some(m) if record::alive(&m) => bail!(
-            "{base} is already mounted writable on this machine, at {}, which holds its lease: unmount it there first (blobdrive unmount {}), or mount it here --read-only",
-            m.mountpoint.display(),
-            m.mountpoint.display()
-        ),
-        Some(m) => bail!(
-            "{base} was mounted at {} on this machine, and that mount ended without an unmount (its daemon is gone) holding the lease: run `blobdrive unmount {}` first",
-            m.mountpoint.display(),
-            m.mountpoint.display()
-        ),
-        None => Ok(None),
-    }
-}
-
-/// Whether the service says drive `r` is leased. Anything else, a failure to
-/// ask included, is left to the mount itself to find out and say.
-fn lease_held(ctx: &Context, r: &BlobRef) -> bool {
-    let Ok((_, client)) = ctx.blob(&r.base().to_string()) else {
-        return false;
-    };
-    matches!(
-        ctx.block_on(client.properties()),
-        Ok(Ok(p)) if p.lease_state.as_deref() == Some("leased")
     )
 }
 
@@ -464,6 +419,7 @@ fn spawn_daemon(
     creds: Option<&[(String, String)]>,
     auth: AuthChoice,
     blob: &str,
+    passphrase: Option<Secret>,
     say: Say,
 ) -> Result<()> {
     record::ensure_dir().map_err(|e| {
@@ -487,7 +443,11 @@ fn spawn_daemon(
     let mut cmd = Command::new(exe);
     cmd.arg("__daemon")
         .env(REQUEST_ENV, serde_json::to_string(req)?)
-        .stdin(Stdio::null())
+        .stdin(if passphrase.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))
         // The daemon signs in itself (and renews for as long as it runs), from
@@ -511,6 +471,7 @@ fn spawn_daemon(
         }
     }
     let mut child = cmd.spawn().context("cannot start the mount daemon")?;
+    passphrase::hand_over(&mut child, passphrase)?;
     let stdout = child.stdout.take().expect("piped");
     let mut answer = String::new();
     BufReader::new(stdout).read_line(&mut answer)?;
@@ -566,8 +527,15 @@ pub fn run_daemon(ctx: &Context) -> Result<()> {
         ctx.sign_in(a, Some(read))
             .map_err(|e| super::error_text(&e))
     };
+    let passphrase = match passphrase::handed_over(req.passphrase_follows) {
+        Ok(p) => p,
+        Err(e) => {
+            report(Err(super::error_text(&e)));
+            return Err(e);
+        }
+    };
     let root_part = std::process::id();
-    let done = daemon::run(req, account, &sign_in, &mut report);
+    let done = daemon::run(req, account, &sign_in, passphrase, &mut report);
     if std::process::id() != root_part {
         // The worker, forked from the root part: its failure went to the root
         // part, which reports it and says it in the mount's log. Said here

@@ -197,8 +197,12 @@ fn online(m: &record::MountRecord, size: u64, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// The disk size the daemon of mount `m` serves now, from its `stats`.
+/// The drive's disk size the daemon of mount `m` serves now, from its
+/// `stats` (an encrypted drive serves its data segment: the disk less the
+/// header before it).
 fn served_size(m: &record::MountRecord) -> Option<u64> {
     let answer = daemon::control(&m.socket, "stats", Some(Duration::from_secs(10))).ok()?;
-    serde_json::from_str::<serde_json::Value>(&answer).ok()?["disk_size"].as_u64()
+    let stats = serde_json::from_str::<serde_json::Value>(&answer).ok()?;
+    let offset = stats["encrypted_data_offset"].as_u64().unwrap_or(0);
+    Some(stats["disk_size"].as_u64()? + offset)
 }

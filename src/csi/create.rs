@@ -78,6 +78,11 @@ fn check<'a>(driver: &Driver, req: &'a CreateVolumeRequest) -> Result<Asked<'a>,
         _ => {}
     }
     let id = VolumeId::for_name(&container_for(driver, &req.parameters)?, &req.name)?;
+    if volume::encrypted(req.parameters.get(volume::ENCRYPTION))? {
+        // Refused before anything is made: a volume meant to be encrypted is
+        // never made plain.
+        volume::passphrase_in(&req.secrets, "provisioner")?;
+    }
     Ok(Asked {
         req,
         id,
@@ -189,6 +194,13 @@ async fn fresh(blob: &BlobClient, asked: &Asked<'_>) -> Result<u64, Status> {
             return Err(being_made(&asked.id))
         }
         Err(e) => return Err(status_of_drive(e)),
+    }
+    if asked.context.contains_key(volume::ENCRYPTION) {
+        let passphrase = volume::passphrase_in(&asked.req.secrets, "provisioner")?;
+        let sector = 4096;
+        crate::encrypted::format_new(blob, passphrase.as_bytes(), sector, Default::default())
+            .await
+            .map_err(Status::internal)?;
     }
     let origin = Origin {
         source: None,

@@ -45,6 +45,10 @@ const VOLUME: &[Known] = &[
         key: super::volume::CACHE_SIZE,
         check: check_cache_size,
     },
+    Known {
+        key: super::volume::ENCRYPTION,
+        check: check_encryption,
+    },
 ];
 
 /// Every VolumeSnapshotClass parameter a snapshot takes: none yet.
@@ -114,6 +118,12 @@ fn check_container(value: &str) -> Result<(), String> {
 
 fn check_warm_up(value: &str) -> Result<(), String> {
     super::volume::warm_up(Some(&value.to_string()))
+        .map(drop)
+        .map_err(|s| s.message().to_string())
+}
+
+fn check_encryption(value: &str) -> Result<(), String> {
+    super::volume::encrypted(Some(&value.to_string()))
         .map(drop)
         .map_err(|s| s.message().to_string())
 }

@@ -63,6 +63,42 @@ pub fn cache_size(value: Option<&String>) -> Result<Option<u64>, Status> {
         .transpose()
 }
 
+/// The StorageClass parameter, carried to NodeStage in the volume's context,
+/// that makes new volumes encrypted drives: `luks2` (see
+/// docs/encryption.md). Their passphrase comes from the provisioner's secret
+/// (CreateVolume) and the node-stage secret (NodeStageVolume), under the key
+/// [`PASSPHRASE`].
+pub const ENCRYPTION: &str = "encryption";
+/// The key of the secrets that holds an encrypted volume's passphrase.
+pub const PASSPHRASE: &str = "passphrase";
+
+/// Whether an `encryption` value asks for an encrypted volume (none: no);
+/// anything but `luks2` (or `none`) is INVALID_ARGUMENT.
+pub fn encrypted(value: Option<&String>) -> Result<bool, Status> {
+    match value.map(String::as_str) {
+        None | Some("none") => Ok(false),
+        Some("luks2") => Ok(true),
+        Some(other) => Err(Status::invalid_argument(format!(
+            "{ENCRYPTION} is \"luks2\" or \"none\", not '{}'",
+            other.escape_debug()
+        ))),
+    }
+}
+
+/// An encrypted volume's passphrase, from a request's `secrets`; the error
+/// (INVALID_ARGUMENT) says which secret lacks it, never what the secrets hold.
+pub fn passphrase_in(
+    secrets: &std::collections::HashMap<String, String>,
+    which: &str,
+) -> Result<crate::luks::secret::Secret, Status> {
+    match secrets.get(PASSPHRASE) {
+        Some(p) if !p.is_empty() => Ok(crate::luks::secret::Secret::from_slice(p.as_bytes())),
+        _ => Err(Status::invalid_argument(format!(
+            "the volume is encrypted ({ENCRYPTION}: luks2): its passphrase is the key '{PASSPHRASE}' of the {which} secret, which the request does not carry"
+        ))),
+    }
+}
+
 /// The volume context a volume made with the StorageClass's `parameters`
 /// carries to NodeStage (checked, so a bad value makes nothing).
 pub fn context_of(
@@ -74,6 +110,9 @@ pub fn context_of(
     }
     if cache_size(parameters.get(CACHE_SIZE))?.is_some() {
         context.insert(CACHE_SIZE.to_string(), parameters[CACHE_SIZE].clone());
+    }
+    if encrypted(parameters.get(ENCRYPTION))? {
+        context.insert(ENCRYPTION.to_string(), "luks2".to_string());
     }
     Ok(context)
 }

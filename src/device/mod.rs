@@ -11,6 +11,7 @@
 pub mod blockmem;
 pub mod bufpool;
 pub mod cache;
+pub mod crypt;
 pub mod diskcache;
 pub mod health;
 pub mod mem;

@@ -63,6 +63,8 @@ pub struct DiskFs<B: Backend> {
     /// Handles open on `disk` (a loop device over it holds one).
     open_disk: Arc<AtomicUsize>,
     read_only: bool,
+    /// Discards (hole punching, zeroing ranges) are refused (`--no-discard`).
+    no_discard: bool,
     uid: u32,
     gid: u32,
     started: SystemTime,
@@ -80,10 +82,19 @@ impl<B: Backend> DiskFs<B> {
             stats,
             open_disk: Arc::new(AtomicUsize::new(0)),
             read_only,
+            no_discard: false,
             uid,
             gid,
             started: SystemTime::now(),
         }
+    }
+
+    /// Refuses discards from now on: hole punching and zeroing ranges of
+    /// `disk` answer EOPNOTSUPP, so the loop device's discards fail (fstrim
+    /// says the device does not support them) and zeroing falls back to writes.
+    pub fn refuse_discards(mut self, refuse: bool) -> Self {
+        self.no_discard = refuse;
+        self
     }
 
     /// The count of handles open on `disk`, kept up to date as they open and close:
@@ -404,7 +415,11 @@ impl<B: Backend> Filesystem for DiskFs<B> {
         if offset.saturating_add(length) > self.cache.size() {
             return reply.error(Errno::ENOSPC);
         }
-        let result = if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
+        let discards = mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0;
+        if discards && self.no_discard {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let result = if discards {
             // Both leave zeros behind; a cleared page reads as zeros and costs nothing.
             debug!(offset, length, mode, "discard");
             self.cache.discard(offset, length)

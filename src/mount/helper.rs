@@ -56,9 +56,10 @@ const VALUED: &[&str] = &[
     "disk-cache-size",
     "metrics",
     "run-as",
+    "key-file",
     "comment",
 ];
-const ALONE: &[&str] = &["ro", "rw", "warm"];
+const ALONE: &[&str] = &["ro", "rw", "warm", "no-discard"];
 const REFUSED: &[&str] = &["user", "users", "owner", "group"];
 
 /// Flags of which a line may give at most one: each says the opposite of the
@@ -122,6 +123,10 @@ pub struct Options {
     /// `warm` or `warm=SIZE` (as written, checked to parse), for `--warm`:
     /// fill the disk cache once mounted (at most SIZE a second).
     pub warm: Option<String>,
+    /// `key-file=PATH`, for `--key-file`: an encrypted drive's passphrase.
+    pub key_file: Option<PathBuf>,
+    /// `no-discard`, for `--no-discard`.
+    pub no_discard: bool,
 }
 
 impl Default for Options {
@@ -138,6 +143,8 @@ impl Default for Options {
             disk_cache_size: None,
             run_as: None,
             warm: None,
+            key_file: None,
+            no_discard: false,
         }
     }
 }
@@ -211,7 +218,7 @@ where
 
 fn unknown_option(opt: &str) -> UsageError {
     UsageError(format!(
-        "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, disk-cache=DIR, disk-cache-size=SIZE, warm[=SIZE], credentials=FILE, metrics=HOST:PORT, run-as=USER, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
+        "unknown option '{opt}' (blobdrive takes ro, rw, mode=fs|block|raw, mkfs=ext4|xfs, cache-size=SIZE, disk-cache=DIR, disk-cache-size=SIZE, warm[=SIZE], credentials=FILE, key-file=PATH, no-discard, metrics=HOST:PORT, run-as=USER, suid and dev (off unless given: filesystems are nosuid,nodev by default), noexec, noatime, and ignores _netdev, nofail, auto, noauto, defaults, x-*)"
     ))
 }
 
@@ -325,6 +332,8 @@ pub fn parse_options(list: &str, sloppy: bool) -> Result<Options, UsageError> {
                 o.cache_size = Some(v.to_string());
             }
             "credentials" => o.credentials = Some(PathBuf::from(need("FILE")?)),
+            "key-file" => o.key_file = Some(PathBuf::from(need("PATH")?)),
+            "no-discard" if value.is_none() => o.no_discard = true,
             "disk-cache" => o.disk_cache = Some(PathBuf::from(need("DIR")?)),
             "disk-cache-size" => {
                 let v = need("SIZE")?;
@@ -395,7 +404,7 @@ mod tests {
             "/data",
             "-v",
             "-o",
-            "rw,credentials=/etc/blobdrive/acct.env,_netdev,nofail,mode=fs,mkfs=ext4,cache-size=64MiB,nosuid,nodev,metrics=127.0.0.1:9101,disk-cache=/var/cache/blobdrive,disk-cache-size=20GiB,run-as=bd-worker,warm=100MiB",
+            "rw,credentials=/etc/blobdrive/acct.env,_netdev,nofail,mode=fs,mkfs=ext4,cache-size=64MiB,nosuid,nodev,metrics=127.0.0.1:9101,disk-cache=/var/cache/blobdrive,disk-cache-size=20GiB,run-as=bd-worker,warm=100MiB,key-file=/etc/blobdrive/data.key,no-discard",
         ])
         .unwrap();
         assert_eq!(i.spec, "disks/data.vhd");
@@ -415,6 +424,8 @@ mod tests {
                 disk_cache_size: Some("20GiB".into()),
                 run_as: Some("bd-worker".into()),
                 warm: Some("100MiB".into()),
+                key_file: Some("/etc/blobdrive/data.key".into()),
+                no_discard: true,
             }
         );
         // Flags together, options attached, a subtype, several -o.

@@ -108,6 +108,14 @@ pub struct MountRequest {
     /// At most this many bytes a second (`--warm=SIZE`, fstab's `warm=SIZE`).
     #[serde(default)]
     pub warm_max_rate: Option<u64>,
+    /// An encrypted drive's passphrase follows on the daemon's standard input
+    /// (`--key-file`, ...; never in the request, which is in the environment).
+    #[serde(default)]
+    pub passphrase_follows: bool,
+    /// Discards are refused rather than sent to the blob (`--no-discard`,
+    /// fstab's `no-discard`).
+    #[serde(default)]
+    pub no_discard: bool,
 }
 
 /// How long and how often a mount's I/O tries the storage service.

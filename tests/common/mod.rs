@@ -6,6 +6,7 @@ pub mod bd;
 pub mod entra;
 pub mod facts;
 pub mod fuseplay;
+pub mod luks;
 pub mod mount;
 pub mod sdk;
 pub mod user;

@@ -15,6 +15,7 @@ use crate::csi::paths::{self, Found};
 use crate::csi::proto::volume_capability::AccessType;
 use crate::csi::proto::{NodeStageVolumeRequest, NodeUnstageVolumeRequest};
 use crate::csi::volume::{self, VolumeId};
+use crate::luks::secret::Secret;
 use crate::mount::record::{self, MountRecord};
 use crate::mount::Mode;
 
@@ -33,19 +34,30 @@ pub fn staged_at(path: &Path) -> Option<MountRecord> {
 /// Runs this program with `args` (an unmount, a resize), bounded in time; its
 /// one-line error becomes the status's message (INTERNAL).
 pub async fn blobdrive(args: &[&str]) -> Result<String, Status> {
-    blobdrive_in(args, None).await
+    blobdrive_in(args, None, None).await
 }
 
 /// [`blobdrive`], started inside the cgroups of `joining` when given: a
 /// mount's daemon then lives there, not in this plugin's cgroup (see
 /// [`cgroup`](crate::csi::cgroup) and [`memcg`]).
-async fn blobdrive_in(args: &[&str], joining: Option<Joining>) -> Result<String, Status> {
+/// `input` (an encrypted volume's passphrase, for `--key-file -`) goes to its
+/// standard input, never its arguments or environment.
+async fn blobdrive_in(
+    args: &[&str],
+    joining: Option<Joining>,
+    input: Option<&Secret>,
+) -> Result<String, Status> {
     let exe = std::env::current_exe()
         .map_err(|e| Status::internal(format!("cannot find this program: {e}")))?;
     let mut command = tokio::process::Command::new(exe);
     command
         .args(args)
-        .stdin(std::process::Stdio::null())
+        .stdin(match input {
+            Some(_) => std::process::Stdio::piped(),
+            None => std::process::Stdio::null(),
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     if let Some(joining) = joining {
         // SAFETY: the closure only calls write(2) on descriptors opened
@@ -54,8 +66,17 @@ async fn blobdrive_in(args: &[&str], joining: Option<Joining>) -> Result<String,
             command.pre_exec(move || memcg::join_all_in_child(&joining));
         }
     }
-    let child = command.output();
-    let out = tokio::time::timeout(COMMAND_LIMIT, child)
+    let mut child = command
+        .spawn()
+        .map_err(|e| Status::internal(format!("cannot run blobdrive: {e}")))?;
+    if let (Some(p), Some(mut stdin)) = (input, child.stdin.take()) {
+        use tokio::io::AsyncWriteExt;
+        stdin
+            .write_all(p.as_bytes())
+            .await
+            .map_err(|e| Status::internal(format!("cannot hand blobdrive the passphrase: {e}")))?;
+    }
+    let out = tokio::time::timeout(COMMAND_LIMIT, child.wait_with_output())
         .await
         .map_err(|_| {
             Status::deadline_exceeded(format!(
@@ -83,6 +104,9 @@ pub async fn stage(node: &NodeService, req: NodeStageVolumeRequest) -> Result<()
     let cap = volume::one_capability(req.volume_capability)?;
     let id = VolumeId::known(&req.volume_id)?;
     let warm = volume::warm_up(req.volume_context.get(volume::WARM_UP))?;
+    let passphrase = volume::encrypted(req.volume_context.get(volume::ENCRYPTION))?
+        .then(|| volume::passphrase_in(&req.secrets, "node-stage"))
+        .transpose()?;
     let staging = paths::resolve_arg(&asked, "staging target path")?;
     let read_only = req
         .publish_context
@@ -139,7 +163,10 @@ pub async fn stage(node: &NodeService, req: NodeStageVolumeRequest) -> Result<()
     args.extend(cache_args.iter().map(String::as_str));
     let cache = cache_size.to_string();
     args.extend(["--cache-size", cache.as_str()]);
-    mount_in_its_cgroup(node, &args, &staging, cache_size).await?;
+    if passphrase.is_some() {
+        args.extend(["--key-file", "-"]);
+    }
+    mount_in_its_cgroup(node, &args, &staging, cache_size, passphrase.as_ref()).await?;
     // `blobdrive mount` mounts where it checked, through a descriptor; had the
     // path become a symlink since it was looked at here, that is elsewhere.
     if staged_at(&staging).is_none_or(|r| r.blob != spec) {
@@ -165,6 +192,7 @@ async fn mount_in_its_cgroup(
     args: &[&str],
     staging: &Path,
     cache_size: u64,
+    passphrase: Option<&Secret>,
 ) -> Result<(), Status> {
     let group = memcg::volume_name(staging);
     let joining = match node.volume_groups() {
@@ -176,7 +204,7 @@ async fn mount_in_its_cgroup(
         })?),
         None => None,
     };
-    if let Err(e) = blobdrive_in(args, joining).await {
+    if let Err(e) = blobdrive_in(args, joining, passphrase).await {
         if let Some(g) = node.volume_groups() {
             g.remove_volume(&group);
         }

@@ -21,6 +21,7 @@
 //! - `warm.rs`: the warm-up of the disk cache (`warm`, `mount --warm`).
 
 mod control;
+mod encryption;
 mod handles;
 mod resize;
 mod setup;
@@ -51,6 +52,7 @@ use crate::device::cache::Cache;
 use crate::device::diskcache::files::BlobState;
 use crate::device::stack::Stack;
 use crate::device::LeaseLoss;
+use crate::luks::secret::Secret;
 use control::serve;
 use handles::{AttachedLoop, FsMount};
 use setup::limit_malloc_arenas;
@@ -109,6 +111,11 @@ struct Mounted {
     /// What a teardown that kept everything has to say all the same (the lease
     /// was lost while mounted, but no write failed): `unmount` prints it.
     lease_note: Option<String>,
+    /// An encrypted drive's passphrase, until the drive is opened with it.
+    passphrase: Option<Secret>,
+    /// An encrypted drive, opened: its cipher until the cache's stack takes
+    /// it, and where its data segment starts.
+    encryption: Option<encryption::Encryption>,
 }
 
 impl Mounted {
@@ -153,6 +160,8 @@ impl Mounted {
             disk_cache_dir: None,
             warmer: None,
             lease_note: None,
+            passphrase: None,
+            encryption: None,
         })
     }
 
@@ -208,6 +217,7 @@ pub fn run(
     req: MountRequest,
     account: Account,
     sign_in: SignIn,
+    passphrase: Option<Secret>,
     ready: &mut dyn FnMut(Result<&Ready, String>),
 ) -> Result<(), MountError> {
     limit_malloc_arenas();
@@ -219,7 +229,7 @@ pub fn run(
         ready(Err(msg.clone()));
         return Err(MountError::system(msg));
     }
-    match rootpart::split(&req, &account, ready) {
+    match rootpart::split(&req, &account, passphrase, ready) {
         Split::Root(result) => result,
         Split::Worker(start) => run_worker(req, account, sign_in, start),
     }
@@ -242,6 +252,7 @@ fn run_worker(
         control,
         metrics,
         disk_cache,
+        passphrase,
     } = start;
     let failed = |client: &RootClient, msg: String| {
         client.tell(&Request::Failed {
@@ -264,6 +275,7 @@ fn run_worker(
         Err(e) => return Err(failed(&client, e.to_string())),
     };
     m.disk_cache_dir = disk_cache;
+    m.passphrase = passphrase;
     let said = match setup::setup(&mut m, fuse) {
         Ok(said) => said,
         Err(e) => {
@@ -297,9 +309,10 @@ mod tests {
     /// channel to the root part: `mount::system` (the root part's room) is
     /// named here only for the filesystem steps' value types. (`control/probe.rs`, which tries root operations on
     /// purpose to show them refused, is not part of it.)
-    const WORKER_SOURCES: [(&str, &str); 11] = [
+    const WORKER_SOURCES: [(&str, &str); 12] = [
         ("mod.rs", include_str!("mod.rs")),
         ("control.rs", include_str!("control.rs")),
+        ("encryption.rs", include_str!("encryption.rs")),
         ("handles.rs", include_str!("handles.rs")),
         ("resize.rs", include_str!("resize.rs")),
         ("setup.rs", include_str!("setup.rs")),

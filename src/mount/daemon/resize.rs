@@ -71,7 +71,8 @@ impl Mounted {
                 size >> 20
             )));
         }
-        let before = cache.size();
+        // An encrypted drive serves its data segment: the disk less its header.
+        let before = cache.size() + cache.backend().data_offset();
         if size < before {
             return Err(DriveError::Shrink {
                 target: self.target.clone(),
@@ -102,8 +103,9 @@ impl Mounted {
                 growth.from
             }
         };
-        cache.grow(size);
-        let grown = self.grow_layers(size, phase).map_err(|e| {
+        let served = self.encryption.as_ref().map_or(size, |e| e.served(size));
+        cache.grow(served);
+        let grown = self.grow_layers(served, phase).map_err(|e| {
             MountError::system(format!(
                 "{} grew to {}, but {e}; run the same resize again to finish",
                 self.target,

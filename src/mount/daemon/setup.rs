@@ -11,6 +11,7 @@ use std::time::Duration;
 use fuser::{BackgroundSession, Config, SessionACL};
 use tracing::{error, info, warn};
 
+use super::encryption::{open_encryption, plain_ranges};
 use super::handles::{AttachedLoop, FsMount};
 use super::stats::{lease_state, stats_value, StatsValues};
 use super::warm::Warmer;
@@ -61,6 +62,7 @@ fn open_and_lease(m: &mut Mounted) -> Result<Drive, MountError> {
     loop {
         round += 1;
         let drive = m.rt.block_on(Drive::open(&m.blob))?;
+        open_encryption(m, &drive)?;
         let etag = drive.props.etag.clone();
         // The same id each round: a round whose answer was lost may hold the
         // lease already, and asking again with its id keeps it.
@@ -123,7 +125,9 @@ pub(super) fn limit_malloc_arenas() {
 /// Reads the drive, taking its lease unless the mount is read-only.
 fn open_drive(m: &mut Mounted) -> Result<Drive, MountError> {
     if m.req.read_only {
-        return Ok(m.rt.block_on(Drive::open(&m.blob))?);
+        let drive = m.rt.block_on(Drive::open(&m.blob))?;
+        open_encryption(m, &drive)?;
+        return Ok(drive);
     }
     let drive = open_and_lease(m)?;
     info!("acquired the lease on {}", m.target);
@@ -158,8 +162,22 @@ fn written_ranges(m: &Mounted, size: u64) -> Result<Vec<PageRange>, MountError> 
 /// The cache over the blob (with the disk tier when asked), its read-ahead and
 /// flush threads, and the lease keeper.
 fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<Stack>>, MountError> {
-    let size = drive.disk_size();
-    let ranges = written_ranges(m, size)?;
+    let disk_size = drive.disk_size();
+    let ranges = written_ranges(m, disk_size)?;
+    // An encrypted drive serves its data segment, decrypted by the stack's
+    // crypto layer; the passphrase is no longer needed.
+    m.passphrase = None;
+    let (size, ranges, crypt) = match m.encryption.as_mut() {
+        Some(e) => {
+            let size = e.served(disk_size);
+            (
+                size,
+                plain_ranges(&ranges, e.data_offset, size),
+                e.take_cipher(),
+            )
+        }
+        None => (disk_size, ranges, None),
+    };
     let remote = RemoteBackend::new(
         m.blob.clone(),
         m.lease.clone(),
@@ -173,7 +191,7 @@ fn start_cache(m: &mut Mounted, drive: &Drive) -> Result<Arc<Cache<Stack>>, Moun
     m.fenced = remote.fence();
     // The one place the layers below the memory cache are put together.
     let cache = Arc::new(Cache::new(
-        Stack::new(remote, disk),
+        Stack::new(remote, disk, crypt),
         size,
         SparseMap::from_ranges(&ranges),
         CacheConfig::with_capacity(m.req.cache_size),
@@ -213,7 +231,8 @@ fn disk_fs(m: &mut Mounted, cache: &Arc<Cache<Stack>>) -> DiskFs<Stack> {
         let v = said.get().map(|values| values()).unwrap_or_default();
         serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
     });
-    let fs = DiskFs::new(cache.clone(), stats, m.req.read_only, m.req.uid, m.req.gid);
+    let fs = DiskFs::new(cache.clone(), stats, m.req.read_only, m.req.uid, m.req.gid)
+        .refuse_discards(m.req.no_discard);
     m.warmer = cache.backend().disk_cache().is_some().then(|| {
         Arc::new(Warmer::new(
             cache.clone(),
@@ -262,6 +281,14 @@ pub(super) fn setup(m: &mut Mounted, fuse: OwnedFd) -> Result<FsOutcome, MountEr
     let drive = open_drive(m)?;
     let cache = start_cache(m, &drive)?;
     m.session = Some(serve_fuse_fd(m, &cache, fuse)?);
+    let header_warning = m.encryption.as_ref().and_then(|e| e.warning.clone());
+    let mut outcome = attach_and_mount(m)?;
+    outcome.warnings.extend(header_warning);
+    Ok(outcome)
+}
+
+/// The loop device (block and fs modes) and the filesystem (fs mode).
+fn attach_and_mount(m: &mut Mounted) -> Result<FsOutcome, MountError> {
     if m.req.mode == Mode::Raw {
         return Ok(FsOutcome::default());
     }
@@ -319,12 +346,17 @@ fn mount_filesystem(m: &mut Mounted) -> Result<FsOutcome, MountError> {
 /// if not. The root part formats only a drive found blank so (see
 /// `system::filesystem::prepare`), and one listing alone no longer decides.
 fn nothing_at_either_end(m: &Mounted) -> Result<bool, MountError> {
-    let Some(size) = m.cache.as_ref().map(|c| c.size()) else {
+    let Some(cache) = m.cache.as_ref() else {
         return Ok(false);
     };
+    let size = cache.size();
+    // An encrypted drive's disk starts past its LUKS header: its first and
+    // last MiB are read as they lie on the blob, ciphertext, which is zeros
+    // only where nothing was ever written (decrypted, zeros read as noise).
+    let at = cache.backend().data_offset();
     let len = blank::PROBED.min(size);
     let tail_at = size - len;
-    let read = |at| m.rt.block_on(m.blob.read(at, len));
+    let read = |from| m.rt.block_on(m.blob.read(at + from, len));
     let (head, tail) = (read(0)?, read(tail_at)?);
     match blank::what_it_holds(&head, &tail, tail_at) {
         None => Ok(true),

@@ -37,6 +37,8 @@ pub(super) fn stats_value(
         .unwrap_or_default();
     json!({
         "disk_size": cache.map_or(0, |c| c.size()),
+        // An encrypted drive serves its data segment, this far into the disk.
+        "encrypted_data_offset": cache.map_or(0, |c| c.backend().data_offset()),
         "put_page_requests": s.put_page_requests,
         "bytes_uploaded": s.bytes_uploaded,
         "get_requests": s.get_requests,

@@ -159,7 +159,9 @@ impl Warmer {
         let disk = self.cache.backend().disk_cache().cloned().ok_or(
             "the drive is mounted without --disk-cache: a warm-up has nowhere to keep the data",
         )?;
-        let size = self.cache.size();
+        // The disk cache is the blob's (an encrypted drive's ciphertext, whose
+        // data segment starts past its header).
+        let size = self.cache.size() + self.cache.backend().data_offset();
         let ranges = self
             .rt
             .block_on(

@@ -17,6 +17,7 @@ use super::RootPart;
 use crate::azure::Account;
 use crate::blobref::BlobRef;
 use crate::device::diskcache::files;
+use crate::luks::secret::Secret;
 use crate::mount::record::{self, MountRecord};
 use crate::mount::{metrics, system, uids, Mode, MountError, MountRequest, Ready};
 use crate::privsep::{Allowed, Walls, WorkerUser};
@@ -32,6 +33,9 @@ pub struct WorkerStart {
     pub metrics: Option<TcpListener>,
     /// The drive's directory in the `--disk-cache` directory, the worker's.
     pub disk_cache: Option<std::fs::File>,
+    /// An encrypted drive's passphrase: the worker's alone (the root part's
+    /// copy is wiped as soon as the worker exists).
+    pub passphrase: Option<Secret>,
 }
 
 /// Which side of the fork this is.
@@ -72,6 +76,7 @@ struct Ends {
 pub fn split(
     req: &MountRequest,
     account: &Account,
+    passphrase: Option<Secret>,
     ready: &mut dyn FnMut(Result<&Ready, String>),
 ) -> Split {
     let fail = |msg: String, ready: &mut dyn FnMut(Result<&Ready, String>)| {
@@ -129,8 +134,11 @@ pub fn split(
         // place is the root part's to undo: the child's copy undoes nothing
         // (see `guards.rs`).
         drop(root);
-        return in_the_child(opened, ends, null.ok(), fuse_dir, root_pid);
+        return in_the_child(opened, ends, null.ok(), fuse_dir, root_pid, passphrase);
     }
+    // The worker, which opens the drive, has its own copy now; the root part
+    // never needs it.
+    drop(passphrase);
     let Ends {
         worker_channel,
         root_channel,
@@ -234,6 +242,7 @@ fn in_the_child(
     null: Option<std::fs::File>,
     fuse_dir: PathBuf,
     root_pid: libc::pid_t,
+    passphrase: Option<Secret>,
 ) -> Split {
     let Ends {
         worker_channel,
@@ -290,6 +299,8 @@ fn in_the_child(
         control,
         metrics,
         disk_cache,
+        // Locked again: a child does not inherit its parent's memory locks.
+        passphrase: passphrase.map(|p| Secret::from_slice(p.as_bytes())),
     })
 }
 

@@ -1,0 +1,195 @@
+//! Encrypted drives: a LUKS2 volume at the start of the drive's disk, its
+//! header read and written on the blob itself, and what a mount of one needs
+//! (the data segment's cipher, where the segment starts, the plaintext disk's
+//! size).
+//!
+//! The VHD footer stays as it is, plaintext at the blob's end: Azure needs it,
+//! and it says only the disk's size. The disk (everything before the footer) is
+//! the LUKS2 device, so `cryptsetup` reads a downloaded image as it is, and the
+//! data segment fills it to its end ("dynamic"): a drive that grows has a
+//! larger segment with nothing in the header changed.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::azure::{AzureError, BlobClient, WriteFence};
+use crate::device::MAX_RUN;
+use crate::luks::binary::{MAGIC_FIRST, MAGIC_SECOND};
+use crate::luks::volume::{self, Unlocked};
+use crate::luks::xts::XtsCipher;
+use crate::luks::{HeaderDisk, LuksError};
+
+/// The blob's disk as a LUKS2 header's: reads and writes of its first
+/// megabytes. Writes carry the lease when one is held and the write fence
+/// (see [`WriteFence`]), as every write of a drive does.
+pub struct BlobDisk<'a> {
+    blob: &'a BlobClient,
+    lease: Option<&'a str>,
+    fence: Arc<WriteFence>,
+}
+
+impl<'a> BlobDisk<'a> {
+    pub fn new(blob: &'a BlobClient, lease: Option<&'a str>) -> BlobDisk<'a> {
+        BlobDisk {
+            blob,
+            lease,
+            fence: WriteFence::new(blob.clone(), lease.map(str::to_string)),
+        }
+    }
+}
+
+fn io(e: AzureError) -> LuksError {
+    LuksError::Io(e.to_string())
+}
+
+impl HeaderDisk for BlobDisk<'_> {
+    async fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, LuksError> {
+        Ok(self
+            .blob
+            .read(offset, len as u64)
+            .await
+            .map_err(io)?
+            .to_vec())
+    }
+
+    async fn write(&self, offset: u64, data: Vec<u8>) -> Result<(), LuksError> {
+        let data = Bytes::from(data);
+        let mut at = 0;
+        while at < data.len() {
+            let n = (data.len() - at).min(MAX_RUN as usize);
+            self.blob
+                .put_pages_fenced(
+                    offset + at as u64,
+                    data.slice(at..at + n),
+                    self.lease,
+                    &self.fence,
+                )
+                .await
+                .map_err(io)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    async fn clear(&self, offset: u64, len: u64) -> Result<(), LuksError> {
+        self.blob
+            .clear_pages_fenced(offset, len, self.lease, &self.fence)
+            .await
+            .map_err(io)
+    }
+}
+
+/// Whether the drive's disk starts with a LUKS header: either copy's magic
+/// where cryptsetup's default layout puts it, in one ranged read of 16.5 KiB.
+/// Only two magic numbers are compared; the header itself is read by whoever
+/// opens the drive.
+pub async fn is_luks(blob: &BlobClient) -> Result<bool, AzureError> {
+    let second = crate::luks::DEFAULT_HDR_SIZE as usize;
+    let head = blob.read(0, second as u64 + 512).await?;
+    Ok(head.starts_with(MAGIC_FIRST) || head[second..].starts_with(MAGIC_SECOND))
+}
+
+/// What a mount of an encrypted drive serves: the data segment, decrypted.
+pub struct Opened {
+    pub cipher: XtsCipher,
+    /// Where the data segment starts on the disk.
+    pub data_offset: u64,
+    pub sector_size: u32,
+    /// What was found wrong with the header's other copy, to be said once.
+    pub warning: Option<String>,
+}
+
+/// Opens the encrypted drive on `blob`, whose disk is `disk_size` bytes, with
+/// `passphrase`; the volume key lives only in the cipher returned.
+pub async fn open(
+    blob: &BlobClient,
+    passphrase: &[u8],
+    disk_size: u64,
+) -> Result<Opened, LuksError> {
+    let u: Unlocked = volume::unlock(&BlobDisk::new(blob, None), passphrase).await?;
+    let min = u.segment.offset + u64::from(u.segment.sector_size);
+    if disk_size < min {
+        return Err(LuksError::Invalid(format!(
+            "its data segment starts at {} bytes, and the disk is {disk_size}",
+            u.segment.offset
+        )));
+    }
+    Ok(Opened {
+        cipher: u.cipher()?,
+        data_offset: u.segment.offset,
+        sector_size: u.segment.sector_size,
+        warning: u.header.other_bad.map(|why| {
+            format!("the LUKS2 header's {} copy was used: {why} (`blobdrive key add` or any key change writes both again)", match u.header.used {
+                crate::luks::header::Copy::First => "first",
+                crate::luks::header::Copy::Second => "second",
+            })
+        }),
+    })
+}
+
+/// The least disk an encrypted drive has: the header's 16 MiB and 1 MiB of data.
+pub const MIN_DISK: u64 = crate::luks::DEFAULT_DATA_OFFSET + (1 << 20);
+
+/// Makes the new drive `blob` (created empty by the caller, nobody else's yet)
+/// an encrypted one: a LUKS2 header at the start of its disk. If that fails,
+/// the blob is deleted again, as a drive whose footer could not be written is:
+/// a drive meant to be encrypted is never left plain.
+pub async fn format_new(
+    blob: &BlobClient,
+    passphrase: &[u8],
+    sector_size: u32,
+    kdf: volume::KdfChoice,
+) -> Result<(), String> {
+    match volume::format(&BlobDisk::new(blob, None), passphrase, sector_size, kdf).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let cleanup = blob
+                .delete(crate::azure::DeleteSnapshots::None, None)
+                .await
+                .err();
+            Err(match cleanup {
+                None => format!("cannot write the LUKS2 header: {e} (the half-created blob was deleted again)"),
+                Some(c) => format!("cannot write the LUKS2 header: {e}; deleting the half-created blob also failed: {c}"),
+            })
+        }
+    }
+}
+
+/// Why a key command did not run.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error(transparent)]
+    Luks(#[from] LuksError),
+    #[error(transparent)]
+    Azure(#[from] AzureError),
+    #[error(transparent)]
+    Drive(#[from] crate::drive::DriveError),
+    #[error("{0} is mounted writable (its lease is held): change its passphrases while it is not mounted")]
+    Leased(String),
+}
+
+/// How long a key command's lease lasts: an unlock and a keyslot written take
+/// a second or two.
+const KEY_LEASE_SECS: u32 = 60;
+
+/// Runs `op` on the drive's header under a short lease of its own, so that no
+/// mount writes the drive meanwhile; the lease is released whatever `op` did.
+pub async fn under_lease<T, F>(blob: &BlobClient, op: F) -> Result<T, KeyError>
+where
+    F: AsyncFnOnce(&BlobDisk<'_>) -> Result<T, LuksError>,
+{
+    crate::drive::Drive::open(blob).await?;
+    let id = uuid::Uuid::new_v4().to_string();
+    let lease = match blob.acquire_lease(&id, Some(KEY_LEASE_SECS)).await {
+        Err(e) if e.code() == Some("LeaseAlreadyPresent") => {
+            return Err(KeyError::Leased(blob.target()))
+        }
+        got => got?,
+    };
+    let done = op(&BlobDisk::new(blob, Some(&lease))).await;
+    let released = blob.release_lease(&lease).await;
+    let out = done?;
+    released?;
+    Ok(out)
+}
