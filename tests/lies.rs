@@ -450,11 +450,12 @@ fn a_page_list_that_never_ends_fails_within_the_retry_budget() {
         via.cmd(&args).fails_with_error(&["page ranges"]);
         let took = started.elapsed();
         eprintln!("{args:?} failed after {took:?}");
-        // One budget for the listing, and what a command (a mount: its
-        // worker, its lease) takes besides on a loaded machine; before,
-        // 68 s, one budget per halving of the segment.
+        // One budget for the listing (8.0-8.1 s each on a quiet machine),
+        // and what a command (a mount: its worker, its lease) takes besides
+        // on one the suite and others load; before, 68 s, one budget per
+        // halving of the segment.
         assert!(
-            took < Duration::from_secs(2 * budget + 4),
+            took < Duration::from_secs(budget + 22),
             "{args:?} took {took:?} with a retry budget of {budget} s"
         );
     }
