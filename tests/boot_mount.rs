@@ -5,7 +5,8 @@
 //!
 //! mount(8) looks for helpers only in /sbin (and /sbin/fs.d, /sbin/fs). So that no
 //! test ever installs anything there, the fstab tests run in a private mount
-//! namespace (`unshare -m`) in which an overlay puts `mount.blobdrive` (a symlink to
+//! namespace (tests/common/namespace.rs: the copies of other tests' drives let go
+//! of) in which an overlay puts `mount.blobdrive` (a symlink to
 //! the binary under test) in front of the real /sbin: the system's /sbin is never
 //! written, parallel tests cannot see each other's helper, and everything vanishes
 //! with the namespace, also when a test dies. /run/mount (libmount's utab) gets a
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 use common::azurite::{Azurite, DEV_KEY};
 use common::bd::Harness;
 use common::mount::require_root;
+use common::namespace::in_mount_namespace;
 use common::util::{json, output_text as text, sh_ok, wait_for_exit, wait_for_some};
 use faultproxy::{Config, Proxy};
 
@@ -112,14 +114,14 @@ BD='{bin}'
             run = BD.run_dir().display(),
             bin = bin(),
         );
-        Command::new("unshare")
-            .args(["-m", "--propagation", "private", "bash", "-c"])
+        in_mount_namespace("bash")
+            .arg("-c")
             .arg(format!("{prologue}{script}"))
             .env_remove("AZURE_STORAGE_CONNECTION_STRING")
             .env("CS", Azurite::shared().connection_string())
             .stdin(Stdio::null())
             .output()
-            .expect("run unshare")
+            .expect("run bash in a mount namespace of its own")
     }
 }
 

@@ -1,9 +1,18 @@
 //! The test harness itself: the shared Azurite answers correctly signed requests
-//! made without the project's client, and container names are valid.
+//! made without the project's client, and container names are valid; a
+//! sandbox's mount namespace holds on to no other test's drive.
 
 mod common;
 
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
 use common::azurite::{create_container, put_container, unique_container, Azurite};
+use common::mount::require_root;
+use common::namespace::in_mount_namespace;
+use common::util::{output_text as text, sh_ok};
 
 #[test]
 fn shared_azurite_creates_a_container_once() {
@@ -93,4 +102,105 @@ fn container_names_are_valid_and_unique() {
         assert!(a.starts_with("t-"), "{a:?}");
     }
     assert!(unique_container("Snapshot_List").starts_with("t-snapshot-list-"));
+}
+
+/// A filesystem on a loop device over a plain file (no FUSE), as another
+/// test's drive, mounted at `mnt` and bound at `bound` (a path with a
+/// space), a tmpfs mounted over it at `mnt`; taken down when dropped, if the
+/// test did not.
+struct LoopMount {
+    dev: String,
+    mnt: std::path::PathBuf,
+    bound: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl LoopMount {
+    fn new() -> LoopMount {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+        sh_ok(&format!("mkfs.ext4 -q -F '{}'", image.display()));
+        let dev = sh_ok(&format!("losetup --find --show '{}'", image.display()))
+            .trim()
+            .to_string();
+        let (mnt, bound) = (dir.path().join("mnt"), dir.path().join("a bind"));
+        std::fs::create_dir(&mnt).unwrap();
+        std::fs::create_dir(&bound).unwrap();
+        let m = LoopMount {
+            dev,
+            mnt,
+            bound,
+            _dir: dir,
+        };
+        let (mnt, bound) = (m.mnt.display(), m.bound.display());
+        sh_ok(&format!(
+            "mount '{}' '{mnt}' && mount --bind '{mnt}' '{bound}' && mount -t tmpfs over '{mnt}'",
+            m.dev
+        ));
+        m
+    }
+
+    /// Unmounts all three (what is over the filesystem first).
+    fn unmount(&self) -> std::process::Output {
+        let (mnt, bound) = (self.mnt.display(), self.bound.display());
+        common::util::sh(&format!(
+            "umount '{mnt}' && umount '{mnt}' && umount '{bound}'"
+        ))
+    }
+
+    /// Whether the loop device still has a file attached.
+    fn attached(&self) -> bool {
+        let name = self.dev.trim_start_matches("/dev/");
+        Path::new(&format!("/sys/block/{name}/loop/backing_file")).exists()
+    }
+}
+
+impl Drop for LoopMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-R").arg(&self.mnt).output();
+        let _ = Command::new("umount").arg(&self.bound).output();
+        if self.attached() {
+            let _ = Command::new("losetup").args(["-d", &self.dev]).output();
+        }
+    }
+}
+
+/// A drive of another test (here a filesystem on a loop device over a plain
+/// file, bound elsewhere too and mounted over), unmounted and its loop device
+/// detached while a sandbox's mount namespace lives: the device lets go
+/// within a second, no copy in that namespace holding the filesystem.
+#[test]
+fn a_sandbox_s_mount_namespace_holds_no_copy_of_another_drive() {
+    require_root();
+    let drive = LoopMount::new();
+    let mut sandbox = in_mount_namespace("bash")
+        .args(["-c", "echo ready; exec sleep 60"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start bash in a mount namespace of its own");
+    let mut said = String::new();
+    std::io::BufReader::new(sandbox.stdout.take().unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    assert_eq!(said, "ready\n");
+    let copies = std::fs::read_to_string(format!("/proc/{}/mountinfo", sandbox.id())).unwrap();
+    let unmounted = drive.unmount();
+    assert!(unmounted.status.success(), "{}", text(&unmounted));
+    sh_ok(&format!("losetup -d '{}'", drive.dev));
+    let until = Instant::now() + Duration::from_secs(1);
+    while drive.attached() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let attached = drive.attached();
+    let _ = sandbox.kill();
+    let _ = sandbox.wait();
+    assert!(
+        !attached,
+        "{} is still attached a second after its detach, while a sandbox's namespace lived; its mounts:\n{copies}",
+        drive.dev
+    );
 }

@@ -32,11 +32,12 @@ mod common;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use common::azurite::{delete_every_container, put_container, Azurite};
 use common::bd::{isolated_cs, Harness};
 use common::mount::require_root;
+use common::namespace::in_mount_namespace;
 
 /// Blobdrive's own commands against this binary's own emulator (never one
 /// shared through BLOBDRIVE_TEST_AZURITE_PORT): the test wipes its account
@@ -337,7 +338,7 @@ done
 true
 "#;
 
-/// The sandbox (run with bash by `unshare -m`): $1 the scratch directory, $2
+/// The sandbox (run with bash in a mount namespace of its own): $1 the scratch directory, $2
 /// the binary, $3 the real cargo, $4 how many seconds a page may take; the
 /// account in `MANUAL_CS`. It runs `$1/page.sh` in the chroot with a reader's
 /// environment, its output on stdout, and exits with its status.
@@ -346,12 +347,14 @@ scratch="$1" bin="$2" real_cargo="$3" limit="$4"
 # The filesystems the page needs besides the root's, when they are mounts of
 # their own: the checkout's, the scratch directory's, the binary's, cargo's.
 needed="$(for p in "$PWD" "$scratch" "$bin" "$real_cargo"; do findmnt -n -o TARGET -T "$p"; done | sort -u | grep -vx / || true)"
-# Let go of every other mount copied into this namespace but the system's own:
-# other tests' drives come and go meanwhile, and a copy held here would outlive
-# their unmount, its filesystem then shut down by this namespace's end.
+# The copies of other tests' drives were let go of before bash started
+# (tests/common/namespace.rs). Let go of every other mount copied into this
+# namespace too, but the system's own and those the page needs; without
+# touching libmount's utab, which the machine shares (-n), or running an
+# unmount helper (-i).
 findmnt -rn -o TARGET | sort -r | while read -r t; do
     case "$t" in /|/proc|/proc/*|/sys|/sys/*|/dev|/dev/*) continue ;; esac
-    grep -qxF "$t" <<<"$needed" || umount -l "$t" 2>/dev/null || true
+    grep -qxF "$t" <<<"$needed" || umount -l -n -i "$t" 2>/dev/null || true
 done
 ov="$scratch/ov"
 mkdir -p "$ov"
@@ -487,8 +490,7 @@ fn run_page(path: &str, blocks: &[&Block], scratch: &Path) -> Option<String> {
     let sandbox = dir.join("sandbox.sh");
     std::fs::write(&sandbox, SANDBOX).unwrap();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let out = Command::new("unshare")
-        .args(["-m", "--propagation", "private", "bash"])
+    let out = in_mount_namespace("bash")
         .arg(&sandbox)
         .arg(&dir)
         .arg(env!("CARGO_BIN_EXE_blobdrive"))
@@ -498,7 +500,7 @@ fn run_page(path: &str, blocks: &[&Block], scratch: &Path) -> Option<String> {
         .current_dir(checkout())
         .stdin(Stdio::null())
         .output()
-        .expect("run unshare");
+        .expect("run bash in a mount namespace of its own");
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     let ran_all = blocks

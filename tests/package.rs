@@ -10,7 +10,8 @@
 //! (scripts/test.sh runs them side by side: a `umount.blobdrive` appearing in
 //! /sbin changes what their plain `umount` does) and clash with a blobdrive put
 //! in place by scripts/install.sh. So dpkg runs in a private mount namespace
-//! (`unshare -m`) in which /usr, /etc and /var are overlays whose writes go to a
+//! (tests/common/namespace.rs: the copies of other tests' drives let go of) in
+//! which /usr, /etc and /var are overlays whose writes go to a
 //! tmpfs: dpkg, its database, the maintainer scripts (adduser) and man-db all
 //! work on what looks like the real system, nobody else sees it, and it vanishes
 //! with the namespace however the test ends. The purge at the end is still
@@ -25,6 +26,7 @@ use std::time::Instant;
 
 use common::bd::Harness;
 use common::mount::{cleanup_unmount, require_root};
+use common::namespace::in_mount_namespace;
 use common::util::{bash_completion_command, json, output_text as text};
 
 const BD: Harness = Harness::new("package-run");
@@ -92,13 +94,13 @@ trap 'dpkg --purge blobdrive >/dev/null 2>&1 || true' EXIT
         ov = scratch.join("overlay").display(),
         run = BD.run_dir().display(),
     );
-    Command::new("unshare")
-        .args(["-m", "--propagation", "private", "bash", "-c"])
+    in_mount_namespace("bash")
+        .arg("-c")
         .arg(format!("{prologue}{script}"))
         .env_remove("AZURE_STORAGE_CONNECTION_STRING")
         .stdin(Stdio::null())
         .output()
-        .expect("run unshare")
+        .expect("run bash in a mount namespace of its own")
 }
 
 /// Where the session puts the account, as an administrator does: the

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use common::azurite::{fingerprint, unique_container, Azurite, DEV_KEY};
 use common::bd::{isolated_cs, Harness};
 use common::mount::{require_root, Mp};
+use common::namespace::in_mount_namespace;
 use faultproxy::{Config, Fault, Proxy};
 
 /// This binary's own emulator (tests here stop and slow it) and run directory.
@@ -409,13 +410,17 @@ fn bad_input_matrix_leaves_blobs_unchanged() {
         String::from_utf8_lossy(&out.stderr)
     );
     // No /dev/fuse (a private mount namespace with an empty /dev).
-    let out = sh(&format!(
-        "unshare -m bash -c \"mount -t tmpfs none /dev && AZURE_STORAGE_CONNECTION_STRING='{}' BLOBDRIVE_RUN_DIR='{}' '{}' mount {spec} '{}'\"",
-        BD.cs(),
-        BD.run_dir().display(),
-        env!("CARGO_BIN_EXE_blobdrive"),
-        mp.s()
-    ));
+    let out = in_mount_namespace("bash")
+        .arg("-c")
+        .arg(format!(
+            "mount -t tmpfs none /dev && '{}' mount {spec} '{}'",
+            env!("CARGO_BIN_EXE_blobdrive"),
+            mp.s()
+        ))
+        .env("AZURE_STORAGE_CONNECTION_STRING", BD.cs())
+        .env("BLOBDRIVE_RUN_DIR", BD.run_dir())
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("/dev/fuse"),

@@ -15,10 +15,13 @@
 //! the filesystem comes back (a mount replays its journal or log) and its own
 //! checker finds nothing to repair, every file fsynced before the instant has its
 //! content, every byte fsynced on a raw drive is there; and each snapshot is the
-//! blob at its instant, read back unchanged after the run.
+//! blob at its instant, read back unchanged after the run. An encrypted drive's
+//! states are decrypted first as any host reads them (cryptsetup opens each
+//! header with the passphrase: `tests/replayer/sealed.rs`).
 //!
 //! Bounded by default (10 s of workload, 16 instants and up to 4 states each per
-//! drive: a minute and a half in all); `BLOBDRIVE_REPLAY_SECS`,
+//! drive, the encrypted drive 6 s, 8 instants and 2 states each: a minute and a
+//! half in all); `BLOBDRIVE_REPLAY_SECS`,
 //! `BLOBDRIVE_REPLAY_INSTANTS` and `BLOBDRIVE_REPLAY_STATES_PER_INSTANT` lengthen it (a soak:
 //! `BLOBDRIVE_REPLAY_SECS=120 BLOBDRIVE_REPLAY_INSTANTS=300
 //! BLOBDRIVE_REPLAY_STATES_PER_INSTANT=12 scripts/test.sh --test replay`),
@@ -39,9 +42,9 @@ use replayer::rawload::marker_at;
 use replayer::report::Report;
 use replayer::run::{run, Kind, Workload};
 
-/// The drives replayed. An encrypted drive is one more entry once a mount can
-/// make one: its options in `mount_args`, and its states opened through the
-/// decryption before they are checked (`tests/replayer/fscheck.rs`).
+/// The drives replayed. An encrypted drive's states are opened by cryptsetup
+/// and decrypted by an AES-XTS not blobdrive's before they are checked
+/// (`tests/replayer/sealed.rs`).
 const WORKLOADS: &[Workload] = &[
     Workload {
         name: "replay-ext4",
@@ -51,6 +54,7 @@ const WORKLOADS: &[Workload] = &[
         snapshots: true,
         writers: true,
         mount_args: &[],
+        encrypted: false,
     },
     Workload {
         name: "replay-xfs",
@@ -60,6 +64,7 @@ const WORKLOADS: &[Workload] = &[
         snapshots: true,
         writers: true,
         mount_args: &[],
+        encrypted: false,
     },
     Workload {
         name: "replay-raw",
@@ -69,6 +74,7 @@ const WORKLOADS: &[Workload] = &[
         snapshots: true,
         writers: true,
         mount_args: &[],
+        encrypted: false,
     },
     Workload {
         name: "replay-block",
@@ -78,6 +84,18 @@ const WORKLOADS: &[Workload] = &[
         snapshots: true,
         writers: true,
         mount_args: &[],
+        encrypted: false,
+    },
+    // The plaintext disk is 16 MiB smaller: the LUKS2 header's.
+    Workload {
+        name: "replay-ext4-encrypted",
+        kind: Kind::Fs(Fs::Ext4),
+        size_mib: 80,
+        grow_to_mib: Some(112),
+        snapshots: true,
+        writers: true,
+        mount_args: &[],
+        encrypted: true,
     },
 ];
 
@@ -88,11 +106,11 @@ fn workload(name: &str) -> &'static Workload {
         .expect("a workload of the list")
 }
 
-/// Replays workload `name` and requires every state to be sound, with answers
-/// dropped and every request whose answer was lost sent again as it was (the
-/// same bytes to the same range) and answered.
-fn replay_is_sound(name: &str) {
-    let report = run(workload(name), &Settings::from_env(), None);
+/// Replays workload `name` with `s` and requires every state to be sound,
+/// with answers dropped and every request whose answer was lost sent again as
+/// it was (the same bytes to the same range) and answered.
+fn replay_is_sound(name: &str, s: &Settings) {
+    let report = run(workload(name), s, None);
     assert!(
         report.inconsistent.is_empty() && report.lost.is_empty(),
         "{report}"
@@ -104,22 +122,32 @@ fn replay_is_sound(name: &str) {
 
 #[test]
 fn every_crash_state_of_ext4_under_concurrent_writers_recovers_with_every_fsynced_file() {
-    replay_is_sound("replay-ext4");
+    replay_is_sound("replay-ext4", &Settings::from_env());
 }
 
 #[test]
 fn every_crash_state_of_xfs_growing_under_concurrent_writers_recovers_with_every_fsynced_file() {
-    replay_is_sound("replay-xfs");
+    replay_is_sound("replay-xfs", &Settings::from_env());
 }
 
 #[test]
 fn every_crash_state_of_a_raw_drive_under_fsx_and_writers_holds_every_fsynced_byte() {
-    replay_is_sound("replay-raw");
+    replay_is_sound("replay-raw", &Settings::from_env());
 }
 
 #[test]
 fn every_crash_state_of_a_block_drive_under_writers_holds_every_fsynced_byte() {
-    replay_is_sound("replay-block");
+    replay_is_sound("replay-block", &Settings::from_env());
+}
+
+/// An encrypted drive (LUKS2) with ext4, grown and snapshotted under the same
+/// writers: each state, opened by cryptsetup and decrypted as any host reads
+/// it, recovers with every fsynced file. Shorter by default than the others
+/// (each state costs a decryption more), and as long with the same
+/// variables.
+#[test]
+fn every_crash_state_of_encrypted_ext4_under_concurrent_writers_recovers_with_every_fsynced_file() {
+    replay_is_sound("replay-ext4-encrypted", &Settings::from_env_or(6, 8, 2));
 }
 
 /// Once `blobdrive resize` of a mounted xfs drive has returned, a crash leaves
@@ -147,6 +175,7 @@ fn planted(needle: &[u8]) -> Plant {
     Plant {
         needle: needle.to_vec(),
         apply_after: Some(Duration::from_secs(4)),
+        reader: Default::default(),
     }
 }
 
@@ -178,14 +207,30 @@ fn a_write_acknowledged_before_it_is_applied_is_caught() {
 /// replay must find states in which the file, fsynced, lacks its content.
 #[test]
 fn a_file_write_acknowledged_before_it_is_applied_is_caught_in_ext4() {
+    file_write_planted_is_caught("replay-ext4", "replay-planted-ext4");
+}
+
+/// The same on an encrypted drive: the write planted is the one whose
+/// plaintext holds the marker, and the states, opened by cryptsetup, must
+/// lack it.
+#[test]
+fn a_file_write_acknowledged_before_it_is_applied_is_caught_in_encrypted_ext4() {
+    file_write_planted_is_caught("replay-ext4-encrypted", "replay-planted-encrypted");
+}
+
+/// A fault planted in the first file of workload `of`'s drive (run as
+/// `name`), found by its replay. The workload runs no longer than the planted
+/// write is held back (4 s), so that every flush point after the file's fsync
+/// is a moment it is missing: half the instants are flush points.
+fn file_write_planted_is_caught(of: &str, name: &'static str) {
     let w = Workload {
-        name: "replay-planted-ext4",
+        name,
         grow_to_mib: None,
         snapshots: false,
-        ..*workload("replay-ext4")
+        ..*workload(of)
     };
     let plant = planted(b"planted in a file: acknowledged before it is applied");
-    let report = run(&w, &Settings::short(6, 24), Some(plant));
+    let report = run(&w, &Settings::short(4, 12), Some(plant));
     assert!(
         report
             .lost

@@ -3,7 +3,11 @@
 //! And the manual: a README of a page, every page of docs/ reachable from its
 //! index, and no link into nothing.
 
+mod common;
+
 use std::process::Command;
+
+use common::namespace::in_mount_namespace;
 
 fn root() -> &'static str {
     env!("CARGO_MANIFEST_DIR")
@@ -293,12 +297,12 @@ cd '{root}'
         ov = scratch.path().display(),
         root = root(),
     );
-    Command::new("unshare")
-        .args(["-m", "--propagation", "private", "bash", "-c"])
+    in_mount_namespace("bash")
+        .arg("-c")
         .arg(format!("{prologue}{script}"))
         .stdin(std::process::Stdio::null())
         .output()
-        .expect("run unshare")
+        .expect("run bash in a mount namespace of its own")
 }
 
 /// The user's range of ids, in `out`'s lines `subuid=...` and `subgid=...`:

@@ -205,9 +205,27 @@ pub fn new_encrypted_drive(bd: &super::bd::Harness, tag: &str, size: &str, key: 
 
 /// The data segment's sector size, as cryptsetup's `luksDump` of `image` says.
 pub fn sector_size(image: &Path) -> usize {
+    segment_field(image, "sector") as usize
+}
+
+/// Where the data segment starts, in bytes, as cryptsetup's `luksDump` of
+/// `image` says.
+pub fn data_offset(image: &Path) -> u64 {
+    segment_field(image, "offset")
+}
+
+/// The number `name: N [bytes]` of the first data segment in cryptsetup's
+/// `luksDump` of `image`.
+fn segment_field(image: &Path, name: &str) -> u64 {
     let dump = cryptsetup_ok(&["luksDump", &image.to_string_lossy()], b"");
-    let at = dump.find("sector: ").expect("a sector size in the dump") + "sector: ".len();
-    dump[at..]
+    let segments = dump
+        .find("Data segments:")
+        .expect("data segments in the dump");
+    let field = format!("{name}: ");
+    let at = dump[segments..]
+        .find(&field)
+        .unwrap_or_else(|| panic!("no {name} in the data segment: {dump}"));
+    dump[segments + at + field.len()..]
         .split_whitespace()
         .next()
         .unwrap()

@@ -8,6 +8,7 @@ pub mod facts;
 pub mod fuseplay;
 pub mod luks;
 pub mod mount;
+pub mod namespace;
 pub mod sdk;
 pub mod user;
 pub mod util;

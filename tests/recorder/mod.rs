@@ -22,7 +22,7 @@ pub mod request;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -33,13 +33,20 @@ pub use request::Op;
 use request::{response_header, Head};
 
 /// A write acknowledged before it is applied: the first Put Page whose body
-/// contains `needle` is answered 201 by the proxy itself, and reaches the
-/// service `apply_after` later (never, if `None`).
-#[derive(Clone, Debug)]
+/// contains `needle` (as `reader` reads it, once set) is answered 201 by the
+/// proxy itself, and reaches the service `apply_after` later (never, if
+/// `None`).
+#[derive(Clone)]
 pub struct Plant {
     pub needle: Vec<u8>,
     pub apply_after: Option<Duration>,
+    /// What a Put Page's body says, given where it writes: set for a drive
+    /// whose blob holds ciphertext, once it can be decrypted.
+    pub reader: Arc<OnceLock<Reader>>,
 }
+
+/// Reads a Put Page's body written at a byte of the blob.
+pub type Reader = Box<dyn Fn(u64, &[u8]) -> Vec<u8> + Send + Sync>;
 
 pub struct Config {
     pub upstream_port: u16,
@@ -149,10 +156,18 @@ impl Shared {
     /// Whether this request is the one to plant the fault on; claims it if so.
     fn plants(&self, op: &Op, body: &[u8]) -> Option<Plant> {
         let p = self.cfg.plant.as_ref()?;
-        let hit = matches!(op, Op::Put { .. })
-            && body
-                .windows(p.needle.len())
-                .any(|w| w == p.needle.as_slice());
+        let Op::Put { start, .. } = op else {
+            return None;
+        };
+        if self.planted.load(SeqCst) {
+            return None;
+        }
+        let read = p.reader.get().map(|read| read(*start, body));
+        let hit = read
+            .as_deref()
+            .unwrap_or(body)
+            .windows(p.needle.len())
+            .any(|w| w == p.needle.as_slice());
         (hit && !self.planted.swap(true, SeqCst)).then(|| p.clone())
     }
 }

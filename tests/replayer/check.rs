@@ -33,10 +33,17 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_env() -> Settings {
+        Settings::from_env_or(10, 16, 4)
+    }
+
+    /// The environment's settings, these where it gives none: a workload
+    /// whose states cost more to check runs shorter by default.
+    pub fn from_env_or(secs: u64, instants: usize, per_instant: usize) -> Settings {
+        let count = |name, default: usize| env_u64(name).map_or(default, |n| n as usize);
         Settings {
-            secs: env_u64("BLOBDRIVE_REPLAY_SECS").unwrap_or(10),
-            instants: env_u64("BLOBDRIVE_REPLAY_INSTANTS").unwrap_or(16) as usize,
-            per_instant: env_u64("BLOBDRIVE_REPLAY_STATES_PER_INSTANT").unwrap_or(4) as usize,
+            secs: env_u64("BLOBDRIVE_REPLAY_SECS").unwrap_or(secs),
+            instants: count("BLOBDRIVE_REPLAY_INSTANTS", instants),
+            per_instant: count("BLOBDRIVE_REPLAY_STATES_PER_INSTANT", per_instant),
             drop_rate: env_u64("BLOBDRIVE_REPLAY_DROP_PERCENT").unwrap_or(5) as f64 / 100.0,
             seed: env_u64("BLOBDRIVE_REPLAY_SEED").unwrap_or_else(rand::random),
         }

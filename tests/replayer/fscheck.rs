@@ -1,15 +1,20 @@
 //! A filesystem state checked as the next mount would meet it: a copy of the
-//! disk, mounted through a loop device in a mount namespace of its own (the
-//! kernel replays the journal or log, as a mount after a crash does), its files
-//! copied out, unmounted, then the filesystem's own checker, which must find
-//! nothing to repair. The namespace dies with the command, so a test that dies
-//! leaves no mount behind, and the loop device (autoclear) goes with it.
+//! disk, mounted through a loop device as a detached mount that nothing else
+//! reaches (`detached.rs`; the kernel replays the journal or log, as a mount
+//! after a crash does), its files copied out, unmounted, then the filesystem's
+//! own checker, which must find nothing to repair. A test that dies leaves no
+//! mount behind, and the loop device (autoclear) goes with it.
+//!
+//! An encrypted drive's state is decrypted first, by cryptsetup and an AES-XTS
+//! not blobdrive's (`sealed.rs`).
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::detached::Detached;
 use super::image::Pieces;
+use super::sealed::Unsealer;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fs {
@@ -25,12 +30,12 @@ impl Fs {
         }
     }
 
-    /// mount(8)'s options for the copy: the live drive's xfs is mounted on
+    /// The mount's flags for the copy: the live drive's xfs is mounted on
     /// this machine with the same UUID.
-    fn mount_options(self) -> &'static str {
+    fn mount_flags(self) -> &'static [&'static str] {
         match self {
-            Fs::Ext4 => "loop",
-            Fs::Xfs => "loop,nouuid",
+            Fs::Ext4 => &[],
+            Fs::Xfs => &["nouuid"],
         }
     }
 
@@ -83,24 +88,16 @@ impl Fault {
     }
 }
 
-/// Mounts `$1` at `$2` with the options `$4`, copies every file to `$3`, and
-/// unmounts; 90 if the mount failed.
-const RECOVER: &str = r#"
-mount -o "$4" "$1" "$2" || exit 90
-cp -a "$2"/. "$3"/
-rc=$?
-umount "$2" || exit 91
-exit $rc
-"#;
-
-/// Where a state's image, mountpoint and files go (on tmpfs: a state is
-/// written, mounted and read once).
+/// Where a state's image and files go (on tmpfs: a state is written, mounted
+/// and read once).
 pub struct Scratch {
     dir: tempfile::TempDir,
+    /// For an encrypted drive (its disk a LUKS2 volume), what decrypts it.
+    unsealer: Option<Unsealer>,
 }
 
 impl Scratch {
-    pub fn new(tag: &str) -> Scratch {
+    pub fn new(tag: &str, encrypted: bool) -> Scratch {
         let base = Path::new("/dev/shm");
         let dir = tempfile::Builder::new()
             .prefix(&format!("blobdrive-replay-{tag}."))
@@ -110,11 +107,22 @@ impl Scratch {
                 Path::new(env!("CARGO_TARGET_TMPDIR"))
             })
             .unwrap();
-        Scratch { dir }
+        Scratch {
+            dir,
+            unsealer: encrypted.then(Unsealer::default),
+        }
     }
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// For an encrypted drive, holds the decryption of `disk` to OpenSSL's
+    /// (see [`Unsealer::assert_agrees_with_openssl`]).
+    pub fn check_decryption(&self, disk: &Pieces) {
+        if let Some(u) = &self.unsealer {
+            u.assert_agrees_with_openssl(disk, self.dir.path());
+        }
     }
 
     /// Where the last checked state's files were copied.
@@ -122,45 +130,44 @@ impl Scratch {
         self.path("files")
     }
 
-    fn write_image(&self, disk: &Pieces) -> PathBuf {
+    /// The image of the filesystem on `disk`: the disk, or an encrypted
+    /// drive's data segment decrypted. The error: what could not decrypt it.
+    fn write_image(&self, disk: &Pieces) -> Result<PathBuf, String> {
         let image = self.path("disk.img");
-        write_sparse(disk, &image);
-        image
+        match &self.unsealer {
+            None => write_sparse(disk, &image),
+            Some(u) => u.write_plaintext(disk, &self.path("sealed.img"), &image)?,
+        }
+        Ok(image)
     }
 
     /// Checks the filesystem `fs` on `disk`: recovered by a mount, its files
     /// copied to [`Scratch::files`], then its checker. The error says what
     /// failed, with the tool's own words.
     pub fn check(&self, fs: Fs, disk: &Pieces) -> Result<(), Fault> {
-        let image = self.write_image(disk);
-        let (mnt, files) = (self.path("mnt"), self.files());
+        let recovery =
+            |what: &str, e: String| Fault::Recovery(format!("{} state: {what}: {e}", fs.name()));
+        let image = self
+            .write_image(disk)
+            .map_err(|e| recovery("it could not be decrypted", e))?;
+        let files = self.files();
         let _ = std::fs::remove_dir_all(&files);
         std::fs::create_dir_all(&files).unwrap();
-        std::fs::create_dir_all(&mnt).unwrap();
-        let out = Command::new("unshare")
-            .args([
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                RECOVER,
-                "sh",
-            ])
-            .args([&image, &mnt, &files])
-            .arg(fs.mount_options())
+        let mounted = Detached::mount(&image, fs.name(), fs.mount_flags())
+            .map_err(|e| recovery("the kernel could not mount it", e))?;
+        let out = mounted
+            .command("cp")
+            .arg("-a")
+            .arg(format!("{}/.", mounted.root()))
+            .arg(&files)
             .output()
             .unwrap();
+        mounted.unmount();
         if !out.status.success() {
-            let what = match out.status.code() {
-                Some(90) => "the kernel could not mount it",
-                _ => "its files could not be read after the mount",
-            };
-            return Err(Fault::Recovery(format!(
-                "{} state: {what}: {}",
-                fs.name(),
-                last_lines(&out.stderr, 6)
-            )));
+            return Err(recovery(
+                "its files could not be read after the mount",
+                last_lines(&out.stderr, 6),
+            ));
         }
         let checked = fs.checker(&image).output().unwrap();
         if !checked.status.success() {
@@ -183,7 +190,7 @@ fn last_lines(out: &[u8], n: usize) -> String {
 }
 
 /// Writes `disk` to `path` as a sparse file: only the pieces that are not zeros.
-fn write_sparse(disk: &Pieces, path: &Path) {
+pub(super) fn write_sparse(disk: &Pieces, path: &Path) {
     let _ = std::fs::remove_file(path);
     let f = std::fs::File::create(path).unwrap();
     f.set_len(disk.len() as u64).unwrap();

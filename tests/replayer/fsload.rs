@@ -113,14 +113,19 @@ impl FsLoad {
             .unwrap()
     }
 
-    /// The buffered writer: new files (the marked one first), renames, unlinks.
+    /// The buffered writer: new files (the marked one first, which stays
+    /// where it is made, so that what a crash lost of it is named by its
+    /// path), renames, unlinks.
     pub fn buffered(&self, seed: u64) {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut live: Vec<(u32, String)> = Vec::new();
         if let Some((id, _)) = &self.log.marked {
-            let rel = format!("buffered/marked-{id}");
-            self.make(*id, &rel, 64 << 10, Self::write_buffered);
-            live.push((*id, rel));
+            self.make(
+                *id,
+                &format!("buffered/marked-{id}"),
+                64 << 10,
+                Self::write_buffered,
+            );
         }
         while !self.stop.load(SeqCst) {
             let roll = rng.gen_range(0..10);

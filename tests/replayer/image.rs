@@ -20,6 +20,9 @@ pub struct Pieces {
 }
 
 impl Pieces {
+    /// The size of a piece: [`Pieces::written`] gives them at multiples of it.
+    pub const PIECE: usize = PIECE;
+
     /// `bytes` in pieces.
     pub fn from_bytes(bytes: &[u8]) -> Pieces {
         let mut p = Pieces::default();

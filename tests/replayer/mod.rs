@@ -7,6 +7,7 @@
 
 pub mod bytes;
 pub mod check;
+pub mod detached;
 pub mod files;
 pub mod fscheck;
 pub mod fsload;
@@ -18,4 +19,5 @@ mod model_tests;
 pub mod rawload;
 pub mod report;
 pub mod run;
+pub mod sealed;
 pub mod snapshots;

@@ -4,8 +4,9 @@
 //! recorded.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::bytes::ByteLog;
@@ -14,16 +15,17 @@ use super::files::FileLog;
 use super::fscheck::{Fs, Scratch};
 use super::fsload::FsLoad;
 use super::fsx::{self, FsxRun};
-use super::image::Blob;
+use super::image::{Blob, Pieces};
 use super::model::as_carried_out;
 use super::rawload::RawLoad;
 use super::report::{Report, Step};
 use super::snapshots::check_snapshot;
 use crate::common::azurite::Azurite;
 use crate::common::bd::{Harness, Via};
+use crate::common::luks::{key_file, open_drive};
 use crate::common::mount::{require_root, Mp};
 use crate::common::util::{has_cap_sys_resource, rt};
-use crate::recorder::{Config, Op, Plant, Recorder};
+use crate::recorder::{Config, Op, Plant, Reader, Recorder};
 
 pub const BD: Harness = Harness::new("replay-run");
 
@@ -54,6 +56,9 @@ pub struct Workload {
     pub writers: bool,
     /// `mount` options besides the mode.
     pub mount_args: &'static [&'static str],
+    /// Made with `create --encrypt`, mounted with its key file; its states
+    /// decrypted before they are checked.
+    pub encrypted: bool,
 }
 
 impl Workload {
@@ -149,7 +154,7 @@ impl Drive<'_> {
         for w in writers {
             w.join().expect("a writer failed");
         }
-        let scratch = Scratch::new(self.w.name);
+        let scratch = Scratch::new(self.w.name, self.w.encrypted);
         (Oracle::Files { fs, log, scratch }, grew)
     }
 
@@ -213,6 +218,61 @@ fn read_blob(blob: &blobdrive::azure::BlobClient) -> Vec<u8> {
     rt.block_on(blob.read(0, len)).unwrap().to_vec()
 }
 
+/// What a Put Page on the encrypted drive `blob` (whose disk is `disk_size`
+/// bytes) writes, as plaintext: its data segment decrypted by blobdrive's own
+/// library, to find a planted fault's write by its plaintext (the checks open
+/// the states with cryptsetup and another AES-XTS). The header and what is not
+/// whole pages of the segment are read as they are.
+fn decrypting(blob: &blobdrive::azure::BlobClient, disk_size: u64) -> Reader {
+    let opened = open_drive(blob, disk_size);
+    Box::new(move |at, body| {
+        let mut plain = body.to_vec();
+        if at >= opened.data_offset && at % 512 == 0 && body.len() % 512 == 0 {
+            opened
+                .cipher
+                .decrypt_data(at - opened.data_offset, &mut plain);
+        }
+        plain
+    })
+}
+
+/// Creates the drive `spec` of workload `w` through the recorder (its header
+/// too, for an encrypted drive: made with `create --encrypt` and a key file)
+/// and mounts it; `reader` (a planted fault's, on an encrypted drive) learns
+/// to decrypt its writes in between. The mountpoint and what `mount` printed.
+fn create_and_mount(
+    w: &Workload,
+    spec: &str,
+    via: &Via,
+    reader: Option<&OnceLock<Reader>>,
+) -> (Mp, String) {
+    let key = w.encrypted.then(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-key", w.name));
+        std::fs::create_dir_all(&dir).unwrap();
+        key_file(&dir).to_string_lossy().into_owned()
+    });
+    let key_args = key.as_deref().map(|k| ["--key-file", k]);
+    let size = format!("{}MiB", w.size_mib);
+    let mut create = vec!["create", spec, "--size", &size];
+    if let Some(k) = &key_args {
+        create.push("--encrypt");
+        create.extend(k);
+    }
+    via.ok(&create);
+    if let Some(reader) = reader {
+        reader.get_or_init(|| decrypting(&BD.blob(spec), w.size_mib << 20));
+    }
+    let mp = via.mp();
+    let mut args = vec!["mount", spec, mp.s(), "--mode", w.mode()];
+    if let Kind::Fs(fs) = w.kind {
+        args.extend(["--mkfs", fs.name()]);
+    }
+    args.extend(w.mount_args.iter().copied());
+    args.extend(key_args.iter().flatten());
+    let printed = via.ok(&args);
+    (mp, printed)
+}
+
 /// Runs workload `w` and replays it; a `plant`ed fault is made in the
 /// workload's first write (a file or a write starting with its needle).
 pub fn run(w: &Workload, s: &Settings, plant: Option<Plant>) -> Report {
@@ -223,6 +283,10 @@ pub fn run(w: &Workload, s: &Settings, plant: Option<Plant>) -> Report {
     );
     let spec = format!("{}/disk.vhd", BD.new_container(w.name));
     let marker = plant.as_ref().map(|p| p.needle.clone());
+    let reader = plant
+        .as_ref()
+        .filter(|_| w.encrypted)
+        .map(|p| p.reader.clone());
     let rec = Recorder::start(Config {
         upstream_port: Azurite::shared().port,
         blob: spec.clone(),
@@ -231,14 +295,7 @@ pub fn run(w: &Workload, s: &Settings, plant: Option<Plant>) -> Report {
         plant,
     });
     let via = BD.via(&rec.connection_string(), &[]);
-    via.ok(&["create", &spec, "--size", &format!("{}MiB", w.size_mib)]);
-    let mp = via.mp();
-    let mut args = vec!["mount", &spec, mp.s(), "--mode", w.mode()];
-    if let Kind::Fs(fs) = w.kind {
-        args.extend(["--mkfs", fs.name()]);
-    }
-    args.extend(w.mount_args.iter().copied());
-    let printed = via.ok(&args);
+    let (mp, printed) = create_and_mount(w, &spec, &via, reader.as_deref());
     let mounted = rec.now();
     let drive = Drive {
         w,
@@ -268,6 +325,13 @@ pub fn run(w: &Workload, s: &Settings, plant: Option<Plant>) -> Report {
         Blob::build(&records, &as_carried_out(&records)).bytes.to_vec() == held,
         "the blob rebuilt from the recorded requests is not the service's: the recording missed one"
     );
+    if let Oracle::Files { scratch, .. } = &oracle {
+        let disk = Blob {
+            bytes: Pieces::from_bytes(&held),
+            resize: None,
+        };
+        scratch.check_decryption(&disk.into_disk().unwrap());
+    }
     if let Oracle::Bytes {
         fsx: Some((run, oracle)),
         ..

@@ -10,6 +10,7 @@ mod fs;
 mod fuse;
 mod loopdev;
 mod mountid;
+pub mod newmount;
 mod procs;
 
 pub use confined::TOOL_USER;

@@ -121,6 +121,23 @@ fn only_a_regular_file_is_attached() {
     d.detach(&b).unwrap();
 }
 
+/// Run by `sh` in a new mount namespace (its mounts private): lets go of its
+/// copies of other tests' drives (FUSE mounts of blobdrive, filesystems on
+/// loop devices) and what is mounted on them, deepest first, the filesystem
+/// on device `$0` (MAJOR:MINOR) kept, without libmount's shared utab (`-n`)
+/// or an unmount helper (`-i`), then sleeps. (The test binaries' sandboxes
+/// do the same in the child before exec, tests/common/namespace.rs, out of
+/// this crate's reach; this namespace lives for a moment.)
+const LET_GO_BUT: &str = r#"
+awk -v keep="$0" '{ for (i = 7; $i != "-"; i++) {} }
+    $5 != "/" && ($2 in gone || $3 != keep &&
+        ($(i + 1) == "fuse.blobdrive" || $(i + 2) ~ /^\/dev\/loop/)) { gone[$1]; print $5 }
+' /proc/self/mountinfo | tac | while read -r at; do
+    umount -l -n -i "$(printf '%b' "$at")"
+done
+exec sleep 60
+"#;
+
 /// A filesystem unmounted here while a mount namespace made meanwhile (with
 /// its mounts private) keeps a copy of it: the device cannot let go, and
 /// what a detach that times out says names that namespace's process.
@@ -151,11 +168,19 @@ fn a_copy_of_the_filesystem_in_another_mount_namespace_is_named_as_a_user() {
         .status()
         .unwrap()
         .success());
+    let devno = dev.devno().unwrap();
     let mut copy = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sleep", "60"])
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            LET_GO_BUT,
+        ])
+        .arg(&devno)
         .spawn()
         .unwrap();
-    let devno = dev.devno().unwrap();
     let has_copy = || {
         std::fs::read_to_string(format!("/proc/{}/mountinfo", copy.id()))
             .is_ok_and(|t| t.contains(&format!(" {devno} ")))
