@@ -587,3 +587,127 @@ fn a_filesystem_made_through_blobdrive_has_the_drives_sector_size() {
     assert_eq!(logical_block_size(&mp), 512);
     BD.unmount(&mp);
 }
+
+/// `info` (text and `--json` alike) says a drive is encrypted, from its header
+/// read without a passphrase: the cipher and its key size, the sector size,
+/// where the data starts, the keyslots in use and how each derives its key;
+/// a plain drive's `encryption` is null; a header both of whose copies are
+/// damaged is said to be unreadable, and the drive is still refused as plain.
+#[test]
+fn info_says_what_the_header_says_without_a_passphrase() {
+    use common::facts::{strings, text_and_json};
+    let dir = tempfile::tempdir().unwrap();
+    let key = key_file(dir.path());
+    let kf = key.to_string_lossy().into_owned();
+    let spec = new_encrypted_drive(&BD, "enc-info", "32MiB", &key);
+    let recovery = dir.path().join("recovery.key");
+    std::fs::write(&recovery, b"recovery passphrase").unwrap();
+    sh_ok(&format!("chmod 600 '{}'", recovery.display()));
+    BD.ok(&[
+        "key",
+        "add",
+        &spec,
+        "--key-file",
+        &kf,
+        "--new-key-file",
+        &recovery.to_string_lossy(),
+        "--pbkdf",
+        "pbkdf2",
+    ]);
+    let info = text_and_json(&BD, &|_| strings(&["info", &spec]), true, &[], &[]);
+    let e = &info["encryption"];
+    assert_eq!(e["type"], "luks2", "{info}");
+    assert_eq!(e["cipher"], "aes-xts-plain64");
+    assert_eq!(e["key_bits"], 512);
+    assert_eq!(e["sector_size"], 4096);
+    assert_eq!(e["data_offset"], 16 * MIB);
+    assert_eq!(
+        e["keyslots"],
+        serde_json::json!([{"id": 0, "kdf": "argon2id"}, {"id": 1, "kdf": "pbkdf2"}])
+    );
+    assert_eq!(e["header_copy"], "first");
+    assert!(e["other_copy"].is_null() && e["problem"].is_null(), "{e}");
+    let text = BD.ok(&["info", &spec]);
+    assert!(
+        text.contains("encryption:   luks2, aes-xts-plain64")
+            && text.contains("0 (argon2id), 1 (pbkdf2)"),
+        "{text}"
+    );
+    let plain = BD.new_drive("enc-info-plain", "32MiB");
+    assert!(json(&BD.ok(&["info", &plain, "--json"]))["encryption"].is_null());
+    assert!(BD.ok(&["info", &plain]).contains("encryption:   none"));
+    // Both copies' JSON areas damaged: no header to read, still not plain.
+    let blob = BD.blob(&spec);
+    common::util::rt().block_on(async {
+        for at in [4096, 16384 + 4096] {
+            blob.put_pages(at, bytes::Bytes::from(vec![b'x'; 512]), None)
+                .await
+                .unwrap();
+        }
+    });
+    let info = json(&BD.ok(&["info", &spec, "--json"]));
+    let e = &info["encryption"];
+    assert_eq!(e["type"], "luks2", "{info}");
+    assert!(e["problem"].as_str().unwrap().contains("checksum"), "{e}");
+    assert!(e["sector_size"].is_null(), "{e}");
+    let text = BD.ok(&["info", &spec]);
+    assert!(text.contains("its header cannot be read"), "{text}");
+}
+
+/// A drive cryptsetup formatted with a header larger than its default (64
+/// KiB, so the second copy is at 64 KiB), its first copy then damaged: with
+/// no passphrase it is refused in one line, as an encrypted drive, not
+/// served as a plain one (before, only the default place of the second copy
+/// was looked at); `info` says the second copy is in use; with its passphrase
+/// it mounts from the second copy.
+#[test]
+fn a_drive_whose_only_whole_header_is_at_another_place_is_not_taken_for_plain() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("big-header.img");
+    cryptsetup_format(
+        &img,
+        64 * MIB,
+        PASSPHRASE,
+        &["--luks2-metadata-size", "64k"],
+    );
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        f.write_all_at(&[0u8; 4096], 0).unwrap();
+    }
+    let spec = format!("{}/big-header.vhd", BD.new_container("enc-second"));
+    BD.ok(&["upload", &img.to_string_lossy(), &spec]);
+    let before = json(&BD.ok(&["info", &spec, "--json"]));
+    let e = &before["encryption"];
+    assert_eq!(e["header_copy"], "second", "{before}");
+    assert!(
+        e["other_copy"].as_str().unwrap().contains("first copy"),
+        "{e}"
+    );
+    let mp = BD.mp();
+    for mode in ["raw", "fs"] {
+        BD.cmd(&["mount", &spec, mp.s(), "--mode", mode])
+            .env_remove("BLOBDRIVE_PASSPHRASE")
+            .fails_with_error(&["is encrypted (LUKS2)", "--key-file"]);
+    }
+    let after = json(&BD.ok(&["info", &spec, "--json"]));
+    assert_eq!(after["etag"], before["etag"]);
+    assert_eq!(after["lease_state"], "available", "{after}");
+    let kf = key_file(dir.path());
+    let out = BD
+        .cmd(&[
+            "mount",
+            &spec,
+            mp.s(),
+            "--mode",
+            "raw",
+            "--key-file",
+            &kf.to_string_lossy(),
+        ])
+        .output();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("second copy was used"), "{stderr}");
+    BD.unmount(&mp);
+}

@@ -45,7 +45,7 @@ impl Encryption {
 pub(super) fn open_encryption(m: &mut Mounted, drive: &Drive) -> Result<(), MountError> {
     let Some(passphrase) = m.passphrase.as_ref() else {
         if m.rt
-            .block_on(encrypted::is_luks(&m.blob))?
+            .block_on(encrypted::is_luks(&m.blob, drive.disk_size()))?
         {
             return Err(MountError::system(format!(
                 "{} is encrypted (LUKS2): give its passphrase with --key-file FILE (fstab: key-file=PATH), BLOBDRIVE_PASSPHRASE, or a systemd credential named key",
