@@ -711,3 +711,41 @@ fn a_drive_whose_only_whole_header_is_at_another_place_is_not_taken_for_plain() 
     assert!(stderr.contains("second copy was used"), "{stderr}");
     BD.unmount(&mp);
 }
+
+/// Growing an encrypted drive that is not mounted says what is true of it
+/// (the data segment grew with the disk; the filesystem in it, which cannot
+/// be read without the passphrase, grows at the next writable mount), in the
+/// text and in `--json`'s note; and the next mount grows the filesystem.
+/// Before, nothing was said: the superblock was looked for where the header
+/// is.
+#[test]
+fn growing_an_unmounted_encrypted_drive_says_the_filesystem_grows_at_the_next_mount() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let key = key_file(dir.path());
+    let kf = key.to_string_lossy().into_owned();
+    let spec = new_encrypted_drive(&BD, "enc-offline", "64MiB", &key);
+    let mp = mount(&spec, &["--mkfs", "ext4", "--key-file", &kf]);
+    write_file(&mp.path().join("kept"), &pattern(1 << 20));
+    BD.unmount(&mp);
+    let out = BD.ok(&["resize", &spec, "--size", "128MiB"]);
+    for said in [
+        "encrypted (luks2)",
+        "data segment grew with the disk",
+        "plaintext disk is now 112 MiB",
+        "next writable `blobdrive mount`",
+    ] {
+        assert!(out.contains(said), "{said:?} not in: {out}");
+    }
+    let grown = json(&BD.ok(&["resize", &spec, "--size", "160MiB", "--json"]));
+    let note = grown["note"].as_str().unwrap_or_default();
+    assert!(note.contains("plaintext disk is now 144 MiB"), "{grown}");
+    let mp = mount(&spec, &["--key-file", &kf]);
+    let size_mib: u64 = sh_ok(&format!("df -B1M --output=size '{}' | tail -1", mp.s()))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(size_mib > 120, "the filesystem is {size_mib} MiB");
+    assert!(std::fs::read(mp.path().join("kept")).unwrap() == pattern(1 << 20));
+    BD.unmount(&mp);
+}
