@@ -79,8 +79,8 @@ PY
 # #[ignore]d in plain `cargo test` (a mount whose one-minute tokens are renewed across
 # four lifetimes, 260; an outage at the default I/O timeout, 430, and beside it in
 # the same binary fsyncs past a 20 s one, 95), then durability (180), torture (100),
-# reliability (120), replay (75), fsx (60).
-order="entra_mount--ignored reliability--ignored durability torture reliability replay fsx concurrency entra_mount"
+# reliability (120), lies (85), replay (75), fsx (60).
+order="entra_mount--ignored reliability--ignored durability torture reliability lies replay fsx concurrency entra_mount"
 jobs_list() {
     for name in $order; do
         case "$name" in

@@ -136,7 +136,7 @@ impl Drive {
             });
         }
         let len = props.content_length;
-        if len % 512 != 0 {
+        if !len.is_multiple_of(512) {
             return Err(DriveError::Unaligned {
                 target: blob.target(),
                 len,

@@ -133,7 +133,7 @@ pub fn human(bytes: u64) -> String {
     for (name, shift) in UNITS {
         let unit = 1u64 << shift;
         if bytes >= unit {
-            if bytes % unit == 0 {
+            if bytes.is_multiple_of(unit) {
                 return format!("{} {}", bytes >> shift, name);
             }
             return format!("{:.2} {}", bytes as f64 / unit as f64, name);

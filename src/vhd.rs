@@ -341,7 +341,7 @@ pub fn check_disk_size(size: u64) -> Result<(), VhdError> {
     if size == 0 {
         return Err(VhdError::Zero);
     }
-    if size % MIB != 0 {
+    if !size.is_multiple_of(MIB) {
         return Err(VhdError::NotWholeMiB(size));
     }
     if size > MAX_DISK_BYTES {

@@ -1052,13 +1052,21 @@ fn hostile_drive_of(
                 .with("Content-Length-Override", &(size + 512).to_string());
         }
         if req.query("comp").is_none() && req.header("x-ms-range").is_some() {
-            return stub::Reply::Respond {
-                status: 206,
-                headers: vec![],
-                body: footer.to_vec(),
-            };
+            return stub::Reply::part(req, size + 512, footer.to_vec());
         }
         listing(req, i)
+    })
+}
+
+/// A List Blobs request's answer as the service gives it for a drive without
+/// snapshots (`None` for any other request): a listing must be one whole
+/// EnumerationResults, and a page list is none.
+fn listing_of_nothing(req: &stub::Recorded) -> Option<stub::Reply> {
+    (req.query("comp").as_deref() == Some("list")).then(|| {
+        stub::Reply::xml(
+            200,
+            "<?xml version=\"1.0\"?><EnumerationResults><Blobs></Blobs><NextMarker/></EnumerationResults>",
+        )
     })
 }
 
@@ -1173,6 +1181,8 @@ fn a_hostile_endpoint_cannot_make_commands_hold_memory_or_run_for_ever() {
     // A Get Page Ranges answer of 4 GiB, and a listing of 4 GiB.
     let unit = b"<PageRange><Start>0</Start><End>511</End></PageRange>".repeat(1000);
     let s = hostile_drive(move |_, _| stub::Reply::Stream {
+        status: 200,
+        headers: vec![],
         len: 4 << 30,
         unit: unit.clone(),
     });
@@ -1292,10 +1302,12 @@ fn a_hostile_page_list_per_segment_cannot_grow_memory_with_the_drive() {
     let body = std::sync::Arc::new(body);
     let peak = |size: u64| {
         let body = body.clone();
-        let s = hostile_drive_of(size, move |_, _| stub::Reply::Respond {
-            status: 200,
-            headers: vec![("Content-Type".into(), "application/xml".into())],
-            body: body.to_vec(),
+        let s = hostile_drive_of(size, move |req, _| {
+            listing_of_nothing(req).unwrap_or_else(|| stub::Reply::Respond {
+                status: 200,
+                headers: vec![("Content-Type".into(), "application/xml".into())],
+                body: body.to_vec(),
+            })
         });
         let (ok, err, peak_kib) = run_against(&s.endpoint(), &["info", "disks/a.vhd", "--json"]);
         assert!(ok, "{err}");
@@ -1336,8 +1348,11 @@ fn a_proxy_from_the_environment_never_carries_plain_http() {
     // plain http, following it would send the Shared Key signature in the clear
     // to that host. The proxy here is a stub that records what reaches it.
     let proxy = stub::Stub::start(|_, _| stub::Reply::status(502));
-    let endpoint =
-        hostile_drive(|_, _| stub::Reply::xml(200, "<?xml version=\"1.0\"?><PageList></PageList>"));
+    let endpoint = hostile_drive(|req, _| {
+        listing_of_nothing(req).unwrap_or_else(|| {
+            stub::Reply::xml(200, "<?xml version=\"1.0\"?><PageList></PageList>")
+        })
+    });
     let via = format!("http://127.0.0.1:{}", proxy.port);
     let env: Vec<(&str, &str)> = ["http_proxy", "HTTP_PROXY", "all_proxy", "https_proxy"]
         .into_iter()

@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::azurite::Azurite;
 use common::bd::Harness;
 use common::mount::{require_root, Mp};
-use common::util::{json, private_dir, sh_ok, wait_for_exit};
+use common::util::{json, pattern, private_dir, sh_ok, wait_for_exit};
 
 const MIB: u64 = 1 << 20;
 
@@ -38,13 +38,6 @@ fn drive_dir(parent: &Path) -> PathBuf {
         .collect();
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     dirs[0].clone()
-}
-
-/// `len` bytes of a pattern that differs with `seed`.
-fn pattern(seed: u64, len: u64) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i / 512 * 7 + i * 31 + seed * 131) % 251) as u8)
-        .collect()
 }
 
 fn mount_raw(spec: &str, mp: &Mp, extra: &[&str]) {

@@ -727,8 +727,9 @@ fn fio_verifies_through_faults_and_again_from_the_blob_after_remount() {
     BD.ok(&["mount", &spec, mp.s(), "--mode", "raw"]);
     fio(&job(&mp, true));
     BD.ok(&["unmount", mp.s()]);
-    // A filesystem on it: files written and verified by fio, then checked again
-    // after a remount.
+    // A filesystem on a drive of its own (--mkfs formats only an empty one):
+    // files written and verified by fio, then checked again after a remount.
+    let spec = BD.new_drive("fioverify-fs", "128MiB");
     let fsjob = |dir: &str, verify_only: bool| {
         format!(
             "--name=fs --directory='{dir}' --nrfiles=8 --rw=randrw --bs=16k --size=24M \

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blobdrive::azure::{
-    Account, AzureError, BlobService, Credential, PageRange, RetryPolicy, SegmentPlan,
+    crc64, Account, AzureError, BlobService, Credential, PageRange, RetryPolicy, SegmentPlan,
 };
 use bytes::Bytes;
 use common::util::rt;
@@ -403,35 +403,70 @@ fn a_blob_whose_length_is_not_whole_pages_is_refused() {
 }
 
 /// A stub whose Set Blob Properties answers count the sequence number up from
-/// `first`, and whose Put Page answers come from `page` (by Put Page index).
+/// `first` (Get Blob Properties says the number the next raise will answer),
+/// and whose Put Page answers come from `page` (by Put Page index).
 fn fenced_stub(first: u64, page: fn(usize) -> Reply) -> Stub {
+    fenced_stub_telling(first, page, |n| n)
+}
+
+/// [`fenced_stub`] whose raises are answered with `told(number)`.
+fn fenced_stub_telling(first: u64, page: fn(usize) -> Reply, told: fn(u64) -> u64) -> Stub {
     let raised = std::sync::atomic::AtomicU64::new(first);
     let pages = std::sync::atomic::AtomicUsize::new(0);
     Stub::start(move |req: &Recorded, _| {
         use std::sync::atomic::Ordering::SeqCst;
-        match req.query("comp").as_deref() {
-            Some("properties") => Reply::status(200).with(
+        match (req.method.as_str(), req.query("comp").as_deref()) {
+            ("HEAD", None) => Reply::status(200)
+                .with("x-ms-blob-type", "PageBlob")
+                .with("Content-Length-Override", "1049088")
+                .with("x-ms-lease-state", "leased")
+                .with(
+                    "x-ms-blob-sequence-number",
+                    &raised.load(SeqCst).to_string(),
+                ),
+            (_, Some("properties")) => Reply::status(200).with(
                 "x-ms-blob-sequence-number",
-                &raised.fetch_add(1, SeqCst).to_string(),
+                &told(raised.fetch_add(1, SeqCst)).to_string(),
             ),
-            Some("page") => page(pages.fetch_add(1, SeqCst)),
+            (_, Some("page")) => page(pages.fetch_add(1, SeqCst)),
             _ => Reply::status(400),
         }
     })
 }
 
-/// (comp, x-ms-if-sequence-number-eq, x-ms-sequence-number-action) of each request.
+/// (comp, or the method, x-ms-if-sequence-number-eq,
+/// x-ms-sequence-number-action) of each request.
 fn fence_trace(stub: &Stub) -> Vec<(String, Option<String>, Option<String>)> {
     stub.requests()
         .iter()
         .map(|r| {
             (
-                r.query("comp").unwrap_or_default(),
+                r.query("comp").unwrap_or_else(|| r.method.clone()),
                 r.header("x-ms-if-sequence-number-eq").map(str::to_string),
                 r.header("x-ms-sequence-number-action").map(str::to_string),
             )
         })
         .collect()
+}
+
+/// Fails unless the requests `stub` got are `want`: (comp or method,
+/// x-ms-if-sequence-number-eq, x-ms-sequence-number-action) each.
+fn trace_is(stub: &Stub, want: &[(&str, Option<&str>, Option<&str>)]) {
+    let want: Vec<(String, Option<String>, Option<String>)> = want
+        .iter()
+        .map(|(c, n, a)| (c.to_string(), n.map(str::to_string), a.map(str::to_string)))
+        .collect();
+    assert_eq!(fence_trace(stub), want);
+}
+
+/// One Put Page of 512 bytes at 0 to `stub` under the lease `lease-1`,
+/// fenced: the fence it went through.
+fn one_fenced_write(stub: &Stub) -> Arc<blobdrive::azure::WriteFence> {
+    let blob = service(stub, fast_policy()).blob("disks", "a.vhd");
+    let fence = blobdrive::azure::WriteFence::new(blob.clone(), Some("lease-1".into()));
+    rt().block_on(blob.put_pages_fenced(0, Bytes::from(vec![1u8; 512]), Some("lease-1"), &fence))
+        .unwrap();
+    fence
 }
 
 #[test]
@@ -443,21 +478,16 @@ fn an_unanswered_fenced_write_raises_the_sequence_number_before_it_is_sent_again
             Reply::status(201)
         }
     });
-    let svc = service(&stub, fast_policy());
-    let blob = svc.blob("disks", "a.vhd");
-    let fence = blobdrive::azure::WriteFence::new(blob.clone(), Some("lease-1".into()));
-    rt().block_on(blob.put_pages_fenced(0, Bytes::from(vec![1u8; 512]), Some("lease-1"), &fence))
-        .unwrap();
-    let s = |v: &str| Some(v.to_string());
-    assert_eq!(
-        fence_trace(&stub),
-        vec![
-            ("properties".into(), None, s("increment")),
-            ("page".into(), s("7"), None),
+    let fence = one_fenced_write(&stub);
+    trace_is(
+        &stub,
+        &[
+            ("properties", None, Some("increment")),
+            ("page", Some("7"), None),
             // The first attempt may still land: it carries 7, which is gone now.
-            ("properties".into(), None, s("increment")),
-            ("page".into(), s("8"), None),
-        ]
+            ("properties", None, Some("increment")),
+            ("page", Some("8"), None),
+        ],
     );
     for r in stub.requests() {
         assert_eq!(r.header("x-ms-lease-id"), Some("lease-1"));
@@ -483,16 +513,53 @@ fn a_fenced_write_refused_for_its_number_learns_the_current_one_and_lands() {
     let fence = blobdrive::azure::WriteFence::new(blob.clone(), None);
     rt().block_on(blob.clear_pages_fenced(0, 4096, None, &fence))
         .unwrap();
-    let s = |v: &str| Some(v.to_string());
-    assert_eq!(
-        fence_trace(&stub),
-        vec![
-            ("properties".into(), None, s("increment")),
-            ("page".into(), s("3"), None),
-            ("properties".into(), None, s("increment")),
-            ("page".into(), s("4"), None),
-        ]
+    trace_is(
+        &stub,
+        &[
+            ("properties", None, Some("increment")),
+            ("page", Some("3"), None),
+            // Refused: nothing was written, and the number moved on. It is
+            // read, not raised again.
+            ("HEAD", None, None),
+            ("page", Some("4"), None),
+        ],
     );
+}
+
+#[test]
+fn a_raise_answered_with_a_number_nobody_asked_for_is_read_again_before_it_is_used() {
+    // The first answer of a Put Page is lost; the raise after it is answered
+    // with 2^63-1 (or a number below the one known): read again with Get
+    // Blob Properties, the write carries the blob's real number and lands,
+    // one read later.
+    for told in [
+        |n| if n == 8 { i64::MAX as u64 } else { n },
+        |n| if n == 8 { 2 } else { n },
+    ] {
+        let stub = fenced_stub_telling(
+            7,
+            |i| {
+                if i == 0 {
+                    Reply::Hangup
+                } else {
+                    Reply::status(201)
+                }
+            },
+            told,
+        );
+        let fence = one_fenced_write(&stub);
+        trace_is(
+            &stub,
+            &[
+                ("properties", None, Some("increment")),
+                ("page", Some("7"), None),
+                ("properties", None, Some("increment")),
+                ("HEAD", None, None),
+                ("page", Some("9"), None),
+            ],
+        );
+        assert_eq!(fence.current(), Some(9));
+    }
 }
 
 #[test]
@@ -511,15 +578,14 @@ fn a_throttled_fenced_write_is_sent_again_with_the_same_number() {
     let fence = blobdrive::azure::WriteFence::new(blob.clone(), None);
     rt().block_on(blob.put_pages_fenced(0, Bytes::from(vec![2u8; 512]), None, &fence))
         .unwrap();
-    let s = |v: &str| Some(v.to_string());
-    assert_eq!(
-        fence_trace(&stub),
-        vec![
-            ("properties".into(), None, s("increment")),
-            ("page".into(), s("5"), None),
-            ("page".into(), s("5"), None),
-            ("page".into(), s("5"), None),
-        ]
+    trace_is(
+        &stub,
+        &[
+            ("properties", None, Some("increment")),
+            ("page", Some("5"), None),
+            ("page", Some("5"), None),
+            ("page", Some("5"), None),
+        ],
     );
     assert_eq!(fence.current(), Some(5));
 }
@@ -680,6 +746,8 @@ fn a_ranged_read_answered_with_more_bytes_than_asked_fails_and_writes_no_further
     // with 4 GiB: the read fails as soon as the answer passes what was asked,
     // and no byte lands beyond the parts.
     let stub = Stub::start(|_, _| Reply::Stream {
+        status: 206,
+        headers: vec![("Content-Range".into(), "bytes 0-131071/4294967296".into())],
         len: 4 << 30,
         unit: vec![0xAB; 4096],
     });
@@ -920,4 +988,168 @@ fn delta_extents_merge_written_and_cleared_pages_of_the_service_diff() {
     let mut both = model.allocated(pageblob::S1);
     both.extend(model.allocated(pageblob::S2));
     assert_eq!(drain(&mut extents, 1000), common::util::merged_ranges(both));
+}
+
+#[test]
+fn a_put_page_carries_the_crc64_of_its_body_for_the_service_to_check() {
+    let stub = Stub::start(|_, _| Reply::status(201));
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    let body: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+    rt().block_on(blob.put_pages(4096, Bytes::from(body.clone()), None))
+        .unwrap();
+    let reqs = stub.requests();
+    let sent = reqs[0].header("x-ms-content-crc64").expect("no CRC64 sent");
+    assert_eq!(sent, crc64::header(crc64::of(&body)));
+    assert_eq!(reqs[0].body, body);
+}
+
+/// A drive's ranged reads served as Azure serves them, except that the
+/// first `corrupt` answers have one byte changed on the way (their CRC64 is
+/// the true bytes').
+fn reads_corrupted(corrupt: usize) -> Stub {
+    Stub::start(move |req: &Recorded, i| {
+        let (s, e) = req
+            .header("x-ms-range")
+            .and_then(|r| r.strip_prefix("bytes="))
+            .and_then(|r| r.split_once('-'))
+            .map(|(s, e)| (s.parse::<u64>().unwrap(), e.parse::<u64>().unwrap()))
+            .unwrap();
+        let body: Vec<u8> = (s..=e).map(|at| (at % 251) as u8).collect();
+        let mut reply = Reply::part(req, 64 << 20, body);
+        if i < corrupt {
+            if let Reply::Respond { body, .. } = &mut reply {
+                body[100] ^= 0x40;
+            }
+        }
+        reply
+    })
+}
+
+#[test]
+fn a_ranged_read_whose_bytes_do_not_match_their_crc64_is_read_again() {
+    let stub = reads_corrupted(2);
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    let got = rt().block_on(blob.read(1024, 65536)).unwrap();
+    let truth: Vec<u8> = (1024..1024 + 65536u64).map(|at| (at % 251) as u8).collect();
+    assert!(got == truth, "a corrupted answer was returned");
+    let reqs = stub.requests();
+    assert_eq!(reqs.len(), 3, "two corrupted answers, then the truth");
+    for r in &reqs {
+        assert_eq!(r.header("x-ms-range-get-content-crc64"), Some("true"));
+    }
+    // Corrupted every time: an error naming why, never the bytes.
+    let stub = reads_corrupted(usize::MAX);
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    let mut buf = vec![0u8; 65536];
+    let err = rt()
+        .block_on(blob.read_into(0, &mut buf))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("do not match the CRC64"), "{err}");
+    // The service gives the CRC64 of at most 4 MiB: a longer read does not ask.
+    let stub = reads_corrupted(0);
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    rt().block_on(blob.read(0, (4 << 20) + 512)).unwrap();
+    assert_eq!(
+        stub.requests()[0].header("x-ms-range-get-content-crc64"),
+        None
+    );
+}
+
+/// An answer written as `head` (status line and headers, without the blank
+/// line) and `body`.
+fn raw_page_list(head: &str, body: &[u8]) -> Vec<u8> {
+    let mut bytes = format!("{head}\r\n\r\n").into_bytes();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+#[test]
+fn answers_with_a_lying_length_broken_chunks_or_a_mebibyte_of_headers_fail_within_the_budget() {
+    const LIST: &[u8] =
+        b"<?xml version=\"1.0\"?><PageList><PageRange><Start>0</Start><End>511</End></PageRange></PageList>";
+    let huge = format!("HTTP/1.1 200 OK\r\nx-ms-junk: {}", "j".repeat(1 << 20));
+    for (what, reply) in [
+        (
+            "a Content-Length longer than the body",
+            raw_page_list("HTTP/1.1 200 OK\r\nContent-Length: 100000", LIST),
+        ),
+        (
+            "a Content-Length shorter than the body",
+            raw_page_list("HTTP/1.1 200 OK\r\nContent-Length: 40", LIST),
+        ),
+        (
+            "a chunk size that is not hex",
+            raw_page_list(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked",
+                b"zz\r\n<PageList/>\r\n0\r\n\r\n",
+            ),
+        ),
+        (
+            "a chunk larger than what follows",
+            raw_page_list(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked",
+                b"ffffffffffff\r\n<PageList/>\r\n",
+            ),
+        ),
+        ("a mebibyte of headers", raw_page_list(&huge, LIST)),
+    ] {
+        // The same broken answer every time, the connection closed after it.
+        let stub = Stub::start(move |_, _| Reply::Raw(reply.clone()));
+        let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+        let started = Instant::now();
+        let got = rt().block_on(blob.page_ranges(None));
+        let took = started.elapsed();
+        let err = got.expect_err(what).to_string();
+        assert!(err.contains("page ranges"), "{what}: {err}");
+        assert!(took < Duration::from_secs(15), "{what}: {took:?}");
+    }
+}
+
+#[test]
+fn a_retry_after_of_days_is_not_waited_for() {
+    let stub = Stub::start(|_, _| {
+        Reply::error(503, "ServerBusy", &fixture("error-503.xml")).with("Retry-After", "999999")
+    });
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    let started = Instant::now();
+    let err = rt().block_on(blob.clear_pages(0, 512, None)).unwrap_err();
+    assert_eq!(err.status(), Some(503), "{err}");
+    // Not 11 days, nor the minute the pause is capped at: the budget (10 s).
+    assert!(
+        started.elapsed() < Duration::from_secs(11),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn unsorted_overlapping_and_out_of_range_page_lists_are_merged_and_clipped_to_the_blob() {
+    let stub = Stub::start(|_, _| {
+        Reply::xml(
+            200,
+            "<?xml version=\"1.0\"?><PageList>\
+             <PageRange><Start>8192</Start><End>12287</End></PageRange>\
+             <PageRange><Start>0</Start><End>1023</End></PageRange>\
+             <PageRange><Start>512</Start><End>2047</End></PageRange>\
+             <PageRange><Start>10240</Start><End>16383</End></PageRange>\
+             <PageRange><Start>1048576</Start><End>4194303</End></PageRange>\
+             </PageList>",
+        )
+    });
+    let blob = service(&stub, fast_policy()).blob("disks", "a.vhd");
+    let plan = SegmentPlan {
+        initial: 1 << 20,
+        min: 1 << 20,
+        max: 1 << 20,
+        grow_below: 0,
+        shrink_above: usize::MAX,
+    };
+    let ranges = rt()
+        .block_on(blob.page_ranges_segmented(1 << 20, plan))
+        .unwrap();
+    assert_eq!(
+        ranges,
+        vec![PageRange::new(0, 2048), PageRange::new(8192, 16384)]
+    );
 }

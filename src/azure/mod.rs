@@ -10,6 +10,7 @@
 
 pub mod account;
 pub mod auth;
+pub mod crc64;
 pub mod error;
 pub mod gate;
 pub mod http;

@@ -8,10 +8,12 @@
 //! FUSE, nor about the operations: they use the pipeline, not the other way round.
 //!
 //! Here: the handle and what a request and its answer are. Sending one attempt
-//! and reading its answer within bounds is `send.rs`; the tries of a request
+//! and reading its answer within bounds is `send.rs`, and what a successful
+//! answer must hold to count as the answer asked for, `check.rs`; the tries of a request
 //! (the loop that carries out each attempt's verdict, within the policy's
 //! budget or one try's deadline) are `tries.rs`.
 
+mod check;
 mod send;
 mod tries;
 
@@ -31,6 +33,7 @@ use super::retry::RetryPolicy;
 use super::stats::{ClientStats, StatsSnapshot};
 use super::verdict::Rules;
 
+pub(crate) use check::Expect;
 pub use tries::one_try;
 
 /// REST API version sent with every request (accepted by Azure and Azurite 3.35).
@@ -95,6 +98,9 @@ pub(super) struct Request {
     /// A delete: once an attempt went unanswered (it may have been carried out),
     /// a later attempt's 404 means that one did the work.
     pub(super) gone_after_unknown_is_done: bool,
+    /// What a successful answer must hold besides its status (see
+    /// `check.rs`); one that does not is retried, never returned.
+    pub(super) expect: Option<Expect>,
 }
 
 /// A successful response, body read in full.
@@ -130,6 +136,7 @@ impl Request {
             max_attempts: None,
             fence: None,
             gone_after_unknown_is_done: false,
+            expect: None,
         }
     }
 

@@ -4,6 +4,9 @@
 //! segment edges of a segmented query, or simply unmerged, as Azurite does), so every
 //! list that leaves the client is merged into sorted, disjoint, non-adjacent ranges.
 
+/// Page size: every page-blob offset and length is a multiple of it.
+pub const PAGE: u64 = 512;
+
 /// A half-open byte range `[start, end)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PageRange {

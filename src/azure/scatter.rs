@@ -47,6 +47,16 @@ impl<'a, 'b> Scatter<'a, 'b> {
         self.filled = 0;
     }
 
+    /// The CRC64 (Azure's, see [`super::crc64`]) of the bytes filled.
+    pub fn crc64(&self) -> u64 {
+        let mut left = self.filled;
+        super::crc64::of_parts(self.parts.iter().map(|p| {
+            let n = p.len().min(left);
+            left -= n;
+            &p[..n]
+        }))
+    }
+
     /// Appends `chunk` after what is filled. `false`, with nothing written, if it
     /// does not fit (an answer longer than asked for).
     pub fn put(&mut self, mut chunk: &[u8]) -> bool {
@@ -86,6 +96,17 @@ mod tests {
         assert_eq!(s.filled(), 8);
         assert!(!s.put(&[9]), "past the end");
         assert_eq!((a, c), ([1, 2, 3], [4, 5, 6, 7, 8]));
+    }
+
+    #[test]
+    fn the_crc64_covers_what_is_filled_across_the_parts() {
+        let (mut a, mut b) = ([0u8; 3], [0u8; 5]);
+        let mut parts: Vec<&mut [u8]> = vec![&mut a, &mut b];
+        let mut s = Scatter::new(&mut parts);
+        assert!(s.put(b"Hello"));
+        assert_eq!(s.crc64(), crate::azure::crc64::of(b"Hello"));
+        assert!(s.put(b" Az"));
+        assert_eq!(s.crc64(), crate::azure::crc64::of(b"Hello Az"));
     }
 
     #[test]

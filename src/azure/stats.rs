@@ -48,7 +48,8 @@ pub enum Outcome {
     ServerError,
     /// A 3xx or 4xx.
     ClientError,
-    /// No answer: refused connection, reset, timeout, an answer cut short.
+    /// No answer: refused connection, reset, timeout, an answer cut short or
+    /// not the one asked for.
     NoAnswer,
 }
 

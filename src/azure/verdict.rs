@@ -49,6 +49,13 @@ pub(super) enum Answer {
     Certificate,
     /// No answer (refused, reset, timed out): it may have been carried out.
     Unanswered,
+    /// An answer that is not one to the question asked (a ranged read of
+    /// another range or cut short, a page list that is no page list, an
+    /// encoding never asked for, a body that did not come whole in time): it
+    /// is never acted on, and the request is sent again as after a server
+    /// error. Its status may have said the work was done, so its outcome is
+    /// unknown.
+    Garbled,
 }
 
 /// An answer of the service.
@@ -74,7 +81,7 @@ impl Answer {
     /// work was done. Not a throttled one: refused before it ran.
     pub fn outcome_unknown(&self) -> bool {
         match self {
-            Answer::Unanswered => true,
+            Answer::Unanswered | Answer::Garbled => true,
             Answer::Status(s) => is_retryable_status(s.status) && !s.throttled,
             Answer::Unsent | Answer::Unsendable | Answer::Certificate => false,
         }
@@ -254,8 +261,9 @@ pub(super) fn verdict(
         // No retry makes a certificate trusted.
         Answer::Certificate => Verdict::Final { noted: true },
         Answer::Unsendable => Verdict::Final { noted: false },
-        // A server error or throttling; not sent (a token may come); no answer.
-        Answer::Status(_) | Answer::Unsent | Answer::Unanswered => again(),
+        // A server error or throttling; not sent (a token may come); no
+        // answer; an answer that cannot be the one asked for.
+        Answer::Status(_) | Answer::Unsent | Answer::Unanswered | Answer::Garbled => again(),
     }
 }
 

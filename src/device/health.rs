@@ -48,6 +48,26 @@ pub struct HealthSnapshot {
     pub stalled: Duration,
     /// The latest failure while stalled.
     pub last_error: Option<String>,
+    /// Operations have failed for want of an answer (an outage), rather than
+    /// one waiting long while the service answers (a write it refuses again
+    /// and again, say): what a waiting unmount tells apart.
+    pub silent: bool,
+}
+
+impl HealthSnapshot {
+    /// What an I/O waits for, for a waiting unmount or the service manager:
+    /// how long, and that the service is silent only when operations failed
+    /// for want of an answer (one that answers but refuses again and again
+    /// was said to be silent).
+    pub fn waiting_for(&self) -> String {
+        let why = self.last_error.as_deref().unwrap_or("no answer");
+        let secs = self.stalled.as_secs();
+        if self.silent {
+            format!("the storage service, which has not answered for {secs} s ({why})")
+        } else {
+            format!("the storage service: an operation has waited {secs} s on it (latest: {why})")
+        }
+    }
 }
 
 /// An operation under way, until dropped.
@@ -156,6 +176,7 @@ impl Health {
             last_error: (!stalled.is_zero())
                 .then(|| s.last_error.clone().or(latest_attempt))
                 .flatten(),
+            silent: !failed.is_zero(),
         }
     }
 }
@@ -223,6 +244,16 @@ mod tests {
         let s = h.snapshot(Some("timed out".into()));
         assert!(s.stalled >= STALL_AFTER, "{s:?}");
         assert_eq!(s.last_error.as_deref(), Some("timed out"));
+        assert!(!s.silent, "nothing failed for want of an answer yet");
+        assert!(
+            s.waiting_for().contains("an operation has waited")
+                && !s.waiting_for().contains("not answered"),
+            "{s:?}"
+        );
+        h.failed(Instant::now(), "no answer in 20 s");
+        let s = h.snapshot(None);
+        assert!(s.silent && s.waiting_for().contains("has not answered for"));
+        h.succeeded();
         drop(op);
         assert_eq!(h.snapshot(None), HealthSnapshot::default());
     }

@@ -61,7 +61,7 @@ impl MemBackend {
 }
 
 fn check(offset: u64, len: u64, size: usize) -> Result<(), DeviceError> {
-    if offset % SECTOR != 0 || len % SECTOR != 0 || offset + len > size as u64 {
+    if !offset.is_multiple_of(SECTOR) || !len.is_multiple_of(SECTOR) || offset + len > size as u64 {
         return Err(DeviceError::OutOfRange { offset, len });
     }
     Ok(())

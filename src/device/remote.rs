@@ -65,6 +65,12 @@ struct Patience {
     unbounded: AtomicBool,
     /// Set by `unmount --discard-dirty`: no I/O waits through an outage any more.
     give_up: AtomicBool,
+    /// Since when writes have been refused for their sequence number, with no
+    /// write landing since. Each refusal is an answer, not an outage, and is
+    /// tried again at once; but once they have gone on for the I/O timeout
+    /// (during unmount too) the refused I/O fails, so a service that refuses
+    /// for ever cannot hold an fsync or an unmount for ever.
+    refusing_since: std::sync::Mutex<Option<Instant>>,
     health: Arc<Health>,
 }
 
@@ -90,6 +96,7 @@ impl RemoteBackend {
                 try_time,
                 unbounded: AtomicBool::new(false),
                 give_up: AtomicBool::new(false),
+                refusing_since: std::sync::Mutex::new(None),
                 health: Arc::new(Health::default()),
             }),
         }
@@ -119,6 +126,11 @@ impl RemoteBackend {
     /// cache then holds the only copy of what is not yet written).
     pub fn set_wait_without_limit(&self, on: bool) {
         self.patience.unbounded.store(on, Ordering::SeqCst);
+    }
+
+    /// How long I/O waits through an outage (`BLOBDRIVE_IO_TIMEOUT_SECS`).
+    pub fn io_timeout(&self) -> Duration {
+        self.patience.io_timeout
     }
 
     /// From now on an outage fails every I/O at once instead of being waited out
@@ -253,6 +265,10 @@ impl Patience {
 
     fn succeeded(&self, a: &Attempt<'_>) {
         self.health.succeeded();
+        *self
+            .refusing_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         if a.warned {
             warn!(
                 "the storage service answers again after {:.0} s",
@@ -281,6 +297,17 @@ impl Patience {
             // service came back, made ext4 abort its journal.
             self.health.succeeded();
             a.waiting_since = Instant::now();
+            let since = *self
+                .refusing_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(a.waiting_since);
+            if since.elapsed() >= self.io_timeout || self.give_up.load(Ordering::SeqCst) {
+                return Err(DeviceError::Io(format!(
+                    "the storage service answers, but has refused writes for their sequence number for {} s, though the number was read again from the blob before each try ({e})",
+                    since.elapsed().as_secs()
+                )));
+            }
         } else {
             self.health
                 .failed_try(a.waiting_since, a.tried, &e.to_string());

@@ -122,7 +122,7 @@ impl XtsCipher {
 
     fn apply(&self, at: u64, buf: &mut [u8], way: Way) {
         assert!(
-            at % IV_UNIT == 0 && buf.len() as u64 % IV_UNIT == 0,
+            at.is_multiple_of(IV_UNIT) && (buf.len() as u64).is_multiple_of(IV_UNIT),
             "aes-xts-plain64 on {}+{}: not whole 512-byte pages",
             at,
             buf.len()

@@ -2,6 +2,7 @@
 //! `list` and `stats` find it, and the system tools (loop devices, mkfs, mount) it
 //! drives.
 
+pub mod blank;
 pub mod credentials;
 pub mod daemon;
 pub mod fstab;

@@ -265,3 +265,11 @@ pub fn has_cap_sys_resource() -> bool {
         .unwrap();
     u64::from_str_radix(hex.trim(), 16).unwrap() >> 24 & 1 == 1
 }
+
+/// `len` bytes of a pattern that differs with `seed` (and from one sector of
+/// 512 bytes to the next).
+pub fn pattern(seed: u64, len: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i / 512 * 7 + i * 31 + seed * 131) % 251) as u8)
+        .collect()
+}

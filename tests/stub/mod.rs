@@ -50,9 +50,18 @@ pub enum Reply {
     },
     /// Close the connection without answering (a reset as the client sees it).
     Hangup,
-    /// A 200 whose body is `len` bytes of `unit` repeated, written as it goes
-    /// (never held in memory): a hostile endpoint's endless answer.
-    Stream { len: u64, unit: Vec<u8> },
+    /// These bytes as they are (a status line, headers and a body as a broken
+    /// or hostile server writes them), then the connection closed.
+    Raw(Vec<u8>),
+    /// An answer (200, or another `status` with `headers`) whose body is
+    /// `len` bytes of `unit` repeated, written as it goes (never held in
+    /// memory): a hostile endpoint's endless answer.
+    Stream {
+        status: u16,
+        headers: Vec<(String, String)>,
+        len: u64,
+        unit: Vec<u8>,
+    },
 }
 
 impl Reply {
@@ -69,6 +78,29 @@ impl Reply {
             status,
             headers: vec![("Content-Type".into(), "application/xml".into())],
             body: body.as_bytes().to_vec(),
+        }
+    }
+
+    /// A ranged read's answer as Azure sends it: 206, `Content-Range` naming
+    /// the range asked (of a blob of `total` bytes), `body` (its bytes), and
+    /// their CRC64 when the request asked for it.
+    pub fn part(req: &Recorded, total: u64, body: Vec<u8>) -> Reply {
+        let asked = req.header("x-ms-range").unwrap_or_default();
+        let range = asked.strip_prefix("bytes=").unwrap_or(asked);
+        let mut headers = vec![(
+            "Content-Range".to_string(),
+            format!("bytes {range}/{total}"),
+        )];
+        if req.header("x-ms-range-get-content-crc64") == Some("true") {
+            headers.push((
+                "x-ms-content-crc64".to_string(),
+                blobdrive::azure::crc64::header(blobdrive::azure::crc64::of(&body)),
+            ));
+        }
+        Reply::Respond {
+            status: 206,
+            headers,
+            body,
         }
     }
 
@@ -207,10 +239,22 @@ fn serve(
         };
         match handler(&rec, index) {
             Reply::Hangup => return,
-            Reply::Stream { len, unit } => {
-                let head = format!(
-                    "HTTP/1.1 200 Stub\r\nContent-Type: application/xml\r\nContent-Length: {len}\r\n\r\n"
-                );
+            Reply::Raw(bytes) => {
+                let _ = writer.write_all(&bytes);
+                return;
+            }
+            Reply::Stream {
+                status,
+                headers,
+                len,
+                unit,
+            } => {
+                let mut head =
+                    format!("HTTP/1.1 {status} Stub\r\nContent-Type: application/xml\r\n");
+                for (k, v) in &headers {
+                    head.push_str(&format!("{k}: {v}\r\n"));
+                }
+                head.push_str(&format!("Content-Length: {len}\r\n\r\n"));
                 if writer.write_all(head.as_bytes()).is_err() {
                     return;
                 }

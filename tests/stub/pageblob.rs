@@ -98,11 +98,7 @@ impl Drive {
                 *b = self.footer[(at - self.disk) as usize];
             }
         }
-        Reply::Respond {
-            status: 206,
-            headers: vec![],
-            body,
-        }
+        Reply::part(req, self.disk + PAGE, body)
     }
 
     fn page_list(&self, req: &Recorded, pages: &Pages) -> Reply {

@@ -11,8 +11,7 @@ use crate::azure::error::{AzureError, Op};
 use crate::azure::pipeline::{BlobService, Request};
 use crate::azure::stats::ClientStats;
 
-/// Page size: every page-blob offset and length is a multiple of it.
-pub const PAGE: u64 = 512;
+pub use crate::azure::ranges::PAGE;
 
 /// Metadata name of the token that makes a retried create recognise its own blob.
 pub const CREATE_TOKEN_META: &str = "blobdrivecreate";
@@ -135,7 +134,7 @@ impl BlobClient {
     /// Creates an empty page blob of `size` bytes; never replaces an existing blob
     /// (`If-None-Match: *` makes the service refuse with `BlobAlreadyExists`).
     pub async fn create_page_blob(&self, size: u64) -> Result<(), AzureError> {
-        if size % PAGE != 0 || size == 0 || size > MAX_PAGE_BLOB {
+        if !size.is_multiple_of(PAGE) || size == 0 || size > MAX_PAGE_BLOB {
             return Err(self.invalid(
                 Op::CreateBlob,
                 format!(
@@ -256,7 +255,7 @@ impl BlobClient {
         lease: Option<&str>,
         if_match: Option<&str>,
     ) -> Result<(), AzureError> {
-        if size % PAGE != 0 || size == 0 || size > MAX_PAGE_BLOB {
+        if !size.is_multiple_of(PAGE) || size == 0 || size > MAX_PAGE_BLOB {
             return Err(self.invalid(
                 Op::SetProperties,
                 format!(

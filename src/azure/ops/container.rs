@@ -3,7 +3,7 @@
 use reqwest::Method;
 
 use crate::azure::error::{AzureError, Op};
-use crate::azure::pipeline::{BlobService, Request};
+use crate::azure::pipeline::{BlobService, Expect, Request};
 use crate::azure::stats::ClientStats;
 use crate::azure::xml::{self, BlobItem, ListingKeep};
 
@@ -103,10 +103,10 @@ impl ContainerClient {
                 q.push(("marker", m));
             }
             ClientStats::add(&self.svc.inner.stats.other_requests, 1);
-            let resp = self
-                .svc
-                .execute(self.request(Op::ListBlobs, Method::GET, &q, &[200]))
-                .await?;
+            let mut req = self.request(Op::ListBlobs, Method::GET, &q, &[200]);
+            // Anything but one whole listing is garbled, and asked again.
+            req.expect = Some(Expect::Body(xml::check_blob_list));
+            let resp = self.svc.execute(req).await?;
             let page = xml::parse_blob_list(&resp.body, &mut keep).map_err(|detail| {
                 AzureError::Protocol {
                     op: Op::ListBlobs,

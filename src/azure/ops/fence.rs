@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use reqwest::Method;
+use tracing::{debug, warn};
 
 use super::blob::BlobClient;
 use crate::azure::auth::entra::BoxFuture;
@@ -43,15 +44,52 @@ struct Numbers {
     current: Option<u64>,
     /// The highest number an attempt with an unknown outcome carried.
     abandoned: Option<u64>,
+    /// A write carrying `current` was refused for it: the service's number
+    /// moved on without this fence (a late increment of its own), so it is
+    /// read again before the next attempt.
+    stale: bool,
+    /// Raises whose answer never came: each may have landed, or land later,
+    /// taking the number one further than the fence knows.
+    unanswered_raises: u64,
 }
 
 impl Numbers {
-    /// The current number, if it is known and above every abandoned attempt's.
+    /// The current number, if it is known, not refused, and above every
+    /// abandoned attempt's.
     fn usable(&self) -> Option<u64> {
+        if self.stale {
+            return None;
+        }
         self.current
             .filter(|c| self.abandoned.is_none_or(|a| a < *c))
     }
+
+    /// Takes `n` as the service's number now: a raise's answer, or the
+    /// blob's properties read again. Either is newer than whatever a refusal
+    /// said of the number before it (a write refused meanwhile, while a
+    /// raise was under way, made it stale; three raises in a row were then
+    /// each found stale, and the write failed).
+    fn adopt(&mut self, n: u64) {
+        self.current = Some(n);
+        self.stale = false;
+    }
+
+    /// Whether a raise answered `raised` fits what the fence knows: one above
+    /// the number it knows, plus one for each raise whose answer was lost.
+    /// Lower, or further up, is read again before it is believed; so is any
+    /// answer while nothing is known to check it against but the first.
+    fn believable(&self, raised: u64) -> bool {
+        match self.current {
+            Some(c) => raised > c && raised - c <= 1 + self.unanswered_raises,
+            None => true,
+        }
+    }
 }
+
+/// The most raises one call of [`WriteFence::number`] sends: a number read
+/// again from the blob's properties is the service's own, so one more raise
+/// is all it can take to pass every abandoned attempt's.
+const MAX_RAISES: usize = 3;
 
 impl WriteFence {
     /// A fence for writes to `blob` under `lease`. Nothing is sent until the first
@@ -104,10 +142,54 @@ impl WriteFence {
                 elapsed: at.saturating_duration_since(asked),
             });
         }
+        if self.numbers().stale {
+            // A read, not a raise: reading changes nothing on the blob.
+            let n = self.read_again().await?;
+            if let Some(n) = self.numbers().usable() {
+                return Ok(n);
+            }
+            debug!(
+                number = n,
+                "read again, still not above an abandoned write's: raising"
+            );
+        }
+        for _ in 0..MAX_RAISES {
+            let raised = self.raise().await?;
+            if !self.numbers().believable(raised) {
+                let known = self.numbers().current;
+                let n = self.read_again().await?;
+                warn!(
+                    target = %self.blob.target(),
+                    "a raise of the sequence number from {} was answered with {raised}, which cannot be: read again from the blob, it is {n}",
+                    known.map_or("?".into(), |k| k.to_string())
+                );
+            } else {
+                self.numbers().adopt(raised);
+            }
+            if let Some(n) = self.numbers().usable() {
+                return Ok(n);
+            }
+        }
+        let n = self.numbers();
+        Err(AzureError::Protocol {
+            op: Op::SetProperties,
+            target: self.blob.target(),
+            detail: format!(
+                "sequence number {:?} did not rise above an abandoned write's ({:?}) in {MAX_RAISES} raises",
+                n.current, n.abandoned
+            ),
+        })
+    }
+
+    /// Raises the number once: what the service answered.
+    async fn raise(&self) -> Result<u64, AzureError> {
         // Boxed: raising sends a request through the pipeline that called us.
         let raised = Box::pin(self.blob.increment_sequence_number(self.lease.as_deref()))
             .await
             .inspect_err(|e| {
+                if e.outcome_unknown() {
+                    self.numbers().unanswered_raises += 1;
+                }
                 if matches!(e, AzureError::Unreachable { .. }) {
                     *self.unanswered_raise() = Some(Instant::now());
                 }
@@ -117,20 +199,25 @@ impl WriteFence {
             .counters()
             .fence_raises
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut n = self.numbers();
-        let current = n.current.map_or(raised, |c| c.max(raised));
-        n.current = Some(current);
-        if n.abandoned.is_some_and(|a| a >= current) {
-            // Cannot happen while we alone raise it; say so rather than loop.
-            return Err(AzureError::Protocol {
-                op: Op::SetProperties,
-                target: self.blob.target(),
-                detail: format!(
-                    "sequence number {current} did not rise above an abandoned write's"
-                ),
-            });
-        }
-        Ok(current)
+        Ok(raised)
+    }
+
+    /// Reads the number (and the lease) from the blob's properties and takes
+    /// it as the number writes carry.
+    async fn read_again(&self) -> Result<u64, AzureError> {
+        let props = Box::pin(self.blob.properties()).await?;
+        let n = props.sequence_number.ok_or_else(|| AzureError::Protocol {
+            op: Op::GetProperties,
+            target: self.blob.target(),
+            detail: "no x-ms-blob-sequence-number in the properties".into(),
+        })?;
+        debug!(
+            number = n,
+            lease = props.lease_state.as_deref().unwrap_or("unknown"),
+            "read the sequence number again"
+        );
+        self.numbers().adopt(n);
+        Ok(n)
     }
 
     /// Raises the number now if an abandoned attempt still carries the current
@@ -157,12 +244,13 @@ impl WriteFence {
     }
 
     /// The service refused an attempt carrying `carried`: nothing was written. If
-    /// the number is still the one we know, it was raised behind our back (a late
-    /// increment of our own): learn the real one by raising again.
+    /// the number is still the one we know, it moved on behind our back (a late
+    /// increment of our own, or a number we should not have believed): read it
+    /// again, and the lease with it, before the next attempt.
     pub(crate) fn refused(&self, carried: u64) {
         let mut n = self.numbers();
         if n.current == Some(carried) {
-            n.abandoned = Some(n.abandoned.map_or(carried, |a| a.max(carried)));
+            n.stale = true;
         }
     }
 
@@ -214,6 +302,31 @@ impl BlobClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raise_is_believed_only_one_above_the_number_known_or_one_per_lost_raise() {
+        let mut n = Numbers::default();
+        assert!(n.believable(9_223_372_036_854_775_807), "nothing known yet");
+        n.current = Some(4);
+        assert!(n.believable(5));
+        for told in [0, 3, 4, 6, 44, u64::MAX] {
+            assert!(!n.believable(told), "{told} after 4");
+        }
+        n.unanswered_raises = 2;
+        assert!(n.believable(6) && n.believable(7) && !n.believable(8));
+    }
+
+    #[test]
+    fn a_refused_number_is_not_usable_until_read_again_or_raised() {
+        let mut n = Numbers {
+            current: Some(4),
+            ..Numbers::default()
+        };
+        n.stale = true;
+        assert_eq!(n.usable(), None);
+        n.adopt(6);
+        assert_eq!(n.usable(), Some(6), "a raise's answer is the number now");
+    }
 
     #[test]
     fn a_number_is_usable_only_above_every_abandoned_attempt() {

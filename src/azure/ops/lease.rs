@@ -67,12 +67,41 @@ impl BlobClient {
         req.if_match(etag);
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         let resp = self.svc.execute(req).await?;
+        let named = resp.header("x-ms-lease-id");
+        if let Some(other) = named.filter(|id| !id.trim().eq_ignore_ascii_case(proposed_id)) {
+            return Err(self.let_go_of_unproposed(proposed_id, &other).await);
+        }
         Ok(Acquired {
-            id: resp
-                .header("x-ms-lease-id")
-                .unwrap_or_else(|| proposed_id.to_string()),
+            id: proposed_id.to_string(),
             earlier_attempt_unanswered: resp.after_unanswered,
         })
+    }
+
+    /// After an acquire answered with lease id `other`, not the `proposed`
+    /// one the service takes a lease under: the answer cannot be believed,
+    /// so the lease is let go (under the proposed id, where the service holds
+    /// it, else under the one named) and the acquire fails, leaving nothing
+    /// leased. Never broken: a lease neither id releases may be another's.
+    async fn let_go_of_unproposed(&self, proposed: &str, other: &str) -> AzureError {
+        let said = crate::azure::text::service_text(other);
+        let released = match self.release_lease(proposed).await {
+            Ok(()) => Ok(()),
+            Err(_) => self.release_lease(other).await,
+        };
+        let outcome = match released {
+            Ok(()) => "the lease was released, and the blob is not leased".to_string(),
+            Err(e) => format!(
+                "releasing it failed ({e}); if no one else uses the drive, run `blobdrive lease break {} --yes`",
+                self.target()
+            ),
+        };
+        AzureError::Protocol {
+            op: Op::AcquireLease,
+            target: self.target(),
+            detail: format!(
+                "the lease was acquired under id '{said}', not the id proposed ({proposed}), which the service always takes: the answer cannot be believed; {outcome}"
+            ),
+        }
     }
 
     async fn lease_action(

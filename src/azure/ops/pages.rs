@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use super::blob::{BlobClient, PAGE};
 use super::fence::WriteFence;
+use crate::azure::crc64;
 use crate::azure::error::{AzureError, Op};
-use crate::azure::pipeline::Request;
+use crate::azure::pipeline::{Expect, Request};
 use crate::azure::ranges::{Advance, Gathered, PageRange};
 use crate::azure::scatter::Scatter;
 use crate::azure::stats::ClientStats;
@@ -18,6 +19,9 @@ use crate::azure::xml;
 
 /// Largest body of one Put Page call.
 pub const MAX_PUT_PAGE: u64 = 4 * 1024 * 1024;
+/// Largest ranged read the service gives the CRC64 of (it refuses to for a
+/// longer one).
+pub const MAX_CRC64_READ: u64 = 4 * 1024 * 1024;
 
 /// One Get Page Ranges query's answer, merged as it arrived.
 struct PageList {
@@ -101,13 +105,19 @@ impl BlobClient {
         Ok(())
     }
 
-    /// A counted ranged GET of `len > 0` bytes at `offset`.
+    /// A counted ranged GET of `len > 0` bytes at `offset`: its answer must
+    /// be that range, whole (see `pipeline::Expect`), and one of at most 4
+    /// MiB asks the service for the CRC64 of its bytes, checked when it comes.
     fn range_get(&self, offset: u64, len: u64) -> Request {
-        let mut req = self.request(Op::Read, Method::GET, &[], &[200, 206]);
+        let mut req = self.request(Op::Read, Method::GET, &[], &[206]);
         req.header(
             "x-ms-range",
             format!("bytes={}-{}", offset, offset + len - 1),
         );
+        if len <= MAX_CRC64_READ {
+            req.header("x-ms-range-get-content-crc64", "true");
+        }
+        req.expect = Some(Expect::Range { start: offset, len });
         self.count(|s| ClientStats::add(&s.get_requests, 1));
         req
     }
@@ -137,7 +147,7 @@ impl BlobClient {
     }
 
     fn check_pages(&self, op: Op, offset: u64, len: u64) -> Result<(), AzureError> {
-        if offset % PAGE != 0 || len % PAGE != 0 || len == 0 {
+        if !offset.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) || len == 0 {
             return Err(self.invalid(
                 op,
                 format!("range {offset}+{len} is not a non-empty run of whole 512-byte pages"),
@@ -195,6 +205,9 @@ impl BlobClient {
             format!("bytes={}-{}", offset, offset + len - 1),
         );
         req.lease(lease);
+        // The service checks the bytes it got against it and refuses a body
+        // changed on the way, writing nothing.
+        req.header("x-ms-content-crc64", crc64::header(crc64::of(&data)));
         req.body = data;
         req.fenced(fence);
         self.count(|s| ClientStats::add(&s.put_page_requests, 1));
@@ -325,12 +338,31 @@ impl BlobClient {
         if let Some(r) = range {
             req.header("x-ms-range", format!("bytes={}-{}", r.start, r.end - 1));
         }
+        // Anything but one whole page list is garbled, and asked again.
+        req.expect = Some(Expect::Body(xml::check_page_list));
         self.count(|s| ClientStats::add(&s.page_range_requests, 1));
         let resp = self.svc.execute(req).await?;
-        xml::parse_page_list(&resp.body).map_err(|d| self.broken_list(d))
+        let page = xml::parse_page_list(&resp.body).map_err(|d| self.broken_list(d))?;
+        if page.off_grid > 0 {
+            self.said_off_grid(page.off_grid);
+        }
+        Ok(page)
     }
 
-    /// A Get Page Ranges answer that cannot be right: final, never retried (an
+    /// Says (once a process) that the service listed ranges off the 512-byte
+    /// grid, which were rounded outward to whole pages.
+    fn said_off_grid(&self, n: usize) {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            warn!(
+                target = %self.target(),
+                "the service listed {n} written range(s) off the 512-byte grid; each was rounded outward to whole pages (a little more is read, never less)"
+            );
+        }
+    }
+
+    /// A Get Page Ranges listing that cannot be right (its pages do not move
+    /// on, or pass what this client gathers): final, never retried (an
     /// endpoint that answers so once will answer so again).
     pub(super) fn broken_list(&self, detail: String) -> AzureError {
         AzureError::Protocol {
@@ -411,8 +443,12 @@ impl BlobClient {
         Ok(found.into_vec())
     }
 
-    /// Whether a failed query is one the service could not finish in time.
+    /// Whether a failed query is one the service said it could not finish in
+    /// time (500 `OperationTimedOut`, or busy): worth asking again in halves.
+    /// Not one that got no answer, nor one whose answer never came whole: a
+    /// smaller query would only wait as long again (an answer trickling in a
+    /// byte at a time held a listing for one retry budget per halving).
     pub(super) fn unfinished(e: &AzureError) -> bool {
-        matches!(e.status(), Some(500 | 503)) || matches!(e, AzureError::Unreachable { .. })
+        matches!(e.status(), Some(500 | 503))
     }
 }

@@ -56,13 +56,15 @@ impl BlobClient {
             self.count(|s| ClientStats::add(&s.other_requests, 1));
             match self.svc.execute(req).await {
                 Ok(resp) => {
+                    // Printed, and sent back in URLs: a timestamp or nothing.
                     return resp
                         .header("x-ms-snapshot")
+                        .filter(|id| crate::azure::xml::is_snapshot_id(id))
                         .ok_or_else(|| AzureError::Protocol {
                             op: Op::Snapshot,
                             target: self.target(),
-                            detail: "no x-ms-snapshot header".into(),
-                        })
+                            detail: "no snapshot id (a timestamp) in x-ms-snapshot".into(),
+                        });
                 }
                 Err(e) if e.outcome_unknown() => {
                     if let Some(id) = self.snapshot_with_token(&token).await? {

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::Method;
 
+use super::check::{self, Got};
 use super::{BlobService, Request, Response, API_VERSION};
 use crate::azure::auth::AuthError;
 use crate::azure::error::{AzureError, Op};
@@ -68,7 +69,8 @@ async fn body_within(mut resp: reqwest::Response, max: usize) -> Result<Bytes, T
 }
 
 impl BlobService {
-    /// One signed attempt. `Err` says why no answer came, free of URLs.
+    /// One signed attempt. `Err` says why no answer came, or why the one that
+    /// came is not the answer asked for, free of URLs.
     pub(super) async fn attempt(
         &self,
         req: &Request,
@@ -77,6 +79,36 @@ impl BlobService {
         fresh: bool,
         sink: Option<&mut Scatter<'_, '_>>,
     ) -> Result<Response, Failure> {
+        let (url, map) = self.signed(req, sequence, timeout)?;
+        let http = if fresh {
+            &self.inner.fresh_http
+        } else {
+            &self.inner.http
+        };
+        let mut head_came = false;
+        // A deadline for the whole answer, its body included, not only for
+        // each piece of it: an answer trickling in a byte at a time ends here.
+        let ended =
+            tokio::time::timeout(timeout, exchange(http, req, url, map, sink, &mut head_came))
+                .await;
+        let secs = timeout.as_secs_f64();
+        match ended {
+            Ok(r) => r,
+            Err(_) if head_came => Err(Failure::Garbled(format!(
+                "the answer did not come whole within the {secs:.1}s the attempt had"
+            ))),
+            Err(_) => Err(Failure::Transport(format!("timed out after {secs:.1}s"))),
+        }
+    }
+
+    /// `req`'s URL and headers for one attempt carrying `sequence`, given up
+    /// on by the server after `timeout`, signed afresh.
+    fn signed(
+        &self,
+        req: &Request,
+        sequence: Option<u64>,
+        timeout: Duration,
+    ) -> Result<(url::Url, HeaderMap), Failure> {
         let date = httpdate::fmt_http_date(SystemTime::now());
         let mut headers: Vec<(String, String)> = Vec::with_capacity(req.headers.len() + 5);
         headers.push(("x-ms-date".into(), date));
@@ -107,62 +139,7 @@ impl BlobService {
             let value = HeaderValue::from_str(v).map_err(|_| bad())?;
             map.append(name, value);
         }
-        let http = if fresh {
-            &self.inner.fresh_http
-        } else {
-            &self.inner.http
-        };
-        let send = async {
-            let resp = http
-                .request(req.method.clone(), url)
-                .headers(map)
-                .body(req.body.clone())
-                .send()
-                .await
-                .map_err(describe)?;
-            let status = resp.status().as_u16();
-            let headers = resp.headers().clone();
-            let mut streamed = 0;
-            let success = req.ok.contains(&status);
-            let body = match sink {
-                Some(sink) if success => {
-                    let mut resp = resp;
-                    sink.restart();
-                    while let Some(chunk) = resp.chunk().await.map_err(describe)? {
-                        if !sink.put(&chunk) {
-                            return Err(Transport::Other(format!(
-                                "the answer is longer than the {} bytes asked for",
-                                sink.capacity()
-                            )));
-                        }
-                    }
-                    streamed = sink.filled();
-                    Bytes::new()
-                }
-                _ if success => body_within(resp, body_max(req)).await?,
-                // Only its start is read: the code and message are there.
-                _ => crate::azure::http::body_prefix(resp, ERROR_BODY_MAX)
-                    .await
-                    .map_err(describe)?,
-            };
-            Ok(Response {
-                status,
-                headers,
-                body,
-                streamed,
-                after_unanswered: false,
-            })
-        };
-        match tokio::time::timeout(timeout, send).await {
-            Ok(r) => r.map_err(|t| match t {
-                Transport::Certificate(reason) => Failure::Certificate(reason),
-                Transport::Other(detail) => Failure::Transport(detail),
-            }),
-            Err(_) => Err(Failure::Transport(format!(
-                "timed out after {:.1}s",
-                timeout.as_secs_f64()
-            ))),
-        }
+        Ok((url, map))
     }
 
     /// The service's error an answer that was not a success stands for.
@@ -179,6 +156,88 @@ impl BlobService {
                 .then(|| self.inner.auth.denied(req.op))
                 .flatten(),
         }
+    }
+}
+
+/// Sends `req` on `http` and reads its answer within bounds: a success's
+/// body streamed into `sink` if there is one, checked against what the
+/// request expects (`check.rs`); `head_came` is set once the answer's status
+/// and headers are in.
+async fn exchange(
+    http: &reqwest::Client,
+    req: &Request,
+    url: url::Url,
+    headers: HeaderMap,
+    sink: Option<&mut Scatter<'_, '_>>,
+    head_came: &mut bool,
+) -> Result<Response, Failure> {
+    let resp = http
+        .request(req.method.clone(), url)
+        .headers(headers)
+        .body(req.body.clone())
+        .send()
+        .await
+        .map_err(|e| transport(describe(e)))?;
+    *head_came = true;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let answer = |body, streamed| Response {
+        status,
+        headers: headers.clone(),
+        body,
+        streamed,
+        after_unanswered: false,
+    };
+    if !req.ok.contains(&status) {
+        // Only its start is read: the code and message are there.
+        let body = crate::azure::http::body_prefix(resp, ERROR_BODY_MAX)
+            .await
+            .map_err(|e| transport(describe(e)))?;
+        return Ok(answer(body, 0));
+    }
+    if let Some(why) = check::unasked_encoding(&headers) {
+        return Err(Failure::Garbled(why));
+    }
+    match sink {
+        Some(sink) => {
+            stream_into(resp, sink).await?;
+            match check::garbled(req.expect, status, &headers, Got::Streamed(sink)) {
+                Some(why) => Err(Failure::Garbled(why)),
+                None => Ok(answer(Bytes::new(), sink.filled())),
+            }
+        }
+        None => {
+            let body = body_within(resp, body_max(req)).await.map_err(transport)?;
+            match check::garbled(req.expect, status, &headers, Got::Body(&body)) {
+                Some(why) => Err(Failure::Garbled(why)),
+                None => Ok(answer(body, 0)),
+            }
+        }
+    }
+}
+
+/// Streams `resp`'s body into `sink` from its start, failing as soon as it
+/// passes what the sink holds.
+async fn stream_into(
+    mut resp: reqwest::Response,
+    sink: &mut Scatter<'_, '_>,
+) -> Result<(), Failure> {
+    sink.restart();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| transport(describe(e)))? {
+        if !sink.put(&chunk) {
+            return Err(Failure::Transport(format!(
+                "the answer is longer than the {} bytes asked for",
+                sink.capacity()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn transport(t: Transport) -> Failure {
+    match t {
+        Transport::Certificate(reason) => Failure::Certificate(reason),
+        Transport::Other(detail) => Failure::Transport(detail),
     }
 }
 
@@ -208,4 +267,6 @@ pub(super) enum Failure {
     Certificate(String),
     /// No answer: refused, reset, timed out.
     Transport(String),
+    /// An answer that is not the one asked for (see `check.rs`): why.
+    Garbled(String),
 }

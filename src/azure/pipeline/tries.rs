@@ -110,7 +110,9 @@ impl BlobService {
     fn count_attempt(&self, req: &Request, answer: &Result<Response, Failure>, sent_at: Instant) {
         let outcome = match answer {
             Ok(resp) => Outcome::of_status(resp.status, req.ok.contains(&resp.status)),
-            Err(Failure::Transport(_)) | Err(Failure::Certificate(_)) => Outcome::NoAnswer,
+            Err(Failure::Transport(_) | Failure::Certificate(_) | Failure::Garbled(_)) => {
+                Outcome::NoAnswer
+            }
             Err(Failure::Unsent(_)) | Err(Failure::Unsendable(_)) => return,
         };
         self.inner
@@ -126,6 +128,7 @@ impl BlobService {
             Err(Failure::Unsendable(_)) => return Answer::Unsendable,
             Err(Failure::Certificate(_)) => return Answer::Certificate,
             Err(Failure::Transport(_)) => return Answer::Unanswered,
+            Err(Failure::Garbled(_)) => return Answer::Garbled,
         };
         let ok = req.ok.contains(&resp.status);
         // A success's body is data, not an error to read a code from.
@@ -237,6 +240,14 @@ impl BlobService {
                 op,
                 target,
                 detail: crate::azure::http::certificate_message(&req.url, &reason),
+            },
+            Err(Failure::Garbled(detail)) => AzureError::Protocol {
+                op,
+                target,
+                detail: format!(
+                    "{detail} ({attempts} attempt(s) in {:.1}s)",
+                    started.elapsed().as_secs_f64()
+                ),
             },
             Err(Failure::Transport(detail)) => AzureError::Unreachable {
                 op,

@@ -319,6 +319,29 @@ fn an_unanswered_attempt_is_retried_and_raises_the_fence_first() {
 }
 
 #[test]
+fn an_answer_that_is_not_the_one_asked_for_is_retried_as_a_server_error_never_done() {
+    check(&[
+        ("plain", on(Answer::Garbled), retry(ms(100))),
+        (
+            "fenced: its status may have said the write was done",
+            on(Answer::Garbled).fenced(),
+            retry_fenced(Fence::Abandoned),
+        ),
+        ("spent", on(Answer::Garbled).attempt(8), GIVE_UP),
+        (
+            "spent: an answer came, so no last chance on a new connection",
+            on(Answer::Garbled).elapsed(secs(25)),
+            GIVE_UP,
+        ),
+        (
+            "within one try: the deadline alone ends it",
+            on(Answer::Garbled).one_try_left(secs(10)),
+            retry(ms(100)),
+        ),
+    ]);
+}
+
+#[test]
 fn the_tries_are_spent_by_the_attempts_or_the_budget() {
     check(&[
         ("attempt 7 of 8", on(status(500)).attempt(7), retry(ms(100))),

@@ -32,10 +32,10 @@ type EdgesForWrite<'a> = (
 /// its first and its last, or one sector for a write within one.
 fn partly_covered_sectors(offset: u64, end: u64) -> Vec<u64> {
     let mut v = Vec::new();
-    if offset % SECTOR != 0 {
+    if !offset.is_multiple_of(SECTOR) {
         v.push(offset / SECTOR * SECTOR);
     }
-    if end % SECTOR != 0 {
+    if !end.is_multiple_of(SECTOR) {
         let s = end / SECTOR * SECTOR;
         if v.last() != Some(&s) {
             v.push(s);

@@ -76,8 +76,8 @@ impl DirectReader {
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<bool> {
         if !self.on.load(Relaxed)
             || buf.len() < MIN
-            || buf.len() % ALIGN != 0
-            || offset % ALIGN as u64 != 0
+            || !buf.len().is_multiple_of(ALIGN)
+            || !offset.is_multiple_of(ALIGN as u64)
         {
             return Ok(false);
         }
@@ -114,10 +114,10 @@ impl DirectReader {
         offset: u64,
     ) -> std::io::Result<bool> {
         if !self.on.load(Relaxed)
-            || offset % ALIGN as u64 != 0
-            || bufs
-                .iter()
-                .any(|b| b.is_empty() || b.len() % ALIGN != 0 || b.as_ptr() as usize % ALIGN != 0)
+            || !offset.is_multiple_of(ALIGN as u64)
+            || bufs.iter().any(|b| {
+                b.is_empty() || b.len() % ALIGN != 0 || !(b.as_ptr() as usize).is_multiple_of(ALIGN)
+            })
         {
             return Ok(false);
         }

@@ -50,7 +50,7 @@ impl DiskCache {
             while whole(i)
                 && j < found.len()
                 && whole(j)
-                && (first + j as u64) % PIECES as u64 != 0
+                && !(first + j as u64).is_multiple_of(PIECES as u64)
                 && found[j].is_some_and(|(s, _)| s == slot)
             {
                 j += 1;
@@ -117,7 +117,7 @@ impl DiskCache {
     pub fn read_held(&self, offset: u64, pieces: &mut [&mut [u8]]) -> bool {
         if !self.is_on()
             || pieces.is_empty()
-            || offset % PIECE != 0
+            || !offset.is_multiple_of(PIECE)
             || pieces.iter().any(|p| p.len() as u64 != PIECE)
         {
             return false;

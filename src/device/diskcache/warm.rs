@@ -136,7 +136,7 @@ impl DiskCache {
     where
         F: FnMut(u64, &mut [u8]) -> Result<(), DeviceError>,
     {
-        debug_assert!(start % PIECE == 0 && end % PIECE == 0);
+        debug_assert!(start.is_multiple_of(PIECE) && end.is_multiple_of(PIECE));
         self.check_on()?;
         let first = start / PIECE;
         let (epoch, held) = {

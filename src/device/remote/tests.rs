@@ -42,8 +42,18 @@ fn patience(io_timeout: Duration) -> Patience {
         try_time: Duration::from_secs(20),
         unbounded: AtomicBool::new(false),
         give_up: AtomicBool::new(false),
+        refusing_since: std::sync::Mutex::new(None),
         health: Arc::new(Health::default()),
     }
+}
+
+/// A runtime to wait on, patience with `io_timeout`, and a lease not lost.
+fn waiting(io_timeout: Duration) -> (tokio::runtime::Runtime, Patience, LeaseLoss) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    (rt, patience(io_timeout), LeaseLoss::default())
 }
 
 fn unreachable() -> AzureError {
@@ -70,12 +80,7 @@ fn refused() -> AzureError {
 
 #[test]
 fn past_the_io_timeout_of_an_outage_io_fails_after_one_try_until_the_service_answers() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    let p = patience(Duration::from_secs(10));
-    let fenced = LeaseLoss::default();
+    let (rt, p, fenced) = waiting(Duration::from_secs(10));
     // A write refused by the sequence-number fence once the service is
     // back, in an I/O that has waited longer than the I/O timeout: the
     // service answered, so it is sent again, not failed for its age.
@@ -113,6 +118,34 @@ fn past_the_io_timeout_of_an_outage_io_fails_after_one_try_until_the_service_ans
         .block_on(p.wait_or_fail(&mut a, &fenced, refused()))
         .is_ok());
     assert_eq!(p.health.failing_for(), None);
+}
+
+#[test]
+fn writes_refused_for_their_sequence_number_fail_once_refusals_outlast_the_io_timeout() {
+    let (rt, p, fenced) = waiting(Duration::from_secs(10));
+    // Refused, and sent again: an answer, the I/O goes on.
+    let mut a = p.begin(Instant::now());
+    assert!(rt
+        .block_on(p.wait_or_fail(&mut a, &fenced, refused()))
+        .is_ok());
+    drop(a);
+    // Refusals for longer than the I/O timeout, however young the I/O, and
+    // during unmount too: it fails, saying so.
+    *p.refusing_since.lock().unwrap() = Some(Instant::now() - Duration::from_secs(11));
+    p.unbounded.store(true, Ordering::SeqCst);
+    let mut a = p.begin(Instant::now());
+    let e = rt
+        .block_on(p.wait_or_fail(&mut a, &fenced, refused()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("answers, but has refused writes"), "{e}");
+    // A write that lands ends the refusals.
+    p.succeeded(&a);
+    drop(a);
+    let mut a = p.begin(Instant::now());
+    assert!(rt
+        .block_on(p.wait_or_fail(&mut a, &fenced, refused()))
+        .is_ok());
 }
 
 #[test]

@@ -62,9 +62,8 @@ impl Mounted {
             let h = cache.backend().remote().health();
             if h.stalled >= Duration::from_secs(2) {
                 format!(
-                    "waiting for the storage service, which has not answered for {} s ({}); {} not yet written, kept in memory",
-                    h.stalled.as_secs(),
-                    h.last_error.as_deref().unwrap_or("no answer"),
+                    "waiting for {}; {} not yet written, kept in memory",
+                    h.waiting_for(),
                     human_bytes(dirty)
                 )
             } else if dirty > 0 {
@@ -345,11 +344,7 @@ impl Mounted {
         if let Some(c) = &self.cache {
             let h = c.backend().remote().health();
             if h.stalled >= Duration::from_secs(2) {
-                line.push_str(&format!(
-                    "; the storage service has not answered for {} s ({})",
-                    h.stalled.as_secs(),
-                    h.last_error.as_deref().unwrap_or("no answer")
-                ));
+                line.push_str(&format!("; waiting for {}", h.waiting_for()));
             }
         }
         line

@@ -27,8 +27,8 @@ use crate::device::sparse::SparseMap;
 use crate::device::stack::Stack;
 use crate::drive::Drive;
 use crate::fuse::{DiskFs, StatsFn};
-use crate::mount::superblock;
 use crate::mount::system::filesystem;
+use crate::mount::{blank, superblock};
 use crate::mount::{Mode, MountError};
 
 /// How often the lease is renewed: a cheap probe that notices a broken or stolen
@@ -319,7 +319,11 @@ pub(super) struct FsOutcome {
 /// that filesystem is unmounted (see `system::filesystem`).
 fn mount_filesystem(m: &mut Mounted) -> Result<FsOutcome, MountError> {
     let zeroed = m.cache.as_ref().is_some_and(|c| !c.holds_data());
-    let prepared = m.root.prepare_fs(zeroed)?;
+    let blank = match (&m.req.mkfs, m.req.read_only) {
+        (Some(_), false) => zeroed && nothing_at_either_end(m)?,
+        _ => zeroed,
+    };
+    let prepared = m.root.prepare_fs(blank)?;
     let small = small_fs(m, &prepared.fstype);
     let mounted = m.root.mount_fs(small)?;
     m.fs = Some(FsMount {
@@ -335,6 +339,33 @@ fn mount_filesystem(m: &mut Mounted) -> Result<FsOutcome, MountError> {
         warnings,
         notes: mounted.notes,
     })
+}
+
+/// For `--mkfs` on a drive whose page list says nothing is written: whether
+/// its first and last MiB, read straight from the service (the cache believes
+/// the list, and reads zeros), are zeros too; a refusal naming what they hold
+/// if not. The root part formats only a drive found blank so (see
+/// `system::filesystem::prepare`), and one listing alone no longer decides.
+fn nothing_at_either_end(m: &Mounted) -> Result<bool, MountError> {
+    let Some(cache) = m.cache.as_ref() else {
+        return Ok(false);
+    };
+    let size = cache.size();
+    // An encrypted drive's disk starts past its LUKS header: its first and
+    // last MiB are read as they lie on the blob, ciphertext, which is zeros
+    // only where nothing was ever written (decrypted, zeros read as noise).
+    let at = cache.backend().data_offset();
+    let len = blank::PROBED.min(size);
+    let tail_at = size - len;
+    let read = |from| m.rt.block_on(m.blob.read(at + from, len));
+    let (head, tail) = (read(0)?, read(tail_at)?);
+    match blank::what_it_holds(&head, &tail, tail_at) {
+        None => Ok(true),
+        Some(what) => Err(MountError::system(format!(
+            "refusing --mkfs on {}: {what}, read from the storage service, though its page list says nothing is written to it; nothing was formatted",
+            m.target
+        ))),
+    }
 }
 
 /// The filesystem `fstype` when its superblock, read through the cache before

@@ -374,10 +374,13 @@ impl Mounted {
     }
 
     /// Writes every cached byte, waiting out outages (the backend does not give up
-    /// during unmount). Returns what was dropped if the lease was lost, or if
-    /// `unmount --discard-dirty` asked to drop what cannot be written.
+    /// during unmount). Returns what was dropped if the lease was lost, if
+    /// `unmount --discard-dirty` asked to drop what cannot be written, or if
+    /// the service kept answering with errors that waiting does not end for
+    /// longer than the I/O timeout (see [`Self::answered_in_vain`]).
     fn write_back(&self, cache: &Cache<Stack>) -> Option<String> {
         let mut pause = Duration::from_secs(1);
+        let started = std::time::Instant::now();
         loop {
             if self.discard.load(Ordering::SeqCst) {
                 // One more try without waiting through an outage; what it cannot
@@ -412,6 +415,9 @@ impl Mounted {
                     error!("{msg}");
                     return Some(msg);
                 }
+                Err(e) if started.elapsed() >= cache.backend().remote().io_timeout() => {
+                    return Some(self.answered_in_vain(cache, started, &e));
+                }
                 Err(e) => {
                     // Not an outage (those are waited out below this): keep the data
                     // and try again; a waiting `unmount` shows this error.
@@ -429,6 +435,29 @@ impl Mounted {
                 }
             }
         }
+    }
+}
+
+impl Mounted {
+    /// What an unmount says when it gives up on writing back: the service
+    /// answered, since `started`, every try with an error waiting does not
+    /// end (`e`: refused, or answers that are not the ones asked for), for
+    /// longer than the I/O timeout. An outage is waited out without limit
+    /// (the cache holds the only copy); a service that answers cannot be, or
+    /// one that refused every write for ever held an unmount for ever.
+    fn answered_in_vain(
+        &self,
+        cache: &Cache<Stack>,
+        started: std::time::Instant,
+        e: &DeviceError,
+    ) -> String {
+        let msg = format!(
+            "{} written to the drive were dropped, never put on the blob: for the {} s this unmount tried, every try ended in an error that waiting does not end: {e}",
+            human_bytes(cache.dirty_bytes()),
+            started.elapsed().as_secs()
+        );
+        error!("{msg}");
+        msg
     }
 }
 

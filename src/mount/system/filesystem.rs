@@ -34,7 +34,9 @@ pub struct MountedFs {
 
 /// The filesystem on `dev`, made first if it is blank and the mount asked for
 /// one (`--mkfs`); refused unless it is one blobdrive mounts. `zeroed`: no
-/// byte of the drive was ever written (see [`mkfs`]).
+/// byte of the drive was ever written (see [`mkfs`]): its page list says so
+/// and its first and last MiB, read from the service, are zeros. A drive
+/// that is not is never formatted, whatever blkid finds on it or not.
 pub fn prepare(dev: &Pinned, req: &MountRequest, zeroed: bool) -> Result<Prepared, MountError> {
     let mut out = Prepared::default();
     let t = match (fs_type(dev)?, req.mkfs.as_deref()) {
@@ -52,6 +54,12 @@ pub fn prepare(dev: &Pinned, req: &MountRequest, zeroed: bool) -> Result<Prepare
         (None, Some(wanted)) => {
             if req.read_only {
                 return Err(MountError::system("--mkfs needs a writable mount"));
+            }
+            if !zeroed {
+                return Err(MountError::system(format!(
+                    "refusing --mkfs on {}: data was written to it, and blkid finds no filesystem on it; --mkfs formats only an empty drive, and nothing was formatted",
+                    req.blob
+                )));
             }
             mkfs(dev, wanted, zeroed)?;
             out.formatted = true;
