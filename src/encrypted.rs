@@ -15,10 +15,13 @@ use bytes::Bytes;
 
 use crate::azure::{AzureError, BlobClient, WriteFence};
 use crate::device::MAX_RUN;
-use crate::luks::binary::{MAGIC_FIRST, MAGIC_SECOND};
+use crate::luks::binary::{HDR_SIZES, MAGIC_FIRST, MAGIC_SECOND};
 use crate::luks::volume::{self, Unlocked};
 use crate::luks::xts::XtsCipher;
 use crate::luks::{HeaderDisk, LuksError};
+
+mod facts;
+pub use facts::{facts, Facts};
 
 /// The blob's disk as a LUKS2 header's: reads and writes of its first
 /// megabytes. Writes carry the lease when one is held and the write fence
@@ -80,14 +83,29 @@ impl HeaderDisk for BlobDisk<'_> {
     }
 }
 
-/// Whether the drive's disk starts with a LUKS header: either copy's magic
-/// where cryptsetup's default layout puts it, in one ranged read of 16.5 KiB.
-/// Only two magic numbers are compared; the header itself is read by whoever
-/// opens the drive.
-pub async fn is_luks(blob: &BlobClient) -> Result<bool, AzureError> {
-    let second = crate::luks::DEFAULT_HDR_SIZE as usize;
-    let head = blob.read(0, second as u64 + 512).await?;
-    Ok(head.starts_with(MAGIC_FIRST) || head[second..].starts_with(MAGIC_SECOND))
+/// Whether the drive's disk (of `disk_size` bytes) holds a LUKS header: the
+/// first copy's magic at its start, or the second copy's at any place LUKS2
+/// allows for it (16 KiB to 4 MiB: each allowed header size), so that a
+/// drive whose first copy is damaged is still known to be encrypted when its
+/// header is not cryptsetup's default size. One 512-byte read for each place,
+/// all at once. Only magic numbers are compared; the header itself is read by
+/// whoever opens the drive.
+pub async fn is_luks(blob: &BlobClient, disk_size: u64) -> Result<bool, AzureError> {
+    let places = std::iter::once((0, MAGIC_FIRST))
+        .chain(HDR_SIZES.iter().map(|&at| (at, MAGIC_SECOND)))
+        .filter(|&(at, _)| at + 512 <= disk_size);
+    let mut reads = tokio::task::JoinSet::new();
+    for (at, magic) in places {
+        let blob = blob.clone();
+        reads.spawn(
+            async move { Ok::<_, AzureError>(blob.read(at, 512).await?.starts_with(magic)) },
+        );
+    }
+    let mut found = false;
+    while let Some(read) = reads.join_next().await {
+        found |= read.expect("a read of 512 bytes does not panic")?;
+    }
+    Ok(found)
 }
 
 /// What a mount of an encrypted drive serves: the data segment, decrypted.

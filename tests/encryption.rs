@@ -518,3 +518,234 @@ fn passphrases_from_the_environment_or_a_credential_and_discards_kept_local() {
         .sum();
     assert_eq!(data_pages, 1 << 20, "the blob lost the range: {on_blob:?}");
 }
+
+/// The logical block size of the loop device of the mount `mp`, as
+/// `blockdev --getss` says.
+fn logical_block_size(mp: &common::mount::Mp) -> u32 {
+    let dev = mp.listed()["device"].as_str().unwrap().to_string();
+    sh_ok(&format!("blockdev --getss '{dev}'"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The loop device of an encrypted drive has the data segment's sector size
+/// as its logical block size, as dm-crypt's device has, so a filesystem made
+/// through blobdrive suits the device cryptsetup opens elsewhere: an xfs made
+/// on a drive of 4096-byte sectors has 4096-byte sectors, and the image
+/// decrypted with cryptsetup's key mounts on a device of 4096-byte sectors
+/// (a loop device over the decrypted image with `--sector-size 4096`: what
+/// `cryptsetup open` would give where device-mapper is, which this machine's
+/// kernel lacks). Before, mkfs.xfs took 512-byte sectors, which such a device
+/// refuses to mount. A drive of 512-byte sectors keeps 512.
+#[test]
+fn a_filesystem_made_through_blobdrive_has_the_drives_sector_size() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let key = key_file(dir.path());
+    let kf = key.to_string_lossy().into_owned();
+    let spec = new_encrypted_drive(&BD, "enc-sect", "336MiB", &key);
+    let mp = mount(&spec, &["--mkfs", "xfs", "--key-file", &kf]);
+    assert_eq!(logical_block_size(&mp), 4096);
+    write_file(&mp.path().join("note"), &pattern(100_000));
+    BD.unmount(&mp);
+    let img = dir.path().join("sect.img");
+    BD.ok(&["download", &spec, &img.to_string_lossy(), "--format", "raw"]);
+    let plain = dir.path().join("plain.img");
+    std::fs::write(&plain, decrypt_image(&img, 336 * MIB)).unwrap();
+    let sectsize = sh_ok(&format!(
+        "xfs_db -r -c 'sb 0' -c 'p sectsize' '{}'",
+        plain.display()
+    ));
+    assert_eq!(sectsize.trim(), "sectsize = 4096");
+    let at = dir.path().join("mnt");
+    std::fs::create_dir(&at).unwrap();
+    let copy = dir.path().join("note");
+    sh_ok(&format!(
+        "set -e; dev=$(losetup -f --show -r --sector-size 4096 '{}'); \
+         trap 'umount \"{1}\" 2>/dev/null; losetup -d $dev' EXIT; \
+         mount -t xfs -o ro $dev '{1}'; cp '{1}/note' '{2}'",
+        plain.display(),
+        at.display(),
+        copy.display()
+    ));
+    assert!(std::fs::read(&copy).unwrap() == pattern(100_000));
+    // A drive of 512-byte sectors, in block mode.
+    let small = format!("{}/small.vhd", BD.new_container("enc-sect512"));
+    BD.ok(&[
+        "create",
+        &small,
+        "--size",
+        "32MiB",
+        "--encrypt",
+        "--sector-size",
+        "512",
+        "--key-file",
+        &kf,
+    ]);
+    let mp = mount(&small, &["--mode", "block", "--key-file", &kf]);
+    assert_eq!(logical_block_size(&mp), 512);
+    BD.unmount(&mp);
+}
+
+/// `info` (text and `--json` alike) says a drive is encrypted, from its header
+/// read without a passphrase: the cipher and its key size, the sector size,
+/// where the data starts, the keyslots in use and how each derives its key;
+/// a plain drive's `encryption` is null; a header both of whose copies are
+/// damaged is said to be unreadable, and the drive is still refused as plain.
+#[test]
+fn info_says_what_the_header_says_without_a_passphrase() {
+    use common::facts::{strings, text_and_json};
+    let dir = tempfile::tempdir().unwrap();
+    let key = key_file(dir.path());
+    let kf = key.to_string_lossy().into_owned();
+    let spec = new_encrypted_drive(&BD, "enc-info", "32MiB", &key);
+    let recovery = dir.path().join("recovery.key");
+    std::fs::write(&recovery, b"recovery passphrase").unwrap();
+    sh_ok(&format!("chmod 600 '{}'", recovery.display()));
+    BD.ok(&[
+        "key",
+        "add",
+        &spec,
+        "--key-file",
+        &kf,
+        "--new-key-file",
+        &recovery.to_string_lossy(),
+        "--pbkdf",
+        "pbkdf2",
+    ]);
+    let info = text_and_json(&BD, &|_| strings(&["info", &spec]), true, &[], &[]);
+    let e = &info["encryption"];
+    assert_eq!(e["type"], "luks2", "{info}");
+    assert_eq!(e["cipher"], "aes-xts-plain64");
+    assert_eq!(e["key_bits"], 512);
+    assert_eq!(e["sector_size"], 4096);
+    assert_eq!(e["data_offset"], 16 * MIB);
+    assert_eq!(
+        e["keyslots"],
+        serde_json::json!([{"id": 0, "kdf": "argon2id"}, {"id": 1, "kdf": "pbkdf2"}])
+    );
+    assert_eq!(e["header_copy"], "first");
+    assert!(e["other_copy"].is_null() && e["problem"].is_null(), "{e}");
+    let text = BD.ok(&["info", &spec]);
+    assert!(
+        text.contains("encryption:   luks2, aes-xts-plain64")
+            && text.contains("0 (argon2id), 1 (pbkdf2)"),
+        "{text}"
+    );
+    let plain = BD.new_drive("enc-info-plain", "32MiB");
+    assert!(json(&BD.ok(&["info", &plain, "--json"]))["encryption"].is_null());
+    assert!(BD.ok(&["info", &plain]).contains("encryption:   none"));
+    // Both copies' JSON areas damaged: no header to read, still not plain.
+    let blob = BD.blob(&spec);
+    common::util::rt().block_on(async {
+        for at in [4096, 16384 + 4096] {
+            blob.put_pages(at, bytes::Bytes::from(vec![b'x'; 512]), None)
+                .await
+                .unwrap();
+        }
+    });
+    let info = json(&BD.ok(&["info", &spec, "--json"]));
+    let e = &info["encryption"];
+    assert_eq!(e["type"], "luks2", "{info}");
+    assert!(e["problem"].as_str().unwrap().contains("checksum"), "{e}");
+    assert!(e["sector_size"].is_null(), "{e}");
+    let text = BD.ok(&["info", &spec]);
+    assert!(text.contains("its header cannot be read"), "{text}");
+}
+
+/// A drive cryptsetup formatted with a header larger than its default (64
+/// KiB, so the second copy is at 64 KiB), its first copy then damaged: with
+/// no passphrase it is refused in one line, as an encrypted drive, not
+/// served as a plain one (before, only the default place of the second copy
+/// was looked at); `info` says the second copy is in use; with its passphrase
+/// it mounts from the second copy.
+#[test]
+fn a_drive_whose_only_whole_header_is_at_another_place_is_not_taken_for_plain() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("big-header.img");
+    cryptsetup_format(
+        &img,
+        64 * MIB,
+        PASSPHRASE,
+        &["--luks2-metadata-size", "64k"],
+    );
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        f.write_all_at(&[0u8; 4096], 0).unwrap();
+    }
+    let spec = format!("{}/big-header.vhd", BD.new_container("enc-second"));
+    BD.ok(&["upload", &img.to_string_lossy(), &spec]);
+    let before = json(&BD.ok(&["info", &spec, "--json"]));
+    let e = &before["encryption"];
+    assert_eq!(e["header_copy"], "second", "{before}");
+    assert!(
+        e["other_copy"].as_str().unwrap().contains("first copy"),
+        "{e}"
+    );
+    let mp = BD.mp();
+    for mode in ["raw", "fs"] {
+        BD.cmd(&["mount", &spec, mp.s(), "--mode", mode])
+            .env_remove("BLOBDRIVE_PASSPHRASE")
+            .fails_with_error(&["is encrypted (LUKS2)", "--key-file"]);
+    }
+    let after = json(&BD.ok(&["info", &spec, "--json"]));
+    assert_eq!(after["etag"], before["etag"]);
+    assert_eq!(after["lease_state"], "available", "{after}");
+    let kf = key_file(dir.path());
+    let out = BD
+        .cmd(&[
+            "mount",
+            &spec,
+            mp.s(),
+            "--mode",
+            "raw",
+            "--key-file",
+            &kf.to_string_lossy(),
+        ])
+        .output();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("second copy was used"), "{stderr}");
+    BD.unmount(&mp);
+}
+
+/// Growing an encrypted drive that is not mounted says what is true of it
+/// (the data segment grew with the disk; the filesystem in it, which cannot
+/// be read without the passphrase, grows at the next writable mount), in the
+/// text and in `--json`'s note; and the next mount grows the filesystem.
+/// Before, nothing was said: the superblock was looked for where the header
+/// is.
+#[test]
+fn growing_an_unmounted_encrypted_drive_says_the_filesystem_grows_at_the_next_mount() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let key = key_file(dir.path());
+    let kf = key.to_string_lossy().into_owned();
+    let spec = new_encrypted_drive(&BD, "enc-offline", "64MiB", &key);
+    let mp = mount(&spec, &["--mkfs", "ext4", "--key-file", &kf]);
+    write_file(&mp.path().join("kept"), &pattern(1 << 20));
+    BD.unmount(&mp);
+    let out = BD.ok(&["resize", &spec, "--size", "128MiB"]);
+    for said in [
+        "encrypted (luks2)",
+        "data segment grew with the disk",
+        "plaintext disk is now 112 MiB",
+        "next writable `blobdrive mount`",
+    ] {
+        assert!(out.contains(said), "{said:?} not in: {out}");
+    }
+    let grown = json(&BD.ok(&["resize", &spec, "--size", "160MiB", "--json"]));
+    let note = grown["note"].as_str().unwrap_or_default();
+    assert!(note.contains("plaintext disk is now 144 MiB"), "{grown}");
+    let mp = mount(&spec, &["--key-file", &kf]);
+    let size_mib: u64 = sh_ok(&format!("df -B1M --output=size '{}' | tail -1", mp.s()))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(size_mib > 120, "the filesystem is {size_mib} MiB");
+    assert!(std::fs::read(mp.path().join("kept")).unwrap() == pattern(1 << 20));
+    BD.unmount(&mp);
+}

@@ -1365,7 +1365,7 @@ fn the_worker_cannot_make_root_attach_format_or_mount_a_file_it_names() {
     ] {
         player.answer(disk.clone());
         for req in [
-            r#"{"op":"attach_loop"}"#,
+            r#"{"op":"attach_loop","block_size":512}"#,
             r#"{"op":"disk_size"}"#,
             r#"{"op":"prepare_fs","zeroed":false}"#,
             r#"{"op":"mount_fs","small":null}"#,
@@ -1439,7 +1439,8 @@ fn fs_mount_after_an_inval_entry(tag: &str) -> (Mp, String, u64, u64, Stopped, U
 /// file ".../disk (deleted)", which the root part took for a device that had
 /// let go: it forgot the device and the filesystem mounted on it (both still
 /// there) and took another attach. Now it still holds both: the device is
-/// attached, another attach is refused, and so is `finished`; the mount stays
+/// attached, another attach is refused (one of a block size other than 512
+/// or 4096 before anything else), and so is `finished`; the mount stays
 /// listed, and `blobdrive unmount` takes it down whole.
 #[test]
 fn an_inval_entry_for_disk_leaves_the_mount_held_listed_and_unmountable() {
@@ -1447,11 +1448,16 @@ fn an_inval_entry_for_disk_leaves_the_mount_held_listed_and_unmountable() {
     let (mp, spec, daemon, _worker, stopped, channel) =
         fs_mount_after_an_inval_entry("privsep-inval");
     let attached = ask(&channel, r#"{"op":"loop_attached"}"#).unwrap();
-    let again = ask(&channel, r#"{"op":"attach_loop"}"#).unwrap();
+    let again = ask(&channel, r#"{"op":"attach_loop","block_size":4096}"#).unwrap();
+    let odd = ask(&channel, r#"{"op":"attach_loop","block_size":1024}"#).unwrap();
     let finished = ask(&channel, r#"{"op":"finished","losses":[]}"#).unwrap();
     drop((channel, stopped));
     assert_eq!(attached, r#"{"attached":true}"#);
     assert!(again.contains("attached already"), "{again}");
+    assert!(
+        odd.starts_with(r#"{"refused":"#) && odd.contains("only 512 and 4096"),
+        "{odd}"
+    );
     assert!(finished.starts_with(r#"{"refused":"#), "{finished}");
     assert_eq!(mp.listed()["pid"], daemon, "the mount is listed still");
     let kept = std::fs::read(mp.path().join("kept")).unwrap();

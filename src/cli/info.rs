@@ -4,6 +4,7 @@ use anyhow::Result;
 use blobdrive::azure::ranges;
 use blobdrive::azure::SegmentPlan;
 use blobdrive::drive::Drive;
+use blobdrive::encrypted::Facts;
 use blobdrive::size::human;
 use serde::Serialize;
 
@@ -37,6 +38,9 @@ struct Info {
     /// How the blob was reached: "account key", "SAS", "anonymous" or
     /// "Entra ID (SOURCE)"; never a secret.
     auth: String,
+    /// null when the drive is not encrypted; else what its LUKS2 header
+    /// says, read without a passphrase.
+    encryption: Option<Facts>,
 }
 
 pub fn run(ctx: &Context, args: Args) -> Result<()> {
@@ -67,6 +71,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
             .lease_duration
             .clone()
             .filter(|_| lease_state == "leased");
+        let encryption = blobdrive::encrypted::facts(&blob, drive.disk_size()).await?;
         anyhow::Ok(Info {
             blob: r.base().to_string(),
             snapshot: r.snapshot.clone(),
@@ -80,6 +85,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
             etag: drive.props.etag.clone(),
             last_modified: drive.props.last_modified.clone(),
             auth: blob.service().account().credential.describe(),
+            encryption,
         })
     })??;
     if args.json {
@@ -120,5 +126,42 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         println!("modified:     {m}");
     }
     println!("auth:         {}", info.auth);
+    print_encryption(info.encryption.as_ref());
     Ok(())
+}
+
+/// The encryption lines of `info`'s text.
+fn print_encryption(facts: Option<&Facts>) {
+    let Some(f) = facts else {
+        println!("encryption:   none");
+        return;
+    };
+    let Some(h) = &f.header else {
+        println!(
+            "encryption:   {}, but its header cannot be read: {}",
+            f.kind,
+            f.problem.as_deref().unwrap_or("")
+        );
+        return;
+    };
+    println!(
+        "encryption:   {}, {} with a {}-bit key, {}-byte sectors",
+        f.kind, h.cipher, h.key_bits, h.sector_size
+    );
+    println!(
+        "data:         from {} bytes in ({}), to the end of the disk",
+        h.data_offset,
+        human(h.data_offset)
+    );
+    let slots: Vec<String> = h
+        .keyslots
+        .iter()
+        .map(|k| format!("{} ({})", k.id, k.kdf))
+        .collect();
+    println!("keyslots:     {}", slots.join(", "));
+    match &h.other_copy {
+        Some(why) => println!("luks header:  {} copy ({why})", h.header_copy),
+        None => println!("luks header:  {} copy, both whole", h.header_copy),
+    }
+    println!("luks uuid:    {}", h.uuid);
 }

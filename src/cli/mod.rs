@@ -138,7 +138,7 @@ impl Cli {
 pub enum Command {
     /// Create a new empty drive: a page blob holding a fixed VHD of SIZE.
     Create(create::Args),
-    /// Show a drive's size, allocation, lease and snapshots.
+    /// Show a drive's size, allocation, lease, snapshots and encryption.
     Info(info::Args),
     /// Grow a drive to SIZE, unmounted or mounted here (never shrinks).
     Resize(resize::Args),

@@ -103,10 +103,12 @@ pub fn for_mount(ctx: &Context, r: &BlobRef, key_file: Option<&Path>) -> Result<
         return Ok(None);
     }
     let (_, blob) = ctx.blob(&r.to_string())?;
-    if ctx
-        .block_on(blobdrive::encrypted::is_luks(&blob))?
-        .unwrap_or(false)
-    {
+    let luks = ctx.block_on(async {
+        let blob_bytes = blob.properties().await?.content_length;
+        let disk = blob_bytes.saturating_sub(blobdrive::vhd::FOOTER_SIZE);
+        blobdrive::encrypted::is_luks(&blob, disk).await
+    })?;
+    if luks.unwrap_or(false) {
         return Ok(Some(source.ask()?));
     }
     Ok(None)

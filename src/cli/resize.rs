@@ -22,7 +22,9 @@ old footer's page cleared. Snapshots keep their own size.
 Not mounted: it runs under a 60-second lease, so nothing else writes the drive
 meanwhile. A drive mounted on another machine holds its lease and is refused. The
 filesystem on it keeps its size until the next writable mount grows it to fill
-the disk (ext4 before it is mounted, xfs after).
+the disk (ext4 before it is mounted, xfs after). On an encrypted drive (LUKS2) the
+data segment fills the disk and so grows with it, the header left as it is; its
+filesystem, unreadable without the passphrase, grows at the next writable mount.
 
 Mounted writable here (named by its mountpoint, or by the blob): the mount's daemon
 does it under its own lease while I/O goes on, then the disk file and the loop
@@ -127,8 +129,14 @@ fn print_outcome(o: Outcome) -> Result<()> {
 
 /// What to do next when the drive holds a filesystem that is now smaller than
 /// the disk: growing the blob leaves the filesystem on it as it was, and `df`
-/// after the next mount would show the old size without a word.
+/// after the next mount would show the old size without a word. An encrypted
+/// drive's filesystem cannot be read here: what is true of it is said.
 async fn filesystem_left_small(blob: &BlobClient, disk: u64) -> Option<String> {
+    match blobdrive::encrypted::facts(blob, disk).await {
+        Ok(Some(facts)) => return Some(encrypted_note(&facts, disk)),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("cannot tell whether the drive is encrypted: {e}"),
+    }
     let head = blob
         .read(0, superblock::HEAD_BYTES as u64)
         .await
@@ -143,6 +151,27 @@ async fn filesystem_left_small(blob: &BlobClient, disk: u64) -> Option<String> {
             if fs.fstype == "xfs" { "xfs_growfs once it is mounted" } else { "e2fsck -f, then resize2fs" }
         )
     })
+}
+
+/// What became of an encrypted drive (of `disk` bytes now) grown unmounted:
+/// its data segment fills the disk (its size is "dynamic"), and the
+/// filesystem in it, which cannot be read without the passphrase, is grown
+/// by the next writable mount as on a plain drive.
+fn encrypted_note(facts: &blobdrive::encrypted::Facts, disk: u64) -> String {
+    let plain = facts
+        .header
+        .as_ref()
+        .map(|h| {
+            format!(
+                " (the plaintext disk is now {})",
+                human(disk.saturating_sub(h.data_offset))
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "it is encrypted ({}): its data segment grew with the disk{plain}; a filesystem in it keeps its old size (it cannot be read without the passphrase) until the next writable `blobdrive mount` of it (--mode fs) grows it to fill the disk, as on a plain drive (in --mode block, grow it on the device yourself)",
+        facts.kind
+    )
 }
 
 /// Whether the argument names a directory rather than a blob (`container/name`

@@ -21,7 +21,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use blobdrive::mount::system::newmount::{fs_mount, fs_open, fs_set};
-use blobdrive::mount::system::{set_autoclear, Binding, LoopDevice, Now};
+use blobdrive::mount::system::{set_autoclear, Binding, BlockSize, LoopDevice, Now};
 
 /// A detached mount of an image's filesystem.
 pub struct Detached {
@@ -42,8 +42,10 @@ impl Detached {
             .custom_flags(libc::O_CLOEXEC)
             .open(image)
             .map_err(|e| format!("{}: {e}", image.display()))?;
-        let attached =
-            LoopDevice::attach_through(&file, false).map_err(|e| format!("no loop device: {e}"))?;
+        // 512-byte logical blocks: any filesystem's sector size is at least
+        // that, so every state mounts whatever sector size it was made with.
+        let attached = LoopDevice::attach_through(&file, false, BlockSize::B512)
+            .map_err(|e| format!("no loop device: {e}"))?;
         // Held open until the filesystem has the device: it clears itself
         // once its last user lets go.
         let (pinned, binding) = (attached.pinned, attached.binding);

@@ -19,7 +19,9 @@ use crate::mount::MountError;
 pub(super) struct Encryption {
     /// Where the data segment starts on the disk.
     pub data_offset: u64,
-    sector_size: u32,
+    /// The data segment's sector size: also the loop device's logical block
+    /// size, as dm-crypt's device has it.
+    pub sector_size: u32,
     /// The data segment's cipher, until the cache's stack takes it.
     cipher: Option<XtsCipher>,
     /// What was wrong with the header's other copy.
@@ -42,7 +44,9 @@ impl Encryption {
 /// Opens `drive` with the mount's passphrase, or makes sure it needs none.
 pub(super) fn open_encryption(m: &mut Mounted, drive: &Drive) -> Result<(), MountError> {
     let Some(passphrase) = m.passphrase.as_ref() else {
-        if m.rt.block_on(encrypted::is_luks(&m.blob))? {
+        if m.rt
+            .block_on(encrypted::is_luks(&m.blob, drive.disk_size()))?
+        {
             return Err(MountError::system(format!(
                 "{} is encrypted (LUKS2): give its passphrase with --key-file FILE (fstab: key-file=PATH), BLOBDRIVE_PASSPHRASE, or a systemd credential named key",
                 m.target

@@ -292,7 +292,8 @@ fn attach_and_mount(m: &mut Mounted) -> Result<FsOutcome, MountError> {
     if m.req.mode == Mode::Raw {
         return Ok(FsOutcome::default());
     }
-    let dev = m.root.attach_loop()?;
+    let block_size = m.encryption.as_ref().map_or(512, |e| e.sector_size);
+    let dev = m.root.attach_loop(block_size)?;
     info!("the root part attached {dev}");
     m.loop_dev = Some(AttachedLoop {
         dev,

@@ -68,8 +68,12 @@ pub enum Request {
     /// symlink), set up for a disk across a network (read-ahead, direct I/O
     /// and, when writable, a writeback limit), read-only when the mount is:
     /// answered with the device's path, which the record and `Ready` then name.
-    /// Refused in raw mode.
-    AttachLoop {},
+    /// `block_size`: the device's logical block size, 512 or 4096 (an
+    /// encrypted drive's sector size), anything else refused. Refused in raw
+    /// mode.
+    AttachLoop {
+        block_size: u32,
+    },
     /// Whether the loop device is still attached over `disk` (the kernel's
     /// disk sequence number of it is the one read right after attaching):
     /// after a plain umount with autoclear it is not, and the root part
@@ -291,7 +295,7 @@ mod tests {
             let answer = match &req {
                 Request::Holders {} => Answer::Lines(vec!["cat (pid 7)".into()]),
                 Request::UmountFuse { lazy: false } => Answer::Busy("/mnt/x".into()),
-                Request::AttachLoop {} => Answer::Device("/dev/loop7".into()),
+                Request::AttachLoop { .. } => Answer::Device("/dev/loop7".into()),
                 Request::LoopAttached {} => Answer::Attached(true),
                 Request::LoopCapacity {} | Request::DiskSize {} => Answer::Size(1 << 20),
                 Request::DetachLoop {} => Answer::Failed("still in use".into()),
@@ -348,7 +352,7 @@ mod tests {
             Err(MountError::Busy(p)) if p == "/mnt/x"
         ));
         client.umount_fuse(true).unwrap();
-        assert_eq!(client.attach_loop().unwrap(), "/dev/loop7");
+        assert_eq!(client.attach_loop(4096).unwrap(), "/dev/loop7");
         assert_eq!(client.loop_attached(), Some(true));
         assert_eq!(client.loop_capacity().unwrap(), 1 << 20);
         assert_eq!(client.disk_size().unwrap(), 1 << 20);
@@ -403,12 +407,14 @@ mod tests {
             b"{\"op\":\"holders\",\"of\":\"/etc/shadow\"}\n",
         );
         assert!(a.starts_with("{\"refused\":"), "{a}");
-        // The loop device's requests name no file, device or mode: the root
-        // part attaches its own FUSE file `disk`, as the mount asked, and acts
+        // The loop device's requests name no file, device or mode (a block
+        // size only, a number): the root part attaches its own FUSE file `disk`, as the mount asked, and acts
         // only on the device it attached.
         for hostile in [
             &b"{\"op\":\"attach_loop\",\"file\":\"/etc/shadow\"}\n"[..],
             b"{\"op\":\"attach_loop\",\"read_only\":false}\n",
+            b"{\"op\":\"attach_loop\",\"block_size\":4096,\"file\":\"/etc/shadow\"}\n",
+            b"{\"op\":\"attach_loop\",\"block_size\":-1}\n",
             b"{\"op\":\"loop_attached\",\"device\":\"/dev/sda\"}\n",
             b"{\"op\":\"loop_capacity\",\"device\":\"/dev/loop0\"}\n",
             b"{\"op\":\"disk_size\",\"of\":\"/etc/shadow\"}\n",

@@ -78,9 +78,10 @@ impl RootClient {
         }
     }
 
-    /// Attaches the loop device over `disk` (see [`Request::AttachLoop`]); its path.
-    pub fn attach_loop(&self) -> Result<String, MountError> {
-        match self.call(&Request::AttachLoop {})? {
+    /// Attaches the loop device over `disk`, of logical blocks of `block_size`
+    /// bytes (see [`Request::AttachLoop`]); its path.
+    pub fn attach_loop(&self, block_size: u32) -> Result<String, MountError> {
+        match self.call(&Request::AttachLoop { block_size })? {
             Answer::Device(dev) => Ok(dev),
             other => Err(other.into_error()),
         }

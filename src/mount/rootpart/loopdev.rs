@@ -17,7 +17,7 @@ use super::errand::{answer_only, failed};
 use super::guards::{undone, Guard, LoopOverDisk};
 use super::RootPart;
 use crate::mount::record;
-use crate::mount::system::{self, Attached, Binding, LoopDevice, Now, Serves};
+use crate::mount::system::{self, Attached, Binding, BlockSize, LoopDevice, Now, Serves};
 use crate::mount::{Mode, MountError};
 
 impl RootPart {
@@ -27,7 +27,12 @@ impl RootPart {
             return Answer::Refused("a raw mount has no loop device".into());
         }
         match req {
-            Request::AttachLoop {} => self.attach_loop(req),
+            Request::AttachLoop { block_size } => match BlockSize::of(block_size) {
+                Some(block) => self.attach_loop(req, block),
+                None => Answer::Refused(format!(
+                    "a loop device of {block_size}-byte blocks: only 512 and 4096 are served"
+                )),
+            },
             Request::LoopAttached {} => self.loop_attached(req),
             Request::LoopCapacity {} => {
                 let Some(l) = self.attached_loop() else {
@@ -50,7 +55,7 @@ impl RootPart {
         }
     }
 
-    fn attach_loop(&mut self, req: Request) -> Answer {
+    fn attach_loop(&mut self, req: Request, block: BlockSize) -> Answer {
         let Some(fuse) = self.fuse_id.filter(|_| self.held.fuse.is_some()) else {
             return Answer::Failed("the FUSE mount is gone".into());
         };
@@ -67,7 +72,7 @@ impl RootPart {
         self.on_errand(req, move || {
             let attached = system::open_mount_root(&dir, &fuse)
                 .and_then(|root| system::open_disk(&root, fuse.dev, how))
-                .and_then(|disk| LoopDevice::attach_for_network(&disk, read_only));
+                .and_then(|disk| LoopDevice::attach_for_network(&disk, read_only, block));
             Box::new(move |root: &mut RootPart| match attached {
                 Ok(a) => {
                     let path = a.pinned.dev.path().to_string();

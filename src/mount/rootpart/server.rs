@@ -228,7 +228,7 @@ impl Ops for RootPart {
             Request::UmountFuse { .. } | Request::Holders {} | Request::DiskSize {} => {
                 self.carry_out_for_fuse(req)
             }
-            Request::AttachLoop {}
+            Request::AttachLoop { .. }
             | Request::LoopAttached {}
             | Request::LoopCapacity {}
             | Request::DetachLoop {} => self.carry_out_for_loop(req),

@@ -22,6 +22,37 @@ pub use binding::{Binding, Now, Pinned, Serves};
 /// writers wait for writeback: see [`LoopDevice::limit_writeback`].
 pub const LOOP_DIRTY_MAX: u64 = 256 * 1024 * 1024;
 
+/// The logical block size a loop device is attached with: 512 bytes, or 4096
+/// for an encrypted drive whose sectors are 4096 bytes, as dm-crypt's device
+/// for it has (a filesystem made on the loop device then suits the device
+/// `cryptsetup open` makes of a downloaded copy: mkfs.xfs takes the device's
+/// logical block size as its sector size, and xfs mounts only where that is
+/// at least as large). The worker names it; these two values are all it can
+/// ask of the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockSize {
+    B512,
+    B4096,
+}
+
+impl BlockSize {
+    /// The block size of `bytes`, when it is one of the two.
+    pub fn of(bytes: u32) -> Option<BlockSize> {
+        match bytes {
+            512 => Some(BlockSize::B512),
+            4096 => Some(BlockSize::B4096),
+            _ => None,
+        }
+    }
+
+    pub fn bytes(self) -> u32 {
+        match self {
+            BlockSize::B512 => 512,
+            BlockSize::B4096 => 4096,
+        }
+    }
+}
+
 /// A loop device, `/dev/loopN`: one attached by this process, or one a mount
 /// record names. Every operation on it goes through this type, so a device path
 /// cannot be mixed up with any other string.

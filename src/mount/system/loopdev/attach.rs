@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::binding::{disk_seq, status};
 use super::{check, LoopDevice, LoopInfo64, LOOP_DIRTY_MAX, LO_FLAGS_READ_ONLY};
-use super::{Binding, Pinned};
+use super::{Binding, BlockSize, Pinned};
 use crate::mount::MountError;
 
 /// `struct loop_config` of <linux/loop.h>.
@@ -25,6 +25,7 @@ struct LoopConfig {
 const LOOP_SET_FD: libc::c_ulong = 0x4C00;
 const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
 const LOOP_SET_DIRECT_IO: libc::c_ulong = 0x4C08;
+const LOOP_SET_BLOCK_SIZE: libc::c_ulong = 0x4C09;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 
@@ -40,8 +41,12 @@ impl LoopDevice {
     /// root) set up for a disk across a network: a long read-ahead, direct I/O
     /// (no second page cache beside the filesystem's), and when writable a
     /// writeback limit.
-    pub fn attach_for_network(disk: &File, read_only: bool) -> Result<Attached, MountError> {
-        let a = LoopDevice::attach_through(disk, read_only)?;
+    pub fn attach_for_network(
+        disk: &File,
+        read_only: bool,
+        block: BlockSize,
+    ) -> Result<Attached, MountError> {
+        let a = LoopDevice::attach_through(disk, read_only, block)?;
         let dev = &a.pinned.dev;
         dev.set_readahead(4096);
         use_direct_io(&a.pinned.file, dev);
@@ -53,13 +58,17 @@ impl LoopDevice {
     }
 
     /// Attaches the regular file open as `file` to a free loop device, read-only
-    /// when asked: the loop driver names a free device, which is opened and
+    /// when asked, its logical block size `block`: the loop driver names a free device, which is opened and
     /// checked to be that block device, and the file is handed to it by its
     /// descriptor. The kernel then says what it attached (LOOP_GET_STATUS64:
     /// the file's device and inode, as `fstat` of `file` gave them, and the
     /// device's number), and the attachment is known by its disk sequence
     /// number from then on (see `binding.rs`).
-    pub fn attach_through(file: &File, read_only: bool) -> Result<Attached, MountError> {
+    pub fn attach_through(
+        file: &File,
+        read_only: bool,
+        block: BlockSize,
+    ) -> Result<Attached, MountError> {
         let fail = |e: std::io::Error| MountError::with_source("cannot attach a loop device", e);
         let meta = file.metadata().map_err(fail)?;
         if !meta.file_type().is_file() {
@@ -71,7 +80,7 @@ impl LoopDevice {
         // Another process may take the device the driver named first: again.
         let mut last = None;
         for _ in 0..5 {
-            match configure_free(file, read_only) {
+            match configure_free(file, read_only, block) {
                 Ok(done) => return checked(done, backing),
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                     last = Some(e);
@@ -86,7 +95,11 @@ impl LoopDevice {
 
 /// What the driver named, opened, and attached: the device held open, and its
 /// number as the driver named it.
-fn configure_free(file: &File, read_only: bool) -> std::io::Result<(LoopDevice, File, u32)> {
+fn configure_free(
+    file: &File,
+    read_only: bool,
+    block: BlockSize,
+) -> std::io::Result<(LoopDevice, File, u32)> {
     let control = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -109,7 +122,7 @@ fn configure_free(file: &File, read_only: bool) -> std::io::Result<(LoopDevice, 
             "{path} is not a block device"
         )));
     }
-    configure(&held, file, read_only)?;
+    configure(&held, file, read_only, block)?;
     let dev = LoopDevice {
         path,
         rdev: Some(meta.rdev()),
@@ -118,11 +131,12 @@ fn configure_free(file: &File, read_only: bool) -> std::io::Result<(LoopDevice, 
 }
 
 /// LOOP_CONFIGURE of the device `held` with the file `file`; on a kernel
-/// without it (before 5.8), LOOP_SET_FD and then the flags.
-fn configure(held: &File, file: &File, read_only: bool) -> std::io::Result<()> {
+/// without it (before 5.8), LOOP_SET_FD, then the flags and the block size.
+fn configure(held: &File, file: &File, read_only: bool, block: BlockSize) -> std::io::Result<()> {
     // SAFETY: an all-zero loop_config is a valid value of this plain C struct.
     let mut config: LoopConfig = unsafe { std::mem::zeroed() };
     config.fd = file.as_raw_fd() as u32;
+    config.block_size = block.bytes();
     if read_only {
         config.info.lo_flags = LO_FLAGS_READ_ONLY;
     }
@@ -136,7 +150,10 @@ fn configure(held: &File, file: &File, read_only: bool) -> std::io::Result<()> {
             // SAFETY: LOOP_SET_FD takes the descriptor as its argument.
             check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_SET_FD, file.as_raw_fd()) })?;
             // SAFETY: the ioctl reads the loop_info64 it is given.
-            check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_SET_STATUS64, &config.info) })
+            check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_SET_STATUS64, &config.info) })?;
+            let size = libc::c_ulong::from(block.bytes());
+            // SAFETY: LOOP_SET_BLOCK_SIZE takes the size as its argument.
+            check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_SET_BLOCK_SIZE, size) })
         }
         other => other,
     }

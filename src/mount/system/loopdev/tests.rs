@@ -48,7 +48,7 @@ fn a_device_attached_through_a_descriptor_is_known_by_numbers_not_its_file_s_nam
     let dir = tempfile::tempdir().unwrap();
     let path = backing(dir.path(), "disk");
     let file = open_rw(&path);
-    let a = LoopDevice::attach_for_network(&file, false).unwrap();
+    let a = LoopDevice::attach_for_network(&file, false, BlockSize::B512).unwrap();
     drop(file);
     let (dev, binding) = (a.pinned.dev.clone(), a.binding);
     assert!(
@@ -89,7 +89,7 @@ fn a_device_given_to_another_file_meanwhile_is_not_detached() {
     // Another process may take the device between the two steps: again.
     let (dev, binding) = (0..5)
         .find_map(|_| {
-            let a = LoopDevice::attach_through(&open_rw(&mine), false).unwrap();
+            let a = LoopDevice::attach_through(&open_rw(&mine), false, BlockSize::B512).unwrap();
             let (dev, binding) = (a.pinned.dev.clone(), a.binding);
             drop(a);
             assert!(losetup(&["-d", dev.path()]));
@@ -111,9 +111,16 @@ fn only_a_regular_file_is_attached() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let a = LoopDevice::attach_through(&open_rw(&backing(dir.path(), "disk")), false).unwrap();
+    let a = LoopDevice::attach_through(
+        &open_rw(&backing(dir.path(), "disk")),
+        false,
+        BlockSize::B512,
+    )
+    .unwrap();
     let dev = open_rw(Path::new(a.pinned.dev.path()));
-    let err = LoopDevice::attach_through(&dev, false).err().unwrap();
+    let err = LoopDevice::attach_through(&dev, false, BlockSize::B512)
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("not a regular file"), "{err}");
     drop(dev);
     let (d, b) = (a.pinned.dev.clone(), a.binding);
@@ -154,7 +161,7 @@ fn a_copy_of_the_filesystem_in_another_mount_namespace_is_named_as_a_user() {
         .unwrap()
         .set_len(16 << 20)
         .unwrap();
-    let a = LoopDevice::attach_through(&open_rw(&path), false).unwrap();
+    let a = LoopDevice::attach_through(&open_rw(&path), false, BlockSize::B512).unwrap();
     let dev = a.pinned.dev.clone();
     assert!(Command::new("mkfs.ext4")
         .args(["-q", dev.path()])
@@ -209,4 +216,33 @@ fn a_copy_of_the_filesystem_in_another_mount_namespace_is_named_as_a_user() {
         )),
         "{users}"
     );
+}
+
+/// A device attached with 4096-byte blocks has them as its logical block
+/// size (what mkfs.xfs takes as its sector size); only 512 and 4096 are
+/// block sizes at all.
+#[test]
+fn a_device_takes_the_block_size_it_is_attached_with() {
+    assert_eq!(BlockSize::of(4096), Some(BlockSize::B4096));
+    assert_eq!(BlockSize::of(512).map(BlockSize::bytes), Some(512));
+    for other in [0, 1024, 2048, 8192, 65536, u32::MAX] {
+        assert_eq!(BlockSize::of(other), None, "{other}");
+    }
+    if !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = open_rw(&backing(dir.path(), "disk"));
+    for block in [BlockSize::B4096, BlockSize::B512] {
+        let a = LoopDevice::attach_for_network(&file, true, block).unwrap();
+        let (dev, binding) = (a.pinned.dev.clone(), a.binding);
+        let said = std::fs::read_to_string(format!(
+            "/sys/block/{}/queue/logical_block_size",
+            dev.name()
+        ))
+        .unwrap();
+        drop(a);
+        dev.detach(&binding).unwrap();
+        assert_eq!(said.trim(), block.bytes().to_string());
+    }
 }
