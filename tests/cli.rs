@@ -218,6 +218,14 @@ fn text_and_json_say_the_same_for_each_command() {
     let d = |twin: &str| format!("{c}/{twin}.vhd");
     let tmp = tempfile::tempdir().unwrap();
     let local = |name: &str| tmp.path().join(name).display().to_string();
+    // Both twins leased, as another host would hold them.
+    let lease_twins = || {
+        for twin in ["ttwin", "jtwin"] {
+            let blob = BD.service().blob(&c, &format!("{twin}.vhd"));
+            rt().block_on(blob.acquire_lease("55555555-5555-4555-8555-555555555555", None))
+                .unwrap();
+        }
+    };
     text_and_json(
         &|t| strings(&["create", &d(t), "--size", "64MiB", "--create-container"]),
         false,
@@ -229,11 +237,7 @@ fn text_and_json_say_the_same_for_each_command() {
         false,
         &[],
     );
-    for twin in ["ttwin", "jtwin"] {
-        let blob = BD.service().blob(&c, &format!("{twin}.vhd"));
-        rt().block_on(blob.acquire_lease("55555555-5555-4555-8555-555555555555", None))
-            .unwrap();
-    }
+    lease_twins();
     let st = text_and_json(&|t| strings(&["lease", "status", &d(t)]), true, &[]);
     assert_eq!(st["blob"], d("ttwin"));
     let broken = text_and_json(
@@ -310,11 +314,7 @@ fn text_and_json_say_the_same_for_each_command() {
         &[],
     );
     // A lease breaking, then broken.
-    for twin in ["ttwin", "jtwin"] {
-        let blob = BD.service().blob(&c, &format!("{twin}.vhd"));
-        rt().block_on(blob.acquire_lease("55555555-5555-4555-8555-555555555555", None))
-            .unwrap();
-    }
+    lease_twins();
     let breaking = text_and_json(
         &|t| strings(&["lease", "break", &d(t), "--period", "2", "--yes"]),
         false,

@@ -1079,6 +1079,11 @@ impl Plugin<'_> {
                 target.display()
             ),
         );
+        self.unstage(id, staging);
+    }
+
+    /// NodeUnstageVolume of `id` at `staging`, which must succeed.
+    fn unstage(&self, id: &str, staging: &Path) {
         self.ok(
             "NodeUnstageVolume",
             format!(
@@ -1087,6 +1092,106 @@ impl Plugin<'_> {
             ),
         );
     }
+}
+
+/// Two node plugins on one host, node-a and node-b, over one container (each
+/// records itself at its start: the controller publishes only to a node that
+/// did); node-a's plugin answers the controller's calls too. Dropped: both
+/// plugins stopped, then what they left taken down, then their directory
+/// removed.
+struct TwoNodes {
+    _driver_b: Driver,
+    driver_a: Driver,
+    _leftovers: NodeLeftovers,
+    dir: tempfile::TempDir,
+    cs: String,
+}
+
+impl TwoNodes {
+    /// Both plugins, answering; their container named after `tag`.
+    fn start(tag: &str) -> TwoNodes {
+        let dir = tempfile::tempdir().unwrap();
+        stubs(dir.path());
+        let leftovers = NodeLeftovers(dir.path().to_path_buf());
+        let cs = Azurite::shared().connection_string();
+        let container = unique_container(tag);
+        let driver_a = Driver::start(&cs, &dir.path().join("a.sock"), "node-a", &container);
+        let driver_b = Driver::start(&cs, &dir.path().join("b.sock"), "node-b", &container);
+        TwoNodes {
+            _driver_b: driver_b,
+            driver_a,
+            _leftovers: leftovers,
+            dir,
+            cs,
+        }
+    }
+
+    /// The calls of node-`x` (`a` or `b`).
+    fn plugin(&self, x: &str) -> Plugin<'_> {
+        Plugin {
+            stubs: self.dir.path(),
+            socket: self.dir.path().join(format!("{x}.sock")),
+        }
+    }
+
+    /// CreateVolume `name` of `bytes` with the capability `cap` (JSON) and
+    /// the request's `extra` fields (each after a comma; or none): its id.
+    fn create(&self, name: &str, bytes: u64, cap: &str, extra: &str) -> String {
+        self.plugin("a").ok(
+            "CreateVolume",
+            format!(r#"{{"name": "{name}", "capacity_range": {{"required_bytes": {bytes}}}, "volume_capabilities": [{cap}]{extra}}}"#),
+        )["volume"]["volume_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// ControllerPublishVolume of `id` to `node`, as answered.
+    fn attach(&self, id: &str, node: &str, cap: &str) -> Result<serde_json::Value, String> {
+        self.plugin("a").call(
+            "ControllerPublishVolume",
+            format!(r#"{{"volume_id": "{id}", "node_id": "{node}", "volume_capability": {cap}}}"#),
+        )
+    }
+
+    /// ControllerUnpublishVolume of `id` from `node`, which must succeed.
+    fn detach(&self, id: &str, node: &str) {
+        self.plugin("a").ok(
+            "ControllerUnpublishVolume",
+            format!(r#"{{"volume_id": "{id}", "node_id": "{node}"}}"#),
+        );
+    }
+
+    /// `id` published to node-`x`, staged there at `x-stage` and published at
+    /// `x-target` (in the plugins' directory): those two paths.
+    fn bring_up(&self, x: &str, id: &str, cap: &str) -> (PathBuf, PathBuf) {
+        let (staging, target) = (
+            self.dir.path().join(format!("{x}-stage")),
+            self.dir.path().join(format!("{x}-target")),
+        );
+        self.attach(id, &format!("node-{x}"), cap).unwrap();
+        let p = self.plugin(x);
+        p.stage(id, &staging, cap);
+        p.publish(id, &staging, &target, cap);
+        (staging, target)
+    }
+
+    /// What [`TwoNodes::bring_up`] did undone: `id` unpublished and unstaged
+    /// on node-`x`, then unpublished from it by the controller.
+    fn take_down(&self, x: &str, id: &str, staging: &Path, target: &Path) {
+        self.plugin(x).take_down(id, staging, target);
+        self.detach(id, &format!("node-{x}"));
+    }
+}
+
+/// Whether the volume `name` was made in `container`: `blobdrive info`
+/// finds its blob.
+fn made(cs: &str, container: &str, name: &str) -> bool {
+    BD.cmd(&["info", &format!("{container}/{name}.vhd")])
+        .cs(cs)
+        .output()
+        .status
+        .success()
 }
 
 fn sh_status(script: &str) -> bool {
@@ -1106,60 +1211,26 @@ fn sh_status(script: &str) -> bool {
 #[test]
 fn a_volume_fails_over_to_another_node_by_fencing_the_first() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    stubs(dir.path());
-    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
-    let cs = Azurite::shared().connection_string();
-    let container = unique_container("csi-failover");
-    let _a = Driver::start(&cs, &dir.path().join("a.sock"), "node-a", &container);
-    let _b = Driver::start(&cs, &dir.path().join("b.sock"), "node-b", &container);
-    let a = Plugin {
-        stubs: dir.path(),
-        socket: dir.path().join("a.sock"),
-    };
-    let b = Plugin {
-        stubs: dir.path(),
-        socket: dir.path().join("b.sock"),
-    };
-    let vol = a.ok(
-        "CreateVolume",
-        format!(r#"{{"name": "failover", "capacity_range": {{"required_bytes": 67108864}}, "volume_capabilities": [{MOUNT_CAP}]}}"#),
-    );
-    let id = vol["volume"]["volume_id"].as_str().unwrap().to_string();
-    let publish = |node: &str| {
-        a.call(
-            "ControllerPublishVolume",
-            format!(
-                r#"{{"volume_id": "{id}", "node_id": "{node}", "volume_capability": {MOUNT_CAP}}}"#
-            ),
-        )
-    };
-    let (stage_a, target_a) = (dir.path().join("a-stage"), dir.path().join("a-target"));
-    let (stage_b, target_b) = (dir.path().join("b-stage"), dir.path().join("b-target"));
-    publish("node-a").unwrap();
-    a.stage(&id, &stage_a, MOUNT_CAP);
-    a.publish(&id, &stage_a, &target_a, MOUNT_CAP);
+    let nodes = TwoNodes::start("csi-failover");
+    let a = nodes.plugin("a");
+    let id = nodes.create("failover", 67108864, MOUNT_CAP, "");
+    let (stage_a, target_a) = nodes.bring_up("a", &id, MOUNT_CAP);
     let ta = target_a.display().to_string();
     assert!(sh_status(&format!(
         "echo fsynced > '{ta}/kept' && sync '{ta}/kept'"
     )));
-    let refused = publish("node-b").unwrap_err();
+    let refused = nodes.attach(&id, "node-b", MOUNT_CAP).unwrap_err();
     assert!(
         refused.starts_with("error FAILED_PRECONDITION"),
         "{refused}"
     );
-    a.ok(
-        "ControllerUnpublishVolume",
-        format!(r#"{{"volume_id": "{id}", "node_id": "node-a"}}"#),
-    );
+    nodes.detach(&id, "node-a");
     // node-a is cut off, not dead: it writes on, and its fsync fails.
     let late = sh_status(&format!(
         "python3 -c \"import os; f=os.open('{ta}/late', os.O_WRONLY|os.O_CREAT); os.write(f, b'late'*4096); os.fsync(f)\""
     ));
     assert!(!late, "node-a's fsync after it was fenced succeeded");
-    publish("node-b").unwrap();
-    b.stage(&id, &stage_b, MOUNT_CAP);
-    b.publish(&id, &stage_b, &target_b, MOUNT_CAP);
+    let (stage_b, target_b) = nodes.bring_up("b", &id, MOUNT_CAP);
     let kept = std::fs::read_to_string(target_b.join("kept")).unwrap();
     assert_eq!(kept, "fsynced\n");
     assert!(
@@ -1189,11 +1260,7 @@ fn a_volume_fails_over_to_another_node_by_fencing_the_first() {
         "fsynced\n"
     );
     // node-b lets go; the volume is deleted and nothing is left.
-    b.take_down(&id, &stage_b, &target_b);
-    a.ok(
-        "ControllerUnpublishVolume",
-        format!(r#"{{"volume_id": "{id}", "node_id": "node-b"}}"#),
-    );
+    nodes.take_down("b", &id, &stage_b, &target_b);
     a.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
 }
 
@@ -1249,39 +1316,12 @@ impl Usage {
 /// the mount's. node-b's volume is as it left it.
 fn a_fenced_node_lets_go(usage: &Usage, size: u64) {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    stubs(dir.path());
-    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
-    let cs = Azurite::shared().connection_string();
-    let container = unique_container("csi-fenced");
-    let driver_a = Driver::start(&cs, &dir.path().join("a.sock"), "node-a", &container);
-    let _b = Driver::start(&cs, &dir.path().join("b.sock"), "node-b", &container);
-    let a = Plugin {
-        stubs: dir.path(),
-        socket: dir.path().join("a.sock"),
-    };
-    let b = Plugin {
-        stubs: dir.path(),
-        socket: dir.path().join("b.sock"),
-    };
+    let nodes = TwoNodes::start("csi-fenced");
+    let (a, dir) = (nodes.plugin("a"), nodes.dir.path());
     let cap = usage.cap;
-    let vol = a.ok(
-        "CreateVolume",
-        format!(r#"{{"name": "fenced", "capacity_range": {{"required_bytes": {size}}}, "volume_capabilities": [{cap}]}}"#),
-    );
-    let id = vol["volume"]["volume_id"].as_str().unwrap().to_string();
-    let publish = |node: &str| {
-        a.call(
-            "ControllerPublishVolume",
-            format!(r#"{{"volume_id": "{id}", "node_id": "{node}", "volume_capability": {cap}}}"#),
-        )
-    };
-    let (stage_a, target_a) = (dir.path().join("a-stage"), dir.path().join("a-target"));
-    let (stage_b, target_b) = (dir.path().join("b-stage"), dir.path().join("b-target"));
-    publish("node-a").unwrap();
-    a.stage(&id, &stage_a, cap);
-    a.publish(&id, &stage_a, &target_a, cap);
-    let (kept, late) = (dir.path().join("kept"), dir.path().join("late"));
+    let id = nodes.create("fenced", size, cap, "");
+    let (stage_a, target_a) = nodes.bring_up("a", &id, cap);
+    let (kept, late) = (dir.join("kept"), dir.join("late"));
     let mib = 1u64 << 20;
     let random = |path: &Path, len: u64| {
         assert!(sh_status(&format!(
@@ -1303,25 +1343,20 @@ fn a_fenced_node_lets_go(usage: &Usage, size: u64) {
     let backing = device
         .backing_file()
         .expect("node-a's loop device over its disk");
-    a.ok(
-        "ControllerUnpublishVolume",
-        format!(r#"{{"volume_id": "{id}", "node_id": "node-a"}}"#),
-    );
+    nodes.detach(&id, "node-a");
     // node-a is cut off, not dead: it writes on, and its fsync fails.
     assert!(
         !usage.write(&target_a, "late", &late, 4 * mib, 8 * mib),
         "node-a's fsync after it was fenced succeeded"
     );
-    publish("node-b").unwrap();
-    b.stage(&id, &stage_b, cap);
-    b.publish(&id, &stage_b, &target_b, cap);
+    let (stage_b, target_b) = nodes.bring_up("b", &id, cap);
     assert!(usage.read(&target_b, "kept", 0, 4 * mib) == Some(std::fs::read(&kept).unwrap()));
     let after = usage.read(&target_b, "late", 4 * mib, 8 * mib);
     assert!(
         after.is_none_or(|l| l.iter().all(|b| *b == 0)),
         "node-a's late write reached node-b"
     );
-    let mine = dir.path().join("mine");
+    let mine = dir.join("mine");
     random(&mine, 2 * mib);
     assert!(usage.write(&target_b, "mine", &mine, 12 * mib, 2 * mib));
     // node-a lets go, in bounded time, fenced as it is; and again.
@@ -1349,7 +1384,7 @@ fn a_fenced_node_lets_go(usage: &Usage, size: u64) {
     common::util::wait_for_exit(daemon, "node-a's daemon to end", Duration::from_secs(10));
     // What node-a could not write is said: by its plugin, and in its mount's log.
     let dropped = "MiB written to the drive but not yet on the blob were dropped";
-    let said = driver_a.log();
+    let said = nodes.driver_a.log();
     assert!(
         said.contains("unstaged") && said.contains(dropped),
         "{said}"
@@ -1367,11 +1402,7 @@ fn a_fenced_node_lets_go(usage: &Usage, size: u64) {
         usage.read(&target_b, "mine", 12 * mib, 2 * mib) == Some(std::fs::read(&mine).unwrap())
     );
     assert!(usage.read(&target_b, "kept", 0, 4 * mib) == Some(std::fs::read(&kept).unwrap()));
-    b.take_down(&id, &stage_b, &target_b);
-    a.ok(
-        "ControllerUnpublishVolume",
-        format!(r#"{{"volume_id": "{id}", "node_id": "node-b"}}"#),
-    );
+    nodes.take_down("b", &id, &stage_b, &target_b);
     a.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
 }
 
@@ -1925,18 +1956,6 @@ fn assert_workers_held_to_their_caches(
     }
     uids
 }
-
-/// NodeUnstageVolume of `id` at `staging`.
-fn unstage(p: &Plugin, id: &str, staging: &Path) {
-    p.ok(
-        "NodeUnstageVolume",
-        format!(
-            r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
-            staging.display()
-        ),
-    );
-}
-
 /// A second node plugin on this host (`dense-b`, its default budget) stages
 /// `volume` (moved to it from `dense-a`, then back) although `dense-a`'s
 /// budget is full: each counts its own volumes. Its worker's uid is none of
@@ -1975,7 +1994,7 @@ fn the_other_node_stages(
     let b_uid = status_field(&worker_of(&b_staging).1, "Uid:");
     let b_uid = b_uid.split_whitespace().next().unwrap().to_string();
     assert!(!uids.contains(&b_uid), "{b_uid} {uids:?}");
-    unstage(&b, id, &b_staging);
+    b.unstage(id, &b_staging);
     move_to("dense-b", "dense-a");
 }
 
@@ -2078,7 +2097,7 @@ fn volumes_share_a_node_s_cache_budget_each_with_its_memory_limited_and_a_uid_of
     a.stage_in(fourth, &staging[3], BLOCK_CAP, fourth_context)
         .unwrap_or_else(|e| panic!("the fourth, once one left: {e}"));
     assert_eq!(lease_state(&cs, fourth), "leased");
-    unstage(&a, fourth, &staging[3]);
+    a.unstage(fourth, &staging[3]);
     for (i, (id, _)) in volumes.iter().enumerate().take(3).skip(1) {
         a.take_down(id, &staging[i], &target[i]);
     }
@@ -2103,58 +2122,14 @@ fn volumes_share_a_node_s_cache_budget_each_with_its_memory_limited_and_a_uid_of
 #[test]
 fn snapshots_restore_on_another_node_and_a_published_volume_grows_online() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    stubs(dir.path());
-    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
-    let cs = Azurite::shared().connection_string();
-    let container = unique_container("csi-snap");
-    let _a = Driver::start(&cs, &dir.path().join("a.sock"), "node-a", &container);
-    let _b = Driver::start(&cs, &dir.path().join("b.sock"), "node-b", &container);
-    let a = Plugin {
-        stubs: dir.path(),
-        socket: dir.path().join("a.sock"),
-    };
-    let b = Plugin {
-        stubs: dir.path(),
-        socket: dir.path().join("b.sock"),
-    };
+    let nodes = TwoNodes::start("csi-snap");
+    let (a, cs) = (nodes.plugin("a"), nodes.cs.as_str());
     const XFS_CAP: &str =
         r#"{"mount": {"fs_type": "xfs"}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}"#;
     const GIB: u64 = 1 << 30;
-    let create = |name: &str, extra: &str| {
-        a.ok(
-            "CreateVolume",
-            format!(r#"{{"name": "{name}", "capacity_range": {{"required_bytes": {GIB}}}, "volume_capabilities": [{XFS_CAP}]{extra}}}"#),
-        )["volume"]["volume_id"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
-    let bring_up = |p: &Plugin, node: &str, id: &str, tag: &str| -> (PathBuf, PathBuf) {
-        let (staging, target) = (
-            dir.path().join(format!("{tag}-stage")),
-            dir.path().join(format!("{tag}-target")),
-        );
-        a.ok(
-            "ControllerPublishVolume",
-            format!(
-                r#"{{"volume_id": "{id}", "node_id": "{node}", "volume_capability": {XFS_CAP}}}"#
-            ),
-        );
-        p.stage(id, &staging, XFS_CAP);
-        p.publish(id, &staging, &target, XFS_CAP);
-        (staging, target)
-    };
-    let take_down = |p: &Plugin, node: &str, id: &str, (staging, target): &(PathBuf, PathBuf)| {
-        p.take_down(id, staging, target);
-        a.ok(
-            "ControllerUnpublishVolume",
-            format!(r#"{{"volume_id": "{id}", "node_id": "{node}"}}"#),
-        );
-    };
-    let orig = create("orig", "");
-    let on_a = bring_up(&a, "node-a", &orig, "a");
-    let file = on_a.1.join("f");
+    let orig = nodes.create("orig", GIB, XFS_CAP, "");
+    let (stage_a, target_a) = nodes.bring_up("a", &orig, XFS_CAP);
+    let file = target_a.join("f");
     let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 % 253) as u8).collect();
     std::fs::write(&file, &data).unwrap();
     assert!(sh_status(&format!("sync '{}'", file.display())));
@@ -2176,13 +2151,13 @@ fn snapshots_restore_on_another_node_and_a_published_volume_grows_online() {
     assert_eq!(grown["node_expansion_required"], true, "{grown}");
     a.ok(
         "NodeExpandVolume",
-        format!(r#"{{"volume_id": "{orig}", "volume_path": "{}", "staging_target_path": "{}", "capacity_range": {{"required_bytes": {}}}}}"#, on_a.1.display(), on_a.0.display(), 2 * GIB),
+        format!(r#"{{"volume_id": "{orig}", "volume_path": "{}", "staging_target_path": "{}", "capacity_range": {{"required_bytes": {}}}}}"#, target_a.display(), stage_a.display(), 2 * GIB),
     );
     let stats = a.ok(
         "NodeGetVolumeStats",
         format!(
             r#"{{"volume_id": "{orig}", "volume_path": "{}"}}"#,
-            on_a.1.display()
+            target_a.display()
         ),
     );
     let total: u64 = stats["usage"][0]["total"]
@@ -2195,16 +2170,18 @@ fn snapshots_restore_on_another_node_and_a_published_volume_grows_online() {
         "the filesystem shows {total} bytes: {stats}"
     );
     assert_eq!(std::fs::read(&file).unwrap(), data);
-    assert_eq!(blob_size(&cs, &orig), 2 * GIB + 512);
+    assert_eq!(blob_size(cs, &orig), 2 * GIB + 512);
     // The snapshot, as a new volume on node-b.
-    let copy = create(
+    let copy = nodes.create(
         "copy",
+        GIB,
+        XFS_CAP,
         &format!(r#", "volume_content_source": {{"snapshot": {{"snapshot_id": "{snap}"}}}}"#),
     );
-    let on_b = bring_up(&b, "node-b", &copy, "b");
-    assert_eq!(std::fs::read(on_b.1.join("f")).unwrap(), data);
-    take_down(&b, "node-b", &copy, &on_b);
-    take_down(&a, "node-a", &orig, &on_a);
+    let (stage_b, target_b) = nodes.bring_up("b", &copy, XFS_CAP);
+    assert_eq!(std::fs::read(target_b.join("f")).unwrap(), data);
+    nodes.take_down("b", &copy, &stage_b, &target_b);
+    nodes.take_down("a", &orig, &stage_a, &target_a);
     a.ok("DeleteSnapshot", format!(r#"{{"snapshot_id": "{snap}"}}"#));
     for id in [&orig, &copy] {
         a.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
@@ -2213,7 +2190,7 @@ fn snapshots_restore_on_another_node_and_a_published_volume_grows_online() {
     assert!(listed.get("entries").is_none(), "{listed}");
     let left = mounted_in_csi_run();
     assert!(
-        left.iter().all(|m| !m.starts_with(dir.path())),
+        left.iter().all(|m| !m.starts_with(nodes.dir.path())),
         "daemons left: {left:?}"
     );
 }
@@ -2388,11 +2365,10 @@ fn warm_up_is_a_checked_parameter_that_node_stage_starts() {
         err.starts_with("error INVALID_ARGUMENT") && err.contains("warmUp"),
         "{err}"
     );
-    let info = BD
-        .cmd(&["info", &format!("{container}/warm-bad.vhd")])
-        .cs(&cs)
-        .output();
-    assert!(!info.status.success(), "a refused volume was made");
+    assert!(
+        !made(&cs, &container, "warm-bad"),
+        "a refused volume was made"
+    );
     let vol = create("warm-1", "true").unwrap();
     assert_eq!(vol["volume"]["volume_context"]["warmUp"], "true", "{vol}");
     let id = vol["volume"]["volume_id"].as_str().unwrap().to_string();
@@ -2432,13 +2408,7 @@ fn warm_up_is_a_checked_parameter_that_node_stage_starts() {
     let s: serde_json::Value = serde_json::from_str(&stats()).unwrap();
     assert!(s["warm_up"]["error"].is_null(), "{s}");
     assert!(s["warm_up"]["allocated"].as_u64().unwrap() > 0, "{s}");
-    node.ok(
-        "NodeUnstageVolume",
-        format!(
-            r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
-            staging.display()
-        ),
-    );
+    node.unstage(&id, &staging);
     node.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
 }
 
@@ -2478,11 +2448,10 @@ fn an_encrypted_volume_takes_its_passphrase_from_the_secrets_and_never_logs_it()
         err.starts_with("error INVALID_ARGUMENT") && err.contains("provisioner secret"),
         "{err}"
     );
-    let made = BD
-        .cmd(&["info", &format!("{container}/crypt-none.vhd")])
-        .cs(&cs)
-        .output();
-    assert!(!made.status.success(), "a refused volume was made");
+    assert!(
+        !made(&cs, &container, "crypt-none"),
+        "a refused volume was made"
+    );
     let vol = create("crypt-1", &format!(r#"{{"passphrase": "{SECRET}"}}"#)).unwrap();
     assert_eq!(
         vol["volume"]["volume_context"]["encryption"], "luks2",
@@ -2510,25 +2479,16 @@ fn an_encrypted_volume_takes_its_passphrase_from_the_secrets_and_never_logs_it()
         "{err}"
     );
     assert!(!blobdrive::mount::system::is_mountpoint(&staging));
-    let unstage = || {
-        node.ok(
-            "NodeUnstageVolume",
-            format!(
-                r#"{{"volume_id": "{id}", "staging_target_path": "{}"}}"#,
-                staging.display()
-            ),
-        )
-    };
     let with = format!(r#"{{"passphrase": "{SECRET}"}}"#);
     stage(&with).unwrap();
     std::fs::write(staging.join("kept"), b"through the CSI driver").unwrap();
-    unstage();
+    node.unstage(&id, &staging);
     stage(&with).unwrap();
     assert_eq!(
         std::fs::read(staging.join("kept")).unwrap(),
         b"through the CSI driver"
     );
-    unstage();
+    node.unstage(&id, &staging);
     node.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
     let said = std::fs::read(&log).unwrap();
     assert!(

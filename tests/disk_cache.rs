@@ -582,15 +582,11 @@ fn a_cache_directory_others_could_change_is_refused() {
         (&link, "not a directory"),
     ] {
         let err = BD
-            .cmd(&[
-                "mount",
+            .mount_cmd(
                 &spec,
-                mp.s(),
-                "--mode",
-                "raw",
-                "--disk-cache",
-                dir.to_str().unwrap(),
-            ])
+                &mp,
+                &["--mode", "raw", "--disk-cache", dir.to_str().unwrap()],
+            )
             .fails_in_one_line();
         assert!(err.contains(says), "{err}");
     }

@@ -38,6 +38,16 @@ fn write_file(path: &Path, data: &[u8]) {
     sh_ok(&format!("sync '{}'", path.display()));
 }
 
+/// A new encrypted drive of `size` in a container named after `tag`: the
+/// directory of its key file (kept while the test runs), the key file's
+/// path, and the drive's spec.
+fn encrypted_drive(tag: &str, size: &str) -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = key_file(dir.path());
+    let spec = new_encrypted_drive(&BD, tag, size, &key);
+    (dir, key.to_string_lossy().into_owned(), spec)
+}
+
 /// The drive's disk as the service holds it, read by Microsoft's Python SDK.
 fn blob_bytes(spec: &str) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
@@ -51,10 +61,7 @@ fn blob_bytes(spec: &str) -> Vec<u8> {
 #[test]
 fn cryptsetup_opens_what_blobdrive_writes_and_its_key_decrypts_the_blob() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let key = key_file(dir.path());
-    let spec = new_encrypted_drive(&BD, "enc-out", "64MiB", &key);
-    let kf = key.to_string_lossy().into_owned();
+    let (dir, kf, spec) = encrypted_drive("enc-out", "64MiB");
     let mp = mount(&spec, &["--mode", "raw", "--key-file", &kf]);
     // Whole pages, a lone 512-byte page of a 4096-byte sector, and a range
     // written then discarded.
@@ -135,9 +142,7 @@ fn an_image_cryptsetup_formats_mounts_with_its_passphrase() {
 #[test]
 fn wrong_missing_and_misplaced_passphrases_change_nothing() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let key = key_file(dir.path());
-    let spec = new_encrypted_drive(&BD, "enc-wrong", "32MiB", &key);
+    let (dir, kf, spec) = encrypted_drive("enc-wrong", "32MiB");
     let before = json(&BD.ok(&["info", &spec, "--json"]));
     let wrong = dir.path().join("wrong.key");
     std::fs::write(&wrong, b"wrong").unwrap();
@@ -170,7 +175,7 @@ fn wrong_missing_and_misplaced_passphrases_change_nothing() {
         "17MiB",
         "--encrypt",
         "--key-file",
-        &key.to_string_lossy(),
+        &kf,
         "--sector-size",
         "512",
         "--json",
@@ -184,7 +189,7 @@ fn wrong_missing_and_misplaced_passphrases_change_nothing() {
         "16MiB",
         "--encrypt",
         "--key-file",
-        &key.to_string_lossy(),
+        &kf,
     ])
     .fails_with_error(&["needs at least 17 MiB"]);
     BD.cmd(&[
@@ -197,17 +202,11 @@ fn wrong_missing_and_misplaced_passphrases_change_nothing() {
     ])
     .fails_with_error(&["add --encrypt"]);
     let plain = BD.new_drive("enc-plain", "32MiB");
-    BD.cmd(&[
-        "mount",
-        &plain,
-        mp.s(),
-        "--key-file",
-        &key.to_string_lossy(),
-    ])
-    .fails_with_error(&["is not encrypted", "mount it without one"]);
+    BD.cmd(&["mount", &plain, mp.s(), "--key-file", &kf])
+        .fails_with_error(&["is not encrypted", "mount it without one"]);
     // A key file others can read is refused before anything is asked.
-    sh_ok(&format!("chmod 644 '{}'", key.display()));
-    BD.cmd(&["mount", &spec, mp.s(), "--key-file", &key.to_string_lossy()])
+    sh_ok(&format!("chmod 644 '{kf}'"));
+    BD.cmd(&["mount", &spec, mp.s(), "--key-file", &kf])
         .fails_with_error(&["readable or writable by group or others", "chmod 600"]);
 }
 
@@ -217,10 +216,7 @@ fn wrong_missing_and_misplaced_passphrases_change_nothing() {
 #[test]
 fn keyslots_and_a_damaged_first_header() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let key = key_file(dir.path());
-    let kf = key.to_string_lossy().into_owned();
-    let spec = new_encrypted_drive(&BD, "enc-keys", "32MiB", &key);
+    let (dir, kf, spec) = encrypted_drive("enc-keys", "32MiB");
     let recovery = dir.path().join("recovery.key");
     std::fs::write(&recovery, b"recovery passphrase").unwrap();
     sh_ok(&format!("chmod 600 '{}'", recovery.display()));
@@ -292,10 +288,7 @@ fn keyslots_and_a_damaged_first_header() {
 #[test]
 fn snapshots_and_incremental_downloads_decrypt_with_cryptsetups_key() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let key = key_file(dir.path());
-    let kf = key.to_string_lossy().into_owned();
-    let spec = new_encrypted_drive(&BD, "enc-snap", "64MiB", &key);
+    let (dir, kf, spec) = encrypted_drive("enc-snap", "64MiB");
     let mp = mount(&spec, &["--mkfs", "ext4", "--key-file", &kf]);
     write_file(&mp.path().join("a"), &pattern(1 << 20));
     let a = json(&BD.ok(&["snapshot", "create", &spec, "--json"]))["snapshot"]
@@ -339,13 +332,8 @@ fn snapshots_and_incremental_downloads_decrypt_with_cryptsetups_key() {
 #[test]
 fn online_growth_grows_the_data_segment() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let key = key_file(dir.path());
-    let spec = new_encrypted_drive(&BD, "enc-grow", "336MiB", &key);
-    let mp = mount(
-        &spec,
-        &["--mkfs", "xfs", "--key-file", &key.to_string_lossy()],
-    );
+    let (_dir, kf, spec) = encrypted_drive("enc-grow", "336MiB");
+    let mp = mount(&spec, &["--mkfs", "xfs", "--key-file", &kf]);
     write_file(&mp.path().join("before"), &pattern(1 << 20));
     assert_eq!(mp.stats()["disk_size"], 320 * MIB);
     let head = || {
@@ -378,7 +366,7 @@ fn online_growth_grows_the_data_segment() {
     // More than the old filesystem had room for.
     write_file(&mp.path().join("after"), &pattern(250 << 20));
     BD.unmount(&mp);
-    let mp = mount(&spec, &["--key-file", &key.to_string_lossy()]);
+    let mp = mount(&spec, &["--key-file", &kf]);
     assert!(std::fs::read(mp.path().join("after")).unwrap() == pattern(250 << 20));
     BD.unmount(&mp);
 }
@@ -389,14 +377,12 @@ fn online_growth_grows_the_data_segment() {
 #[test]
 fn no_plaintext_in_the_disk_cache_and_no_key_in_the_log() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let key = key_file(dir.path());
-    let spec = new_encrypted_drive(&BD, "enc-cache", "64MiB", &key);
+    let (dir, kf, spec) = encrypted_drive("enc-cache", "64MiB");
     let cache = tempfile::tempdir().unwrap();
     common::util::private_dir(cache.path());
     let args = [
         "--key-file",
-        &key.to_string_lossy(),
+        &kf,
         "--disk-cache",
         cache.path().to_str().unwrap(),
     ];
@@ -468,9 +454,7 @@ fn no_plaintext_in_the_disk_cache_and_no_key_in_the_log() {
 #[test]
 fn passphrases_from_the_environment_or_a_credential_and_discards_kept_local() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let key = key_file(dir.path());
-    let spec = new_encrypted_drive(&BD, "enc-env", "32MiB", &key);
+    let (_dir, kf, spec) = encrypted_drive("enc-env", "32MiB");
     let passphrase = String::from_utf8(PASSPHRASE.to_vec()).unwrap();
     let mp = BD.mp();
     BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw"])
@@ -478,7 +462,7 @@ fn passphrases_from_the_environment_or_a_credential_and_discards_kept_local() {
         .ok();
     BD.unmount(&mp);
     let creds = tempfile::tempdir().unwrap();
-    std::fs::copy(&key, creds.path().join("key")).unwrap();
+    std::fs::copy(&kf, creds.path().join("key")).unwrap();
     BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw", "--no-discard"])
         .env_remove("BLOBDRIVE_PASSPHRASE")
         .env("CREDENTIALS_DIRECTORY", creds.path())
@@ -541,10 +525,7 @@ fn logical_block_size(mp: &common::mount::Mp) -> u32 {
 #[test]
 fn a_filesystem_made_through_blobdrive_has_the_drives_sector_size() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let key = key_file(dir.path());
-    let kf = key.to_string_lossy().into_owned();
-    let spec = new_encrypted_drive(&BD, "enc-sect", "336MiB", &key);
+    let (dir, kf, spec) = encrypted_drive("enc-sect", "336MiB");
     let mp = mount(&spec, &["--mkfs", "xfs", "--key-file", &kf]);
     assert_eq!(logical_block_size(&mp), 4096);
     write_file(&mp.path().join("note"), &pattern(100_000));
@@ -596,10 +577,7 @@ fn a_filesystem_made_through_blobdrive_has_the_drives_sector_size() {
 #[test]
 fn info_says_what_the_header_says_without_a_passphrase() {
     use common::facts::{strings, text_and_json};
-    let dir = tempfile::tempdir().unwrap();
-    let key = key_file(dir.path());
-    let kf = key.to_string_lossy().into_owned();
-    let spec = new_encrypted_drive(&BD, "enc-info", "32MiB", &key);
+    let (dir, kf, spec) = encrypted_drive("enc-info", "32MiB");
     let recovery = dir.path().join("recovery.key");
     std::fs::write(&recovery, b"recovery passphrase").unwrap();
     sh_ok(&format!("chmod 600 '{}'", recovery.display()));
@@ -696,15 +674,11 @@ fn a_drive_whose_only_whole_header_is_at_another_place_is_not_taken_for_plain() 
     assert_eq!(after["lease_state"], "available", "{after}");
     let kf = key_file(dir.path());
     let out = BD
-        .cmd(&[
-            "mount",
+        .mount_cmd(
             &spec,
-            mp.s(),
-            "--mode",
-            "raw",
-            "--key-file",
-            &kf.to_string_lossy(),
-        ])
+            &mp,
+            &["--mode", "raw", "--key-file", &kf.to_string_lossy()],
+        )
         .output();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -721,10 +695,7 @@ fn a_drive_whose_only_whole_header_is_at_another_place_is_not_taken_for_plain() 
 #[test]
 fn growing_an_unmounted_encrypted_drive_says_the_filesystem_grows_at_the_next_mount() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let key = key_file(dir.path());
-    let kf = key.to_string_lossy().into_owned();
-    let spec = new_encrypted_drive(&BD, "enc-offline", "64MiB", &key);
+    let (_dir, kf, spec) = encrypted_drive("enc-offline", "64MiB");
     let mp = mount(&spec, &["--mkfs", "ext4", "--key-file", &kf]);
     write_file(&mp.path().join("kept"), &pattern(1 << 20));
     BD.unmount(&mp);

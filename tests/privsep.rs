@@ -408,15 +408,11 @@ fn a_missing_user_fails_the_mount_in_one_line_saying_how_to_create_it() {
     let spec = BD.new_drive("privsep-nouser", "16MiB");
     let mp = BD.mp();
     let err = BD
-        .cmd(&[
-            "mount",
+        .mount_cmd(
             &spec,
-            mp.s(),
-            "--mode",
-            "raw",
-            "--run-as",
-            "no-such-user-bd42",
-        ])
+            &mp,
+            &["--mode", "raw", "--run-as", "no-such-user-bd42"],
+        )
         .fails_in_one_line();
     assert!(err.contains("useradd --system"), "{err}");
     BD.assert_nothing_left(mp.path(), &spec);

@@ -46,58 +46,36 @@ use replayer::run::{run, Kind, Workload};
 /// and decrypted by an AES-XTS not blobdrive's before they are checked
 /// (`tests/replayer/sealed.rs`).
 const WORKLOADS: &[Workload] = &[
-    Workload {
-        name: "replay-ext4",
-        kind: Kind::Fs(Fs::Ext4),
-        size_mib: 64,
-        grow_to_mib: Some(96),
-        snapshots: true,
-        writers: true,
-        mount_args: &[],
-        encrypted: false,
-    },
-    Workload {
-        name: "replay-xfs",
-        kind: Kind::Fs(Fs::Xfs),
-        size_mib: 320,
-        grow_to_mib: Some(384),
-        snapshots: true,
-        writers: true,
-        mount_args: &[],
-        encrypted: false,
-    },
-    Workload {
-        name: "replay-raw",
-        kind: Kind::Raw,
-        size_mib: 32,
-        grow_to_mib: Some(48),
-        snapshots: true,
-        writers: true,
-        mount_args: &[],
-        encrypted: false,
-    },
-    Workload {
-        name: "replay-block",
-        kind: Kind::Block,
-        size_mib: 32,
-        grow_to_mib: Some(48),
-        snapshots: true,
-        writers: true,
-        mount_args: &[],
-        encrypted: false,
-    },
+    under_writers("replay-ext4", Kind::Fs(Fs::Ext4), 64, 96),
+    under_writers("replay-xfs", Kind::Fs(Fs::Xfs), 320, 384),
+    under_writers("replay-raw", Kind::Raw, 32, 48),
+    under_writers("replay-block", Kind::Block, 32, 48),
     // The plaintext disk is 16 MiB smaller: the LUKS2 header's.
     Workload {
-        name: "replay-ext4-encrypted",
-        kind: Kind::Fs(Fs::Ext4),
-        size_mib: 80,
-        grow_to_mib: Some(112),
+        encrypted: true,
+        ..under_writers("replay-ext4-encrypted", Kind::Fs(Fs::Ext4), 80, 112)
+    },
+];
+
+/// A plain drive of `size_mib` under the writers, mounted at the shipped
+/// settings, snapshotted and grown online to `grow_to_mib`.
+const fn under_writers(
+    name: &'static str,
+    kind: Kind,
+    size_mib: u64,
+    grow_to_mib: u64,
+) -> Workload {
+    Workload {
+        name,
+        kind,
+        size_mib,
+        grow_to_mib: Some(grow_to_mib),
         snapshots: true,
         writers: true,
         mount_args: &[],
-        encrypted: true,
-    },
-];
+        encrypted: false,
+    }
+}
 
 fn workload(name: &str) -> &'static Workload {
     WORKLOADS
@@ -120,34 +98,34 @@ fn replay_is_sound(name: &str, s: &Settings) {
     assert_eq!(report.retried, report.dropped, "{report}");
 }
 
-#[test]
-fn every_crash_state_of_ext4_under_concurrent_writers_recovers_with_every_fsynced_file() {
-    replay_is_sound("replay-ext4", &Settings::from_env());
+/// One test a workload: `test: "workload" with settings,` makes `test`, a
+/// [`replay_is_sound`] of that workload with those settings.
+macro_rules! sound_replays {
+    ($($(#[$doc:meta])* $test:ident: $name:literal with $settings:expr,)*) => {$(
+        $(#[$doc])*
+        #[test]
+        fn $test() {
+            replay_is_sound($name, &$settings);
+        }
+    )*};
 }
 
-#[test]
-fn every_crash_state_of_xfs_growing_under_concurrent_writers_recovers_with_every_fsynced_file() {
-    replay_is_sound("replay-xfs", &Settings::from_env());
-}
-
-#[test]
-fn every_crash_state_of_a_raw_drive_under_fsx_and_writers_holds_every_fsynced_byte() {
-    replay_is_sound("replay-raw", &Settings::from_env());
-}
-
-#[test]
-fn every_crash_state_of_a_block_drive_under_writers_holds_every_fsynced_byte() {
-    replay_is_sound("replay-block", &Settings::from_env());
-}
-
-/// An encrypted drive (LUKS2) with ext4, grown and snapshotted under the same
-/// writers: each state, opened by cryptsetup and decrypted as any host reads
-/// it, recovers with every fsynced file. Shorter by default than the others
-/// (each state costs a decryption more), and as long with the same
-/// variables.
-#[test]
-fn every_crash_state_of_encrypted_ext4_under_concurrent_writers_recovers_with_every_fsynced_file() {
-    replay_is_sound("replay-ext4-encrypted", &Settings::from_env_or(6, 8, 2));
+sound_replays! {
+    every_crash_state_of_ext4_under_concurrent_writers_recovers_with_every_fsynced_file:
+        "replay-ext4" with Settings::from_env(),
+    every_crash_state_of_xfs_growing_under_concurrent_writers_recovers_with_every_fsynced_file:
+        "replay-xfs" with Settings::from_env(),
+    every_crash_state_of_a_raw_drive_under_fsx_and_writers_holds_every_fsynced_byte:
+        "replay-raw" with Settings::from_env(),
+    every_crash_state_of_a_block_drive_under_writers_holds_every_fsynced_byte:
+        "replay-block" with Settings::from_env(),
+    /// An encrypted drive (LUKS2) with ext4, grown and snapshotted under the same
+    /// writers: each state, opened by cryptsetup and decrypted as any host reads
+    /// it, recovers with every fsynced file. Shorter by default than the others
+    /// (each state costs a decryption more), and as long with the same
+    /// variables.
+    every_crash_state_of_encrypted_ext4_under_concurrent_writers_recovers_with_every_fsynced_file:
+        "replay-ext4-encrypted" with Settings::from_env_or(6, 8, 2),
 }
 
 /// Once `blobdrive resize` of a mounted xfs drive has returned, a crash leaves

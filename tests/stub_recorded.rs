@@ -159,13 +159,7 @@ fn throttled_put_page_is_retried_with_the_same_range_and_bytes() {
 
 #[test]
 fn connection_reset_is_retried() {
-    let stub = Stub::start(|_, i| {
-        if i == 0 {
-            Reply::Hangup
-        } else {
-            Reply::status(201)
-        }
-    });
+    let stub = Stub::start(|_, i| cut_off_first(i));
     let svc = service(&stub, fast_policy());
     rt().block_on(svc.blob("disks", "a.vhd").clear_pages(0, 4096, None))
         .unwrap();
@@ -402,6 +396,16 @@ fn a_blob_whose_length_is_not_whole_pages_is_refused() {
     assert_eq!(stub.requests().len(), 1, "nothing but the HEAD was sent");
 }
 
+/// The answer to the `i`th request of a kind: the first cut off (the
+/// connection closed with no answer), each other 201 Created.
+fn cut_off_first(i: usize) -> Reply {
+    if i == 0 {
+        Reply::Hangup
+    } else {
+        Reply::status(201)
+    }
+}
+
 /// A stub whose Set Blob Properties answers count the sequence number up from
 /// `first` (Get Blob Properties says the number the next raise will answer),
 /// and whose Put Page answers come from `page` (by Put Page index).
@@ -471,13 +475,7 @@ fn one_fenced_write(stub: &Stub) -> Arc<blobdrive::azure::WriteFence> {
 
 #[test]
 fn an_unanswered_fenced_write_raises_the_sequence_number_before_it_is_sent_again() {
-    let stub = fenced_stub(7, |i| {
-        if i == 0 {
-            Reply::Hangup
-        } else {
-            Reply::status(201)
-        }
-    });
+    let stub = fenced_stub(7, cut_off_first);
     let fence = one_fenced_write(&stub);
     trace_is(
         &stub,
@@ -536,17 +534,7 @@ fn a_raise_answered_with_a_number_nobody_asked_for_is_read_again_before_it_is_us
         |n| if n == 8 { i64::MAX as u64 } else { n },
         |n| if n == 8 { 2 } else { n },
     ] {
-        let stub = fenced_stub_telling(
-            7,
-            |i| {
-                if i == 0 {
-                    Reply::Hangup
-                } else {
-                    Reply::status(201)
-                }
-            },
-            told,
-        );
+        let stub = fenced_stub_telling(7, cut_off_first, told);
         let fence = one_fenced_write(&stub);
         trace_is(
             &stub,

@@ -157,9 +157,13 @@ impl Harness {
     /// Mounts `spec` at `mp` with the options `extra`, which must succeed: its
     /// standard output (a block mount's loop device).
     pub fn mount(&self, spec: &str, mp: &Mp, extra: &[&str]) -> String {
-        let mut args = vec!["mount", spec, mp.s()];
-        args.extend_from_slice(extra);
-        self.ok(&args)
+        self.mount_cmd(spec, mp, extra).ok()
+    }
+
+    /// `blobdrive mount SPEC MP EXTRA...`, to be changed or run (one that
+    /// must fail, say).
+    pub fn mount_cmd(&self, spec: &str, mp: &Mp, extra: &[&str]) -> Bd {
+        self.cmd(&[&["mount", spec, mp.s()], extra].concat())
     }
 
     /// Unmounts `mp`, which must succeed: its standard output.
