@@ -138,10 +138,7 @@ pub async fn open(
         data_offset: u.segment.offset,
         sector_size: u.segment.sector_size,
         warning: u.header.other_bad.map(|why| {
-            format!("the LUKS2 header's {} copy was used: {why} (`blobdrive key add` or any key change writes both again)", match u.header.used {
-                crate::luks::header::Copy::First => "first",
-                crate::luks::header::Copy::Second => "second",
-            })
+            format!("the LUKS2 header's {} copy was used: {why} (`blobdrive key add` or any key change writes both again)", u.header.used.name())
         }),
     })
 }

@@ -191,8 +191,7 @@ fn read_all(r: impl Read, what: &str) -> Result<Secret> {
 }
 
 pub fn is_terminal() -> bool {
-    // SAFETY: isatty only looks at the descriptor.
-    unsafe { libc::isatty(0) == 1 }
+    std::io::IsTerminal::is_terminal(&std::io::stdin())
 }
 
 /// Reads a line from the terminal on standard input with echo off.

@@ -51,11 +51,6 @@ impl CryptLayer {
         }
     }
 
-    /// Where the data segment starts on the disk below.
-    pub fn data_offset(&self) -> u64 {
-        self.offset
-    }
-
     /// The runs' ciphertext, each in a pooled buffer, placed on the disk below.
     fn encrypt_runs(&self, runs: Vec<(u64, Bytes)>) -> Vec<(u64, Bytes)> {
         runs.into_iter()

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::BlobDisk;
 use crate::azure::text::escape_controls;
 use crate::azure::{AzureError, BlobClient};
-use crate::luks::header::{self, Copy, Header};
+use crate::luks::header::{self, Header};
 use crate::luks::metadata::CIPHER;
 use crate::luks::LuksError;
 
@@ -83,10 +83,7 @@ fn header_facts(h: &Header) -> Result<HeaderFacts, LuksError> {
             })
             .collect(),
         uuid: escape_controls(&h.binary.uuid),
-        header_copy: match h.used {
-            Copy::First => "first",
-            Copy::Second => "second",
-        },
+        header_copy: h.used.name(),
         other_copy: h.other_bad.as_deref().map(escape_controls),
     })
 }

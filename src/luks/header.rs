@@ -20,6 +20,16 @@ pub enum Copy {
     Second,
 }
 
+impl Copy {
+    /// "first" or "second", as messages and `info` name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Copy::First => "first",
+            Copy::Second => "second",
+        }
+    }
+}
+
 /// The header in use, and what was found wrong with the other copy.
 #[derive(Debug, Clone)]
 pub struct Header {

@@ -28,7 +28,7 @@ const AT_THE_START: &[Signature] = &[
     Signature {
         name: "a LUKS encrypted volume",
         at: 0,
-        bytes: b"LUKS\xba\xbe",
+        bytes: crate::luks::binary::MAGIC_FIRST,
     },
     Signature {
         name: "a GPT partition table",

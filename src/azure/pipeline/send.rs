@@ -181,9 +181,9 @@ async fn exchange(
     *head_came = true;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    let answer = |body, streamed| Response {
+    let answer = |headers, body, streamed| Response {
         status,
-        headers: headers.clone(),
+        headers,
         body,
         streamed,
         after_unanswered: false,
@@ -193,7 +193,7 @@ async fn exchange(
         let body = crate::azure::http::body_prefix(resp, ERROR_BODY_MAX)
             .await
             .map_err(|e| transport(describe(e)))?;
-        return Ok(answer(body, 0));
+        return Ok(answer(headers, body, 0));
     }
     if let Some(why) = check::unasked_encoding(&headers) {
         return Err(Failure::Garbled(why));
@@ -203,14 +203,14 @@ async fn exchange(
             stream_into(resp, sink).await?;
             match check::garbled(req.expect, status, &headers, Got::Streamed(sink)) {
                 Some(why) => Err(Failure::Garbled(why)),
-                None => Ok(answer(Bytes::new(), sink.filled())),
+                None => Ok(answer(headers, Bytes::new(), sink.filled())),
             }
         }
         None => {
             let body = body_within(resp, body_max(req)).await.map_err(transport)?;
             match check::garbled(req.expect, status, &headers, Got::Body(&body)) {
                 Some(why) => Err(Failure::Garbled(why)),
-                None => Ok(answer(body, 0)),
+                None => Ok(answer(headers, body, 0)),
             }
         }
     }

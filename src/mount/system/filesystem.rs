@@ -61,7 +61,7 @@ pub fn prepare(dev: &Pinned, req: &MountRequest, zeroed: bool) -> Result<Prepare
                     req.blob
                 )));
             }
-            mkfs(dev, wanted, zeroed)?;
+            mkfs(dev, wanted)?;
             out.formatted = true;
             wanted.to_string()
         }

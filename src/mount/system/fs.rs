@@ -192,24 +192,25 @@ pub fn fs_type(dev: &Pinned) -> Result<Option<String>, MountError> {
 /// Creates a filesystem without discarding the whole disk first (that would be a
 /// Clear Pages over every byte of a drive that is already empty).
 ///
-/// `zeroed`: no byte of the disk was ever written, so it reads as zeros. ext4
-/// is then told so (`assume_storage_prezeroed`), and marks its inode tables
-/// zeroed: otherwise the kernel's ext4lazyinit zeroes them in the background
+/// It runs only on a drive found blank (see [`super::filesystem::prepare`]):
+/// no byte of the disk was ever written, so it reads as zeros. ext4 is told
+/// so (`assume_storage_prezeroed`), and marks its inode tables zeroed: otherwise the kernel's ext4lazyinit zeroes them in the background
 /// after the first mount, through the loop device as Clear Pages calls that
 /// only repeat what the blob already holds. During an outage such a call
 /// waits, and the loop device's reads queue behind it (a read of cached data
 /// waited for an expired token in a fresh-clone run of entra_mount).
-pub fn mkfs(dev: &Pinned, fstype: &str, zeroed: bool) -> Result<(), MountError> {
-    let ext4_options = if zeroed {
-        "nodiscard,assume_storage_prezeroed=1"
-    } else {
-        "nodiscard"
-    };
+pub fn mkfs(dev: &Pinned, fstype: &str) -> Result<(), MountError> {
     match fstype {
         "ext4" => run_on(
             dev,
             "mkfs.ext4",
-            &["-q", "-F", "-E", ext4_options, dev.path()],
+            &[
+                "-q",
+                "-F",
+                "-E",
+                "nodiscard,assume_storage_prezeroed=1",
+                dev.path(),
+            ],
         )
         .map(|_| ()),
         "xfs" => {
