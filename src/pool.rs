@@ -427,7 +427,10 @@ mod tests {
             pool.send(i);
         }
         drop(held);
-        wait_until("every job", || started.lock().unwrap().len() == 14);
+        // A background job records what it saw after it records its start.
+        wait_until("every job", || {
+            started.lock().unwrap().len() == 14 && waiting_at_bg.lock().unwrap().len() == 6
+        });
         let order = started.lock().unwrap().clone();
         let waiting = waiting_at_bg.lock().unwrap().clone();
         assert_eq!(waiting.len(), 6, "{order:?}");
