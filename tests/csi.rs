@@ -2653,6 +2653,8 @@ fn a_copy_is_encrypted_as_its_source_and_a_class_that_asks_otherwise_is_refused(
             "{name}: {err}"
         );
         assert!(!err.contains("not the source's"), "{name}: {err}");
+        // A clone's error names the volume, never the snapshot taken for it.
+        assert!(!err.contains(&format!("{names}@")), "{name}: {err}");
         assert!(!made(&cs, &container, name), "{name} was made");
     }
     for snap in [&crypt_snap, &bare_snap] {

@@ -33,10 +33,10 @@ pub async fn check(
     match (is, asks) {
         (false, false) => Ok(()),
         (true, false) => Err(Status::invalid_argument(format!(
-            "{named} is an encrypted drive (LUKS2) and the StorageClass asks {ENCRYPTION}: none: a copy has its source's bytes, so it is encrypted as its source is; make it with a class of {ENCRYPTION}: luks2 whose secrets hold the source's passphrase"
+            "{named} is an encrypted drive (LUKS2) and the StorageClass asks for a plain one (no {ENCRYPTION}: luks2); a copy has its source's bytes, so it is encrypted as its source is: make it with a class of {ENCRYPTION}: luks2 whose secrets hold the source's passphrase"
         ))),
         (false, true) => Err(Status::invalid_argument(format!(
-            "{named} is a plain drive and the StorageClass asks {ENCRYPTION}: luks2: a copy has its source's bytes, and the driver does not encrypt them; make it with a class without {ENCRYPTION}, or copy the data into a new encrypted volume"
+            "{named} is a plain drive and the StorageClass asks for an encrypted one ({ENCRYPTION}: luks2); a copy has its source's bytes, and the driver does not encrypt them: make it with a class without {ENCRYPTION}, or copy the data into a new encrypted volume"
         ))),
         (true, true) => opens(source, disk_size, named, req).await,
     }
