@@ -2500,3 +2500,167 @@ fn an_encrypted_volume_takes_its_passphrase_from_the_secrets_and_never_logs_it()
         "the log is the driver's"
     );
 }
+
+/// A volume made from a snapshot or cloned from a volume has its source's
+/// bytes, so it is encrypted as its source is: copies of an encrypted volume
+/// (a restore and a clone) in an `encryption: luks2` class carry `encryption`
+/// in their context, NodeStage asks the node-stage secret for them and they
+/// open with the source's passphrase, its file in them. A class that asks
+/// otherwise than the source is (a plain class for an encrypted source, a
+/// luks2 class for a plain one), or a luks2 class whose passphrase does not
+/// open the source, is INVALID_ARGUMENT naming the source, and nothing is
+/// made. Before, the copy took the class's encryption: staged without a
+/// passphrase (refused) or with one on plain bytes (refused).
+#[test]
+fn a_copy_is_encrypted_as_its_source_and_a_class_that_asks_otherwise_is_refused() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
+    let cs = Azurite::shared().connection_string();
+    let container = unique_container("csi-copycrypt");
+    let socket = dir.path().join("csi.sock");
+    let args = ["--node-id", "n1", "--container", container.as_str()];
+    let _driver = Driver::start_with(&cs, &socket, &args, None);
+    let node = Plugin {
+        stubs: dir.path(),
+        socket: socket.clone(),
+    };
+    const SECRET: &str = "the source's passphrase";
+    let secrets = format!(r#"{{"passphrase": "{SECRET}"}}"#);
+    let (luks2, plain) = (r#"{"encryption": "luks2"}"#, "{}");
+    let create = |name: &str, params: &str, source: &str, secrets: &str| {
+        node.call(
+            "CreateVolume",
+            format!(r#"{{"name": "{name}", "capacity_range": {{"required_bytes": 67108864}}, "volume_capabilities": [{MOUNT_CAP}], "parameters": {params}{source}, "secrets": {secrets}}}"#),
+        )
+    };
+    let staging = dir.path().join("staging");
+    let stage = |vol: &serde_json::Value, secrets: &str| {
+        node.call(
+            "NodeStageVolume",
+            format!(
+                r#"{{"volume_id": "{}", "staging_target_path": "{}", "volume_capability": {MOUNT_CAP}, "volume_context": {}, "secrets": {secrets}}}"#,
+                vol["volume"]["volume_id"].as_str().unwrap(),
+                staging.display(),
+                vol["volume"]["volume_context"]
+            ),
+        )
+    };
+    let id_of = |vol: &serde_json::Value| vol["volume"]["volume_id"].as_str().unwrap().to_string();
+    let crypt = create("src-crypt", luks2, "", &secrets).unwrap();
+    let bare = create("src-plain", plain, "", "{}").unwrap();
+    stage(&crypt, &secrets).unwrap();
+    std::fs::write(staging.join("kept"), b"in the encrypted source").unwrap();
+    node.unstage(&id_of(&crypt), &staging);
+    let snapshot_of = |vol: &serde_json::Value, name: &str| {
+        let snap = node.ok(
+            "CreateSnapshot",
+            format!(
+                r#"{{"name": "{name}", "source_volume_id": "{}"}}"#,
+                id_of(vol)
+            ),
+        );
+        snap["snapshot"]["snapshot_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (crypt_snap, bare_snap) = (
+        snapshot_of(&crypt, "crypt-snap"),
+        snapshot_of(&bare, "plain-snap"),
+    );
+    let from_snapshot = |id: &str| {
+        format!(r#", "volume_content_source": {{"snapshot": {{"snapshot_id": "{id}"}}}}"#)
+    };
+    let from_volume =
+        |id: &str| format!(r#", "volume_content_source": {{"volume": {{"volume_id": "{id}"}}}}"#);
+    let (crypt_id, bare_id) = (id_of(&crypt), id_of(&bare));
+    for (name, source) in [
+        ("restored", from_snapshot(&crypt_snap)),
+        ("cloned", from_volume(&crypt_id)),
+    ] {
+        let copy = create(name, luks2, &source, &secrets).unwrap();
+        assert_eq!(
+            copy["volume"]["volume_context"]["encryption"], "luks2",
+            "{copy}"
+        );
+        let err = stage(&copy, "{}").unwrap_err();
+        assert!(
+            err.starts_with("error INVALID_ARGUMENT") && err.contains("node-stage secret"),
+            "{err}"
+        );
+        stage(&copy, &secrets).unwrap();
+        assert_eq!(
+            std::fs::read(staging.join("kept")).unwrap(),
+            b"in the encrypted source",
+            "{name}"
+        );
+        node.unstage(&id_of(&copy), &staging);
+        node.ok(
+            "DeleteVolume",
+            format!(r#"{{"volume_id": "{}"}}"#, id_of(&copy)),
+        );
+    }
+    let wrong = r#"{"passphrase": "not the source's"}"#;
+    for (name, params, source, secrets, names, why) in [
+        (
+            "crypt-to-plain",
+            plain,
+            from_snapshot(&crypt_snap),
+            "{}",
+            &crypt_snap,
+            "encryption",
+        ),
+        (
+            "crypt-clone-plain",
+            plain,
+            from_volume(&crypt_id),
+            "{}",
+            &crypt_id,
+            "encryption",
+        ),
+        (
+            "plain-to-crypt",
+            luks2,
+            from_snapshot(&bare_snap),
+            secrets.as_str(),
+            &bare_snap,
+            "encryption",
+        ),
+        (
+            "plain-clone-crypt",
+            luks2,
+            from_volume(&bare_id),
+            secrets.as_str(),
+            &bare_id,
+            "encryption",
+        ),
+        (
+            "crypt-wrong-key",
+            luks2,
+            from_snapshot(&crypt_snap),
+            wrong,
+            &crypt_snap,
+            "passphrase",
+        ),
+    ] {
+        let err = create(name, params, &source, secrets).unwrap_err();
+        assert!(
+            err.starts_with("error INVALID_ARGUMENT")
+                && err.contains(names.as_str())
+                && err.contains(why),
+            "{name}: {err}"
+        );
+        assert!(!err.contains("not the source's"), "{name}: {err}");
+        // A clone's error names the volume, never the snapshot taken for it.
+        assert!(!err.contains(&format!("{names}@")), "{name}: {err}");
+        assert!(!made(&cs, &container, name), "{name} was made");
+    }
+    for snap in [&crypt_snap, &bare_snap] {
+        node.ok("DeleteSnapshot", format!(r#"{{"snapshot_id": "{snap}"}}"#));
+    }
+    for id in [&crypt_id, &bare_id] {
+        node.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
+    }
+}

@@ -17,8 +17,8 @@ use std::future::Future;
 use tonic::Status;
 
 use super::snapshots::{SnapshotId, CLONE_FOR_META};
-use super::status_of;
 use super::volume::VolumeId;
+use super::{flush, status_of, Driver};
 use crate::azure::{BlobService, DeleteSnapshots};
 use crate::drive::{Drive, DriveError};
 
@@ -36,7 +36,7 @@ fn meta<'a>(metadata: &'a [(String, String)], name: &str) -> Option<&'a str> {
 /// `copy` makes the target from a snapshot (the copy of a snapshot
 /// CreateVolume makes, grown to the size asked) and answers its size.
 pub async fn clone_volume<F, Fut>(
-    svc: &BlobService,
+    driver: &Driver,
     source: &VolumeId,
     target: &VolumeId,
     copy: F,
@@ -45,9 +45,10 @@ where
     F: FnOnce(SnapshotId) -> Fut,
     Fut: Future<Output = Result<u64, Status>>,
 {
+    let svc = &driver.service;
     let at = match left_for(svc, source, target).await?.into_iter().next() {
         Some(at) => at,
-        None => take_snapshot(svc, source, target).await?,
+        None => take_snapshot(driver, source, target).await?,
     };
     let snapshot = SnapshotId {
         volume: source.clone(),
@@ -91,17 +92,18 @@ where
     Ok(size)
 }
 
-/// Takes the snapshot of `source` a clone to `target` copies from. NOT_FOUND
-/// when there is no such volume.
+/// Takes the snapshot of `source` a clone to `target` copies from, once the
+/// node holding the source flushed it (see `flush.rs`): the clone has every
+/// write that node acknowledged. NOT_FOUND when there is no such volume.
 async fn take_snapshot(
-    svc: &BlobService,
+    driver: &Driver,
     source: &VolumeId,
     target: &VolumeId,
 ) -> Result<String, Status> {
-    let blob = svc.blob(&source.container, &source.blob);
+    let blob = driver.service.blob(&source.container, &source.blob);
     let missing = || Status::not_found(format!("no volume {}", source.spec()));
     match Drive::open(&blob).await {
-        Ok(_) => {}
+        Ok(drive) => flush::before_snapshot(driver, source, &drive.props).await,
         Err(DriveError::BlobMissing(_) | DriveError::ContainerMissing(_)) => return Err(missing()),
         Err(DriveError::Azure(e)) if e.is_not_found() => return Err(missing()),
         Err(DriveError::Azure(e)) => return Err(status_of(e)),

@@ -12,7 +12,7 @@ use super::origin::{Origin, Source};
 use super::proto::{CreateVolumeRequest, Volume};
 use super::snapshots::SnapshotId;
 use super::volume::{self, VolumeId};
-use super::{clone, flush, parameters, status_of, status_of_drive, Driver};
+use super::{clone, copies, parameters, status_of, status_of_drive, Driver};
 use crate::azure::{BlobClient, BlobProperties, BlobService};
 use crate::drive::{self, Drive, DriveError};
 
@@ -40,18 +40,11 @@ pub async fn create_volume(driver: &Driver, req: &CreateVolumeRequest) -> Result
         Some(Source::Snapshot(s)) => copy_snapshot(driver, &blob, s, &asked).await?,
         Some(Source::Volume(v)) => {
             let source = VolumeId::parse(v).expect("checked");
-            // The clone is a copy of a snapshot of the source: with every
-            // write its node acknowledged (a source that does not exist is
-            // NOT_FOUND below).
-            let src = driver.service.blob(&source.container, &source.blob);
-            if let Ok(props) = src.properties().await {
-                flush::before_snapshot(driver, &source, &props).await;
-            }
             let (blob, asked) = (&blob, &asked);
             let copy = |snapshot: SnapshotId| async move {
                 copy_snapshot(driver, blob, &snapshot.spec(), asked).await
             };
-            clone::clone_volume(&driver.service, &source, &asked.id, copy).await?
+            clone::clone_volume(driver, &source, &asked.id, copy).await?
         }
         None => fresh(&blob, &asked).await?,
     };
@@ -249,6 +242,7 @@ async fn copy_snapshot(
             "{named} holds {has} bytes, more than the limit asked"
         )));
     }
+    copies::check(&source, has, &named, asked.req).await?;
     let size = wanted.max(has);
     let origin = Origin {
         source: asked.source.clone(),

@@ -6,6 +6,8 @@
 //!   publish);
 //! - `clone.rs`: a volume made from another, copied by the storage service
 //!   from a snapshot taken for it;
+//! - `copies.rs`: a volume made from a snapshot or a clone is encrypted as
+//!   its source is, or not made;
 //! - `publish.rs`: which node a volume is published to, and fencing a node
 //!   that lost it;
 //! - `snapshots.rs`: volume snapshots as blob snapshots, taken once the node
@@ -28,6 +30,7 @@ mod budget;
 mod cgroup;
 mod clone;
 mod controller;
+mod copies;
 mod create;
 mod flush;
 mod identity;
