@@ -146,29 +146,44 @@ pub async fn open(
 /// The least disk an encrypted drive has: the header's 16 MiB and 1 MiB of data.
 pub const MIN_DISK: u64 = crate::luks::DEFAULT_DATA_OFFSET + (1 << 20);
 
-/// Makes the new drive `blob` (created empty by the caller, nobody else's yet)
-/// an encrypted one: a LUKS2 header at the start of its disk. If that fails,
-/// the blob is deleted again, as a drive whose footer could not be written is:
-/// a drive meant to be encrypted is never left plain.
-pub async fn format_new(
-    blob: &BlobClient,
+/// A new LUKS2 header (both copies and keyslot 0 under `passphrase`), made in
+/// memory: the pages of the disk it takes, for [`crate::drive::create_with`]
+/// to write before the footer. The key derivation (seconds of Argon2id) runs
+/// here, before the blob exists, and the drive is a drive only once all of its
+/// header is on the blob: a create stopped at any point never leaves a drive
+/// meant to be encrypted looking plain.
+pub async fn new_header(
     passphrase: &[u8],
     sector_size: u32,
     kdf: volume::KdfChoice,
-) -> Result<(), String> {
-    match volume::format(&BlobDisk::new(blob, None), passphrase, sector_size, kdf).await {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            let cleanup = blob
-                .delete(crate::azure::DeleteSnapshots::None, None)
-                .await
-                .err();
-            Err(match cleanup {
-                None => format!("cannot write the LUKS2 header: {e} (the half-created blob was deleted again)"),
-                Some(c) => format!("cannot write the LUKS2 header: {e}; deleting the half-created blob also failed: {c}"),
-            })
+) -> Result<Vec<(u64, Bytes)>, LuksError> {
+    let disk = crate::luks::MemDisk::new(crate::luks::DEFAULT_DATA_OFFSET as usize);
+    volume::format(&disk, passphrase, sector_size, kdf).await?;
+    let bytes = disk.bytes.into_inner().expect("not poisoned");
+    Ok(written_pages(&bytes))
+}
+
+/// The runs of `disk`'s 512-byte pages that are not all zeros (a fresh blob
+/// reads zeros elsewhere), each at most one Put Page long.
+fn written_pages(disk: &[u8]) -> Vec<(u64, Bytes)> {
+    let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+    for (i, page) in disk.chunks(512).enumerate() {
+        if page.iter().all(|&b| b == 0) {
+            continue;
+        }
+        let at = i as u64 * 512;
+        match runs.last_mut() {
+            Some((start, run))
+                if *start + run.len() as u64 == at && run.len() < MAX_RUN as usize =>
+            {
+                run.extend_from_slice(page)
+            }
+            _ => runs.push((at, page.to_vec())),
         }
     }
+    runs.into_iter()
+        .map(|(at, run)| (at, Bytes::from(run)))
+        .collect()
 }
 
 /// Why a key command did not run.
