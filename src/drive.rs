@@ -186,6 +186,29 @@ impl Drive {
     }
 }
 
+/// Takes a short lease of `secs` seconds on `blob` for a command that changes
+/// it (a resize, a key change), on the condition of `etag`, the blob as the
+/// command read it: so what the command decided is the blob's under the lease,
+/// and a copy of this acquire given up on that lands after the command ended
+/// (and changed the blob) is refused instead of leasing the drive to nobody.
+/// `during` names the command in [`DriveError::ChangedUnderfoot`]. A lease
+/// held by someone else is `LeaseAlreadyPresent`, as the service says it.
+pub async fn short_lease(
+    blob: &BlobClient,
+    secs: u32,
+    etag: Option<&str>,
+    during: &'static str,
+) -> Result<String, DriveError> {
+    let id = uuid::Uuid::new_v4().to_string();
+    match blob.acquire_lease_if_match(&id, Some(secs), etag).await {
+        Err(e) if e.is_changed_since_read() => Err(DriveError::ChangedUnderfoot {
+            target: blob.target(),
+            during,
+        }),
+        got => Ok(got?.id),
+    }
+}
+
 /// Whether a blob whose footer is not one is what a `create` stopped before
 /// its footer leaves: the create's token in its metadata and no footer at all.
 fn unfinished(props: &BlobProperties, tail: &[u8]) -> bool {

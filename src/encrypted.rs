@@ -15,6 +15,7 @@ use bytes::Bytes;
 
 use crate::azure::{AzureError, BlobClient, WriteFence};
 use crate::device::MAX_RUN;
+use crate::drive::DriveError;
 use crate::luks::binary::{HDR_SIZES, MAGIC_FIRST, MAGIC_SECOND};
 use crate::luks::volume::{self, Unlocked};
 use crate::luks::xts::XtsCipher;
@@ -194,7 +195,7 @@ pub enum KeyError {
     #[error(transparent)]
     Azure(#[from] AzureError),
     #[error(transparent)]
-    Drive(#[from] crate::drive::DriveError),
+    Drive(#[from] DriveError),
     #[error("{0} is mounted writable (its lease is held): change its passphrases while it is not mounted")]
     Leased(String),
 }
@@ -205,14 +206,16 @@ const KEY_LEASE_SECS: u32 = 60;
 
 /// Runs `op` on the drive's header under a short lease of its own, so that no
 /// mount writes the drive meanwhile; the lease is released whatever `op` did.
+/// The lease is taken on the condition of the drive as read, as a resize's
+/// is ([`crate::drive::short_lease`]).
 pub async fn under_lease<T, F>(blob: &BlobClient, op: F) -> Result<T, KeyError>
 where
     F: AsyncFnOnce(&BlobDisk<'_>) -> Result<T, LuksError>,
 {
-    crate::drive::Drive::open(blob).await?;
-    let id = uuid::Uuid::new_v4().to_string();
-    let lease = match blob.acquire_lease(&id, Some(KEY_LEASE_SECS)).await {
-        Err(e) if e.code() == Some("LeaseAlreadyPresent") => {
+    let read = crate::drive::Drive::open(blob).await?;
+    let etag = read.props.etag.as_deref();
+    let lease = match crate::drive::short_lease(blob, KEY_LEASE_SECS, etag, "rekeyed").await {
+        Err(DriveError::Azure(e)) if e.code() == Some("LeaseAlreadyPresent") => {
             return Err(KeyError::Leased(blob.target()))
         }
         got => got?,

@@ -804,3 +804,46 @@ fn a_create_stopped_before_its_footer_is_said_so_everywhere() {
     BD.ok(&["delete", &spec, "--yes"]);
     BD.ok(&["create", &spec, "--size", "32MiB"]);
 }
+
+/// A key command's Acquire Lease held past the client's timeout and carried
+/// out after the command ended takes nothing, as a resize's does
+/// (`an_acquire_that_lands_after_the_resize_ended_takes_nothing`): the lease is
+/// asked on the condition of the drive as read, which the new keyslot changed,
+/// so the drive stays free rather than leased for a minute to nobody.
+#[test]
+fn an_acquire_that_lands_after_a_key_change_ended_takes_nothing() {
+    let (dir, kf, spec) = encrypted_drive("enc-lateacq", "32MiB");
+    let new = dir.path().join("new.key");
+    std::fs::write(&new, b"a new passphrase").unwrap();
+    sh_ok(&format!("chmod 600 '{}'", new.display()));
+    let nf = new.to_string_lossy().into_owned();
+    let proxy = faultproxy::Proxy::start(faultproxy::Config::holding(
+        common::azurite::Azurite::shared().port,
+        "x-ms-lease-action: acquire",
+        1,
+        std::time::Duration::from_secs(20),
+    ));
+    let change = |from: &str, to: &str| {
+        [
+            "key",
+            "change",
+            &spec,
+            "--key-file",
+            from,
+            "--new-key-file",
+            to,
+            "--pbkdf-memory",
+            "16MiB",
+        ]
+        .map(str::to_string)
+    };
+    let args = change(&kf, &nf);
+    BD.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .cs(&proxy.connection_string())
+        .envs(&[("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")])
+        .ok();
+    proxy.held_lands_late_and_is_refused("acquire");
+    // The drive is free: the next key command takes its lease at once.
+    let args = change(&nf, &kf);
+    BD.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+}
