@@ -16,7 +16,6 @@ use bytes::Bytes;
 use crate::azure::{AzureError, BlobClient, WriteFence};
 use crate::device::MAX_RUN;
 use crate::drive::DriveError;
-use crate::luks::binary::{HDR_SIZES, MAGIC_FIRST, MAGIC_SECOND};
 use crate::luks::volume::{self, Unlocked};
 use crate::luks::xts::XtsCipher;
 use crate::luks::{HeaderDisk, LuksError};
@@ -88,15 +87,15 @@ impl HeaderDisk for BlobDisk<'_> {
 /// first copy's magic at its start, or the second copy's at any place LUKS2
 /// allows for it (16 KiB to 4 MiB: each allowed header size), so that a
 /// drive whose first copy is damaged is still known to be encrypted when its
-/// header is not cryptsetup's default size. One 512-byte read for each place,
-/// all at once. Only magic numbers are compared; the header itself is read by
-/// whoever opens the drive.
+/// header is not cryptsetup's default size. The places are
+/// [`crate::luks::header::places`], the ones the header's reader searches, so
+/// a disk this calls encrypted is never "not LUKS" to the reader (a header
+/// with no whole copy is [`LuksError::Damaged`] there). One 512-byte read for
+/// each place, all at once. Only magic numbers are compared; the header itself
+/// is read by whoever opens the drive.
 pub async fn is_luks(blob: &BlobClient, disk_size: u64) -> Result<bool, AzureError> {
-    let places = std::iter::once((0, MAGIC_FIRST))
-        .chain(HDR_SIZES.iter().map(|&at| (at, MAGIC_SECOND)))
-        .filter(|&(at, _)| at + 512 <= disk_size);
     let mut reads = tokio::task::JoinSet::new();
-    for (at, magic) in places {
+    for (at, magic) in crate::luks::header::places(disk_size) {
         let blob = blob.clone();
         reads.spawn(
             async move { Ok::<_, AzureError>(blob.read(at, 512).await?.starts_with(magic)) },
