@@ -207,9 +207,11 @@ async fn fresh(blob: &BlobClient, asked: &Asked<'_>) -> Result<u64, Status> {
     };
     match drive::create_with(blob, size, &header).await {
         Ok(()) => {}
+        // Made meanwhile by another call, finished or still writing it.
         Err(DriveError::Azure(e)) if e.code() == Some("BlobAlreadyExists") => {
             return Err(being_made(&asked.id))
         }
+        Err(DriveError::Unfinished { .. }) => return Err(being_made(&asked.id)),
         Err(e) => return Err(status_of_drive(e)),
     }
     let origin = Origin {
