@@ -33,14 +33,16 @@ pub enum DriveError {
         target: String,
         during: &'static str,
     },
+    #[error("'{target}' is not a drive: its creation stopped before the VHD footer was written; delete it (`blobdrive delete {target} --yes`) and create it again")]
+    Unfinished { target: String },
     #[error("'{target}': {source}")]
     Vhd {
         target: String,
         #[source]
         source: VhdError,
     },
-    /// The footer of a new drive could not be written; the half-created blob was
-    /// deleted again (or `cleanup` says why not).
+    /// The first pages or the footer of a new drive could not be written; the
+    /// half-created blob was deleted again (or `cleanup` says why not).
     #[error("{source}{}", match cleanup {
         None => " (the half-created blob was deleted again)".to_string(),
         Some(c) => format!("; deleting the half-created blob also failed: {c}"),
@@ -55,28 +57,52 @@ pub enum DriveError {
 /// bytes with only the VHD footer written into its last 512 bytes. Never
 /// replaces an existing blob (409 `BlobAlreadyExists`).
 pub async fn create(blob: &BlobClient, size: u64) -> Result<(), DriveError> {
+    create_with(blob, size, &[]).await
+}
+
+/// [`create`], with `first` (pages of the disk: offset and bytes, each at most
+/// 4 MiB) written before the footer: an encrypted drive's LUKS2 header. The
+/// footer is what makes the blob a drive, so a create stopped before it
+/// leaves a blob that no command takes for a drive ([`DriveError::Unfinished`]),
+/// never a drive without what `first` holds.
+pub async fn create_with(
+    blob: &BlobClient,
+    size: u64,
+    first: &[(u64, bytes::Bytes)],
+) -> Result<(), DriveError> {
     let footer = Footer::new_fixed(size).map_err(|source| DriveError::Vhd {
         target: blob.target(),
         source,
     })?;
-    blob.create_page_blob(size + FOOTER_SIZE).await?;
-    // The blob exists now but is no drive until its footer is written: if that
-    // fails, remove it again rather than leave a footerless blob behind.
+    match blob.create_page_blob(size + FOOTER_SIZE).await {
+        Err(e) if e.code() == Some("BlobAlreadyExists") => {
+            // A create stopped half-way is said as such, not as any blob.
+            return Err(match Drive::open(blob).await {
+                Err(unfinished @ DriveError::Unfinished { .. }) => unfinished,
+                _ => e.into(),
+            });
+        }
+        got => got?,
+    }
+    // The blob exists now but is no drive until its footer is written: if a
+    // write fails, remove it again rather than leave a footerless blob behind.
     // Fenced like a mount's writes (see `WriteFence`): a copy given up on that
     // lands after the drive was grown would put a footer where the disk
     // has data by then.
-    let data = bytes::Bytes::copy_from_slice(&footer.to_bytes());
     let fence = crate::azure::WriteFence::new(blob.clone(), None);
-    if let Err(source) = blob.put_pages_fenced(size, data, None, &fence).await {
-        let cleanup = blob
-            .delete(crate::azure::DeleteSnapshots::None, None)
-            .await
-            .err()
-            .map(Box::new);
-        return Err(DriveError::FooterFailed {
-            source: Box::new(source),
-            cleanup,
-        });
+    let footer = (size, bytes::Bytes::copy_from_slice(&footer.to_bytes()));
+    for (at, data) in first.iter().chain([&footer]) {
+        if let Err(source) = blob.put_pages_fenced(*at, data.clone(), None, &fence).await {
+            let cleanup = blob
+                .delete(crate::azure::DeleteSnapshots::None, None)
+                .await
+                .err()
+                .map(Box::new);
+            return Err(DriveError::FooterFailed {
+                source: Box::new(source),
+                cleanup,
+            });
+        }
     }
     // The create token has done its job; a finished drive carries no metadata.
     if let Err(e) = blob.set_metadata(&[], None).await {
@@ -149,13 +175,49 @@ impl Drive {
             });
         }
         let tail = blob.read(len - FOOTER_SIZE, FOOTER_SIZE).await?;
-        let footer =
-            Footer::parse_fixed_for_blob(&tail, len).map_err(|source| DriveError::Vhd {
-                target: blob.target(),
-                source,
-            })?;
+        let footer = Footer::parse_fixed_for_blob(&tail, len).map_err(|source| {
+            let target = blob.target();
+            match unfinished(&props, &tail) {
+                true => DriveError::Unfinished { target },
+                false => DriveError::Vhd { target, source },
+            }
+        })?;
         Ok(Drive { props, footer })
     }
+}
+
+/// Takes a short lease of `secs` seconds on `blob` for a command that changes
+/// it (a resize, a key change), on the condition of `etag`, the blob as the
+/// command read it: so what the command decided is the blob's under the lease,
+/// and a copy of this acquire given up on that lands after the command ended
+/// (and changed the blob) is refused instead of leasing the drive to nobody.
+/// `during` names the command in [`DriveError::ChangedUnderfoot`]. A lease
+/// held by someone else is `LeaseAlreadyPresent`, as the service says it.
+pub async fn short_lease(
+    blob: &BlobClient,
+    secs: u32,
+    etag: Option<&str>,
+    during: &'static str,
+) -> Result<String, DriveError> {
+    let id = uuid::Uuid::new_v4().to_string();
+    match blob.acquire_lease_if_match(&id, Some(secs), etag).await {
+        Err(e) if e.is_changed_since_read() => Err(DriveError::ChangedUnderfoot {
+            target: blob.target(),
+            during,
+        }),
+        got => Ok(got?.id),
+    }
+}
+
+/// Whether a blob whose footer is not one is what a `create` stopped before
+/// its footer leaves: the create's token in its metadata and no footer at all.
+fn unfinished(props: &BlobProperties, tail: &[u8]) -> bool {
+    let token = crate::azure::ops::blob::CREATE_TOKEN_META;
+    props
+        .metadata
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case(token))
+        && tail.iter().all(|&b| b == 0)
 }
 
 /// Properties of `blob`, with a 404 turned into "which of container or blob is

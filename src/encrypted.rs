@@ -15,7 +15,7 @@ use bytes::Bytes;
 
 use crate::azure::{AzureError, BlobClient, WriteFence};
 use crate::device::MAX_RUN;
-use crate::luks::binary::{HDR_SIZES, MAGIC_FIRST, MAGIC_SECOND};
+use crate::drive::DriveError;
 use crate::luks::volume::{self, Unlocked};
 use crate::luks::xts::XtsCipher;
 use crate::luks::{HeaderDisk, LuksError};
@@ -87,15 +87,15 @@ impl HeaderDisk for BlobDisk<'_> {
 /// first copy's magic at its start, or the second copy's at any place LUKS2
 /// allows for it (16 KiB to 4 MiB: each allowed header size), so that a
 /// drive whose first copy is damaged is still known to be encrypted when its
-/// header is not cryptsetup's default size. One 512-byte read for each place,
-/// all at once. Only magic numbers are compared; the header itself is read by
-/// whoever opens the drive.
+/// header is not cryptsetup's default size. The places are
+/// [`crate::luks::header::places`], the ones the header's reader searches, so
+/// a disk this calls encrypted is never "not LUKS" to the reader (a header
+/// with no whole copy is [`LuksError::Damaged`] there). One 512-byte read for
+/// each place, all at once. Only magic numbers are compared; the header itself
+/// is read by whoever opens the drive.
 pub async fn is_luks(blob: &BlobClient, disk_size: u64) -> Result<bool, AzureError> {
-    let places = std::iter::once((0, MAGIC_FIRST))
-        .chain(HDR_SIZES.iter().map(|&at| (at, MAGIC_SECOND)))
-        .filter(|&(at, _)| at + 512 <= disk_size);
     let mut reads = tokio::task::JoinSet::new();
-    for (at, magic) in places {
+    for (at, magic) in crate::luks::header::places(disk_size) {
         let blob = blob.clone();
         reads.spawn(
             async move { Ok::<_, AzureError>(blob.read(at, 512).await?.starts_with(magic)) },
@@ -146,29 +146,44 @@ pub async fn open(
 /// The least disk an encrypted drive has: the header's 16 MiB and 1 MiB of data.
 pub const MIN_DISK: u64 = crate::luks::DEFAULT_DATA_OFFSET + (1 << 20);
 
-/// Makes the new drive `blob` (created empty by the caller, nobody else's yet)
-/// an encrypted one: a LUKS2 header at the start of its disk. If that fails,
-/// the blob is deleted again, as a drive whose footer could not be written is:
-/// a drive meant to be encrypted is never left plain.
-pub async fn format_new(
-    blob: &BlobClient,
+/// A new LUKS2 header (both copies and keyslot 0 under `passphrase`), made in
+/// memory: the pages of the disk it takes, for [`crate::drive::create_with`]
+/// to write before the footer. The key derivation (seconds of Argon2id) runs
+/// here, before the blob exists, and the drive is a drive only once all of its
+/// header is on the blob: a create stopped at any point never leaves a drive
+/// meant to be encrypted looking plain.
+pub async fn new_header(
     passphrase: &[u8],
     sector_size: u32,
     kdf: volume::KdfChoice,
-) -> Result<(), String> {
-    match volume::format(&BlobDisk::new(blob, None), passphrase, sector_size, kdf).await {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            let cleanup = blob
-                .delete(crate::azure::DeleteSnapshots::None, None)
-                .await
-                .err();
-            Err(match cleanup {
-                None => format!("cannot write the LUKS2 header: {e} (the half-created blob was deleted again)"),
-                Some(c) => format!("cannot write the LUKS2 header: {e}; deleting the half-created blob also failed: {c}"),
-            })
+) -> Result<Vec<(u64, Bytes)>, LuksError> {
+    let disk = crate::luks::MemDisk::new(crate::luks::DEFAULT_DATA_OFFSET as usize);
+    volume::format(&disk, passphrase, sector_size, kdf).await?;
+    let bytes = disk.bytes.into_inner().expect("not poisoned");
+    Ok(written_pages(&bytes))
+}
+
+/// The runs of `disk`'s 512-byte pages that are not all zeros (a fresh blob
+/// reads zeros elsewhere), each at most one Put Page long.
+fn written_pages(disk: &[u8]) -> Vec<(u64, Bytes)> {
+    let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+    for (i, page) in disk.chunks(512).enumerate() {
+        if page.iter().all(|&b| b == 0) {
+            continue;
+        }
+        let at = i as u64 * 512;
+        match runs.last_mut() {
+            Some((start, run))
+                if *start + run.len() as u64 == at && run.len() < MAX_RUN as usize =>
+            {
+                run.extend_from_slice(page)
+            }
+            _ => runs.push((at, page.to_vec())),
         }
     }
+    runs.into_iter()
+        .map(|(at, run)| (at, Bytes::from(run)))
+        .collect()
 }
 
 /// Why a key command did not run.
@@ -179,7 +194,7 @@ pub enum KeyError {
     #[error(transparent)]
     Azure(#[from] AzureError),
     #[error(transparent)]
-    Drive(#[from] crate::drive::DriveError),
+    Drive(#[from] DriveError),
     #[error("{0} is mounted writable (its lease is held): change its passphrases while it is not mounted")]
     Leased(String),
 }
@@ -190,14 +205,16 @@ const KEY_LEASE_SECS: u32 = 60;
 
 /// Runs `op` on the drive's header under a short lease of its own, so that no
 /// mount writes the drive meanwhile; the lease is released whatever `op` did.
+/// The lease is taken on the condition of the drive as read, as a resize's
+/// is ([`crate::drive::short_lease`]).
 pub async fn under_lease<T, F>(blob: &BlobClient, op: F) -> Result<T, KeyError>
 where
     F: AsyncFnOnce(&BlobDisk<'_>) -> Result<T, LuksError>,
 {
-    crate::drive::Drive::open(blob).await?;
-    let id = uuid::Uuid::new_v4().to_string();
-    let lease = match blob.acquire_lease(&id, Some(KEY_LEASE_SECS)).await {
-        Err(e) if e.code() == Some("LeaseAlreadyPresent") => {
+    let read = crate::drive::Drive::open(blob).await?;
+    let etag = read.props.etag.as_deref();
+    let lease = match crate::drive::short_lease(blob, KEY_LEASE_SECS, etag, "rekeyed").await {
+        Err(DriveError::Azure(e)) if e.code() == Some("LeaseAlreadyPresent") => {
             return Err(KeyError::Leased(blob.target()))
         }
         got => got?,

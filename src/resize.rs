@@ -133,19 +133,7 @@ pub async fn grow_steps(blob: &BlobClient, size: u64, steps: usize) -> Result<Re
         Plan::Unchanged(s) => return Ok(Resized::Unchanged(s)),
         Plan::Grow(g) => g,
     };
-    let lease_id = uuid::Uuid::new_v4().to_string();
-    let lease = match blob
-        .acquire_lease_if_match(&lease_id, Some(LEASE_SECS), growth.etag.as_deref())
-        .await
-    {
-        Err(e) if e.is_changed_since_read() => {
-            return Err(DriveError::ChangedUnderfoot {
-                target: blob.target(),
-                during: "resized",
-            })
-        }
-        got => got?.id,
-    };
+    let lease = drive::short_lease(blob, LEASE_SECS, growth.etag.as_deref(), "resized").await?;
     let fence = WriteFence::new(blob.clone(), Some(lease.clone()));
     let mut done = Ok(());
     for step in STEPS.iter().take(steps) {

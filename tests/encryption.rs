@@ -6,6 +6,8 @@
 //! blob, nor the disk cache, nor any log holds the plaintext or the key.
 
 mod common;
+mod faultproxy;
+mod recorder;
 
 use std::path::Path;
 
@@ -719,4 +721,129 @@ fn growing_an_unmounted_encrypted_drive_says_the_filesystem_grows_at_the_next_mo
     assert!(size_mib > 120, "the filesystem is {size_mib} MiB");
     assert!(std::fs::read(mp.path().join("kept")).unwrap() == pattern(1 << 20));
     BD.unmount(&mp);
+}
+
+/// `create --encrypt` writes the LUKS2 header, both copies, before the VHD
+/// footer that makes the blob a drive (seen in the order the service got the
+/// writes): a create stopped in between leaves no drive, never a plain one
+/// that looks finished and that a later mount would take as plain.
+#[test]
+fn create_writes_both_header_copies_before_the_footer() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = key_file(dir.path());
+    let spec = format!(
+        "{}/disk.vhd",
+        common::azurite::unique_container("enc-order")
+    );
+    let rec = recorder::Recorder::start(recorder::Config {
+        upstream_port: common::azurite::Azurite::shared().port,
+        blob: spec.clone(),
+        drop_rate: 0.0,
+        seed: 0,
+        plant: None,
+    });
+    BD.cmd(&[
+        "create",
+        &spec,
+        "--size",
+        "32MiB",
+        "--create-container",
+        "--encrypt",
+        "--key-file",
+        &key.to_string_lossy(),
+        "--pbkdf-memory",
+        "16MiB",
+    ])
+    .cs(&rec.connection_string())
+    .ok();
+    let puts: Vec<(u64, u64)> = rec
+        .records()
+        .iter()
+        .filter(|r| r.applied())
+        .filter_map(|r| match r.op {
+            recorder::Op::Put { start, end } => Some((start, end)),
+            _ => None,
+        })
+        .collect();
+    let footer = puts
+        .iter()
+        .position(|&(start, _)| start == 32 * MIB)
+        .unwrap_or_else(|| panic!("no footer written: {puts:?}"));
+    for (copy, at) in [("first", 0), ("second", 16 << 10)] {
+        let header = puts
+            .iter()
+            .position(|&(start, end)| start <= at && at < end)
+            .unwrap_or_else(|| panic!("the {copy} header copy was not written: {puts:?}"));
+        assert!(
+            header < footer,
+            "the {copy} header copy was written after the footer: {puts:?}"
+        );
+    }
+}
+
+/// A blob that a create left without its footer (stopped after creating it):
+/// `create` again, `info` and `mount` each refuse it in one line that says what
+/// it is and what to do, and change nothing.
+#[test]
+fn a_create_stopped_before_its_footer_is_said_so_everywhere() {
+    let container = BD.new_container("enc-unfinished");
+    let spec = format!("{container}/disk.vhd");
+    let blob = BD.blob(&spec);
+    common::util::rt()
+        .block_on(blob.create_page_blob(32 * MIB + 512))
+        .unwrap();
+    let said = "its creation stopped before the VHD footer was written";
+    BD.cmd(&["create", &spec, "--size", "32MiB"])
+        .fails_with_error(&[said]);
+    BD.cmd(&["info", &spec]).fails_with_error(&[said]);
+    let mp = BD.mp();
+    BD.cmd(&["mount", &spec, mp.s(), "--mode", "raw", "--read-only"])
+        .fails_with_error(&[said]);
+    let props = common::util::rt().block_on(blob.properties()).unwrap();
+    assert_eq!(props.content_length, 32 * MIB + 512);
+    BD.ok(&["delete", &spec, "--yes"]);
+    BD.ok(&["create", &spec, "--size", "32MiB"]);
+}
+
+/// A key command's Acquire Lease held past the client's timeout and carried
+/// out after the command ended takes nothing, as a resize's does
+/// (`an_acquire_that_lands_after_the_resize_ended_takes_nothing`): the lease is
+/// asked on the condition of the drive as read, which the new keyslot changed,
+/// so the drive stays free rather than leased for a minute to nobody.
+#[test]
+fn an_acquire_that_lands_after_a_key_change_ended_takes_nothing() {
+    let (dir, kf, spec) = encrypted_drive("enc-lateacq", "32MiB");
+    let new = dir.path().join("new.key");
+    std::fs::write(&new, b"a new passphrase").unwrap();
+    sh_ok(&format!("chmod 600 '{}'", new.display()));
+    let nf = new.to_string_lossy().into_owned();
+    let proxy = faultproxy::Proxy::start(faultproxy::Config::holding(
+        common::azurite::Azurite::shared().port,
+        "x-ms-lease-action: acquire",
+        1,
+        std::time::Duration::from_secs(20),
+    ));
+    let change = |from: &str, to: &str| {
+        [
+            "key",
+            "change",
+            &spec,
+            "--key-file",
+            from,
+            "--new-key-file",
+            to,
+            "--pbkdf-memory",
+            "16MiB",
+        ]
+        .map(str::to_string)
+    };
+    let args = change(&kf, &nf);
+    BD.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .cs(&proxy.connection_string())
+        .envs(&[("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "2")])
+        .ok();
+    proxy.held_lands_late_and_is_refused("acquire");
+    // The drive is free: the next key command takes its lease at once.
+    let args = change(&nf, &kf);
+    BD.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
 }

@@ -60,21 +60,25 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         .then(|| encryption_of(&args, size))
         .transpose()?;
     let container_created = ctx.block_on(async {
+        // The header first, in memory; it is written before the footer.
+        let header = match &encryption {
+            Some((passphrase, sector, kdf)) => {
+                encrypted::new_header(passphrase.as_bytes(), *sector, *kdf)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot make the LUKS2 header: {e}"))?
+            }
+            None => Vec::new(),
+        };
         let made = args.create_container && blob.container().create().await?;
         if made && !args.json {
             eprintln!("created container '{}'", blob.container_name());
         }
-        match drive::create(&blob, size).await {
+        match drive::create_with(&blob, size, &header).await {
             Err(DriveError::Azure(e)) if e.code() == Some("ContainerNotFound") => {
                 bail!("{e}; add --create-container to create it")
             }
             Err(e) => return Err(e.into()),
             Ok(()) => {}
-        }
-        if let Some((passphrase, sector, kdf)) = &encryption {
-            encrypted::format_new(&blob, passphrase.as_bytes(), *sector, *kdf)
-                .await
-                .map_err(anyhow::Error::msg)?;
         }
         Ok(made)
     })??;

@@ -170,6 +170,11 @@ async fn disk_size(blob: &BlobClient, props: &BlobProperties) -> Result<u64, Sta
             "{} was deleted while it was being looked at; try again",
             blob.target()
         ))),
+        // Another call is between creating the blob and writing its footer,
+        // or one stopped there (the line says what to do then).
+        Err(e @ DriveError::Unfinished { .. }) => Err(Status::aborted(format!(
+            "{e} (or another call is creating it: try again)"
+        ))),
         Err(e) => Err(Status::failed_precondition(format!(
             "{} ({} bytes) is not a drive this driver can answer for: {e}",
             blob.target(),
@@ -181,19 +186,26 @@ async fn disk_size(blob: &BlobClient, props: &BlobProperties) -> Result<u64, Sta
 /// Makes a blank drive of the size asked, and records what made it.
 async fn fresh(blob: &BlobClient, asked: &Asked<'_>) -> Result<u64, Status> {
     let size = volume::size_for(asked.req.capacity_range.as_ref())?;
-    match drive::create(blob, size).await {
+    // An encrypted volume's header is written before its footer: never a
+    // plain drive that looks finished.
+    let header = match asked.context.contains_key(volume::ENCRYPTION) {
+        true => {
+            let passphrase = volume::passphrase_in(&asked.req.secrets, "provisioner")?;
+            let sector = 4096;
+            crate::encrypted::new_header(passphrase.as_bytes(), sector, Default::default())
+                .await
+                .map_err(|e| Status::internal(format!("cannot make the LUKS2 header: {e}")))?
+        }
+        false => Vec::new(),
+    };
+    match drive::create_with(blob, size, &header).await {
         Ok(()) => {}
+        // Made meanwhile by another call, finished or still writing it.
         Err(DriveError::Azure(e)) if e.code() == Some("BlobAlreadyExists") => {
             return Err(being_made(&asked.id))
         }
+        Err(DriveError::Unfinished { .. }) => return Err(being_made(&asked.id)),
         Err(e) => return Err(status_of_drive(e)),
-    }
-    if asked.context.contains_key(volume::ENCRYPTION) {
-        let passphrase = volume::passphrase_in(&asked.req.secrets, "provisioner")?;
-        let sector = 4096;
-        crate::encrypted::format_new(blob, passphrase.as_bytes(), sector, Default::default())
-            .await
-            .map_err(Status::internal)?;
     }
     let origin = Origin {
         source: None,

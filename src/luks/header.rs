@@ -42,12 +42,26 @@ pub struct Header {
     pub other_bad: Option<String>,
 }
 
-/// Reads both copies and picks the one to use.
+/// The places a header copy's magic may sit on a disk of `disk_size` bytes
+/// (a whole 4096-byte binary header there): the first copy's at the start,
+/// the second's wherever each allowed header size puts it. A disk is LUKS when
+/// either magic is at one of them: [`read`] searches these places, and says
+/// [`LuksError::NotLuks`] only when neither magic is at any of them (as far as
+/// the disk could be read); callers that only ask whether a disk is encrypted
+/// compare the magic at these places, so both answer alike.
+pub fn places(disk_size: u64) -> impl Iterator<Item = (u64, &'static [u8; 6])> {
+    std::iter::once((0, binary::MAGIC_FIRST))
+        .chain(HDR_SIZES.iter().map(|&at| (at, binary::MAGIC_SECOND)))
+        .filter(move |&(at, _)| at + BINARY_SIZE as u64 <= disk_size)
+}
+
+/// Reads both copies and picks the one to use. A magic found with no whole
+/// copy is [`LuksError::Damaged`], never "not LUKS".
 pub async fn read<D: HeaderDisk>(disk: &D) -> Result<Header, LuksError> {
     let first = read_copy(disk, 0).await;
     let second_at: Vec<u64> = match &first {
         Ok((b, _)) => vec![b.hdr_size],
-        Err(_) => HDR_SIZES.to_vec(),
+        Err(_) => places(u64::MAX).skip(1).map(|(at, _)| at).collect(),
     };
     let mut second = Err(LuksError::NotLuks);
     for at in second_at {
@@ -75,7 +89,30 @@ pub async fn read<D: HeaderDisk>(disk: &D) -> Result<Header, LuksError> {
             Copy::Second,
             Some(format!("the first copy: {e}")),
         )),
-        (Err(e), Err(_)) => Err(e),
+        (Err(first), Err(second)) => Err(neither(first, second)),
+    }
+}
+
+/// Why neither copy is used: no magic anywhere (or only past where the disk
+/// could be read) is "not LUKS"; a version blobdrive does not read, or a
+/// failed read of the first copy, is said as it is; anything else is a
+/// damaged header, each copy's fault named.
+fn neither(first: LuksError, second: LuksError) -> LuksError {
+    match (first, second) {
+        (LuksError::NotLuks, LuksError::NotLuks | LuksError::Io(_)) => LuksError::NotLuks,
+        (e @ (LuksError::Unsupported(_) | LuksError::Io(_)), _) => e,
+        (_, e @ LuksError::Unsupported(_)) => e,
+        (first, second) => {
+            let say = |e: LuksError| match e {
+                LuksError::NotLuks => "missing".to_string(),
+                other => other.to_string(),
+            };
+            LuksError::Damaged(format!(
+                "the first copy: {}; the second copy: {}",
+                say(first),
+                say(second)
+            ))
+        }
     }
 }
 

@@ -38,6 +38,9 @@ pub enum LuksError {
     WrongPassphrase,
     #[error("the LUKS2 header is not valid: {0}")]
     Invalid(String),
+    /// A header copy's magic is where one may be, but no copy is whole.
+    #[error("the LUKS2 header is damaged (both copies): {0}")]
+    Damaged(String),
     #[error("blobdrive does not serve {0}")]
     Unsupported(String),
     #[error("{0}")]

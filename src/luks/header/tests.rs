@@ -77,3 +77,87 @@ fn copies_whose_layout_does_not_hold_are_refused() {
         assert!(e.to_string().contains("detached"), "{e}");
     });
 }
+
+/// Whether a magic number sits at one of [`places`] on `disk`: what
+/// `encrypted::is_luks` asks of a blob, asked of memory.
+async fn magic_somewhere(disk: &MemDisk, size: u64) -> bool {
+    let mut found = false;
+    for (at, magic) in places(size) {
+        found |= disk.read(at, 512).await.unwrap().starts_with(magic);
+    }
+    found
+}
+
+/// Each way both copies can be unusable, with a magic left where a copy may
+/// be: the disk is LUKS to the magic search and to the reader alike, which
+/// says the header is damaged (both copies) and why each copy is not used.
+#[test]
+fn a_header_with_no_whole_copy_is_damaged_never_not_luks() {
+    const SIZE: u64 = 20 << 20;
+    // (what is done to the disk, what the refusal says of each copy)
+    type Damage = fn(&mut [u8]);
+    let cases: [(&str, Damage, [&str; 2]); 3] = [
+        (
+            "first missing, second damaged",
+            |d| {
+                d[..16384].fill(0);
+                d[16384 + 4096..16384 + 4608].fill(b'x');
+            },
+            [
+                "first copy: missing",
+                "second copy: the LUKS2 header is not valid",
+            ],
+        ),
+        (
+            "first damaged, second missing",
+            |d| {
+                d[4096..4608].fill(b'x');
+                d[16384..32768].fill(0);
+            },
+            [
+                "first copy: the LUKS2 header is not valid",
+                "second copy: missing",
+            ],
+        ),
+        (
+            "both damaged",
+            |d| {
+                d[4096..4608].fill(b'x');
+                d[16384 + 4096..16384 + 4608].fill(b'x');
+            },
+            ["first copy: the LUKS2", "second copy: the LUKS2"],
+        ),
+    ];
+    for (what, damage, said) in cases {
+        run(async {
+            let disk = MemDisk::new(SIZE as usize);
+            format(&disk, b"pw", 4096, KdfChoice::Pbkdf2 { iterations: 1000 })
+                .await
+                .unwrap();
+            damage(&mut disk.bytes.lock().unwrap());
+            assert!(magic_somewhere(&disk, SIZE).await, "{what}");
+            let e = read(&disk).await.unwrap_err();
+            assert!(matches!(e, LuksError::Damaged(_)), "{what}: {e:?}");
+            let line = e.to_string();
+            assert!(line.contains("damaged (both copies)"), "{what}: {line}");
+            for s in said {
+                assert!(line.contains(s), "{what}: {line}");
+            }
+            assert!(!line.contains('\n'), "{what}: {line}");
+        });
+    }
+    // The other answers stay: no magic anywhere is not LUKS to both, and a
+    // whole second copy is read.
+    run(async {
+        let blank = MemDisk::new(SIZE as usize);
+        assert!(!magic_somewhere(&blank, SIZE).await);
+        assert!(matches!(read(&blank).await, Err(LuksError::NotLuks)));
+        let disk = MemDisk::new(SIZE as usize);
+        format(&disk, b"pw", 4096, KdfChoice::Pbkdf2 { iterations: 1000 })
+            .await
+            .unwrap();
+        disk.bytes.lock().unwrap()[..16384].fill(0);
+        assert!(magic_somewhere(&disk, SIZE).await);
+        assert_eq!(read(&disk).await.unwrap().used, Copy::Second);
+    });
+}
