@@ -515,3 +515,80 @@ fn writes_refused_for_their_sequence_number_for_ever_fail_within_the_io_timeout_
     assert_eq!(lease, "available");
     assert_eq!(sum, sha256_of_disk(&[(0, &first)]));
 }
+
+/// Runs `during` while the liar garbles every Put Page answer for `garbled`
+/// (the pages land; each answer says it is gzip-encoded, which nobody asked
+/// for, so it cannot be used), then tells the truth again: what `during`
+/// returned. Said, not done: [`Lie::Gzipped`] runs gzip, and a process
+/// started while this one holds the drive open closes its copy of the file
+/// as it starts, which waits for the daemon, which waits for this answer.
+fn with_put_page_answers_garbled<T>(
+    liar: &Liar,
+    garbled: Duration,
+    during: impl FnOnce() -> T,
+) -> T {
+    liar.add(Rule::on(
+        &["x-ms-page-write: update"],
+        usize::MAX,
+        Lie::Header("Content-Encoding", "gzip".into()),
+    ));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(garbled);
+            liar.clear();
+        });
+        during()
+    })
+}
+
+#[test]
+fn answers_garbled_for_longer_than_the_retry_budget_are_waited_out_like_an_outage() {
+    require_root();
+    let spec = BD.new_drive("lies-garbled", "64MiB");
+    let liar = liar();
+    // A retry budget of 4 s, the I/O timeout as it comes (300 s): answers
+    // garbled for 14 s outlast the one and not the other.
+    let via = through(&liar);
+    let garbled = Duration::from_secs(14);
+    let mp = via.mount(&spec, &["--mode", "raw"]);
+    let first = pattern(1, MIB);
+    write_and_fsync(&mp, 0, &first).unwrap();
+    // An fsync issued while they come garbled waits, as through an outage,
+    // and succeeds once they are honest again.
+    let second = pattern(2, 4 * MIB);
+    let (fsync, took) = with_put_page_answers_garbled(&liar, garbled, || {
+        let started = Instant::now();
+        (write_and_fsync(&mp, 4 * MIB, &second), started.elapsed())
+    });
+    fsync.unwrap_or_else(|e| panic!("the fsync failed after {took:?}: {e}"));
+    assert!(took >= garbled - Duration::from_secs(1), "{took:?}");
+    assert!(!liar.told().is_empty(), "no lie was told");
+    via.unmount(&mp);
+    let (sum, lease) = truth(&spec);
+    assert_eq!(lease, "available");
+    assert_eq!(sum, sha256_of_disk(&[(0, &first), (4 * MIB, &second)]));
+    // An unmount waits the same way, and says what it waits for: a service
+    // whose answers come garbled, not one that has not answered. On a
+    // filesystem, whose unmount always leaves the daemon something to write.
+    let (spec, f) = ext4_drive_with_a_file("lies-garbled-fs");
+    let mp = via.mount(&spec, &[]);
+    let g = mp.path().join("g");
+    sh_ok(&format!("head -c {MIB} /dev/urandom > '{}'", g.display()));
+    let g = sha256(&g);
+    let told = liar.told().len();
+    let unmount =
+        with_put_page_answers_garbled(&liar, garbled, || via.cmd(&["unmount", mp.s()]).output());
+    let err = String::from_utf8_lossy(&unmount.stderr).to_string();
+    eprintln!("the unmount said: {err}");
+    assert!(unmount.status.success(), "{err}");
+    assert!(liar.told().len() > told, "no lie was told to the unmount");
+    assert!(err.contains("no usable answer for"), "not said: {err}");
+    assert!(err.contains("garbled"), "not said: {err}");
+    assert!(!err.contains("has not answered"), "not true: {err}");
+    assert_eq!(truth(&spec).1, "available");
+    let mp = BD.mp();
+    BD.mount(&spec, &mp, &[]);
+    assert_eq!(sha256(&mp.path().join("f")), f);
+    assert_eq!(sha256(&mp.path().join("g")), g);
+    BD.unmount(&mp);
+}

@@ -175,6 +175,21 @@ pub enum AzureError {
         target: String,
         reason: String,
     },
+    /// Answers came within the retry budget, but the latest was not the answer
+    /// asked for (another range, a body cut short or not whole in time, a bad
+    /// CRC64, a page list that is none, an encoding never asked for): something
+    /// on the path to the service changes them. None was used. It says the path
+    /// is broken, not the request wrong, so it is waited out like an outage,
+    /// while named for what it is. The detail may quote the answer.
+    #[error("cannot {op} {target}: answers from the storage service at {endpoint} came garbled, none used: {} (the latest of {attempts} attempt(s) in {:.1}s)", escape_controls(detail), elapsed.as_secs_f64())]
+    Garbled {
+        op: Op,
+        target: String,
+        endpoint: String,
+        detail: String,
+        attempts: u32,
+        elapsed: Duration,
+    },
     /// The service answered something the client cannot make sense of. The
     /// detail may quote the answer, so it is printed with controls escaped.
     #[error(
@@ -226,7 +241,8 @@ impl AzureError {
     }
 
     /// True when the request may or may not have been carried out: no answer came
-    /// (timeout, broken connection), or a server error that can follow the work.
+    /// (timeout, broken connection), only garbled ones (one may have said the work
+    /// was done), or a server error that can follow the work.
     ///
     /// A 503 `ServerBusy` is the one retryable answer that says the request was
     /// not carried out: the service throttles a request before it runs. Counting it
@@ -236,13 +252,16 @@ impl AzureError {
         self.is_transient() && !self.is_throttled()
     }
 
-    /// True when trying again later may succeed: no answer, a server error, or
-    /// throttling. An I/O waits through these as through an outage.
+    /// True when trying again later may succeed: no answer, only garbled
+    /// answers, a server error, or throttling. An I/O waits through these as
+    /// through an outage.
     pub fn is_transient(&self) -> bool {
-        matches!(self, AzureError::Unreachable { .. })
-            || self
-                .status()
-                .is_some_and(crate::azure::retry::is_retryable_status)
+        matches!(
+            self,
+            AzureError::Unreachable { .. } | AzureError::Garbled { .. }
+        ) || self
+            .status()
+            .is_some_and(crate::azure::retry::is_retryable_status)
     }
 
     /// True for 503 `ServerBusy`: the blob or account is over its scalability
@@ -251,11 +270,18 @@ impl AzureError {
         self.status() == Some(503) && self.code() == Some("ServerBusy")
     }
 
-    /// True when waiting may help: the service did not answer, failed
-    /// internally or throttled, or no token could be had yet (its renewal keeps
-    /// failing). Mounts wait through these up to their I/O timeout.
+    /// True when waiting may help: the service did not answer, its answers came
+    /// garbled, it failed internally or throttled, or no token could be had yet
+    /// (its renewal keeps failing). Mounts wait through these up to their I/O
+    /// timeout.
     pub fn is_outage(&self) -> bool {
         self.is_transient() || matches!(self, AzureError::NotAuthorized { .. })
+    }
+
+    /// True when the answers came but none could be used: an outage that is
+    /// not a silence, and must not be called one.
+    pub fn is_garbled(&self) -> bool {
+        matches!(self, AzureError::Garbled { .. })
     }
 
     /// True for 404 of any kind.
@@ -395,6 +421,27 @@ mod tests {
         assert!(!m.chars().any(|c| c.is_control()), "{m:?}");
         assert!(m.contains("\\u{1b}]0;title"), "{m}");
         assert!(m.len() < 1000, "{} characters", m.len());
+    }
+
+    #[test]
+    fn answers_garbled_after_the_budget_are_an_outage_named_for_what_it_is() {
+        let e = AzureError::Garbled {
+            op: Op::PutPage,
+            target: "disks/a.vhd".into(),
+            endpoint: "http://127.0.0.1:10000/devstoreaccount1".into(),
+            detail: "the answer came encoded (gzip)\n, which was never asked for".into(),
+            attempts: 6,
+            elapsed: Duration::from_secs(4),
+        };
+        assert!(e.is_outage() && e.is_transient() && e.is_garbled());
+        // One may have said the write was done.
+        assert!(e.outcome_unknown());
+        let m = e.to_string();
+        assert!(
+            m.contains("came garbled, none used") && m.contains("6 attempt(s)"),
+            "{m}"
+        );
+        assert!(!m.contains("no answer") && !m.contains('\n'), "{m}");
     }
 
     #[test]

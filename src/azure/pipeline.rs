@@ -33,7 +33,7 @@ use super::retry::RetryPolicy;
 use super::stats::{ClientStats, StatsSnapshot};
 use super::verdict::Rules;
 
-pub(crate) use check::Expect;
+pub(crate) use check::{Expect, Found};
 pub use tries::one_try;
 
 /// REST API version sent with every request (accepted by Azure and Azurite 3.35).
@@ -110,6 +110,9 @@ pub(super) struct Response {
     pub(super) body: Bytes,
     /// Bytes streamed into the caller's buffer (see `execute_into`).
     pub(super) streamed: usize,
+    /// What checking the body found in it, when that took parsing it (see
+    /// `check.rs`).
+    pub(super) found: Found,
     /// An earlier attempt of this request got no answer: it may still be carried
     /// out, after this one.
     pub(super) after_unanswered: bool,

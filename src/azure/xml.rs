@@ -139,11 +139,6 @@ pub struct PageListPage {
     pub off_grid: usize,
 }
 
-/// Checks that `body` is one whole page list (see [`parse_page_list`]).
-pub fn check_page_list(body: &[u8]) -> Result<(), String> {
-    parse_page_list(body).map(|_| ())
-}
-
 /// Parses `<PageList>` with `PageRange`, `ClearRange` and `NextMarker`. The
 /// body must be one whole, well-formed `PageList` element and nothing else:
 /// an empty body, junk, another element or a list cut short is an error,

@@ -20,6 +20,16 @@ pub const STALL_AFTER: Duration = Duration::from_secs(10);
 pub const OUTAGE_GAP: Duration = Duration::from_secs(60);
 
 /// The outcome of the latest backend operations.
+/// How an operation failed, as an outage's messages tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failed {
+    /// No answer came (refused, reset, timed out), or a server error.
+    Unanswered,
+    /// Answers came, but garbled (none used): the service is not silent, and
+    /// saying it has not answered would be false.
+    Garbled,
+}
+
 #[derive(Debug, Default)]
 pub struct Health {
     state: Mutex<State>,
@@ -37,6 +47,8 @@ struct State {
     last_failed: Option<Instant>,
     /// That failure's message (secrets never reach error messages).
     last_error: Option<String>,
+    /// That failure was a garbled answer, not a silence.
+    garbled: bool,
     /// When the latest of the tries that failed in this outage started.
     last_failed_try: Option<Instant>,
 }
@@ -52,6 +64,9 @@ pub struct HealthSnapshot {
     /// one waiting long while the service answers (a write it refuses again
     /// and again, say): what a waiting unmount tells apart.
     pub silent: bool,
+    /// The latest failure was answers that came garbled (none used), not a
+    /// silence: the outage is named so.
+    pub garbled: bool,
 }
 
 impl HealthSnapshot {
@@ -62,7 +77,9 @@ impl HealthSnapshot {
     pub fn waiting_for(&self) -> String {
         let why = self.last_error.as_deref().unwrap_or("no answer");
         let secs = self.stalled.as_secs();
-        if self.silent {
+        if self.silent && self.garbled {
+            format!("the storage service, which has given no usable answer for {secs} s ({why})")
+        } else if self.silent {
             format!("the storage service, which has not answered for {secs} s ({why})")
         } else {
             format!("the storage service: an operation has waited {secs} s on it (latest: {why})")
@@ -102,20 +119,23 @@ impl Health {
         s.failing_since = None;
         s.last_failed = None;
         s.last_error = None;
+        s.garbled = false;
         s.last_failed_try = None;
     }
 
-    /// An operation that started at `started` failed with `error`.
+    /// An operation that started at `started` failed with `error`, for want of
+    /// an answer.
     pub fn failed(&self, started: Instant, error: &str) {
-        self.failed_try(started, started, error);
+        self.failed_try(started, started, error, Failed::Unanswered);
     }
 
-    /// An operation that started at `started` failed with `error`, in its try
-    /// that started at `tried`.
-    pub fn failed_try(&self, started: Instant, tried: Instant, error: &str) {
+    /// An operation that started at `started` failed with `error` (`how`), in
+    /// its try that started at `tried`.
+    pub fn failed_try(&self, started: Instant, tried: Instant, error: &str, how: Failed) {
         self.failed_at(started, Instant::now(), error);
         let mut s = self.state();
         s.last_failed_try = Some(s.last_failed_try.map_or(tried, |t| t.max(tried)));
+        s.garbled = how == Failed::Garbled;
     }
 
     fn failed_at(&self, started: Instant, now: Instant, error: &str) {
@@ -148,6 +168,13 @@ impl Health {
         Some(s.last_error.clone().unwrap_or_else(|| "no answer".into()))
     }
 
+    /// Whether the latest failure of an outage still under way was answers
+    /// that came garbled, rather than no answer.
+    pub fn garbled(&self) -> bool {
+        let s = self.state();
+        s.failing_since.is_some() && s.garbled
+    }
+
     /// How long operations have been failing: since the earliest one that failed
     /// since the last success started; `None` while the service answers.
     pub fn failing_for(&self) -> Option<Duration> {
@@ -177,6 +204,7 @@ impl Health {
                 .then(|| s.last_error.clone().or(latest_attempt))
                 .flatten(),
             silent: !failed.is_zero(),
+            garbled: !failed.is_zero() && s.garbled,
         }
     }
 }
@@ -253,6 +281,23 @@ mod tests {
         h.failed(Instant::now(), "no answer in 20 s");
         let s = h.snapshot(None);
         assert!(s.silent && s.waiting_for().contains("has not answered for"));
+        // Answers that came garbled are no silence, and not called one.
+        h.failed_try(
+            Instant::now(),
+            Instant::now(),
+            "answers garbled",
+            Failed::Garbled,
+        );
+        let s = h.snapshot(None);
+        let said = s.waiting_for();
+        assert!(s.silent && s.garbled, "{s:?}");
+        assert!(
+            said.contains("no usable answer for") && !said.contains("not answered"),
+            "{said}"
+        );
+        assert!(h.garbled());
+        h.failed(Instant::now(), "no answer in 20 s");
+        assert!(!h.snapshot(None).garbled && !h.garbled());
         h.succeeded();
         drop(op);
         assert_eq!(h.snapshot(None), HealthSnapshot::default());

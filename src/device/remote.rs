@@ -24,7 +24,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tracing::{error, warn};
 
-use super::health::{Health, HealthSnapshot, Pending};
+use super::health::{Failed, Health, HealthSnapshot, Pending};
 use super::{first_error, Backend, DeviceError, LeaseLoss, MAX_GET};
 use crate::azure::pipeline::SEQUENCE_REFUSED;
 use crate::azure::{AzureError, BlobClient, WriteFence};
@@ -211,7 +211,8 @@ impl Patience {
         }
         match self.health.outage() {
             Some(why) => Err(DeviceError::Io(format!(
-                "not sent: the storage service does not answer ({why}) and unmount --discard-dirty gave up on it"
+                "not sent: the storage service {} ({why}) and unmount --discard-dirty gave up on it",
+                failing(self.health.garbled())
             ))),
             None => Ok(()),
         }
@@ -245,7 +246,8 @@ impl Patience {
         }
         let why = self.health.outage().unwrap_or_else(|| "no answer".into());
         Err(DeviceError::Io(format!(
-            "not sent: the storage service has not answered for longer than the I/O timeout ({} s), and a try made since this I/O was issued failed ({why})",
+            "not sent: the storage service {}, for longer than the I/O timeout ({} s) now, and a try made since this I/O was issued failed ({why})",
+            failing(self.health.garbled()),
             self.io_timeout.as_secs()
         )))
     }
@@ -309,8 +311,13 @@ impl Patience {
                 )));
             }
         } else {
+            let how = if e.is_garbled() {
+                Failed::Garbled
+            } else {
+                Failed::Unanswered
+            };
             self.health
-                .failed_try(a.waiting_since, a.tried, &e.to_string());
+                .failed_try(a.waiting_since, a.tried, &e.to_string(), how);
         }
         // The I/O timeout counts from the start of the outage, not of this I/O:
         // once the service has failed everything for that long, each further I/O
@@ -338,7 +345,8 @@ impl Patience {
         }
         if !a.warned {
             warn!(
-                "the storage service does not answer ({e}); I/O waits for it (up to {} s, without limit during unmount)",
+                "the storage service {} ({e}); I/O waits for it (up to {} s, without limit during unmount)",
+                failing(e.is_garbled()),
                 self.io_timeout.as_secs()
             );
             a.warned = true;
@@ -391,6 +399,16 @@ const LAST_TRY: Duration = Duration::from_secs(3);
 /// [`LAST_TRY`] after it starts if that is later.
 fn one_try_deadline(issued: Instant, tried: Instant, try_time: Duration) -> Instant {
     (issued + try_time).max(tried + LAST_TRY)
+}
+
+/// What the service does in an outage, in a message: it is silent, or its
+/// answers come garbled (none used), which is no silence.
+fn failing(garbled: bool) -> &'static str {
+    if garbled {
+        "gives no usable answer"
+    } else {
+        "does not answer"
+    }
 }
 
 /// Turns a service error into a device error, fencing on lease loss.

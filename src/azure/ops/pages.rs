@@ -11,7 +11,7 @@ use super::blob::{BlobClient, PAGE};
 use super::fence::WriteFence;
 use crate::azure::crc64;
 use crate::azure::error::{AzureError, Op};
-use crate::azure::pipeline::{Expect, Request};
+use crate::azure::pipeline::{Expect, Found, Request};
 use crate::azure::ranges::{Advance, Gathered, PageRange};
 use crate::azure::scatter::Scatter;
 use crate::azure::stats::ClientStats;
@@ -323,11 +323,14 @@ impl BlobClient {
         if let Some(r) = range {
             req.header("x-ms-range", format!("bytes={}-{}", r.start, r.end - 1));
         }
-        // Anything but one whole page list is garbled, and asked again.
-        req.expect = Some(Expect::Body(xml::check_page_list));
+        // Anything but one whole page list is garbled, and asked again; the
+        // list is parsed once, as it is checked.
+        req.expect = Some(Expect::PageList);
         self.count(|s| ClientStats::add(&s.page_range_requests, 1));
         let resp = self.svc.execute(req).await?;
-        let page = xml::parse_page_list(&resp.body).map_err(|d| self.broken_list(d))?;
+        let Found::PageList(page) = resp.found else {
+            unreachable!("an answer expected to be a page list is one, or garbled")
+        };
         if page.off_grid > 0 {
             self.said_off_grid(page.off_grid);
         }

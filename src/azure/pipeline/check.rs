@@ -7,11 +7,14 @@
 //! says what it must be (a page list) must be that; no answer may come encoded
 //! (`Content-Encoding`) since none is ever asked for. One that is not is
 //! garbled: never returned, never stored, retried as after a server error.
+//! A body that can only be checked by parsing it (a page list) is parsed
+//! here, once, and what it holds handed over with the answer ([`Found`]).
 
 use reqwest::header::HeaderMap;
 
 use crate::azure::crc64;
 use crate::azure::scatter::Scatter;
+use crate::azure::xml::{self, PageListPage};
 
 /// What a request's successful answer must hold besides its status.
 #[derive(Clone, Copy)]
@@ -20,6 +23,19 @@ pub(crate) enum Expect {
     Range { start: u64, len: u64 },
     /// A body `check` accepts (it says why not).
     Body(fn(&[u8]) -> Result<(), String>),
+    /// One whole page list ([`xml::parse_page_list`]), handed over parsed.
+    PageList,
+}
+
+/// What checking a successful answer found in its body, when that took
+/// parsing it: kept, so the body is parsed once.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// Nothing beyond the body itself.
+    #[default]
+    Nothing,
+    /// The page list [`Expect::PageList`] asked for.
+    PageList(PageListPage),
 }
 
 /// The body an answer brought: read whole, or streamed into the caller's
@@ -66,18 +82,24 @@ pub(super) fn unasked_encoding(headers: &HeaderMap) -> Option<String> {
     })
 }
 
-/// Why a successful answer (`status`, `headers`, `got`) is not the one
-/// `expect`ed, if it is not.
-pub(super) fn garbled(
+/// What a successful answer (`status`, `headers`, `got`) holds, if it is the
+/// one `expect`ed; else why it is garbled.
+pub(super) fn checked(
     expect: Option<Expect>,
     status: u16,
     headers: &HeaderMap,
     got: Got<'_, '_, '_>,
-) -> Option<String> {
-    match expect? {
-        Expect::Range { start, len } => wrong_range(start, len, status, headers, &got),
-        Expect::Body(check) => got.bytes().and_then(|b| check(b).err()),
-    }
+) -> Result<Found, String> {
+    let why = match expect {
+        None => None,
+        Some(Expect::Range { start, len }) => wrong_range(start, len, status, headers, &got),
+        Some(Expect::Body(check)) => got.bytes().and_then(|b| check(b).err()),
+        Some(Expect::PageList) => {
+            let body = got.bytes().ok_or("a page list must be read whole")?;
+            return xml::parse_page_list(body).map(Found::PageList);
+        }
+    };
+    why.map_or(Ok(Found::Nothing), Err)
 }
 
 /// Why an answer to a read of `[start, start + len)` is not that range.
@@ -148,7 +170,7 @@ mod tests {
 
     fn read(status: u16, h: &[(&'static str, &str)], body: &[u8]) -> Option<String> {
         let expect = Some(Expect::Range { start: 512, len: 4 });
-        garbled(expect, status, &headers(h), Got::Body(body))
+        checked(expect, status, &headers(h), Got::Body(body)).err()
     }
 
     #[test]
@@ -202,13 +224,29 @@ mod tests {
         }
         let h = headers(&[]);
         assert_eq!(
-            garbled(Some(Expect::Body(list)), 200, &h, Got::Body(b"list")),
-            None
+            checked(Some(Expect::Body(list)), 200, &h, Got::Body(b"list")),
+            Ok(Found::Nothing)
         );
         assert_eq!(
-            garbled(Some(Expect::Body(list)), 200, &h, Got::Body(b"junk")).as_deref(),
-            Some("not a list")
+            checked(Some(Expect::Body(list)), 200, &h, Got::Body(b"junk")),
+            Err("not a list".into())
         );
-        assert_eq!(garbled(None, 200, &h, Got::Body(b"junk")), None);
+        assert_eq!(
+            checked(None, 200, &h, Got::Body(b"junk")),
+            Ok(Found::Nothing)
+        );
+    }
+
+    #[test]
+    fn a_page_list_is_checked_and_handed_over_in_one_parse() {
+        let h = headers(&[]);
+        let list = b"<PageList><PageRange><Start>0</Start><End>511</End></PageRange></PageList>";
+        let Ok(Found::PageList(page)) = checked(Some(Expect::PageList), 200, &h, Got::Body(list))
+        else {
+            panic!("a whole page list was refused");
+        };
+        assert_eq!(page.ranges.len(), 1);
+        let e = checked(Some(Expect::PageList), 200, &h, Got::Body(b"<PageList>")).unwrap_err();
+        assert!(e.contains("not a whole page list"), "{e}");
     }
 }

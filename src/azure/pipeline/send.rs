@@ -7,7 +7,7 @@ use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::Method;
 
-use super::check::{self, Got};
+use super::check::{self, Found, Got};
 use super::{BlobService, Request, Response, API_VERSION};
 use crate::azure::auth::AuthError;
 use crate::azure::error::{AzureError, Op};
@@ -181,11 +181,12 @@ async fn exchange(
     *head_came = true;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    let answer = |headers, body, streamed| Response {
+    let answer = |headers, body, streamed, found| Response {
         status,
         headers,
         body,
         streamed,
+        found,
         after_unanswered: false,
     };
     if !req.ok.contains(&status) {
@@ -193,7 +194,7 @@ async fn exchange(
         let body = crate::azure::http::body_prefix(resp, ERROR_BODY_MAX)
             .await
             .map_err(|e| transport(describe(e)))?;
-        return Ok(answer(headers, body, 0));
+        return Ok(answer(headers, body, 0, Found::Nothing));
     }
     if let Some(why) = check::unasked_encoding(&headers) {
         return Err(Failure::Garbled(why));
@@ -201,16 +202,16 @@ async fn exchange(
     match sink {
         Some(sink) => {
             stream_into(resp, sink).await?;
-            match check::garbled(req.expect, status, &headers, Got::Streamed(sink)) {
-                Some(why) => Err(Failure::Garbled(why)),
-                None => Ok(answer(headers, Bytes::new(), sink.filled())),
+            match check::checked(req.expect, status, &headers, Got::Streamed(sink)) {
+                Err(why) => Err(Failure::Garbled(why)),
+                Ok(found) => Ok(answer(headers, Bytes::new(), sink.filled(), found)),
             }
         }
         None => {
             let body = body_within(resp, body_max(req)).await.map_err(transport)?;
-            match check::garbled(req.expect, status, &headers, Got::Body(&body)) {
-                Some(why) => Err(Failure::Garbled(why)),
-                None => Ok(answer(headers, body, 0)),
+            match check::checked(req.expect, status, &headers, Got::Body(&body)) {
+                Err(why) => Err(Failure::Garbled(why)),
+                Ok(found) => Ok(answer(headers, body, 0, found)),
             }
         }
     }

@@ -241,13 +241,13 @@ impl BlobService {
                 target,
                 detail: crate::azure::http::certificate_message(&req.url, &reason),
             },
-            Err(Failure::Garbled(detail)) => AzureError::Protocol {
+            Err(Failure::Garbled(detail)) => AzureError::Garbled {
                 op,
                 target,
-                detail: format!(
-                    "{detail} ({attempts} attempt(s) in {:.1}s)",
-                    started.elapsed().as_secs_f64()
-                ),
+                endpoint: self.inner.account.endpoint_for_messages(),
+                detail,
+                attempts,
+                elapsed: started.elapsed(),
             },
             Err(Failure::Transport(detail)) => AzureError::Unreachable {
                 op,

@@ -173,11 +173,13 @@ fn past_the_io_timeout_one_try_is_bounded_by_one_request_timeout_whatever_the_li
     // (sent while the service was silent, cut off as it came back): this I/O
     // still gets its own try.
     let outage = Instant::now() - DEFAULT_IO_TIMEOUT - Duration::from_secs(1);
-    p.health.failed_try(outage, early, "down");
+    p.health
+        .failed_try(outage, early, "down", Failed::Unanswered);
     assert!(p.tried_since(issued).is_ok());
     assert!(p.one_try(&mut a).unwrap().is_some());
     // One that started since failed: no further try.
-    p.health.failed_try(outage, Instant::now(), "down");
+    p.health
+        .failed_try(outage, Instant::now(), "down", Failed::Unanswered);
     assert!(p.one_try(&mut a).is_err());
     assert!(p.tried_since(issued).is_err());
     drop(a);
@@ -192,7 +194,8 @@ fn past_the_io_timeout_one_try_is_bounded_by_one_request_timeout_whatever_the_li
     // timeout, and a moment at least.
     let q = patience(DEFAULT_IO_TIMEOUT);
     let long_ago = Instant::now() - p.try_time - Duration::from_secs(10);
-    q.health.failed_try(outage, long_ago, "down");
+    q.health
+        .failed_try(outage, long_ago, "down", Failed::Unanswered);
     let mut a = q.begin(Instant::now() - p.try_time + Duration::from_secs(5));
     let deadline = q.one_try(&mut a).unwrap().unwrap();
     assert_eq!(deadline, a.started + q.try_time);
