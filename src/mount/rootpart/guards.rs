@@ -161,11 +161,17 @@ impl LoopOverDisk {
     /// back. `false` also when that cannot be told.
     pub fn let_go(&self) -> bool {
         if self.dev.serves_now(&self.binding) == Now::Gone {
-            info!("{} let go of the drive by itself", self.dev);
-            self.dev.released();
+            self.went_by_itself();
             return true;
         }
         false
+    }
+
+    /// What is done once the kernel said it let go by itself: said so, and
+    /// its writeback settings put back.
+    pub fn went_by_itself(&self) {
+        info!("{} let go of the drive by itself", self.dev);
+        self.dev.released();
     }
 }
 
