@@ -54,7 +54,8 @@ impl RootPart {
             let size = system::open_mount_root(&dir, &fuse)
                 .and_then(|root| system::open_disk(&root, fuse.dev, libc::O_PATH))
                 .and_then(|disk| {
-                    disk.metadata()
+                    disk.file
+                        .metadata()
                         .map(|m| m.len())
                         .map_err(|e| MountError::with_source("cannot stat the FUSE file disk", e))
                 });

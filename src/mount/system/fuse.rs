@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use super::newmount::{fs_mount, fs_open, fs_set, move_mount};
-use super::MountId;
+use super::{MountId, RegularFile};
 use crate::mount::MountError;
 
 /// What mounting FUSE gives the root part.
@@ -100,7 +100,7 @@ pub fn open_mount_root(path: &Path, id: &MountId) -> Result<OwnedFd, MountError>
 /// another mount, and only if it is a regular file of the mount whose device
 /// is `dev`: whatever the worker answered for the name, what is opened is a
 /// file it serves. `how`: `O_RDWR`, `O_RDONLY` or `O_PATH` (a stat alone).
-pub fn open_disk(root: &OwnedFd, dev: u64, how: libc::c_int) -> Result<File, MountError> {
+pub fn open_disk(root: &OwnedFd, dev: u64, how: libc::c_int) -> Result<RegularFile, MountError> {
     let resolve = libc::RESOLVE_NO_SYMLINKS
         | libc::RESOLVE_BENEATH
         | libc::RESOLVE_NO_MAGICLINKS
@@ -119,7 +119,7 @@ pub fn open_disk(root: &OwnedFd, dev: u64, how: libc::c_int) -> Result<File, Mou
             _ => MountError::with_source("cannot open the FUSE file disk", e),
         })?
         .into();
-    let (on, _, mode) = stat_of(&file)
+    let (on, ino, mode) = stat_of(&file)
         .map_err(|e| MountError::with_source("cannot check the FUSE file disk", e))?;
     if mode & libc::S_IFMT != libc::S_IFREG {
         return Err(refused(format!(
@@ -130,7 +130,10 @@ pub fn open_disk(root: &OwnedFd, dev: u64, how: libc::c_int) -> Result<File, Mou
     if on != dev {
         return Err(refused("it is not a file of the drive's FUSE mount".into()));
     }
-    Ok(file)
+    Ok(RegularFile {
+        file,
+        id: (on, ino),
+    })
 }
 
 /// openat2(2) of `path` beneath `dir` (or from the working directory) with
@@ -250,7 +253,9 @@ mod tests {
         std::fs::write(dir.path().join("disk"), b"bytes").unwrap();
         let (root, dev) = root_of(dir.path());
         let f = open_disk(&root, dev, libc::O_RDONLY).unwrap();
-        assert_eq!(f.metadata().unwrap().len(), 5);
+        assert_eq!(f.file.metadata().unwrap().len(), 5);
+        let meta = std::fs::metadata(dir.path().join("disk")).unwrap();
+        assert_eq!(f.id, (meta.dev(), meta.ino()));
         let err = open_disk(&root, dev + 1, libc::O_RDONLY).unwrap_err();
         assert!(
             err.to_string()

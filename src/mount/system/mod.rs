@@ -23,7 +23,7 @@ pub use fs::{
 pub use fuse::{mount_fuse, open_disk, open_mount_root, FuseMounted};
 pub use loopdev::{
     set_autoclear, take_new_capacity, Attached, Binding, BlockSize, LoopDevice, Now, Pinned,
-    Serves, LOOP_DIRTY_MAX,
+    RegularFile, Serves, LOOP_DIRTY_MAX,
 };
 pub use mountid::MountId;
 pub use procs::{children, holders, mounted_in_namespaces, pid_alive, state, threads_running};

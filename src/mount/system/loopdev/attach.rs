@@ -29,6 +29,38 @@ const LOOP_SET_BLOCK_SIZE: libc::c_ulong = 0x4C09;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 
+/// A regular file open for a loop device to be attached through, with its
+/// device and inode as `fstat` gave them when it was checked to be one (what
+/// the kernel must then say it attached): checked once, where it was opened
+/// (`system::fuse::open_disk` for a drive's `disk`).
+#[derive(Debug)]
+pub struct RegularFile {
+    pub file: File,
+    pub id: (u64, u64),
+}
+
+impl RegularFile {
+    /// `file`, once `fstat` says it is a regular file.
+    pub fn checked(file: File) -> Result<RegularFile, MountError> {
+        let id = regular_id(&file)?;
+        Ok(RegularFile { file, id })
+    }
+}
+
+/// The device and inode of the regular file open as `file`; refused when it
+/// is anything else.
+fn regular_id(file: &File) -> Result<(u64, u64), MountError> {
+    let meta = file
+        .metadata()
+        .map_err(|e| MountError::with_source("cannot attach a loop device", e))?;
+    if !meta.file_type().is_file() {
+        return Err(MountError::system(
+            "cannot attach a loop device: not a regular file",
+        ));
+    }
+    Ok((meta.dev(), meta.ino()))
+}
+
 /// A loop device this process attached, and the attachment it made.
 pub struct Attached {
     /// The device, held open since before it was attached.
@@ -42,11 +74,11 @@ impl LoopDevice {
     /// (no second page cache beside the filesystem's), and when writable a
     /// writeback limit.
     pub fn attach_for_network(
-        disk: &File,
+        disk: &RegularFile,
         read_only: bool,
         block: BlockSize,
     ) -> Result<Attached, MountError> {
-        let a = LoopDevice::attach_through(disk, read_only, block)?;
+        let a = LoopDevice::attach_regular(&disk.file, disk.id, read_only, block)?;
         let dev = &a.pinned.dev;
         dev.set_readahead(4096);
         use_direct_io(&a.pinned.file, dev);
@@ -69,14 +101,18 @@ impl LoopDevice {
         read_only: bool,
         block: BlockSize,
     ) -> Result<Attached, MountError> {
+        LoopDevice::attach_regular(file, regular_id(file)?, read_only, block)
+    }
+
+    /// [`LoopDevice::attach_through`] of a file already checked to be a
+    /// regular file whose device and inode are `backing`.
+    fn attach_regular(
+        file: &File,
+        backing: (u64, u64),
+        read_only: bool,
+        block: BlockSize,
+    ) -> Result<Attached, MountError> {
         let fail = |e: std::io::Error| MountError::with_source("cannot attach a loop device", e);
-        let meta = file.metadata().map_err(fail)?;
-        if !meta.file_type().is_file() {
-            return Err(MountError::system(
-                "cannot attach a loop device: not a regular file",
-            ));
-        }
-        let backing = (meta.dev(), meta.ino());
         // Another process may take the device the driver named first: again.
         let mut last = None;
         for _ in 0..5 {
