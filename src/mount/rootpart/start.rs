@@ -338,6 +338,7 @@ fn prepare(
         .map_err(|e| MountError::system(format!("{e} at {}", root.fuse_dir.display())))?;
     root.held.fuse = Some(Guard::new(FuseMount {
         dir: root.fuse_dir.clone(),
+        id: mounted.id,
     }));
     root.fuse_id = Some(mounted.id);
     let fuse = mounted.dev;

@@ -95,6 +95,25 @@ pub fn open_mount_root(path: &Path, id: &MountId) -> Result<OwnedFd, MountError>
     }
 }
 
+/// Unmounts the FUSE mount `id` at `path` (lazily when `lazy`), as a
+/// filesystem is unmounted once its loop device was checked to be the
+/// mount's: only while the mount at `path` is that very mount, its root
+/// opened again and checked by the kernel's numbers just before `umount2`,
+/// which follows no symlink in the last part ([`super::umount`]). Whatever
+/// else is mounted there (over it, or in its place) is left alone, and the
+/// refusal says so; a mount the kernel no longer has is unmounted already.
+pub fn umount_fuse(path: &Path, id: &MountId, lazy: bool) -> Result<(), MountError> {
+    if let Err(e) = open_mount_root(path, id) {
+        let table = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|t| MountError::with_source("cannot read the mount table", t))?;
+        if id.is_mounted(&table, path) {
+            return Err(MountError::system(format!("{e}: not unmounted")));
+        }
+        return Ok(());
+    }
+    super::umount(path, lazy)
+}
+
 /// The FUSE file `disk`, opened beneath the FUSE mount's root `root` (see
 /// [`open_mount_root`]) without following a symlink, a magic link, `..` or
 /// another mount, and only if it is a regular file of the mount whose device
@@ -262,6 +281,68 @@ mod tests {
                 .contains("not a file of the drive's FUSE mount"),
             "{err}"
         );
+    }
+
+    /// The mount at `dir` now, by its numbers.
+    fn mount_at(dir: &Path) -> MountId {
+        MountId::of(&File::open(dir).unwrap()).unwrap()
+    }
+
+    /// A tmpfs mounted at `dir` (over whatever is mounted there).
+    fn tmpfs_at(dir: &Path) {
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: valid C strings and no data.
+        let rc = unsafe {
+            libc::mount(
+                c"none".as_ptr(),
+                c.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    }
+
+    /// Unmounts (lazily) whatever a test left mounted at its directory,
+    /// down to the directory's own filesystem, of device `.1`.
+    struct Unmount<'a>(&'a Path, u64);
+
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            for _ in 0..4 {
+                if mount_at(self.0).dev == self.1 {
+                    return;
+                }
+                let _ = super::super::umount(self.0, true);
+            }
+        }
+    }
+
+    /// The FUSE mount is unmounted by its numbers: while another mount is
+    /// over it at its directory, that one is left alone and the unmount
+    /// refused; once it is the mount there, it is unmounted; once gone, there
+    /// is nothing to do.
+    #[test]
+    fn only_the_mount_named_is_unmounted_not_one_mounted_over_it() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let _cleanup = Unmount(dir.path(), mount_at(dir.path()).dev);
+        tmpfs_at(dir.path());
+        let ours = mount_at(dir.path());
+        tmpfs_at(dir.path());
+        let over = mount_at(dir.path());
+        let err = umount_fuse(dir.path(), &ours, false).unwrap_err();
+        assert!(err.to_string().contains("not unmounted"), "{err}");
+        assert_eq!(mount_at(dir.path()), over, "the mount over it stays");
+        umount_fuse(dir.path(), &over, false).unwrap();
+        assert_eq!(mount_at(dir.path()), ours);
+        umount_fuse(dir.path(), &ours, true).unwrap();
+        assert_ne!(mount_at(dir.path()).dev, ours.dev);
+        umount_fuse(dir.path(), &ours, false).unwrap();
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub use fs::{
     free_space, freeze, fs_size, fs_type, grow_ext4_unmounted, grow_fs, has_capability, mkfs,
     mount_fs, mount_on, statvfs, thaw, CAP_SYS_RESOURCE,
 };
-pub use fuse::{mount_fuse, open_disk, open_mount_root, FuseMounted};
+pub use fuse::{mount_fuse, open_disk, open_mount_root, umount_fuse, FuseMounted};
 pub use loopdev::{
     set_autoclear, take_new_capacity, Attached, Binding, BlockSize, LoopDevice, Now, Pinned,
     RegularFile, Serves, LOOP_DIRTY_MAX,
