@@ -156,8 +156,8 @@ pub fn open_disk(root: &OwnedFd, dev: u64, how: libc::c_int) -> Result<RegularFi
 }
 
 /// openat2(2) of `path` beneath `dir` (or from the working directory) with
-/// `resolve`'s restrictions; on a kernel without it (before 5.6), openat(2)
-/// of a single name with `O_NOFOLLOW`, which refuses a symlink there too.
+/// `resolve`'s restrictions. (Linux 5.6: a mount refuses to start on a kernel
+/// older than the 5.8 it needs, see `mountid.rs`.)
 fn open_beneath(
     dir: Option<&OwnedFd>,
     path: &Path,
@@ -168,13 +168,12 @@ fn open_beneath(
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     let at = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
-    let flags = flags | libc::O_CLOEXEC;
     // SAFETY: an all-zero open_how is a valid value of this plain C struct.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = flags as u64;
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
     how.resolve = resolve;
     // SAFETY: `c` is a valid path and `how` an open_how of the size given.
-    let mut fd = unsafe {
+    let fd = unsafe {
         libc::syscall(
             libc::SYS_openat2,
             at,
@@ -183,16 +182,6 @@ fn open_beneath(
             std::mem::size_of::<libc::open_how>(),
         )
     } as libc::c_int;
-    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
-        let single = !path.as_os_str().as_bytes().contains(&b'/');
-        let nofollow = if resolve & libc::RESOLVE_NO_SYMLINKS != 0 && single {
-            libc::O_NOFOLLOW
-        } else {
-            0
-        };
-        // SAFETY: as above.
-        fd = unsafe { libc::openat(at, c.as_ptr(), flags | nofollow) };
-    }
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }

@@ -25,7 +25,7 @@ pub use loopdev::{
     set_autoclear, take_new_capacity, Attached, Binding, BlockSize, LoopDevice, Now, Pinned,
     RegularFile, Serves, LOOP_DIRTY_MAX,
 };
-pub use mountid::MountId;
+pub use mountid::{check_kernel, MountId};
 pub use procs::{children, holders, mounted_in_namespaces, pid_alive, state, threads_running};
 
 use std::process::Command;

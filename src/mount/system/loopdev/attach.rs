@@ -22,10 +22,7 @@ struct LoopConfig {
     reserved: [u64; 8],
 }
 
-const LOOP_SET_FD: libc::c_ulong = 0x4C00;
-const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
 const LOOP_SET_DIRECT_IO: libc::c_ulong = 0x4C08;
-const LOOP_SET_BLOCK_SIZE: libc::c_ulong = 0x4C09;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 
@@ -166,8 +163,9 @@ fn configure_free(
     Ok((dev, held, n as u32))
 }
 
-/// LOOP_CONFIGURE of the device `held` with the file `file`; on a kernel
-/// without it (before 5.8), LOOP_SET_FD, then the flags and the block size.
+/// LOOP_CONFIGURE of the device `held` with the file `file`: attached, its
+/// flags and block size set, in one call (Linux 5.8, which a mount needs:
+/// see `system::mountid`).
 fn configure(held: &File, file: &File, read_only: bool, block: BlockSize) -> std::io::Result<()> {
     // SAFETY: an all-zero loop_config is a valid value of this plain C struct.
     let mut config: LoopConfig = unsafe { std::mem::zeroed() };
@@ -178,21 +176,7 @@ fn configure(held: &File, file: &File, read_only: bool, block: BlockSize) -> std
     }
     // SAFETY: the ioctl reads the loop_config it is given, whose descriptor
     // is open for as long as the call runs.
-    let rc = unsafe { libc::ioctl(held.as_raw_fd(), LOOP_CONFIGURE, &config) };
-    match check(rc) {
-        Err(e)
-            if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOTTY) =>
-        {
-            // SAFETY: LOOP_SET_FD takes the descriptor as its argument.
-            check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_SET_FD, file.as_raw_fd()) })?;
-            // SAFETY: the ioctl reads the loop_info64 it is given.
-            check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_SET_STATUS64, &config.info) })?;
-            let size = libc::c_ulong::from(block.bytes());
-            // SAFETY: LOOP_SET_BLOCK_SIZE takes the size as its argument.
-            check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_SET_BLOCK_SIZE, size) })
-        }
-        other => other,
-    }
+    check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_CONFIGURE, &config) })
 }
 
 /// The attachment `done` made, once the kernel said it is the file whose
