@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use super::newmount::{fs_mount, fs_open, fs_set, move_mount};
-use super::{MountId, RegularFile};
+use super::{id_of, MountId, RegularFile};
 use crate::mount::MountError;
 
 /// What mounting FUSE gives the root part.
@@ -44,7 +44,7 @@ pub fn mount_fuse(at: &OwnedFd, source: &str, read_only: bool) -> Result<FuseMou
         .map_err(|e| MountError::with_source("cannot open /dev/fuse", e))?
         .into();
     let fail = |e| MountError::with_source("cannot mount FUSE", e);
-    let (_, _, mode) = stat_of(at).map_err(fail)?;
+    let (_, _, mode) = id_of(at).map_err(fail)?;
     let fs = fs_open(c"fuse").map_err(fail)?;
     let options = [
         ("source", source.to_string()),
@@ -138,8 +138,8 @@ pub fn open_disk(root: &OwnedFd, dev: u64, how: libc::c_int) -> Result<RegularFi
             _ => MountError::with_source("cannot open the FUSE file disk", e),
         })?
         .into();
-    let (on, ino, mode) = stat_of(&file)
-        .map_err(|e| MountError::with_source("cannot check the FUSE file disk", e))?;
+    let (on, ino, mode) =
+        id_of(&file).map_err(|e| MountError::with_source("cannot check the FUSE file disk", e))?;
     if mode & libc::S_IFMT != libc::S_IFREG {
         return Err(refused(format!(
             "the worker answered it with a file of type {:o}, not a regular file",
@@ -187,18 +187,6 @@ fn open_beneath(
     }
     // SAFETY: a fresh descriptor owned by nothing else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// The device, inode and mode of what `fd` is open on. (For a FUSE file, the
-/// server may be asked: call it where waiting on the worker is allowed.)
-fn stat_of(fd: &impl AsRawFd) -> std::io::Result<(u64, u64, u32)> {
-    // SAFETY: a zeroed stat is a valid out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open; `st` is a stat the call fills.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((st.st_dev, st.st_ino, st.st_mode))
 }
 
 /// Of <linux/mount.h>.

@@ -15,7 +15,9 @@ mod procs;
 
 pub use confined::TOOL_USER;
 pub(crate) use dirs::unescape_mountinfo;
-pub use dirs::{check_same_dir, dir_id, is_mountpoint, make_private_dir, open_dir, umount};
+pub use dirs::{
+    check_same_dir, dir_id, id_of, is_mountpoint, make_private_dir, open_dir, resolve, umount,
+};
 pub use fs::{
     free_space, freeze, fs_size, fs_type, grow_ext4_unmounted, grow_fs, has_capability, mkfs,
     mount_fs, mount_on, statvfs, thaw, CAP_SYS_RESOURCE,

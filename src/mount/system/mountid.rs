@@ -91,11 +91,7 @@ impl MountId {
     /// the place without links: only its parent is resolved here, as a stat
     /// of a FUSE mount itself would wait for its server).
     pub fn listed_in(&self, mountinfo: &str, at: &Path) -> bool {
-        let real = at
-            .parent()
-            .and_then(|p| p.canonicalize().ok())
-            .zip(at.file_name())
-            .map(|(p, name)| p.join(name));
+        let real = super::resolve(at);
         let place = real.as_deref().unwrap_or(at).to_string_lossy().into_owned();
         let (id, devno) = (self.id.to_string(), self.devno());
         mountinfo.lines().any(|l| {
