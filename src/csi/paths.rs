@@ -15,14 +15,9 @@ use std::path::{Path, PathBuf};
 use tonic::Status;
 
 use crate::mount::system::mount_on;
-
-/// `path` with the directories above its last part resolved; `None` when they
-/// do not exist (or it has no last part).
-pub fn resolve(path: &Path) -> Option<PathBuf> {
-    let name = path.file_name()?;
-    let parent = path.parent()?.canonicalize().ok()?;
-    Some(parent.join(name))
-}
+/// The directories above a path's last part resolved, and what a
+/// descriptor is open on: as the root part of a mount asks them.
+pub use crate::mount::system::{id_of, resolve};
 
 /// [`resolve`] of a path a call needs to use: INVALID_ARGUMENT when its
 /// directory does not exist (the CO makes it).
@@ -79,21 +74,10 @@ pub fn open_path(path: &Path, dir: bool) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: `fd` was just opened and is owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    if !dir && id_of(&fd)?.2 == libc::S_IFLNK {
+    if !dir && id_of(&fd)?.2 & libc::S_IFMT == libc::S_IFLNK {
         return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
     }
     Ok(fd)
-}
-
-/// The (device, inode) and file type of what `fd` is open on.
-pub fn id_of(fd: &OwnedFd) -> std::io::Result<(u64, u64, libc::mode_t)> {
-    // SAFETY: a zeroed stat is a valid out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open; `st` is a stat the call fills.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((st.st_dev, st.st_ino, st.st_mode & libc::S_IFMT))
 }
 
 /// The kernel's id of the mount `fd` is open in (`mnt_id` of its fdinfo).

@@ -10,6 +10,7 @@ use std::os::unix::net::UnixStream;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use super::log::QUOTE_MAX;
 use crate::mount::MountError;
 
 /// The longest line either side reads: far above any request's size (a few
@@ -250,15 +251,13 @@ pub trait Ops {
     fn carry_out(&mut self, req: Request) -> Answer;
 
     /// A line that is not one of the requests, refused: `why` is the parser's
-    /// reason, which quotes the line (the answer quotes only the start of it).
+    /// reason, which quotes the line (the answer quotes only the start of it,
+    /// [`QUOTE_MAX`] characters, as the root part's own messages do).
     fn refuse(&mut self, why: &str) -> Answer {
-        let start: String = why.chars().take(REFUSAL_QUOTES).collect();
+        let start: String = why.chars().take(QUOTE_MAX).collect();
         Answer::Refused(format!("not a request the root part takes ({start})"))
     }
 }
-
-/// The most characters of a refused line's reason an answer repeats.
-const REFUSAL_QUOTES: usize = 300;
 
 /// Reads one request from `conn` and answers it. `Ok(false)` at the end of the
 /// stream; an error when the peer broke the framing (a line too long, not

@@ -24,13 +24,14 @@ impl RootPart {
         }
     }
 
+    /// Unmounts it while it is still the mount at the FUSE directory (see
+    /// `system::umount_fuse`).
     fn umount_fuse(&mut self, req: Request, lazy: bool) -> Answer {
-        if self.held.fuse.is_none() {
+        let Some((dir, id)) = self.held.fuse.as_ref().map(|f| (f.dir.clone(), f.id)) else {
             return Answer::Done;
-        }
-        let dir = self.fuse_dir.clone();
+        };
         self.on_errand(req, move || {
-            let done = system::umount(&dir, lazy);
+            let done = system::umount_fuse(&dir, &id, lazy);
             Box::new(move |root: &mut RootPart| match done {
                 Ok(()) => {
                     undone(&mut root.held.fuse);
@@ -54,7 +55,8 @@ impl RootPart {
             let size = system::open_mount_root(&dir, &fuse)
                 .and_then(|root| system::open_disk(&root, fuse.dev, libc::O_PATH))
                 .and_then(|disk| {
-                    disk.metadata()
+                    disk.file
+                        .metadata()
                         .map(|m| m.len())
                         .map_err(|e| MountError::with_source("cannot stat the FUSE file disk", e))
                 });

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use tracing::{error, info, warn};
 
-use crate::mount::system::{self, Binding, LoopDevice, Now};
+use crate::mount::system::{self, Binding, LoopDevice, MountId, Now};
 use crate::mount::{record, utab};
 
 /// Something put in place, and how it is undone.
@@ -161,11 +161,17 @@ impl LoopOverDisk {
     /// back. `false` also when that cannot be told.
     pub fn let_go(&self) -> bool {
         if self.dev.serves_now(&self.binding) == Now::Gone {
-            info!("{} let go of the drive by itself", self.dev);
-            self.dev.released();
+            self.went_by_itself();
             return true;
         }
         false
+    }
+
+    /// What is done once the kernel said it let go by itself: said so, and
+    /// its writeback settings put back.
+    pub fn went_by_itself(&self) {
+        info!("{} let go of the drive by itself", self.dev);
+        self.dev.released();
     }
 }
 
@@ -181,17 +187,20 @@ impl Undo for LoopOverDisk {
     }
 }
 
-/// FUSE mounted at the FUSE directory by this root part.
+/// FUSE mounted at the FUSE directory by this root part, known by the
+/// kernel's numbers for it.
 pub(super) struct FuseMount {
     pub dir: PathBuf,
+    pub id: MountId,
 }
 
 impl Undo for FuseMount {
-    /// Unmounts it, lazily when busy: whatever holds it sees the drive gone.
+    /// Unmounts it while it is still the mount at its directory, lazily when
+    /// busy: whatever holds it sees the drive gone.
     fn undo(self) {
-        if let Err(e) = system::umount(&self.dir, false) {
+        if let Err(e) = system::umount_fuse(&self.dir, &self.id, false) {
             warn!("{e}: detaching it lazily");
-            if let Err(e) = system::umount(&self.dir, true) {
+            if let Err(e) = system::umount_fuse(&self.dir, &self.id, true) {
                 error!("cannot detach {}: {e}", self.dir.display());
             }
         }

@@ -155,22 +155,27 @@ impl RootPart {
     /// the filesystem on it with it: a plain umount unmounted it.
     pub(super) fn attached_loop(&mut self) -> Option<LoopOverDisk> {
         let l = self.held.loop_dev.as_deref()?.clone();
-        if l.dev.serves_now(&l.binding) == Now::Gone {
-            self.let_go_of_loop(&l.binding);
+        if l.let_go() {
+            self.forget_let_go(&l.binding);
             return None;
         }
         Some(l)
     }
 
-    /// The device of the attachment `b` let go by itself: nothing of it, nor
-    /// of a filesystem on it, is this mount's to undo any more. (A device
-    /// lets go only once nothing holds it open, a mounted filesystem
-    /// included.)
+    /// The device of the attachment `b` let go by itself, as the kernel said
+    /// (see `guards.rs`, [`LoopOverDisk::let_go`]): it is forgotten.
     fn let_go_of_loop(&mut self, b: &Binding) {
         if let Some(l) = self.held.loop_dev.as_ref().filter(|l| l.binding == *b) {
-            info!("{} let go of the drive by itself", l.dev);
-            l.dev.released();
+            l.went_by_itself();
         }
+        self.forget_let_go(b);
+    }
+
+    /// Nothing of the device of the attachment `b`, which let go by itself,
+    /// nor of a filesystem on it, is this mount's to undo any more. (A device
+    /// lets go only once nothing holds it open, a mounted filesystem
+    /// included.)
+    fn forget_let_go(&mut self, b: &Binding) {
         if self.forget_loop(b) {
             undone(&mut self.held.fs);
             undone(&mut self.held.frozen);

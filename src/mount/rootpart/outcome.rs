@@ -11,7 +11,7 @@
 use tracing::warn;
 
 use super::channel::{Answer, Request};
-use super::guards::{Guard, UtabEntry};
+use super::guards::{Guard, LoopOverDisk, UtabEntry};
 use super::log::quoted;
 use super::RootPart;
 use crate::mount::record;
@@ -158,22 +158,20 @@ impl RootPart {
     }
 
     /// What of this mount the kernel still has mounted, in words: the root
-    /// part's FUSE mount (known by its unique mount id), the filesystem
-    /// on its loop device (while the device is still this mount's). `None`
-    /// when neither is. An unreadable mount table counts as mounted.
+    /// part's FUSE mount or the filesystem on its loop device (see
+    /// [`RootPart::mounted_per`]). `None` when neither is. An unreadable
+    /// mount table counts as mounted.
     pub(super) fn still_mounted(&mut self) -> Option<String> {
         let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
             return Some("(the mount table cannot be read, so maybe) the drive".into());
         };
-        let fuse = match &self.fuse_id {
-            Some(id) => id.is_mounted(&table, &self.fuse_dir),
-            None => self.held.fuse.is_some(),
-        };
-        if fuse {
+        let l = self.attached_loop();
+        let now = self.mounted_per(&table, l.as_ref());
+        if now.fuse {
             return Some(format!("FUSE at {}", self.fuse_dir.display()));
         }
-        let dev = self.attached_loop()?.dev;
-        (dev.is_mounted_per(&table) != Some(false)).then(|| format!("the filesystem on {dev}"))
+        let dev = l?.dev;
+        (now.fs != Some(false)).then(|| format!("the filesystem on {dev}"))
     }
 
     /// What the drive's mode puts in place before it is ready, as the kernel
@@ -183,27 +181,50 @@ impl RootPart {
     fn in_place(&mut self) -> Result<(), String> {
         let table = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| format!("the mount table cannot be read ({e})"))?;
-        if !self
-            .fuse_id
-            .is_some_and(|id| id.is_mounted(&table, &self.fuse_dir))
-        {
+        let l = match self.req.mode {
+            Mode::Raw => None,
+            Mode::Block | Mode::Fs => self.attached_loop(),
+        };
+        let now = self.mounted_per(&table, l.as_ref());
+        if !now.fuse {
             return Err("its FUSE mount is not mounted".into());
         }
         if self.req.mode == Mode::Raw {
             return Ok(());
         }
-        let Some(l) = self.attached_loop() else {
+        let Some(l) = l else {
             return Err("no loop device is attached".into());
         };
         if self.req.mode == Mode::Block {
             return Ok(());
         }
-        if self.held.fs.is_none() || self.fs.is_none() || l.dev.is_mounted_per(&table) != Some(true)
-        {
+        if self.held.fs.is_none() || self.fs.is_none() || now.fs != Some(true) {
             return Err(format!("no filesystem of {} is mounted", l.dev));
         }
         Ok(())
     }
+
+    /// What of this mount the mount table `table` shows mounted: the root
+    /// part's FUSE mount, known by its numbers (by whether it is held, before
+    /// they are known), and the filesystem on the loop device `l` (`None`:
+    /// it cannot be told; no device, nothing mounted). The one place that
+    /// says whether the drive is up or down: for `Ready`, `Finished`,
+    /// `RemoveLog` and the root part's own teardown alike.
+    pub(super) fn mounted_per(&self, table: &str, l: Option<&LoopOverDisk>) -> Mounted {
+        let fuse = match &self.fuse_id {
+            Some(id) => id.is_mounted(table, &self.fuse_dir),
+            None => self.held.fuse.is_some(),
+        };
+        let fs = l.map_or(Some(false), |l| l.dev.is_mounted_per(table));
+        Mounted { fuse, fs }
+    }
+}
+
+/// What of a mount the kernel shows mounted (see [`RootPart::mounted_per`]).
+pub(super) struct Mounted {
+    pub fuse: bool,
+    /// The filesystem on the loop device; `None` when that cannot be told.
+    pub fs: Option<bool>,
 }
 
 /// The worker's words that go on to a terminal, the service manager or the

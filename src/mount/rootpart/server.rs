@@ -46,13 +46,12 @@ impl RootPart {
         let (utab, record) = (self.held.utab.take(), self.held.record.take());
         self.held = Default::default();
         let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let fuse_left = self
-            .fuse_id
-            .is_some_and(|id| id.is_mounted(&table, &self.fuse_dir));
-        let fs_left = last_loop.is_some_and(|l| {
-            l.dev.serves_now(&l.binding) != Now::Gone && l.dev.is_mounted_per(&table) != Some(false)
-        });
-        if table.is_empty() || fuse_left || fs_left {
+        // The device is this mount's no more once it let go (detached just
+        // now, with the rest of what was held).
+        let last_loop = last_loop.filter(|l| l.dev.serves_now(&l.binding) != Now::Gone);
+        let left = self.mounted_per(&table, last_loop.as_ref());
+        let fs_left = left.fs != Some(false);
+        if table.is_empty() || left.fuse || fs_left {
             error!(
                 "the drive is still mounted ({}), and the root part could not take it down: its record stays, for `blobdrive list` and `blobdrive unmount`",
                 if fs_left { "its filesystem" } else { "FUSE" }

@@ -83,6 +83,10 @@ pub fn split(
         ready(Err(msg.clone()));
         Split::Root(Err(MountError::system(msg)))
     };
+    // Before anything is done: a kernel too old is refused in one line.
+    if let Err(e) = system::check_kernel() {
+        return fail(e.to_string(), ready);
+    }
     // Held by the root part until the mount is down; a child's copy gives
     // nothing back (see `uids::Claim`).
     let (user, uid_claim) = match uids::worker_for(req.run_as.as_deref()) {
@@ -338,6 +342,7 @@ fn prepare(
         .map_err(|e| MountError::system(format!("{e} at {}", root.fuse_dir.display())))?;
     root.held.fuse = Some(Guard::new(FuseMount {
         dir: root.fuse_dir.clone(),
+        id: mounted.id,
     }));
     root.fuse_id = Some(mounted.id);
     let fuse = mounted.dev;

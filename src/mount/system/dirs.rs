@@ -1,7 +1,8 @@
 //! Mount points and directories: opening the checked directory without
 //! following links, unmounting, and reading the mount table.
 
-use std::path::Path;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 
 use crate::mount::MountError;
 
@@ -110,6 +111,29 @@ pub(crate) fn unescape_mountinfo(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `path` with the directories above its last part resolved (the last part
+/// itself is not followed, nor asked anything: it may be a mount whose
+/// server does not answer); `None` when they do not exist (or it has no last
+/// part). The kernel's mount table writes places so.
+pub fn resolve(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?;
+    let parent = path.parent()?.canonicalize().ok()?;
+    Some(parent.join(name))
+}
+
+/// The device, inode and mode (its type and permissions) of what `fd` is
+/// open on, by `fstat`. (For a FUSE file, the server may be asked: call it
+/// where waiting on the worker is allowed.)
+pub fn id_of(fd: &impl AsRawFd) -> std::io::Result<(u64, u64, libc::mode_t)> {
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open; `st` is a stat the call fills.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((st.st_dev, st.st_ino, st.st_mode))
 }
 
 /// A directory's (device, inode), read without following a symlink.

@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use super::newmount::{fs_mount, fs_open, fs_set, move_mount};
-use super::MountId;
+use super::{id_of, MountId, RegularFile};
 use crate::mount::MountError;
 
 /// What mounting FUSE gives the root part.
@@ -44,7 +44,7 @@ pub fn mount_fuse(at: &OwnedFd, source: &str, read_only: bool) -> Result<FuseMou
         .map_err(|e| MountError::with_source("cannot open /dev/fuse", e))?
         .into();
     let fail = |e| MountError::with_source("cannot mount FUSE", e);
-    let (_, _, mode) = stat_of(at).map_err(fail)?;
+    let (_, _, mode) = id_of(at).map_err(fail)?;
     let fs = fs_open(c"fuse").map_err(fail)?;
     let options = [
         ("source", source.to_string()),
@@ -95,12 +95,31 @@ pub fn open_mount_root(path: &Path, id: &MountId) -> Result<OwnedFd, MountError>
     }
 }
 
+/// Unmounts the FUSE mount `id` at `path` (lazily when `lazy`), as a
+/// filesystem is unmounted once its loop device was checked to be the
+/// mount's: only while the mount at `path` is that very mount, its root
+/// opened again and checked by the kernel's numbers just before `umount2`,
+/// which follows no symlink in the last part ([`super::umount`]). Whatever
+/// else is mounted there (over it, or in its place) is left alone, and the
+/// refusal says so; a mount the kernel no longer has is unmounted already.
+pub fn umount_fuse(path: &Path, id: &MountId, lazy: bool) -> Result<(), MountError> {
+    if let Err(e) = open_mount_root(path, id) {
+        let table = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|t| MountError::with_source("cannot read the mount table", t))?;
+        if id.is_mounted(&table, path) {
+            return Err(MountError::system(format!("{e}: not unmounted")));
+        }
+        return Ok(());
+    }
+    super::umount(path, lazy)
+}
+
 /// The FUSE file `disk`, opened beneath the FUSE mount's root `root` (see
 /// [`open_mount_root`]) without following a symlink, a magic link, `..` or
 /// another mount, and only if it is a regular file of the mount whose device
 /// is `dev`: whatever the worker answered for the name, what is opened is a
 /// file it serves. `how`: `O_RDWR`, `O_RDONLY` or `O_PATH` (a stat alone).
-pub fn open_disk(root: &OwnedFd, dev: u64, how: libc::c_int) -> Result<File, MountError> {
+pub fn open_disk(root: &OwnedFd, dev: u64, how: libc::c_int) -> Result<RegularFile, MountError> {
     let resolve = libc::RESOLVE_NO_SYMLINKS
         | libc::RESOLVE_BENEATH
         | libc::RESOLVE_NO_MAGICLINKS
@@ -119,8 +138,8 @@ pub fn open_disk(root: &OwnedFd, dev: u64, how: libc::c_int) -> Result<File, Mou
             _ => MountError::with_source("cannot open the FUSE file disk", e),
         })?
         .into();
-    let (on, _, mode) = stat_of(&file)
-        .map_err(|e| MountError::with_source("cannot check the FUSE file disk", e))?;
+    let (on, ino, mode) =
+        id_of(&file).map_err(|e| MountError::with_source("cannot check the FUSE file disk", e))?;
     if mode & libc::S_IFMT != libc::S_IFREG {
         return Err(refused(format!(
             "the worker answered it with a file of type {:o}, not a regular file",
@@ -130,12 +149,15 @@ pub fn open_disk(root: &OwnedFd, dev: u64, how: libc::c_int) -> Result<File, Mou
     if on != dev {
         return Err(refused("it is not a file of the drive's FUSE mount".into()));
     }
-    Ok(file)
+    Ok(RegularFile {
+        file,
+        id: (on, ino),
+    })
 }
 
 /// openat2(2) of `path` beneath `dir` (or from the working directory) with
-/// `resolve`'s restrictions; on a kernel without it (before 5.6), openat(2)
-/// of a single name with `O_NOFOLLOW`, which refuses a symlink there too.
+/// `resolve`'s restrictions. (Linux 5.6: a mount refuses to start on a kernel
+/// older than the 5.8 it needs, see `mountid.rs`.)
 fn open_beneath(
     dir: Option<&OwnedFd>,
     path: &Path,
@@ -146,13 +168,12 @@ fn open_beneath(
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     let at = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
-    let flags = flags | libc::O_CLOEXEC;
     // SAFETY: an all-zero open_how is a valid value of this plain C struct.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = flags as u64;
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
     how.resolve = resolve;
     // SAFETY: `c` is a valid path and `how` an open_how of the size given.
-    let mut fd = unsafe {
+    let fd = unsafe {
         libc::syscall(
             libc::SYS_openat2,
             at,
@@ -161,33 +182,11 @@ fn open_beneath(
             std::mem::size_of::<libc::open_how>(),
         )
     } as libc::c_int;
-    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
-        let single = !path.as_os_str().as_bytes().contains(&b'/');
-        let nofollow = if resolve & libc::RESOLVE_NO_SYMLINKS != 0 && single {
-            libc::O_NOFOLLOW
-        } else {
-            0
-        };
-        // SAFETY: as above.
-        fd = unsafe { libc::openat(at, c.as_ptr(), flags | nofollow) };
-    }
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor owned by nothing else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// The device, inode and mode of what `fd` is open on. (For a FUSE file, the
-/// server may be asked: call it where waiting on the worker is allowed.)
-fn stat_of(fd: &impl AsRawFd) -> std::io::Result<(u64, u64, u32)> {
-    // SAFETY: a zeroed stat is a valid out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open; `st` is a stat the call fills.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((st.st_dev, st.st_ino, st.st_mode))
 }
 
 /// Of <linux/mount.h>.
@@ -250,13 +249,77 @@ mod tests {
         std::fs::write(dir.path().join("disk"), b"bytes").unwrap();
         let (root, dev) = root_of(dir.path());
         let f = open_disk(&root, dev, libc::O_RDONLY).unwrap();
-        assert_eq!(f.metadata().unwrap().len(), 5);
+        assert_eq!(f.file.metadata().unwrap().len(), 5);
+        let meta = std::fs::metadata(dir.path().join("disk")).unwrap();
+        assert_eq!(f.id, (meta.dev(), meta.ino()));
         let err = open_disk(&root, dev + 1, libc::O_RDONLY).unwrap_err();
         assert!(
             err.to_string()
                 .contains("not a file of the drive's FUSE mount"),
             "{err}"
         );
+    }
+
+    /// The mount at `dir` now, by its numbers.
+    fn mount_at(dir: &Path) -> MountId {
+        MountId::of(&File::open(dir).unwrap()).unwrap()
+    }
+
+    /// A tmpfs mounted at `dir` (over whatever is mounted there).
+    fn tmpfs_at(dir: &Path) {
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: valid C strings and no data.
+        let rc = unsafe {
+            libc::mount(
+                c"none".as_ptr(),
+                c.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    }
+
+    /// Unmounts (lazily) whatever a test left mounted at its directory,
+    /// down to the directory's own filesystem, of device `.1`.
+    struct Unmount<'a>(&'a Path, u64);
+
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            for _ in 0..4 {
+                if mount_at(self.0).dev == self.1 {
+                    return;
+                }
+                let _ = super::super::umount(self.0, true);
+            }
+        }
+    }
+
+    /// The FUSE mount is unmounted by its numbers: while another mount is
+    /// over it at its directory, that one is left alone and the unmount
+    /// refused; once it is the mount there, it is unmounted; once gone, there
+    /// is nothing to do.
+    #[test]
+    fn only_the_mount_named_is_unmounted_not_one_mounted_over_it() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let _cleanup = Unmount(dir.path(), mount_at(dir.path()).dev);
+        tmpfs_at(dir.path());
+        let ours = mount_at(dir.path());
+        tmpfs_at(dir.path());
+        let over = mount_at(dir.path());
+        let err = umount_fuse(dir.path(), &ours, false).unwrap_err();
+        assert!(err.to_string().contains("not unmounted"), "{err}");
+        assert_eq!(mount_at(dir.path()), over, "the mount over it stays");
+        umount_fuse(dir.path(), &over, false).unwrap();
+        assert_eq!(mount_at(dir.path()), ours);
+        umount_fuse(dir.path(), &ours, true).unwrap();
+        assert_ne!(mount_at(dir.path()).dev, ours.dev);
+        umount_fuse(dir.path(), &ours, false).unwrap();
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-pub use attach::Attached;
+pub use attach::{Attached, RegularFile};
 pub use binding::{Binding, Now, Pinned, Serves};
 
 /// Most dirty data of the drive's filesystem the page cache holds before its

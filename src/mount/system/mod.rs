@@ -15,17 +15,19 @@ mod procs;
 
 pub use confined::TOOL_USER;
 pub(crate) use dirs::unescape_mountinfo;
-pub use dirs::{check_same_dir, dir_id, is_mountpoint, make_private_dir, open_dir, umount};
+pub use dirs::{
+    check_same_dir, dir_id, id_of, is_mountpoint, make_private_dir, open_dir, resolve, umount,
+};
 pub use fs::{
     free_space, freeze, fs_size, fs_type, grow_ext4_unmounted, grow_fs, has_capability, mkfs,
     mount_fs, mount_on, statvfs, thaw, CAP_SYS_RESOURCE,
 };
-pub use fuse::{mount_fuse, open_disk, open_mount_root, FuseMounted};
+pub use fuse::{mount_fuse, open_disk, open_mount_root, umount_fuse, FuseMounted};
 pub use loopdev::{
     set_autoclear, take_new_capacity, Attached, Binding, BlockSize, LoopDevice, Now, Pinned,
-    Serves, LOOP_DIRTY_MAX,
+    RegularFile, Serves, LOOP_DIRTY_MAX,
 };
-pub use mountid::MountId;
+pub use mountid::{check_kernel, MountId};
 pub use procs::{children, holders, mounted_in_namespaces, pid_alive, state, threads_running};
 
 use std::process::Command;

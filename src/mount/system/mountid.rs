@@ -13,6 +13,8 @@
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
+use crate::mount::MountError;
+
 /// A mount: its id and its filesystem's device as the mount table writes
 /// them, and the id no other mount ever has, where the kernel gives one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +22,21 @@ pub struct MountId {
     pub id: u64,
     pub dev: u64,
     pub unique: Option<u64>,
+}
+
+/// Refuses, in one line, a kernel older than a mount needs: Linux 5.8, whose
+/// statx gives the mount id every mount is known by here, and which brings
+/// the rest of what the root part asks of the kernel (the mount API, 5.2;
+/// `openat2`, 5.6; `LOOP_CONFIGURE`, 5.8), so that none of those needs a way
+/// around it. Asked before a mount does anything.
+pub fn check_kernel() -> Result<(), MountError> {
+    let too_old = |e: std::io::Error| {
+        MountError::system(format!(
+            "this kernel is too old to mount a drive: blobdrive needs Linux 5.8 or later (statx gives no mount id here: {e})"
+        ))
+    };
+    let root = std::fs::File::open("/").map_err(|e| MountError::with_source("cannot open /", e))?;
+    MountId::of(&root).map(drop).map_err(too_old)
 }
 
 /// `statmount(2)`: the same number on every architecture.
@@ -74,11 +91,7 @@ impl MountId {
     /// the place without links: only its parent is resolved here, as a stat
     /// of a FUSE mount itself would wait for its server).
     pub fn listed_in(&self, mountinfo: &str, at: &Path) -> bool {
-        let real = at
-            .parent()
-            .and_then(|p| p.canonicalize().ok())
-            .zip(at.file_name())
-            .map(|(p, name)| p.join(name));
+        let real = super::resolve(at);
         let place = real.as_deref().unwrap_or(at).to_string_lossy().into_owned();
         let (id, devno) = (self.id.to_string(), self.devno());
         mountinfo.lines().any(|l| {

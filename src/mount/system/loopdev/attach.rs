@@ -22,12 +22,41 @@ struct LoopConfig {
     reserved: [u64; 8],
 }
 
-const LOOP_SET_FD: libc::c_ulong = 0x4C00;
-const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
 const LOOP_SET_DIRECT_IO: libc::c_ulong = 0x4C08;
-const LOOP_SET_BLOCK_SIZE: libc::c_ulong = 0x4C09;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+
+/// A regular file open for a loop device to be attached through, with its
+/// device and inode as `fstat` gave them when it was checked to be one (what
+/// the kernel must then say it attached): checked once, where it was opened
+/// (`system::fuse::open_disk` for a drive's `disk`).
+#[derive(Debug)]
+pub struct RegularFile {
+    pub file: File,
+    pub id: (u64, u64),
+}
+
+impl RegularFile {
+    /// `file`, once `fstat` says it is a regular file.
+    pub fn checked(file: File) -> Result<RegularFile, MountError> {
+        let id = regular_id(&file)?;
+        Ok(RegularFile { file, id })
+    }
+}
+
+/// The device and inode of the regular file open as `file`; refused when it
+/// is anything else.
+fn regular_id(file: &File) -> Result<(u64, u64), MountError> {
+    let meta = file
+        .metadata()
+        .map_err(|e| MountError::with_source("cannot attach a loop device", e))?;
+    if !meta.file_type().is_file() {
+        return Err(MountError::system(
+            "cannot attach a loop device: not a regular file",
+        ));
+    }
+    Ok((meta.dev(), meta.ino()))
+}
 
 /// A loop device this process attached, and the attachment it made.
 pub struct Attached {
@@ -42,11 +71,11 @@ impl LoopDevice {
     /// (no second page cache beside the filesystem's), and when writable a
     /// writeback limit.
     pub fn attach_for_network(
-        disk: &File,
+        disk: &RegularFile,
         read_only: bool,
         block: BlockSize,
     ) -> Result<Attached, MountError> {
-        let a = LoopDevice::attach_through(disk, read_only, block)?;
+        let a = LoopDevice::attach_regular(&disk.file, disk.id, read_only, block)?;
         let dev = &a.pinned.dev;
         dev.set_readahead(4096);
         use_direct_io(&a.pinned.file, dev);
@@ -69,14 +98,18 @@ impl LoopDevice {
         read_only: bool,
         block: BlockSize,
     ) -> Result<Attached, MountError> {
+        LoopDevice::attach_regular(file, regular_id(file)?, read_only, block)
+    }
+
+    /// [`LoopDevice::attach_through`] of a file already checked to be a
+    /// regular file whose device and inode are `backing`.
+    fn attach_regular(
+        file: &File,
+        backing: (u64, u64),
+        read_only: bool,
+        block: BlockSize,
+    ) -> Result<Attached, MountError> {
         let fail = |e: std::io::Error| MountError::with_source("cannot attach a loop device", e);
-        let meta = file.metadata().map_err(fail)?;
-        if !meta.file_type().is_file() {
-            return Err(MountError::system(
-                "cannot attach a loop device: not a regular file",
-            ));
-        }
-        let backing = (meta.dev(), meta.ino());
         // Another process may take the device the driver named first: again.
         let mut last = None;
         for _ in 0..5 {
@@ -130,8 +163,9 @@ fn configure_free(
     Ok((dev, held, n as u32))
 }
 
-/// LOOP_CONFIGURE of the device `held` with the file `file`; on a kernel
-/// without it (before 5.8), LOOP_SET_FD, then the flags and the block size.
+/// LOOP_CONFIGURE of the device `held` with the file `file`: attached, its
+/// flags and block size set, in one call (Linux 5.8, which a mount needs:
+/// see `system::mountid`).
 fn configure(held: &File, file: &File, read_only: bool, block: BlockSize) -> std::io::Result<()> {
     // SAFETY: an all-zero loop_config is a valid value of this plain C struct.
     let mut config: LoopConfig = unsafe { std::mem::zeroed() };
@@ -142,21 +176,7 @@ fn configure(held: &File, file: &File, read_only: bool, block: BlockSize) -> std
     }
     // SAFETY: the ioctl reads the loop_config it is given, whose descriptor
     // is open for as long as the call runs.
-    let rc = unsafe { libc::ioctl(held.as_raw_fd(), LOOP_CONFIGURE, &config) };
-    match check(rc) {
-        Err(e)
-            if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOTTY) =>
-        {
-            // SAFETY: LOOP_SET_FD takes the descriptor as its argument.
-            check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_SET_FD, file.as_raw_fd()) })?;
-            // SAFETY: the ioctl reads the loop_info64 it is given.
-            check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_SET_STATUS64, &config.info) })?;
-            let size = libc::c_ulong::from(block.bytes());
-            // SAFETY: LOOP_SET_BLOCK_SIZE takes the size as its argument.
-            check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_SET_BLOCK_SIZE, size) })
-        }
-        other => other,
-    }
+    check(unsafe { libc::ioctl(held.as_raw_fd(), LOOP_CONFIGURE, &config) })
 }
 
 /// The attachment `done` made, once the kernel said it is the file whose

@@ -47,7 +47,7 @@ fn a_device_attached_through_a_descriptor_is_known_by_numbers_not_its_file_s_nam
     }
     let dir = tempfile::tempdir().unwrap();
     let path = backing(dir.path(), "disk");
-    let file = open_rw(&path);
+    let file = RegularFile::checked(open_rw(&path)).unwrap();
     let a = LoopDevice::attach_for_network(&file, false, BlockSize::B512).unwrap();
     drop(file);
     let (dev, binding) = (a.pinned.dev.clone(), a.binding);
@@ -232,7 +232,7 @@ fn a_device_takes_the_block_size_it_is_attached_with() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let file = open_rw(&backing(dir.path(), "disk"));
+    let file = RegularFile::checked(open_rw(&backing(dir.path(), "disk"))).unwrap();
     for block in [BlockSize::B4096, BlockSize::B512] {
         let a = LoopDevice::attach_for_network(&file, true, block).unwrap();
         let (dev, binding) = (a.pinned.dev.clone(), a.binding);
