@@ -25,8 +25,8 @@ use common::mount::{require_root, Mp};
 use common::user::USER;
 use common::util::{wait_for, wait_for_exit};
 use common::worker::{
-    ask, channel_of, fd_links, fuse_of, listener_of, mount_processes, signal_pending, worker_of,
-    Stopped,
+    ask, ask_until_answered, channel_of, fd_links, fuse_of, listener_of, mount_processes,
+    signal_pending, worker_of, Stopped,
 };
 use common::Azurite;
 use faultproxy::{Config, Proxy};
@@ -140,20 +140,39 @@ fn uid_of(pid: u64) -> String {
     field(&status, "Uid")
 }
 
+/// Writes `data` at `at` of the file `path` and syncs it.
+fn write_synced_at(path: &str, at: u64, data: &[u8]) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(data, at).unwrap();
+    f.sync_all().unwrap();
+}
+
 /// The issue's check from outside, on the mount whose root part is `daemon`:
 /// some process of it holds a connection to the emulator, none of those is
 /// root (the root part, the record's pid, is, and holds none), and every thread
 /// of each is walled and holds no loop device and no credentials file open.
-/// Returns the processes holding connections (the workers).
-fn assert_split_from_outside(daemon: u64) -> Vec<u64> {
+/// Returns the processes holding connections (the workers). `poke` makes the
+/// mount send a request: Azurite closes a connection idle for 5 s, so on a
+/// loaded machine the one the caller's last write used may be gone already.
+fn assert_split_from_outside(daemon: u64, poke: impl Fn()) -> Vec<u64> {
     let port = Azurite::shared().port;
     let procs = mount_processes(daemon);
     assert!(procs.len() >= 2, "a root part and a worker: {procs:?}");
-    let holders: Vec<u64> = procs
-        .iter()
-        .copied()
-        .filter(|&p| holds_any(p, &connections_to(p, port)))
-        .collect();
+    let holding = || -> Vec<u64> {
+        procs
+            .iter()
+            .copied()
+            .filter(|&p| holds_any(p, &connections_to(p, port)))
+            .collect()
+    };
+    let mut holders = holding();
+    for _ in 0..5 {
+        if !holders.is_empty() {
+            break;
+        }
+        poke();
+        holders = holding();
+    }
     assert!(
         !holders.is_empty(),
         "some process of the mount {procs:?} holds a connection to port {port}"
@@ -220,7 +239,7 @@ fn a_split_raw_mount_reads_the_network_only_behind_the_walls() {
         "{utab}"
     );
 
-    let holders = assert_split_from_outside(daemon);
+    let holders = assert_split_from_outside(daemon, || write_synced_at(&mp.disk(), 3 << 20, &data));
 
     let said = BD.unmount(&mp);
     assert!(said.is_empty() || !said.contains("error"), "{said}");
@@ -272,7 +291,9 @@ fn an_fstab_line_s_run_as_picks_the_worker_s_user() {
     disk.write_all_at(&[7u8; 4096], 1 << 20).unwrap();
     disk.sync_all().unwrap();
     drop(disk);
-    for worker in assert_split_from_outside(daemon) {
+    for worker in assert_split_from_outside(daemon, || {
+        write_synced_at(&mp.disk(), 1 << 20, &[7u8; 4096])
+    }) {
         let uid = uid_of(worker);
         assert!(
             uid.split_whitespace().all(|u| u == other_uid),
@@ -335,7 +356,8 @@ fn two_mounts_workers_run_as_uids_of_their_own_that_cannot_stop_each_other() {
             .unwrap();
         disk.write_all_at(&[9u8; 4096], 0).unwrap();
         disk.sync_all().unwrap();
-        let holders = assert_split_from_outside(mp.pid());
+        let holders =
+            assert_split_from_outside(mp.pid(), || write_synced_at(&mp.disk(), 0, &[9u8; 4096]));
         assert_eq!(holders.len(), 1, "{holders:?}");
         workers.push(holders[0]);
     }
@@ -514,7 +536,11 @@ fn a_split_block_mount_reads_the_network_only_behind_the_walls() {
         f.write_all_at(data.bytes(), 5 << 20).unwrap();
         f.sync_all().unwrap();
     }
-    assert_split_from_outside(daemon);
+    assert_split_from_outside(daemon, || {
+        let f = open_direct(&dev);
+        f.write_all_at(data.bytes(), 5 << 20).unwrap();
+        f.sync_all().unwrap();
+    });
     let said = BD.unmount(&mp);
     assert!(said.is_empty() || !said.contains("error"), "{said}");
     wait_for_exit(daemon, "the root part", Duration::from_secs(20));
@@ -588,7 +614,10 @@ fn a_split_fs_mount_with_a_disk_cache_keeps_its_cache_the_workers_and_warm() {
         out.status.success() && said.contains("consistent"),
         "{said}"
     );
-    assert_split_from_outside(daemon);
+    assert_split_from_outside(daemon, || {
+        std::fs::write(&file, &data).unwrap();
+        std::fs::File::open(&file).unwrap().sync_all().unwrap();
+    });
     // The drive's own directory in the cache directory is the worker's, and
     // its files but the lock, which the root part holds; the directory the
     // operator named stays root's.
@@ -1366,14 +1395,17 @@ fn the_worker_cannot_make_root_attach_format_or_mount_a_file_it_names() {
             r#"{"op":"prepare_fs","zeroed":false}"#,
             r#"{"op":"mount_fs","small":null}"#,
         ] {
-            said.push((format!("{disk:?}: {req}"), ask(&channel, req).unwrap()));
+            said.push((
+                format!("{disk:?}: {req}"),
+                ask_until_answered(&channel, req).unwrap(),
+            ));
         }
         // Never attached, not even for a moment.
         assert_eq!(loops_over(&secret_s), Vec::<String>::new(), "{said:?}");
         assert_eq!(loops_over(&disk_b), vec![loop_b.clone()], "{said:?}");
         assert_eq!(loops_over(&loop_b), Vec::<String>::new(), "{said:?}");
     }
-    let ready = ask(&channel, r#"{"op":"ready","status":"played"}"#).unwrap();
+    let ready = ask_until_answered(&channel, r#"{"op":"ready","status":"played"}"#).unwrap();
     drop((player, channel));
     // SAFETY: kill with integer arguments, to the test's own mount's worker.
     unsafe { libc::kill(worker as i32, libc::SIGKILL) };
@@ -1443,10 +1475,10 @@ fn an_inval_entry_for_disk_leaves_the_mount_held_listed_and_unmountable() {
     require_root();
     let (mp, spec, daemon, _worker, stopped, channel) =
         fs_mount_after_an_inval_entry("privsep-inval");
-    let attached = ask(&channel, r#"{"op":"loop_attached"}"#).unwrap();
-    let again = ask(&channel, r#"{"op":"attach_loop","block_size":4096}"#).unwrap();
-    let odd = ask(&channel, r#"{"op":"attach_loop","block_size":1024}"#).unwrap();
-    let finished = ask(&channel, r#"{"op":"finished","losses":[]}"#).unwrap();
+    let attached = ask_until_answered(&channel, r#"{"op":"loop_attached"}"#).unwrap();
+    let again = ask_until_answered(&channel, r#"{"op":"attach_loop","block_size":4096}"#).unwrap();
+    let odd = ask_until_answered(&channel, r#"{"op":"attach_loop","block_size":1024}"#).unwrap();
+    let finished = ask_until_answered(&channel, r#"{"op":"finished","losses":[]}"#).unwrap();
     drop((channel, stopped));
     assert_eq!(attached, r#"{"attached":true}"#);
     assert!(again.contains("attached already"), "{again}");
@@ -1470,7 +1502,7 @@ fn a_worker_killed_after_an_inval_entry_leaves_nothing_mounted() {
     require_root();
     let (mp, spec, daemon, worker, stopped, channel) =
         fs_mount_after_an_inval_entry("privsep-inval-killed");
-    let attached = ask(&channel, r#"{"op":"loop_attached"}"#).unwrap();
+    let attached = ask_until_answered(&channel, r#"{"op":"loop_attached"}"#).unwrap();
     drop(channel);
     // SAFETY: kill with integer arguments, to the test's own mount's worker.
     unsafe { libc::kill(worker as i32, libc::SIGKILL) };

@@ -167,6 +167,21 @@ pub fn ask(channel: &UnixStream, line: &str) -> std::io::Result<String> {
     Ok(answer.trim_end().to_string())
 }
 
+/// [`ask`], asking again for as long as the root part answers that the call
+/// is still under way (as the worker does): a loaded machine can take a call
+/// past the root part's bound, and that answer says nothing of its outcome.
+pub fn ask_until_answered(channel: &UnixStream, line: &str) -> std::io::Result<String> {
+    let mut answer = ask(channel, line)?;
+    // Each pending answer comes after the root part's 5 s: two minutes in all.
+    for _ in 0..24 {
+        if !answer.starts_with(r#"{"pending":"#) {
+            break;
+        }
+        answer = ask(channel, line)?;
+    }
+    Ok(answer)
+}
+
 /// An integer socket option of the socket `fd`.
 fn sockopt(fd: &OwnedFd, opt: libc::c_int) -> Option<libc::c_int> {
     let mut v: libc::c_int = 0;
