@@ -14,7 +14,7 @@ use super::snapshots::SnapshotId;
 use super::volume::{self, VolumeId};
 use super::{clone, copies, parameters, status_of, status_of_drive, Driver};
 use crate::azure::{BlobClient, BlobProperties, BlobService};
-use crate::drive::{self, Drive, DriveError};
+use crate::drive::{self, Cleanup, Drive, DriveError};
 
 /// What a CreateVolume asks for, checked: where, from what, the digest of the
 /// rest (see [`parameters::digest`]), and the context the volume carries to
@@ -217,6 +217,11 @@ async fn fresh(blob: &BlobClient, asked: &Asked<'_>) -> Result<u64, Status> {
             return Err(being_made(&asked.id))
         }
         Err(DriveError::Unfinished { .. }) => return Err(being_made(&asked.id)),
+        // A retry of this call finished the blob (this one was slow).
+        Err(DriveError::FooterFailed {
+            cleanup: Cleanup::TakenOver,
+            ..
+        }) => return Err(being_made(&asked.id)),
         Err(e) => return Err(status_of_drive(e)),
     }
     tracing::info!("created volume {} of {size} bytes", asked.id.spec());
