@@ -206,9 +206,7 @@ fn disk_size(
 /// blob from its creation on (so a retry of this call can tell the blob is
 /// this volume's if the call stops before the footer).
 async fn fresh(blob: &BlobClient, asked: &Asked<'_>) -> Result<u64, Status> {
-    let size = volume::size_for(asked.req.capacity_range.as_ref())?;
-    let header = header_for(asked).await?;
-    let metadata = record_of(asked, size).metadata();
+    let (size, header, metadata) = blank(asked).await?;
     let pairs: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (*k, v.as_str())).collect();
     match drive::create_with(blob, size, &header, &pairs).await {
         Ok(()) => {}
@@ -235,9 +233,7 @@ async fn finish(
     props: &BlobProperties,
     asked: &Asked<'_>,
 ) -> Result<u64, Status> {
-    let size = volume::size_for(asked.req.capacity_range.as_ref())?;
-    let header = header_for(asked).await?;
-    let metadata = record_of(asked, size).metadata();
+    let (size, header, metadata) = blank(asked).await?;
     let pairs: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (*k, v.as_str())).collect();
     match super::reclaim::finish(blob, props, size, &header, &pairs).await {
         Ok(()) => Ok(size),
@@ -263,13 +259,19 @@ async fn header_for(asked: &Asked<'_>) -> Result<Vec<(u64, bytes::Bytes)>, Statu
         .map_err(|e| Status::internal(format!("cannot make the LUKS2 header: {e}")))
 }
 
-/// The record of a new blank volume of `size` bytes made for `asked`.
-fn record_of(asked: &Asked<'_>, size: u64) -> Origin {
-    Origin {
+/// A new blank volume for `asked`: its disk size, its first pages (see
+/// [`header_for`]) and the metadata recording what made it.
+async fn blank(
+    asked: &Asked<'_>,
+) -> Result<(u64, Vec<(u64, bytes::Bytes)>, Vec<(&'static str, String)>), Status> {
+    let size = volume::size_for(asked.req.capacity_range.as_ref())?;
+    let header = header_for(asked).await?;
+    let record = Origin {
         source: None,
         digest: asked.digest.clone(),
         size,
-    }
+    };
+    Ok((size, header, record.metadata()))
 }
 
 /// Makes `blob` a new drive with the bytes of snapshot `spec`, grown to the
