@@ -353,6 +353,35 @@ impl BlobClient {
 mod tests {
     use super::*;
 
+    /// What a new drive's first writes rely on (`drive::create_with`): the
+    /// number it was made with, kept through an attempt given up on, and
+    /// once refused never raised nor read again, but an error naming the
+    /// refusal, with no request sent (the blob is another writer's by then).
+    #[test]
+    fn a_pinned_fence_keeps_its_number_and_fails_once_it_was_refused() {
+        let account = crate::azure::Account::from_connection_string("UseDevelopmentStorage=true");
+        let svc = crate::azure::BlobService::new(account.unwrap());
+        let fence = WriteFence::pinned(svc.blob("c", "new.vhd"), 0);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(rt.block_on(fence.number()).unwrap(), 0);
+        fence.abandoned(0);
+        assert_eq!(rt.block_on(fence.number()).unwrap(), 0, "not raised");
+        fence.refused(0);
+        let err = rt.block_on(fence.number()).unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(crate::azure::pipeline::SEQUENCE_REFUSED),
+            "{err}"
+        );
+        assert_eq!(
+            svc.stats().other_requests,
+            0,
+            "a pinned fence sends nothing"
+        );
+    }
+
     #[test]
     fn a_raise_is_believed_only_one_above_the_number_known_or_one_per_lost_raise() {
         let mut n = Numbers::default();
