@@ -42,39 +42,65 @@ pub enum DriveError {
         source: VhdError,
     },
     /// The first pages or the footer of a new drive could not be written; the
-    /// half-created blob was deleted again (or `cleanup` says why not).
-    #[error("{source}{}", match cleanup {
-        None => " (the half-created blob was deleted again)".to_string(),
-        Some(c) => format!("; deleting the half-created blob also failed: {c}"),
-    })]
+    /// half-created blob was deleted again, or `cleanup` says why not.
+    #[error("{source}{cleanup}")]
     FooterFailed {
         source: Box<AzureError>,
-        cleanup: Option<Box<AzureError>>,
+        cleanup: Cleanup,
     },
+}
+
+/// What became of the blob a create could not finish.
+#[derive(Debug)]
+pub enum Cleanup {
+    /// Deleted again.
+    Deleted,
+    /// Left: another party took it over (leased it, raised its sequence
+    /// number, wrote its footer, or made it anew), so it is not this create's
+    /// to delete.
+    TakenOver,
+    /// Deleting it failed.
+    Failed(Box<AzureError>),
+}
+
+impl std::fmt::Display for Cleanup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cleanup::Deleted => write!(f, " (the half-created blob was deleted again)"),
+            Cleanup::TakenOver => write!(
+                f,
+                " (the half-created blob was left alone: another call took it over)"
+            ),
+            Cleanup::Failed(c) => write!(f, "; deleting the half-created blob also failed: {c}"),
+        }
+    }
 }
 
 /// Creates a new drive of `size` bytes (whole MiB): a page blob of `size` + 512
 /// bytes with only the VHD footer written into its last 512 bytes. Never
 /// replaces an existing blob (409 `BlobAlreadyExists`).
 pub async fn create(blob: &BlobClient, size: u64) -> Result<(), DriveError> {
-    create_with(blob, size, &[]).await
+    create_with(blob, size, &[], &[]).await
 }
 
 /// [`create`], with `first` (pages of the disk: offset and bytes, each at most
-/// 4 MiB) written before the footer: an encrypted drive's LUKS2 header. The
-/// footer is what makes the blob a drive, so a create stopped before it
-/// leaves a blob that no command takes for a drive ([`DriveError::Unfinished`]),
-/// never a drive without what `first` holds.
+/// 4 MiB) written before the footer: an encrypted drive's LUKS2 header; and
+/// `metadata` on the blob from its creation on (beside the create token,
+/// which is removed once the footer is written). The footer is what makes
+/// the blob a drive, so a create stopped before it leaves a blob that no
+/// command takes for a drive ([`DriveError::Unfinished`]), never a drive
+/// without what `first` holds.
 pub async fn create_with(
     blob: &BlobClient,
     size: u64,
     first: &[(u64, bytes::Bytes)],
+    metadata: &[(&str, &str)],
 ) -> Result<(), DriveError> {
-    let footer = Footer::new_fixed(size).map_err(|source| DriveError::Vhd {
-        target: blob.target(),
-        source,
-    })?;
-    match blob.create_page_blob(size + FOOTER_SIZE).await {
+    let footer = footer_page(blob, size)?;
+    let token = match blob
+        .create_page_blob_with(size + FOOTER_SIZE, metadata)
+        .await
+    {
         Err(e) if e.code() == Some("BlobAlreadyExists") => {
             // A create stopped half-way is said as such, not as any blob.
             return Err(match Drive::open(blob).await {
@@ -83,35 +109,80 @@ pub async fn create_with(
             });
         }
         got => got?,
-    }
+    };
     // The blob exists now but is no drive until its footer is written: if a
     // write fails, remove it again rather than leave a footerless blob behind.
-    // Fenced like a mount's writes (see `WriteFence`): a copy given up on that
-    // lands after the drive was grown would put a footer where the disk
-    // has data by then.
-    let fence = crate::azure::WriteFence::new(blob.clone(), None);
-    let footer = (size, bytes::Bytes::copy_from_slice(&footer.to_bytes()));
+    // Every write carries the new blob's sequence number, 0 (see
+    // `WriteFence::pinned`): a copy given up on that lands after the drive
+    // was grown or mounted (each raises the number) is refused, and so is
+    // every write, however late, once a CSI call finishing the blob (a
+    // killed call's, as it looks from there) raised it.
+    let fence = crate::azure::WriteFence::pinned(blob.clone(), 0);
     for (at, data) in first.iter().chain([&footer]) {
         if let Err(source) = blob.put_pages_fenced(*at, data.clone(), None, &fence).await {
-            let cleanup = blob
-                .delete(crate::azure::DeleteSnapshots::None, None)
-                .await
-                .err()
-                .map(Box::new);
             return Err(DriveError::FooterFailed {
                 source: Box::new(source),
-                cleanup,
+                cleanup: delete_unfinished(blob, &token).await,
             });
         }
     }
-    // The create token has done its job; a finished drive carries no metadata.
-    if let Err(e) = blob.set_metadata(&[], None).await {
+    // The create token has done its job; a finished drive carries no token.
+    if let Err(e) = blob.set_metadata(metadata, None).await {
         tracing::warn!(
             "could not remove the create token from {}: {e}",
             blob.target()
         );
     }
     Ok(())
+}
+
+/// The footer of a new fixed VHD of `size` bytes, where it goes: the page
+/// after the disk.
+pub fn footer_page(blob: &BlobClient, size: u64) -> Result<(u64, bytes::Bytes), DriveError> {
+    let footer = Footer::new_fixed(size).map_err(|source| DriveError::Vhd {
+        target: blob.target(),
+        source,
+    })?;
+    Ok((size, bytes::Bytes::copy_from_slice(&footer.to_bytes())))
+}
+
+/// Deletes the blob a create made with `token` and could not finish, only
+/// while it is still that create's alone: its token, no lease, sequence
+/// number 0 (nobody raised it) and no footer, the delete conditioned on the
+/// ETag all that was read with, so nobody's write can come in between.
+async fn delete_unfinished(blob: &BlobClient, token: &str) -> Cleanup {
+    let props = match blob.properties().await {
+        Ok(p) => p,
+        Err(e) if e.is_not_found() => return Cleanup::Deleted,
+        Err(e) => return Cleanup::Failed(Box::new(e)),
+    };
+    let meta = crate::azure::ops::blob::CREATE_TOKEN_META;
+    let ours = props
+        .metadata
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case(meta) && v == token);
+    let leased = matches!(props.lease_state.as_deref(), Some("leased" | "breaking"));
+    if !ours || leased || props.sequence_number != Some(0) {
+        return Cleanup::TakenOver;
+    }
+    let etag = props.etag.clone();
+    match Drive::from_properties(blob, props).await {
+        Err(DriveError::Unfinished { .. }) => {}
+        Err(DriveError::Azure(e)) => return Cleanup::Failed(Box::new(e)),
+        _ => return Cleanup::TakenOver,
+    }
+    let delete = blob.delete_if_match(crate::azure::DeleteSnapshots::None, None, etag.as_deref());
+    match delete.await {
+        Ok(()) => Cleanup::Deleted,
+        Err(e) if e.is_not_found() => Cleanup::Deleted,
+        // Changed, leased meanwhile, or deleted by an attempt whose answer was
+        // lost (Azurite answers its retry 412): looked at to tell which.
+        Err(e) if e.status() == Some(412) => match blob.properties().await {
+            Err(e) if e.is_not_found() => Cleanup::Deleted,
+            _ => Cleanup::TakenOver,
+        },
+        Err(e) => Cleanup::Failed(Box::new(e)),
+    }
 }
 
 /// A blob checked to be a fixed-VHD drive.

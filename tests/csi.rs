@@ -341,6 +341,14 @@ impl Driver {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// SIGKILL, as a container killed at once: nothing of the driver runs
+    /// after.
+    fn kill(&mut self) {
+        // SAFETY: kill(2) of our own child, not yet reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        self.child.wait().expect("wait for blobdrive csi");
+    }
+
     /// SIGTERM, then the exit status; the socket is gone after.
     fn stop(&mut self) -> std::process::ExitStatus {
         // SAFETY: kill(2) of our own child, not yet reaped.
@@ -2499,6 +2507,154 @@ fn an_encrypted_volume_takes_its_passphrase_from_the_secrets_and_never_logs_it()
         String::from_utf8_lossy(&said).contains("staged volume"),
         "the log is the driver's"
     );
+}
+
+/// A CreateVolume killed while it wrote an encrypted volume's header, before
+/// its footer (the external-provisioner restarted), leaves a blob that is no
+/// drive; the provisioner retries the same call for ever. The retry finishes
+/// that volume in place: the answer is the normal success, the blob a drive
+/// the SDK and `blobdrive info` read, its LUKS2 header opened by the
+/// provisioner secret's passphrase (cryptsetup and NodeStage), and the killed
+/// call's footer write, landing late, is refused (412) and changes nothing.
+/// Before, every retry was ABORTED until an operator deleted the blob.
+#[test]
+fn a_volume_whose_creation_was_killed_before_its_footer_is_finished_by_the_retry() {
+    a_retry_finishes_a_volume_left_without_its_footer(FirstCall::Killed);
+}
+
+/// [`a_volume_whose_creation_was_killed_before_its_footer_is_finished_by_the_retry`],
+/// the first call not killed but slow (its footer write held, then every
+/// request it sends held until the retry finished the volume): its writes are
+/// refused once let through, it answers ABORTED, and its clean-up leaves the
+/// volume the retry finished (before, it deleted the blob it made whatever
+/// had become of it).
+#[test]
+fn a_slow_first_call_neither_writes_into_nor_deletes_the_volume_its_retry_finished() {
+    a_retry_finishes_a_volume_left_without_its_footer(FirstCall::Slow);
+}
+
+/// What becomes of the first CreateVolume of [`a_retry_finishes_a_volume_left_without_its_footer`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FirstCall {
+    /// Killed (SIGKILL) while its footer's Put Page is held.
+    Killed,
+    /// Alive: its requests held until the retry answered.
+    Slow,
+}
+
+fn a_retry_finishes_a_volume_left_without_its_footer(first_call: FirstCall) {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
+    let azurite = Azurite::shared();
+    let cs = azurite.connection_string();
+    const SIZE: u64 = 64 << 20;
+    // The footer's Put Page: held back, then sent anyway long after, as a
+    // request the service got late.
+    let footer = format!("bytes={SIZE}-{}", SIZE + 511);
+    let proxy = faultproxy::Proxy::start(faultproxy::Config::holding(
+        azurite.port,
+        &footer,
+        1,
+        Duration::from_secs(30),
+    ));
+    let container = unique_container("csi-reclaim");
+    let args = ["--node-id", "n1", "--container", container.as_str()];
+    const SECRET: &str = "the provisioner's passphrase";
+    let request = format!(
+        r#"{{"name": "half-made", "capacity_range": {{"required_bytes": {SIZE}}}, "volume_capabilities": [{MOUNT_CAP}], "parameters": {{"encryption": "luks2"}}, "secrets": {{"passphrase": "{SECRET}"}}}}"#
+    );
+    let first = dir.path().join("first.sock");
+    let mut command = Driver::command(
+        &proxy.connection_string(),
+        &first,
+        &args,
+        None,
+        &csi_run(),
+        None,
+    );
+    // Its footer write given up on (and tried again) while it is held.
+    command.env("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3");
+    let mut first_driver = Driver::launch(command, &first, Driver::log_path(&first, None));
+    let (stubs_dir, first_socket, first_request) =
+        (dir.path().to_path_buf(), first.clone(), request.clone());
+    let first_answer =
+        std::thread::spawn(move || call(&stubs_dir, &first_socket, "CreateVolume", &first_request));
+    proxy.wait_for_holding("the first call's footer", Duration::from_secs(120));
+    match first_call {
+        FirstCall::Killed => first_driver.kill(),
+        FirstCall::Slow => proxy
+            .paused
+            .store(true, std::sync::atomic::Ordering::SeqCst),
+    }
+    let id = format!("{container}/half-made.vhd");
+    let said = BD.cmd(&["info", &id]).cs(&cs).output();
+    assert!(
+        String::from_utf8_lossy(&said.stderr).contains("before the VHD footer was written"),
+        "the first call left no unfinished blob: {said:?}"
+    );
+    let socket = dir.path().join("csi.sock");
+    let _driver = Driver::start_with(&cs, &socket, &args, None);
+    let node = Plugin {
+        stubs: dir.path(),
+        socket: socket.clone(),
+    };
+    let vol = node
+        .call("CreateVolume", request.clone())
+        .unwrap_or_else(|e| panic!("the retry: {e}"));
+    assert_eq!(vol["volume"]["volume_id"], id.as_str(), "{vol}");
+    assert_eq!(vol["volume"]["capacity_bytes"], SIZE.to_string(), "{vol}");
+    assert_eq!(
+        vol["volume"]["volume_context"]["encryption"], "luks2",
+        "{vol}"
+    );
+    proxy
+        .paused
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let first_said = first_answer.join().unwrap();
+    match first_call {
+        FirstCall::Killed => assert!(first_said.is_err(), "the killed call answered"),
+        FirstCall::Slow => {
+            let err = first_said.unwrap_err();
+            assert!(
+                err.starts_with("error ABORTED") && err.contains("another call"),
+                "{err}"
+            );
+        }
+    }
+    proxy.held_lands_late_and_is_refused("the first call's footer");
+    assert_eq!(node.ok("CreateVolume", request.clone()), vol, "a repeat");
+    assert_eq!(lease_state(&cs, &id), "available");
+    let img = dir.path().join("volume.img");
+    let seen = read_blob(&cs, &id, &img);
+    assert_eq!(seen["footer_problems"], serde_json::json!([]), "{seen}");
+    assert_eq!(seen["size"], SIZE + 512, "{seen}");
+    assert!(common::luks::cryptsetup_accepts(&img, SECRET.as_bytes()));
+    let info: serde_json::Value =
+        serde_json::from_str(&BD.cmd(&["info", &id, "--json"]).cs(&cs).ok()).unwrap();
+    assert_eq!(info["encryption"]["type"], "luks2", "{info}");
+    assert!(info["encryption"]["problem"].is_null(), "{info}");
+    let staging = dir.path().join("staging");
+    let stage = || {
+        node.ok(
+            "NodeStageVolume",
+            format!(
+                r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {MOUNT_CAP}, "volume_context": {{"encryption": "luks2"}}, "secrets": {{"passphrase": "{SECRET}"}}}}"#,
+                staging.display()
+            ),
+        )
+    };
+    stage();
+    std::fs::write(staging.join("kept"), b"in the finished volume").unwrap();
+    node.unstage(&id, &staging);
+    stage();
+    assert_eq!(
+        std::fs::read(staging.join("kept")).unwrap(),
+        b"in the finished volume"
+    );
+    node.unstage(&id, &staging);
+    node.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
 }
 
 /// A volume made from a snapshot or cloned from a volume has its source's

@@ -73,7 +73,7 @@ pub fn run(ctx: &Context, args: Args) -> Result<()> {
         if made && !args.json {
             eprintln!("created container '{}'", blob.container_name());
         }
-        match drive::create_with(&blob, size, &header).await {
+        match drive::create_with(&blob, size, &header, &[]).await {
             Err(DriveError::Azure(e)) if e.code() == Some("ContainerNotFound") => {
                 bail!("{e}; add --create-container to create it")
             }

@@ -14,7 +14,7 @@ use super::snapshots::SnapshotId;
 use super::volume::{self, VolumeId};
 use super::{clone, copies, parameters, status_of, status_of_drive, Driver};
 use crate::azure::{BlobClient, BlobProperties, BlobService};
-use crate::drive::{self, Drive, DriveError};
+use crate::drive::{self, Cleanup, Drive, DriveError};
 
 /// What a CreateVolume asks for, checked: where, from what, the digest of the
 /// rest (see [`parameters::digest`]), and the context the volume carries to
@@ -146,7 +146,17 @@ async fn repeated(
         // What a first call stopped half-way left of the clone's snapshot.
         clone::tidy(svc, &VolumeId::parse(v).expect("checked"), &asked.id).await?;
     }
-    let mut size = disk_size(blob, &props).await?;
+    let drive = Drive::from_properties(blob, props.clone()).await;
+    if matches!(drive, Err(DriveError::Unfinished { .. }))
+        && asked.source.is_none()
+        && recorded.is_some()
+    {
+        // A call for this same volume (its record, kept from the blob's first
+        // moment, says so) stopped before the footer: finished by this one.
+        let size = finish(blob, &props, asked).await?;
+        return Ok(Some(answer(asked, size)));
+    }
+    let mut size = disk_size(blob, &props, drive)?;
     if let Some(o) = recorded.filter(|o| o.size > size) {
         // The first call copied the source and stopped before growing it.
         crate::resize::grow(blob, o.size)
@@ -162,16 +172,25 @@ async fn repeated(
     Ok(Some(answer(asked, size)))
 }
 
-/// The disk size of the drive `blob` (its footer checked).
-async fn disk_size(blob: &BlobClient, props: &BlobProperties) -> Result<u64, Status> {
-    match Drive::open(blob).await {
+/// The disk size of the drive `blob`, as `drive` (its footer checked) says.
+fn disk_size(
+    blob: &BlobClient,
+    props: &BlobProperties,
+    drive: Result<Drive, DriveError>,
+) -> Result<u64, Status> {
+    match drive {
         Ok(d) => Ok(d.disk_size()),
         Err(DriveError::BlobMissing(_)) => Err(Status::aborted(format!(
             "{} was deleted while it was being looked at; try again",
             blob.target()
         ))),
+        Err(DriveError::Azure(e)) if e.is_not_found() => Err(Status::aborted(format!(
+            "{} was deleted while it was being looked at; try again",
+            blob.target()
+        ))),
         // Another call is between creating the blob and writing its footer,
-        // or one stopped there (the line says what to do then).
+        // or one stopped there (the line says what to do then) that made no
+        // record of the volume it was for: not this driver's to finish.
         Err(e @ DriveError::Unfinished { .. }) => Err(Status::aborted(format!(
             "{e} (or another call is creating it: try again)"
         ))),
@@ -183,40 +202,76 @@ async fn disk_size(blob: &BlobClient, props: &BlobProperties) -> Result<u64, Sta
     }
 }
 
-/// Makes a blank drive of the size asked, and records what made it.
+/// Makes a blank drive of the size asked, its record of what made it on the
+/// blob from its creation on (so a retry of this call can tell the blob is
+/// this volume's if the call stops before the footer).
 async fn fresh(blob: &BlobClient, asked: &Asked<'_>) -> Result<u64, Status> {
-    let size = volume::size_for(asked.req.capacity_range.as_ref())?;
-    // An encrypted volume's header is written before its footer: never a
-    // plain drive that looks finished.
-    let header = match asked.context.contains_key(volume::ENCRYPTION) {
-        true => {
-            let passphrase = volume::passphrase_in(&asked.req.secrets, "provisioner")?;
-            let sector = 4096;
-            crate::encrypted::new_header(passphrase.as_bytes(), sector, Default::default())
-                .await
-                .map_err(|e| Status::internal(format!("cannot make the LUKS2 header: {e}")))?
-        }
-        false => Vec::new(),
-    };
-    match drive::create_with(blob, size, &header).await {
+    let (size, header, metadata) = blank(asked).await?;
+    let pairs: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    match drive::create_with(blob, size, &header, &pairs).await {
         Ok(()) => {}
         // Made meanwhile by another call, finished or still writing it.
         Err(DriveError::Azure(e)) if e.code() == Some("BlobAlreadyExists") => {
             return Err(being_made(&asked.id))
         }
         Err(DriveError::Unfinished { .. }) => return Err(being_made(&asked.id)),
+        // A retry of this call finished the blob (this one was slow).
+        Err(DriveError::FooterFailed {
+            cleanup: Cleanup::TakenOver,
+            ..
+        }) => return Err(being_made(&asked.id)),
         Err(e) => return Err(status_of_drive(e)),
     }
-    let origin = Origin {
+    tracing::info!("created volume {} of {size} bytes", asked.id.spec());
+    Ok(size)
+}
+
+/// Finishes in place the blank drive a call for this same volume created and
+/// stopped before its footer (see `reclaim.rs`), as [`fresh`] makes one.
+async fn finish(
+    blob: &BlobClient,
+    props: &BlobProperties,
+    asked: &Asked<'_>,
+) -> Result<u64, Status> {
+    let (size, header, metadata) = blank(asked).await?;
+    let pairs: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    match super::reclaim::finish(blob, props, size, &header, &pairs).await {
+        Ok(()) => Ok(size),
+        Err(DriveError::Azure(e)) if e.code() == Some("LeaseAlreadyPresent") => {
+            Err(being_made(&asked.id))
+        }
+        Err(DriveError::ChangedUnderfoot { .. }) => Err(being_made(&asked.id)),
+        Err(e) => Err(status_of_drive(e)),
+    }
+}
+
+/// The first pages of a new volume: an encrypted one's LUKS2 header, made
+/// with the provisioner secret's passphrase, written before its footer, so
+/// it is never a plain drive that looks finished.
+async fn header_for(asked: &Asked<'_>) -> Result<Vec<(u64, bytes::Bytes)>, Status> {
+    if !asked.context.contains_key(volume::ENCRYPTION) {
+        return Ok(Vec::new());
+    }
+    let passphrase = volume::passphrase_in(&asked.req.secrets, "provisioner")?;
+    let sector = 4096;
+    crate::encrypted::new_header(passphrase.as_bytes(), sector, Default::default())
+        .await
+        .map_err(|e| Status::internal(format!("cannot make the LUKS2 header: {e}")))
+}
+
+/// A new blank volume for `asked`: its disk size, its first pages (see
+/// [`header_for`]) and the metadata recording what made it.
+async fn blank(
+    asked: &Asked<'_>,
+) -> Result<(u64, Vec<(u64, bytes::Bytes)>, Vec<(&'static str, String)>), Status> {
+    let size = volume::size_for(asked.req.capacity_range.as_ref())?;
+    let header = header_for(asked).await?;
+    let record = Origin {
         source: None,
         digest: asked.digest.clone(),
         size,
     };
-    let metadata = origin.metadata();
-    let pairs: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    blob.set_metadata(&pairs, None).await.map_err(status_of)?;
-    tracing::info!("created volume {} of {size} bytes", asked.id.spec());
-    Ok(size)
+    Ok((size, header, record.metadata()))
 }
 
 /// Makes `blob` a new drive with the bytes of snapshot `spec`, grown to the

@@ -43,6 +43,7 @@ mod parameters;
 mod paths;
 mod publish;
 mod quantity;
+mod reclaim;
 mod records;
 mod snapshots;
 mod staged;

@@ -134,6 +134,17 @@ impl BlobClient {
     /// Creates an empty page blob of `size` bytes; never replaces an existing blob
     /// (`If-None-Match: *` makes the service refuse with `BlobAlreadyExists`).
     pub async fn create_page_blob(&self, size: u64) -> Result<(), AzureError> {
+        self.create_page_blob_with(size, &[]).await.map(|_| ())
+    }
+
+    /// [`Self::create_page_blob`], the blob carrying `metadata` from its
+    /// first moment (beside the create token): returns the token, which tells
+    /// this create's blob from any other made under the same name.
+    pub async fn create_page_blob_with(
+        &self,
+        size: u64,
+        metadata: &[(&str, &str)],
+    ) -> Result<String, AzureError> {
         if !size.is_multiple_of(PAGE) || size == 0 || size > MAX_PAGE_BLOB {
             return Err(self.invalid(
                 Op::CreateBlob,
@@ -151,9 +162,11 @@ impl BlobClient {
         req.header("x-ms-blob-content-length", size.to_string());
         req.header("if-none-match", "*");
         req.header(&format!("x-ms-meta-{CREATE_TOKEN_META}"), token.clone());
+        req.headers
+            .extend(self.metadata_headers(Op::CreateBlob, metadata)?);
         self.count(|s| ClientStats::add(&s.other_requests, 1));
         match self.svc.execute(req).await {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(token),
             Err(e) if e.code() == Some("BlobAlreadyExists") => {
                 let ours = self.properties().await.ok().is_some_and(|p| {
                     p.metadata
@@ -161,7 +174,7 @@ impl BlobClient {
                         .any(|(k, v)| k == CREATE_TOKEN_META && *v == token)
                 });
                 if ours {
-                    Ok(())
+                    Ok(token)
                 } else {
                     Err(e)
                 }

@@ -51,6 +51,9 @@ struct Numbers {
     /// Raises whose answer never came: each may have landed, or land later,
     /// taking the number one further than the fence knows.
     unanswered_raises: u64,
+    /// Writes carry `current` and nothing else: never raised, never read
+    /// again (see [`WriteFence::pinned`]).
+    pinned: bool,
 }
 
 impl Numbers {
@@ -105,6 +108,40 @@ impl WriteFence {
         })
     }
 
+    /// A fence whose writes all carry `number`, the blob's when the writer made
+    /// it, and that never raises it nor learns another: once anybody else
+    /// raised it (a CSI call finishing a volume a killed call left without its
+    /// footer), every write of this fence, sent or late, is refused, and the
+    /// next attempt fails (412 `SequenceNumberConditionNotMet`) instead of
+    /// writing into what is by then another writer's blob. For a new blob's
+    /// first pages, each written once: a late copy of one of this fence's own
+    /// writes carries the same bytes to the same range, and every later writer
+    /// (a mount, a resize) raises the number past it.
+    pub fn pinned(blob: BlobClient, number: u64) -> Arc<WriteFence> {
+        let fence = WriteFence::new(blob, None);
+        *fence.numbers() = Numbers {
+            current: Some(number),
+            pinned: true,
+            ..Numbers::default()
+        };
+        fence
+    }
+
+    /// The error of a pinned fence's write once the number moved on.
+    fn taken(&self) -> AzureError {
+        AzureError::Service {
+            op: Op::PutPage,
+            target: self.blob.target(),
+            status: 412,
+            code: Some(crate::azure::pipeline::SEQUENCE_REFUSED.to_string()),
+            message: Some(
+                "another party raised the sequence number: the blob is no longer this writer's"
+                    .into(),
+            ),
+            denied: None,
+        }
+    }
+
     fn numbers(&self) -> std::sync::MutexGuard<'_, Numbers> {
         self.numbers.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -118,6 +155,15 @@ impl WriteFence {
     /// The number the next attempt must carry, raised first if an attempt that
     /// carried the current one was abandoned (or none is known yet).
     pub(crate) async fn number(&self) -> Result<u64, AzureError> {
+        let pinned = {
+            let n = self.numbers();
+            n.pinned.then_some((n.current, n.stale))
+        };
+        match pinned {
+            Some((_, true)) => return Err(self.taken()),
+            Some((Some(n), false)) => return Ok(n),
+            _ => {}
+        }
         if let Some(n) = self.numbers().usable() {
             return Ok(n);
         }
@@ -240,6 +286,10 @@ impl WriteFence {
     /// land, so the number must rise before anything is sent again.
     pub(crate) fn abandoned(&self, carried: u64) {
         let mut n = self.numbers();
+        if n.pinned {
+            // Never raised: a late copy writes the same bytes, or is refused.
+            return;
+        }
         n.abandoned = Some(n.abandoned.map_or(carried, |a| a.max(carried)));
     }
 
@@ -302,6 +352,35 @@ impl BlobClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a new drive's first writes rely on (`drive::create_with`): the
+    /// number it was made with, kept through an attempt given up on, and
+    /// once refused never raised nor read again, but an error naming the
+    /// refusal, with no request sent (the blob is another writer's by then).
+    #[test]
+    fn a_pinned_fence_keeps_its_number_and_fails_once_it_was_refused() {
+        let account = crate::azure::Account::from_connection_string("UseDevelopmentStorage=true");
+        let svc = crate::azure::BlobService::new(account.unwrap());
+        let fence = WriteFence::pinned(svc.blob("c", "new.vhd"), 0);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(rt.block_on(fence.number()).unwrap(), 0);
+        fence.abandoned(0);
+        assert_eq!(rt.block_on(fence.number()).unwrap(), 0, "not raised");
+        fence.refused(0);
+        let err = rt.block_on(fence.number()).unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(crate::azure::pipeline::SEQUENCE_REFUSED),
+            "{err}"
+        );
+        assert_eq!(
+            svc.stats().other_requests,
+            0,
+            "a pinned fence sends nothing"
+        );
+    }
 
     #[test]
     fn a_raise_is_believed_only_one_above_the_number_known_or_one_per_lost_raise() {
