@@ -346,9 +346,28 @@ pub fn at_mountpoint(path: &Path) -> Result<(PathBuf, Option<MountRecord>), Stri
 /// snapshot) of the account at `endpoint` on this machine, if there is one,
 /// running or not: the one whose daemon holds the drive's lease.
 pub fn writable_mount(endpoint: &str, blob: &str) -> Option<MountRecord> {
-    load_all()
-        .into_iter()
-        .find(|m| m.endpoint == endpoint && m.blob == blob && m.snapshot.is_none() && !m.read_only)
+    writable_of(load_all(), endpoint, blob, alive)
+}
+
+/// [`writable_mount`] among `records`, a running one first: mounts racing for
+/// one drive each record themselves before they ask for its lease, and a
+/// loser's record stays a moment after its daemon is gone, beside the
+/// winner's (taken for the holder, it made a loser say the drive's holder had
+/// died).
+fn writable_of(
+    records: Vec<MountRecord>,
+    endpoint: &str,
+    blob: &str,
+    running: impl Fn(&MountRecord) -> bool,
+) -> Option<MountRecord> {
+    let mut found = records.into_iter().filter(|m| {
+        m.endpoint == endpoint && m.blob == blob && m.snapshot.is_none() && !m.read_only
+    });
+    let first = found.next()?;
+    if running(&first) {
+        return Some(first);
+    }
+    Some(found.find(|m| running(m)).unwrap_or(first))
 }
 
 /// Names, for a message, the process `pid` that holds a lock (a disk cache's,
@@ -416,6 +435,40 @@ pub fn listen(rec: &MountRecord) -> Result<UnixListener, MountError> {
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
+
+    fn writable(mountpoint: &str, pid: u32) -> MountRecord {
+        MountRecord {
+            id: mountpoint.into(),
+            endpoint: "e".into(),
+            blob: "c/d.vhd".into(),
+            auth: String::new(),
+            snapshot: None,
+            mountpoint: mountpoint.into(),
+            mode: Mode::Raw,
+            fuse_dir: PathBuf::new(),
+            device: None,
+            device_seq: None,
+            read_only: false,
+            cache_size: None,
+            worker_uid: None,
+            pid,
+            socket: PathBuf::new(),
+            log: PathBuf::new(),
+        }
+    }
+
+    #[test]
+    fn a_running_writable_mount_is_found_before_a_dead_ones_record() {
+        let running = |m: &MountRecord| m.pid == 2;
+        let records = vec![writable("/a", 1), writable("/b", 2), writable("/c", 3)];
+        let found = writable_of(records, "e", "c/d.vhd", running).unwrap();
+        assert_eq!(found.mountpoint, PathBuf::from("/b"));
+        // None running: the dead one's record, to be cleaned up.
+        let records = vec![writable("/a", 1), writable("/c", 3)];
+        let found = writable_of(records, "e", "c/d.vhd", running).unwrap();
+        assert_eq!(found.mountpoint, PathBuf::from("/a"));
+        assert!(writable_of(vec![writable("/a", 2)], "e", "x", running).is_none());
+    }
 
     #[test]
     fn a_log_over_its_limit_is_moved_aside_and_the_writer_follows() {
