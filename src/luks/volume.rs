@@ -204,6 +204,34 @@ fn area_size(key_len: usize) -> u64 {
 /// priority 0) whose key `passphrase` opens and the digest confirms.
 pub async fn unlock<D: HeaderDisk>(disk: &D, passphrase: &[u8]) -> Result<Unlocked, LuksError> {
     let h = header::read(disk).await?;
+    unlock_header(disk, h, passphrase).await
+}
+
+/// Opens the volume again, keeping the volume key `earlier` holds when the
+/// header on `disk` is still the one `earlier` was opened from: no key
+/// derivation then (seconds of CPU and up to a GiB of memory for Argon2id),
+/// only the header read. A header rewritten since (a keyslot added, removed
+/// or changed meanwhile, by this host or another) is opened anew with
+/// `passphrase`, as [`unlock`] opens it, so a passphrase removed meanwhile
+/// opens nothing. Also says whether the earlier key was kept.
+pub async fn reopen<D: HeaderDisk>(
+    disk: &D,
+    passphrase: &[u8],
+    earlier: Option<Unlocked>,
+) -> Result<(Unlocked, bool), LuksError> {
+    let h = header::read(disk).await?;
+    match earlier {
+        Some(e) if h.same_version(&e.header) => Ok((Unlocked { header: h, ..e }, true)),
+        _ => Ok((unlock_header(disk, h, passphrase).await?, false)),
+    }
+}
+
+/// Opens the volume whose header `h` was read from `disk`.
+async fn unlock_header<D: HeaderDisk>(
+    disk: &D,
+    h: Header,
+    passphrase: &[u8],
+) -> Result<Unlocked, LuksError> {
     h.metadata.check_requirements()?;
     let segment = h.metadata.segment()?;
     let mut slots = h.metadata.keyslots()?;
