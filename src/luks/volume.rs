@@ -285,12 +285,7 @@ pub async fn add_key<D: HeaderDisk>(
     let id = (0..MAX_OBJECTS)
         .find(|i| taken.iter().all(|k| k.id != *i))
         .ok_or_else(|| LuksError::Refused(format!("all {MAX_OBJECTS} keyslots are in use")))?;
-    let at = free_area(&u.header, &taken)?;
-    let (slot, area) = new_keyslot(id, at, u.key.as_bytes(), new, kdf)?;
-    disk.write(at, area).await?;
-    let mut m = u.header.metadata.clone();
-    m.put_keyslot(&slot, digest_for(&u)?)?;
-    header::write(disk, &mut u.header, m).await?;
+    put_keyslot(disk, &mut u, &taken, (id, 1), new, kdf).await?;
     Ok(id)
 }
 
@@ -330,15 +325,30 @@ pub async fn change_key<D: HeaderDisk>(
         .find(|k| k.id == u.keyslot)
         .expect("the keyslot that opened")
         .clone();
-    let at = free_area(&u.header, &slots)?;
-    let (mut slot, area) = new_keyslot(was.id, at, u.key.as_bytes(), new, kdf)?;
-    slot.priority = was.priority;
-    disk.write(at, area).await?;
-    let mut m = u.header.metadata.clone();
-    m.put_keyslot(&slot, digest_for(&u)?)?;
-    header::write(disk, &mut u.header, m).await?;
+    put_keyslot(disk, &mut u, &slots, (was.id, was.priority), new, kdf).await?;
     disk.clear(was.area_offset, was.area_size).await?;
     Ok(was.id)
+}
+
+/// Writes a keyslot holding `u`'s volume key under `new`, with the id and
+/// priority `(id, priority)`, in the first free place of the keyslots area
+/// (`taken` holds the header's keyslots): its area first, then the header
+/// naming it (in place of a keyslot of that id, if there is one).
+async fn put_keyslot<D: HeaderDisk>(
+    disk: &D,
+    u: &mut Unlocked,
+    taken: &[Keyslot],
+    (id, priority): (u32, u32),
+    new: &[u8],
+    kdf: KdfChoice,
+) -> Result<(), LuksError> {
+    let at = free_area(&u.header, taken)?;
+    let (mut slot, area) = new_keyslot(id, at, u.key.as_bytes(), new, kdf)?;
+    slot.priority = priority;
+    disk.write(at, area).await?;
+    let mut m = u.header.metadata.clone();
+    m.put_keyslot(&slot, digest_for(u)?)?;
+    header::write(disk, &mut u.header, m).await
 }
 
 /// The digest that vouches for the data segment.
