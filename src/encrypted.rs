@@ -126,6 +126,24 @@ pub async fn open(
     disk_size: u64,
 ) -> Result<Opened, LuksError> {
     let u: Unlocked = volume::unlock(&BlobDisk::new(blob, None), passphrase).await?;
+    opened(&u, disk_size)
+}
+
+/// Opens the encrypted drive on `blob` again with `passphrase`, keeping the
+/// volume key of `earlier` while the header is as it was then (see
+/// [`volume::reopen`]): a mount that reads its drive again before its lease is
+/// taken derives no key again. The volume, and whether the key was kept.
+pub async fn reopen(
+    blob: &BlobClient,
+    passphrase: &[u8],
+    earlier: Option<Unlocked>,
+) -> Result<(Unlocked, bool), LuksError> {
+    volume::reopen(&BlobDisk::new(blob, None), passphrase, earlier).await
+}
+
+/// What a mount serves of the volume `u` on a disk of `disk_size` bytes; the
+/// cipher holds a copy of the volume key.
+pub fn opened(u: &Unlocked, disk_size: u64) -> Result<Opened, LuksError> {
     let min = u.segment.offset + u64::from(u.segment.sector_size);
     if disk_size < min {
         return Err(LuksError::Invalid(format!(
@@ -137,7 +155,7 @@ pub async fn open(
         cipher: u.cipher()?,
         data_offset: u.segment.offset,
         sector_size: u.segment.sector_size,
-        warning: u.header.other_bad.map(|why| {
+        warning: u.header.other_bad.as_ref().map(|why| {
             format!("the LUKS2 header's {} copy was used: {why} (`blobdrive key add` or any key change writes both again)", u.header.used.name())
         }),
     })

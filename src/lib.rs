@@ -23,6 +23,7 @@ pub mod mount;
 pub mod pool;
 pub mod privsep;
 pub mod resize;
+pub mod secret_file;
 pub mod size;
 pub mod snapshot;
 pub mod transfer;

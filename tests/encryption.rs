@@ -7,6 +7,7 @@
 
 mod common;
 mod faultproxy;
+mod liar;
 mod recorder;
 
 use std::path::Path;
@@ -846,4 +847,52 @@ fn an_acquire_that_lands_after_a_key_change_ended_takes_nothing() {
     // The drive is free: the next key command takes its lease at once.
     let args = change(&nf, &kf);
     BD.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+/// A mount whose drive changed between reading it and taking its lease (the
+/// acquire refused "ConditionNotMet", twice, by a liar on loopback) reads the
+/// drive again, and the LUKS2 header with it, but derives the passphrase's key
+/// (seconds of Argon2id at the default settings) only once: the header is
+/// unchanged, so the volume key opened in the first round is kept.
+#[test]
+fn a_mount_reading_its_drive_again_before_its_lease_derives_the_key_once() {
+    require_root();
+    let (_dir, kf, spec) = encrypted_drive("enc-rounds", "32MiB");
+    let liar = liar::Liar::start(common::azurite::Azurite::shared().port, |spec, at, len| {
+        common::util::rt()
+            .block_on(common::azurite::blob_client(&BD.cs(), spec).read(at, len))
+            .unwrap()
+            .to_vec()
+    });
+    liar.add(liar::Rule::on(
+        &["x-ms-lease-action: acquire"],
+        2,
+        liar::Lie::Refuse(412, "ConditionNotMet"),
+    ));
+    let via = BD.via(&liar.connection_string(), &[("BLOBDRIVE_LOG", "info")]);
+    let mp = via.mount(&spec, &["--mode", "raw", "--key-file", &kf]);
+    assert_eq!(liar.told().len(), 2, "the acquire was refused twice");
+    let id = blobdrive::mount::record::id_for(mp.path());
+    let log_path = BD.run_dir().join("mounts").join(format!("{id}.log"));
+    let count = |log: &str, line: &str| log.matches(line).count();
+    common::util::wait_for(
+        "the worker's log",
+        std::time::Duration::from_secs(10),
+        || std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("acquired the lease")),
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(count(&log, "reading it again"), 2, "{log}");
+    assert_eq!(
+        count(&log, "encrypted (LUKS2, aes-xts-plain64"),
+        1,
+        "the key was derived in every round: {log}"
+    );
+    assert_eq!(
+        count(&log, "the volume key opened then is kept"),
+        2,
+        "{log}"
+    );
+    let served = std::fs::metadata(mp.disk()).unwrap().len();
+    assert_eq!(served, 16 * MIB, "the plaintext disk is served");
+    via.unmount(&mp);
 }

@@ -9,7 +9,6 @@
 //! it holds a secret, as a credentials file does.
 
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use anyhow::{bail, Context as _, Result};
@@ -141,33 +140,29 @@ fn credential() -> Option<std::path::PathBuf> {
     (len > 0).then_some(path)
 }
 
-/// A key file's bytes, checked as the module's doc says.
+/// A key file's bytes, checked as the module's doc says (by
+/// [`blobdrive::secret_file`], as a credentials file is checked, whoever owns
+/// it).
 pub fn read_key_file(path: &Path) -> Result<Secret> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use blobdrive::secret_file::SecretFileError as E;
     let shown = path.display();
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => {
-                anyhow::anyhow!("the key file {shown} is a symbolic link: name the file itself")
-            }
-            _ => anyhow::anyhow!("cannot read the key file {shown}: {e}"),
-        })?;
-    let meta = file
-        .metadata()
-        .with_context(|| format!("the key file {shown}"))?;
-    if !meta.is_file() {
-        bail!("the key file {shown} is not a regular file");
-    }
-    if meta.mode() & 0o077 != 0 {
-        bail!(
-            "the key file {shown} is readable or writable by group or others (mode {:04o}): it holds a secret; make it its owner's alone (chmod 600 {shown})",
-            meta.mode() & 0o7777
-        );
-    }
-    read_all(file, &format!("the key file {shown}"))
+    let what = format!("the key file {shown}");
+    let file = blobdrive::secret_file::open(path, None, MAX_SECRET as u64).map_err(|e| match e {
+        E::Read(e) => anyhow::anyhow!("cannot read {what}: {e}"),
+        E::Symlink => anyhow::anyhow!("{what} is a symbolic link: name the file itself"),
+        E::NotAFile => anyhow::anyhow!("{what} is not a regular file"),
+        E::Owner(uid) => anyhow::anyhow!("{what} belongs to uid {uid}"),
+        E::TooOpen(mode) => anyhow::anyhow!(
+            "{what} is readable or writable by group or others (mode {mode:04o}): it holds a secret; make it its owner's alone (chmod 600 {shown})"
+        ),
+        E::TooLarge => too_large(&what),
+    })?;
+    read_all(file, &what)
+}
+
+/// A key too large to be one.
+fn too_large(what: &str) -> anyhow::Error {
+    anyhow::anyhow!("{what} is larger than {MAX_SECRET} bytes: not a key file")
 }
 
 /// Every byte of `r`, at most [`MAX_SECRET`], into locked memory.
@@ -184,7 +179,7 @@ fn read_all(r: impl Read, what: &str) -> Result<Secret> {
         }
     }
     if n > MAX_SECRET {
-        bail!("{what} is larger than {MAX_SECRET} bytes: not a key file");
+        return Err(too_large(what));
     }
     s.truncate(n);
     Ok(s)

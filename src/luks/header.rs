@@ -42,6 +42,18 @@ pub struct Header {
     pub other_bad: Option<String>,
 }
 
+impl Header {
+    /// Whether `other` is the same version of the same volume's header: the
+    /// same UUID, sequence id and JSON area (whichever copy each was read
+    /// from). A keyslot added, removed or changed rewrites the JSON area and
+    /// raises the sequence id.
+    pub fn same_version(&self, other: &Header) -> bool {
+        self.binary.uuid == other.binary.uuid
+            && self.binary.seqid == other.binary.seqid
+            && self.metadata == other.metadata
+    }
+}
+
 /// The places a header copy's magic may sit on a disk of `disk_size` bytes
 /// (a whole 4096-byte binary header there): the first copy's at the start,
 /// the second's wherever each allowed header size puts it. A disk is LUKS when

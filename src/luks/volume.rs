@@ -204,6 +204,34 @@ fn area_size(key_len: usize) -> u64 {
 /// priority 0) whose key `passphrase` opens and the digest confirms.
 pub async fn unlock<D: HeaderDisk>(disk: &D, passphrase: &[u8]) -> Result<Unlocked, LuksError> {
     let h = header::read(disk).await?;
+    unlock_header(disk, h, passphrase).await
+}
+
+/// Opens the volume again, keeping the volume key `earlier` holds when the
+/// header on `disk` is still the one `earlier` was opened from: no key
+/// derivation then (seconds of CPU and up to a GiB of memory for Argon2id),
+/// only the header read. A header rewritten since (a keyslot added, removed
+/// or changed meanwhile, by this host or another) is opened anew with
+/// `passphrase`, as [`unlock`] opens it, so a passphrase removed meanwhile
+/// opens nothing. Also says whether the earlier key was kept.
+pub async fn reopen<D: HeaderDisk>(
+    disk: &D,
+    passphrase: &[u8],
+    earlier: Option<Unlocked>,
+) -> Result<(Unlocked, bool), LuksError> {
+    let h = header::read(disk).await?;
+    match earlier {
+        Some(e) if h.same_version(&e.header) => Ok((Unlocked { header: h, ..e }, true)),
+        _ => Ok((unlock_header(disk, h, passphrase).await?, false)),
+    }
+}
+
+/// Opens the volume whose header `h` was read from `disk`.
+async fn unlock_header<D: HeaderDisk>(
+    disk: &D,
+    h: Header,
+    passphrase: &[u8],
+) -> Result<Unlocked, LuksError> {
     h.metadata.check_requirements()?;
     let segment = h.metadata.segment()?;
     let mut slots = h.metadata.keyslots()?;
@@ -257,12 +285,7 @@ pub async fn add_key<D: HeaderDisk>(
     let id = (0..MAX_OBJECTS)
         .find(|i| taken.iter().all(|k| k.id != *i))
         .ok_or_else(|| LuksError::Refused(format!("all {MAX_OBJECTS} keyslots are in use")))?;
-    let at = free_area(&u.header, &taken)?;
-    let (slot, area) = new_keyslot(id, at, u.key.as_bytes(), new, kdf)?;
-    disk.write(at, area).await?;
-    let mut m = u.header.metadata.clone();
-    m.put_keyslot(&slot, digest_for(&u)?)?;
-    header::write(disk, &mut u.header, m).await?;
+    put_keyslot(disk, &mut u, &taken, (id, 1), new, kdf).await?;
     Ok(id)
 }
 
@@ -302,15 +325,30 @@ pub async fn change_key<D: HeaderDisk>(
         .find(|k| k.id == u.keyslot)
         .expect("the keyslot that opened")
         .clone();
-    let at = free_area(&u.header, &slots)?;
-    let (mut slot, area) = new_keyslot(was.id, at, u.key.as_bytes(), new, kdf)?;
-    slot.priority = was.priority;
-    disk.write(at, area).await?;
-    let mut m = u.header.metadata.clone();
-    m.put_keyslot(&slot, digest_for(&u)?)?;
-    header::write(disk, &mut u.header, m).await?;
+    put_keyslot(disk, &mut u, &slots, (was.id, was.priority), new, kdf).await?;
     disk.clear(was.area_offset, was.area_size).await?;
     Ok(was.id)
+}
+
+/// Writes a keyslot holding `u`'s volume key under `new`, with the id and
+/// priority `(id, priority)`, in the first free place of the keyslots area
+/// (`taken` holds the header's keyslots): its area first, then the header
+/// naming it (in place of a keyslot of that id, if there is one).
+async fn put_keyslot<D: HeaderDisk>(
+    disk: &D,
+    u: &mut Unlocked,
+    taken: &[Keyslot],
+    (id, priority): (u32, u32),
+    new: &[u8],
+    kdf: KdfChoice,
+) -> Result<(), LuksError> {
+    let at = free_area(&u.header, taken)?;
+    let (mut slot, area) = new_keyslot(id, at, u.key.as_bytes(), new, kdf)?;
+    slot.priority = priority;
+    disk.write(at, area).await?;
+    let mut m = u.header.metadata.clone();
+    m.put_keyslot(&slot, digest_for(u)?)?;
+    header::write(disk, &mut u.header, m).await
 }
 
 /// The digest that vouches for the data segment.

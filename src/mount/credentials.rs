@@ -10,7 +10,6 @@
 //! ever quotes a line (only its number). Only the names in [`ALLOWED`] are taken.
 
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
@@ -77,43 +76,24 @@ const ALLOWED_LIST: &str = "AZURE_STORAGE_*, AZURE_TENANT_ID, AZURE_CLIENT_*, AZ
 pub const MAX_BYTES: u64 = 64 << 10;
 
 /// Reads and checks a credentials file: a regular file owned by root, with no
-/// permission for group or others, at most [`MAX_BYTES`]. It is opened without
-/// following a symlink and without blocking (a FIFO would otherwise hang a boot),
-/// and the checks are made on the opened file, so the file read is the file
-/// checked.
+/// permission for group or others, at most [`MAX_BYTES`], opened and checked
+/// as [`crate::secret_file`] does (a symlink is "not a regular file" here).
 pub fn load(path: &Path) -> Result<Vec<(String, String)>, CredentialsError> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use crate::secret_file::SecretFileError as E;
     let read_err = |e| CredentialsError::Read(path.to_path_buf(), e);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                CredentialsError::NotAFile(path.to_path_buf())
-            } else {
-                read_err(e)
-            }
-        })?;
-    let meta = file.metadata().map_err(read_err)?;
-    if !meta.is_file() {
-        return Err(CredentialsError::NotAFile(path.to_path_buf()));
-    }
-    if meta.uid() != 0 {
-        return Err(CredentialsError::NotRoot {
+    let file = crate::secret_file::open(path, Some(0), MAX_BYTES).map_err(|e| match e {
+        E::Read(e) => read_err(e),
+        E::Symlink | E::NotAFile => CredentialsError::NotAFile(path.to_path_buf()),
+        E::Owner(uid) => CredentialsError::NotRoot {
             path: path.to_path_buf(),
-            uid: meta.uid(),
-        });
-    }
-    if meta.mode() & 0o077 != 0 {
-        return Err(CredentialsError::TooOpen {
+            uid,
+        },
+        E::TooOpen(mode) => CredentialsError::TooOpen {
             path: path.to_path_buf(),
-            mode: meta.mode() & 0o7777,
-        });
-    }
-    if meta.len() > MAX_BYTES {
-        return Err(CredentialsError::TooLarge(path.to_path_buf()));
-    }
+            mode,
+        },
+        E::TooLarge => CredentialsError::TooLarge(path.to_path_buf()),
+    })?;
     let mut bytes = Vec::new();
     file.take(MAX_BYTES + 1)
         .read_to_end(&mut bytes)

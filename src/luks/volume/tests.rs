@@ -167,3 +167,31 @@ fn a_thirty_third_keyslot_is_refused() {
         assert_eq!(k.area_offset, k0.area_offset + 5 * k0.area_size);
     });
 }
+
+/// Opening again keeps the key while the header is as it was (the passphrase
+/// is not even derived again: a wrong one is not noticed), and opens anew once
+/// a keyslot changed: the passphrase changed meanwhile opens nothing.
+#[test]
+fn reopening_keeps_the_key_only_while_the_header_is_unchanged() {
+    run(async {
+        let disk = MemDisk::new(DISK);
+        let made = format(&disk, b"daily", 512, FAST).await.unwrap();
+        let (first, kept) = reopen(&disk, b"daily", None).await.unwrap();
+        assert!(!kept);
+        let (again, kept) = reopen(&disk, b"not derived", Some(first)).await.unwrap();
+        assert!(kept);
+        assert_eq!(again.key.as_bytes(), made.key.as_bytes());
+        change_key(&disk, b"daily", b"new", FAST).await.unwrap();
+        assert!(matches!(
+            reopen(&disk, b"daily", Some(again)).await,
+            Err(LuksError::WrongPassphrase)
+        ));
+        let u = unlock(&disk, b"new").await.unwrap();
+        let (u, kept) = reopen(&disk, b"new", Some(u)).await.unwrap();
+        assert!(kept);
+        add_key(&disk, b"new", b"recovery", FAST).await.unwrap();
+        let (u, kept) = reopen(&disk, b"new", Some(u)).await.unwrap();
+        assert!(!kept, "a keyslot added: the header changed");
+        assert_eq!(u.key.as_bytes(), made.key.as_bytes());
+    });
+}

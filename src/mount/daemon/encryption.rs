@@ -11,6 +11,7 @@ use super::Mounted;
 use crate::azure::PageRange;
 use crate::drive::Drive;
 use crate::encrypted;
+use crate::luks::volume::Unlocked;
 use crate::luks::xts::XtsCipher;
 use crate::luks::LuksError;
 use crate::mount::MountError;
@@ -42,7 +43,14 @@ impl Encryption {
 }
 
 /// Opens `drive` with the mount's passphrase, or makes sure it needs none.
-pub(super) fn open_encryption(m: &mut Mounted, drive: &Drive) -> Result<(), MountError> {
+/// The volume `earlier` rounds opened is kept while its header is unchanged
+/// (no key derivation again, see [`encrypted::reopen`]); the volume opened, to
+/// give the next round (dropped, so wiped, once the drive is leased).
+pub(super) fn open_encryption(
+    m: &mut Mounted,
+    drive: &Drive,
+    earlier: Option<Unlocked>,
+) -> Result<Option<Unlocked>, MountError> {
     let Some(passphrase) = m.passphrase.as_ref() else {
         if m.rt
             .block_on(encrypted::is_luks(&m.blob, drive.disk_size()))?
@@ -52,29 +60,34 @@ pub(super) fn open_encryption(m: &mut Mounted, drive: &Drive) -> Result<(), Moun
                 m.target
             )));
         }
-        return Ok(());
+        return Ok(None);
     };
+    let (volume, kept) =
+        m.rt.block_on(encrypted::reopen(&m.blob, passphrase.as_bytes(), earlier))
+            .map_err(|e| refused(&m.target, e))?;
     let opened =
-        m.rt.block_on(encrypted::open(
-            &m.blob,
-            passphrase.as_bytes(),
-            drive.disk_size(),
-        ))
-        .map_err(|e| refused(&m.target, e))?;
+        encrypted::opened(&volume, drive.disk_size()).map_err(|e| refused(&m.target, e))?;
     if let Some(w) = &opened.warning {
         warn!("{}: {w}", m.target);
     }
-    info!(
-        "{}: encrypted (LUKS2, aes-xts-plain64, {}-byte sectors), data from {} bytes in",
-        m.target, opened.sector_size, opened.data_offset
-    );
+    if kept {
+        info!(
+            "{}: its LUKS2 header is as it was when read before: the volume key opened then is kept",
+            m.target
+        );
+    } else {
+        info!(
+            "{}: encrypted (LUKS2, aes-xts-plain64, {}-byte sectors), data from {} bytes in",
+            m.target, opened.sector_size, opened.data_offset
+        );
+    }
     m.encryption = Some(Encryption {
         data_offset: opened.data_offset,
         sector_size: opened.sector_size,
         cipher: Some(opened.cipher),
         warning: opened.warning,
     });
-    Ok(())
+    Ok(Some(volume))
 }
 
 /// Why an encrypted drive was not opened, in one line.

@@ -59,10 +59,13 @@ const LEASE_ROUNDS: usize = 3;
 fn open_and_lease(m: &mut Mounted) -> Result<Drive, MountError> {
     let id = uuid::Uuid::new_v4().to_string();
     let mut round = 0;
+    // An encrypted drive's volume, opened in the first round and kept by the
+    // next while its header is unchanged.
+    let mut volume = None;
     loop {
         round += 1;
         let drive = m.rt.block_on(Drive::open(&m.blob))?;
-        open_encryption(m, &drive)?;
+        volume = open_encryption(m, &drive, volume)?;
         let etag = drive.props.etag.clone();
         // The same id each round: a round whose answer was lost may hold the
         // lease already, and asking again with its id keeps it.
@@ -126,7 +129,7 @@ pub(super) fn limit_malloc_arenas() {
 fn open_drive(m: &mut Mounted) -> Result<Drive, MountError> {
     if m.req.read_only {
         let drive = m.rt.block_on(Drive::open(&m.blob))?;
-        open_encryption(m, &drive)?;
+        open_encryption(m, &drive, None)?;
         return Ok(drive);
     }
     let drive = open_and_lease(m)?;
