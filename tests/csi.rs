@@ -2519,7 +2519,7 @@ fn an_encrypted_volume_takes_its_passphrase_from_the_secrets_and_never_logs_it()
 /// Before, every retry was ABORTED until an operator deleted the blob.
 #[test]
 fn a_volume_whose_creation_was_killed_before_its_footer_is_finished_by_the_retry() {
-    a_retry_finishes_a_volume_left_without_its_footer(FirstCall::Killed);
+    a_retry_finishes_a_volume_left_without_its_footer(Unfinished::luks2(FirstCall::Killed));
 }
 
 /// [`a_volume_whose_creation_was_killed_before_its_footer_is_finished_by_the_retry`],
@@ -2530,7 +2530,52 @@ fn a_volume_whose_creation_was_killed_before_its_footer_is_finished_by_the_retry
 /// had become of it).
 #[test]
 fn a_slow_first_call_neither_writes_into_nor_deletes_the_volume_its_retry_finished() {
-    a_retry_finishes_a_volume_left_without_its_footer(FirstCall::Slow);
+    a_retry_finishes_a_volume_left_without_its_footer(Unfinished::luks2(FirstCall::Slow));
+}
+
+/// [`a_volume_whose_creation_was_killed_before_its_footer_is_finished_by_the_retry`]
+/// in a StorageClass without encryption: the killed call's blob has no header
+/// pages, only its record; the retry finishes it as a plain drive (no LUKS2
+/// header, `info` says so), staged as ext4, whose file reads back after a
+/// second staging.
+#[test]
+fn an_unencrypted_volume_whose_creation_was_killed_is_finished_by_the_retry() {
+    a_retry_finishes_a_volume_left_without_its_footer(Unfinished {
+        encrypted: false,
+        ..Unfinished::luks2(FirstCall::Killed)
+    });
+}
+
+/// The retry of a killed CreateVolume asks another capacity (96 MiB, the
+/// killed call 64 MiB, each as required = limit). The killed call never
+/// answered, so no volume exists yet for the CO, and the capacity is not part
+/// of the record's digest (parameters and capabilities are): the retry
+/// finishes the blob at the size it asks, a fresh blank volume as a first call
+/// would make it (nothing of the killed call's is kept); the killed call's
+/// footer, landing late in the middle of the grown disk, is refused. The
+/// volume then exists: the killed call's capacity asked again is
+/// ALREADY_EXISTS, as for any volume of another size.
+#[test]
+fn a_retry_asking_another_capacity_finishes_the_volume_at_the_size_it_asks() {
+    a_retry_finishes_a_volume_left_without_its_footer(Unfinished {
+        retry_size: 96 << 20,
+        ..Unfinished::luks2(FirstCall::Killed)
+    });
+}
+
+/// A retry finishing a killed call's volume is killed itself part-way (it
+/// took the blob's 60 s lease, raised the sequence number, cleared the pages
+/// and wrote the header; its footer's Put Page held). The next retry is
+/// ABORTED while that lease lasts (no call barges into another's finish), and
+/// finishes the volume once the lease has run out; the killed retry's footer,
+/// landing late, is refused. The lease is Azure's shortest but 15 s and no
+/// setting shortens it, so this test waits it out (about a minute and a half,
+/// beside the binary's other tests).
+#[test]
+fn a_retry_killed_while_it_finished_the_volume_is_followed_by_one_that_waits_out_its_lease() {
+    a_retry_finishes_a_volume_left_without_its_footer(Unfinished::luks2(
+        FirstCall::KilledAndItsRetryToo,
+    ));
 }
 
 /// What becomes of the first CreateVolume of [`a_retry_finishes_a_volume_left_without_its_footer`].
@@ -2540,53 +2585,144 @@ enum FirstCall {
     Killed,
     /// Alive: its requests held until the retry answered.
     Slow,
+    /// Killed, then the first retry killed too while it finished the volume
+    /// (its own footer's Put Page held, the blob's lease its).
+    KilledAndItsRetryToo,
 }
 
-fn a_retry_finishes_a_volume_left_without_its_footer(first_call: FirstCall) {
-    require_root();
-    let dir = tempfile::tempdir().unwrap();
-    stubs(dir.path());
-    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
-    let azurite = Azurite::shared();
-    let cs = azurite.connection_string();
-    const SIZE: u64 = 64 << 20;
-    // The footer's Put Page: held back, then sent anyway long after, as a
-    // request the service got late.
-    let footer = format!("bytes={SIZE}-{}", SIZE + 511);
-    let proxy = faultproxy::Proxy::start(faultproxy::Config::holding(
-        azurite.port,
-        &footer,
-        1,
-        Duration::from_secs(30),
-    ));
-    let container = unique_container("csi-reclaim");
-    let args = ["--node-id", "n1", "--container", container.as_str()];
-    const SECRET: &str = "the provisioner's passphrase";
-    let request = format!(
-        r#"{{"name": "half-made", "capacity_range": {{"required_bytes": {SIZE}}}, "volume_capabilities": [{MOUNT_CAP}], "parameters": {{"encryption": "luks2"}}, "secrets": {{"passphrase": "{SECRET}"}}}}"#
-    );
-    let first = dir.path().join("first.sock");
+/// The capacity the first CreateVolume of
+/// [`a_retry_finishes_a_volume_left_without_its_footer`] asks.
+const HALF_MADE_SIZE: u64 = 64 << 20;
+
+/// One run of [`a_retry_finishes_a_volume_left_without_its_footer`].
+#[derive(Clone, Copy)]
+struct Unfinished {
+    first_call: FirstCall,
+    /// Whether the StorageClass asks `encryption: luks2`.
+    encrypted: bool,
+    /// The capacity the retry asks.
+    retry_size: u64,
+}
+
+impl Unfinished {
+    /// An encrypted volume, its retry asking what the first call asked.
+    fn luks2(first_call: FirstCall) -> Unfinished {
+        Unfinished {
+            first_call,
+            encrypted: true,
+            retry_size: HALF_MADE_SIZE,
+        }
+    }
+
+    /// The CreateVolume of the volume `half-made`, of `size` bytes
+    /// (required and limit).
+    fn request(&self, size: u64) -> String {
+        let (parameters, secrets) = self.class();
+        format!(
+            r#"{{"name": "half-made", "capacity_range": {{"required_bytes": {size}, "limit_bytes": {size}}}, "volume_capabilities": [{MOUNT_CAP}], "parameters": {parameters}, "secrets": {secrets}}}"#
+        )
+    }
+
+    /// The StorageClass's parameters (also the volume's context) and the
+    /// secrets every call carries.
+    fn class(&self) -> (String, String) {
+        match self.encrypted {
+            true => (
+                r#"{"encryption": "luks2"}"#.to_string(),
+                format!(r#"{{"passphrase": "{HALF_MADE_SECRET}"}}"#),
+            ),
+            false => ("{}".to_string(), "{}".to_string()),
+        }
+    }
+
+    /// How long the proxies hold a footer's Put Page: until the scenario is
+    /// over (a retry waiting out a lease makes it longer).
+    fn held(&self) -> Duration {
+        match self.first_call {
+            FirstCall::KilledAndItsRetryToo => Duration::from_secs(120),
+            _ => Duration::from_secs(30),
+        }
+    }
+}
+
+/// The provisioner's passphrase of an encrypted [`Unfinished`] volume.
+const HALF_MADE_SECRET: &str = "the provisioner's passphrase";
+
+/// A proxy to the Azurite on `port` that holds the first Put Page of the
+/// footer of a drive of `size` bytes for `delay`, then sends it anyway (a
+/// request the service got late). A read of the footer goes through.
+fn holding_the_footer(port: u16, size: u64, delay: Duration) -> faultproxy::Proxy {
+    faultproxy::Proxy::start(faultproxy::Config {
+        hold: Some(faultproxy::Hold {
+            needles: vec![
+                format!("bytes={size}-{}", size + 511),
+                "x-ms-page-write: update".into(),
+            ],
+            count: 1,
+            delay,
+        }),
+        ..faultproxy::Config::clean(port)
+    })
+}
+
+/// A driver through `proxy` (its requests given up on after 3 s) that is
+/// sent `request` (CreateVolume) from another thread, started on `socket`;
+/// returned once the proxy holds one of its requests.
+fn call_until_held(
+    proxy: &faultproxy::Proxy,
+    stubs_dir: &Path,
+    socket: &Path,
+    args: &[&str],
+    request: &str,
+) -> (
+    Driver,
+    std::thread::JoinHandle<Result<serde_json::Value, String>>,
+) {
     let mut command = Driver::command(
         &proxy.connection_string(),
-        &first,
-        &args,
+        socket,
+        args,
         None,
         &csi_run(),
         None,
     );
     // Its footer write given up on (and tried again) while it is held.
     command.env("BLOBDRIVE_REQUEST_TIMEOUT_SECS", "3");
-    let mut first_driver = Driver::launch(command, &first, Driver::log_path(&first, None));
-    let (stubs_dir, first_socket, first_request) =
-        (dir.path().to_path_buf(), first.clone(), request.clone());
-    let first_answer =
-        std::thread::spawn(move || call(&stubs_dir, &first_socket, "CreateVolume", &first_request));
-    proxy.wait_for_holding("the first call's footer", Duration::from_secs(120));
-    match first_call {
-        FirstCall::Killed => first_driver.kill(),
+    let driver = Driver::launch(command, socket, Driver::log_path(socket, None));
+    let (stubs_dir, socket, request) = (
+        stubs_dir.to_path_buf(),
+        socket.to_path_buf(),
+        request.to_string(),
+    );
+    let answer = std::thread::spawn(move || call(&stubs_dir, &socket, "CreateVolume", &request));
+    proxy.wait_for_holding("the footer", Duration::from_secs(120));
+    (driver, answer)
+}
+
+fn a_retry_finishes_a_volume_left_without_its_footer(case: Unfinished) {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path());
+    let _leftovers = NodeLeftovers(dir.path().to_path_buf());
+    let azurite = Azurite::shared();
+    let cs = azurite.connection_string();
+    let proxy = holding_the_footer(azurite.port, HALF_MADE_SIZE, case.held());
+    let container = unique_container("csi-reclaim");
+    let args = ["--node-id", "n1", "--container", container.as_str()];
+    let first = dir.path().join("first.sock");
+    let request = case.request(case.retry_size);
+    let (mut first_driver, first_answer) = call_until_held(
+        &proxy,
+        dir.path(),
+        &first,
+        &args,
+        &case.request(HALF_MADE_SIZE),
+    );
+    match case.first_call {
         FirstCall::Slow => proxy
             .paused
             .store(true, std::sync::atomic::Ordering::SeqCst),
+        _ => first_driver.kill(),
     }
     let id = format!("{container}/half-made.vhd");
     let said = BD.cmd(&["info", &id]).cs(&cs).output();
@@ -2594,27 +2730,37 @@ fn a_retry_finishes_a_volume_left_without_its_footer(first_call: FirstCall) {
         String::from_utf8_lossy(&said.stderr).contains("before the VHD footer was written"),
         "the first call left no unfinished blob: {said:?}"
     );
+    let killed_retry = (case.first_call == FirstCall::KilledAndItsRetryToo)
+        .then(|| a_retry_killed_while_finishing(&case, &cs, &id, dir.path(), &args));
     let socket = dir.path().join("csi.sock");
     let _driver = Driver::start_with(&cs, &socket, &args, None);
     let node = Plugin {
         stubs: dir.path(),
         socket: socket.clone(),
     };
-    let vol = node
-        .call("CreateVolume", request.clone())
-        .unwrap_or_else(|e| panic!("the retry: {e}"));
+    let vol = match case.first_call {
+        // Finished before the held footers land: by this retry, not by the
+        // killed one's late footer.
+        FirstCall::KilledAndItsRetryToo => {
+            retry_until_the_lease_runs_out(&node, &request, case.held() - Duration::from_secs(20))
+        }
+        _ => node
+            .call("CreateVolume", request.clone())
+            .unwrap_or_else(|e| panic!("the retry: {e}")),
+    };
     assert_eq!(vol["volume"]["volume_id"], id.as_str(), "{vol}");
-    assert_eq!(vol["volume"]["capacity_bytes"], SIZE.to_string(), "{vol}");
     assert_eq!(
-        vol["volume"]["volume_context"]["encryption"], "luks2",
+        vol["volume"]["capacity_bytes"],
+        case.retry_size.to_string(),
         "{vol}"
     );
+    let encryption = &vol["volume"]["volume_context"]["encryption"];
+    assert_eq!(encryption == "luks2", case.encrypted, "{vol}");
     proxy
         .paused
         .store(false, std::sync::atomic::Ordering::SeqCst);
     let first_said = first_answer.join().unwrap();
-    match first_call {
-        FirstCall::Killed => assert!(first_said.is_err(), "the killed call answered"),
+    match case.first_call {
         FirstCall::Slow => {
             let err = first_said.unwrap_err();
             assert!(
@@ -2622,39 +2768,146 @@ fn a_retry_finishes_a_volume_left_without_its_footer(first_call: FirstCall) {
                 "{err}"
             );
         }
+        _ => assert!(first_said.is_err(), "the killed call answered"),
     }
     proxy.held_lands_late_and_is_refused("the first call's footer");
+    if let Some(p) = killed_retry {
+        p.held_lands_late_and_is_refused("the killed retry's footer");
+    }
     assert_eq!(node.ok("CreateVolume", request.clone()), vol, "a repeat");
+    if case.retry_size != HALF_MADE_SIZE {
+        let err = node
+            .call("CreateVolume", case.request(HALF_MADE_SIZE))
+            .unwrap_err();
+        assert!(err.starts_with("error ALREADY_EXISTS"), "{err}");
+    }
     assert_eq!(lease_state(&cs, &id), "available");
-    let img = dir.path().join("volume.img");
-    let seen = read_blob(&cs, &id, &img);
+    a_finished_volume_reads_and_stages(&case, &node, &cs, &id, dir.path());
+}
+
+/// For [`FirstCall::KilledAndItsRetryToo`]: a retry through a proxy of its
+/// own, killed while its footer's Put Page is held, the blob's lease taken;
+/// the proxy, whose held request lands later.
+fn a_retry_killed_while_finishing(
+    case: &Unfinished,
+    cs: &str,
+    id: &str,
+    dir: &Path,
+    args: &[&str],
+) -> faultproxy::Proxy {
+    let proxy = holding_the_footer(Azurite::shared().port, case.retry_size, case.held());
+    let socket = dir.join("killed-retry.sock");
+    let request = case.request(case.retry_size);
+    let (mut driver, answer) = call_until_held(&proxy, dir, &socket, args, &request);
+    driver.kill();
+    assert!(answer.join().unwrap().is_err(), "the killed retry answered");
+    assert_eq!(
+        lease_state(cs, id),
+        "leased",
+        "the killed retry took no lease"
+    );
+    proxy
+}
+
+/// CreateVolume `request` asked until it answers (within `limit`), while it
+/// answers ABORTED (the blob another call's lease); checks that it was
+/// ABORTED at first and answered OK only once that lease had run out.
+fn retry_until_the_lease_runs_out(
+    node: &Plugin,
+    request: &str,
+    limit: Duration,
+) -> serde_json::Value {
+    let asked = Instant::now();
+    let abort_said = |e: &str| {
+        assert!(
+            e.starts_with("error ABORTED") && e.contains("another call"),
+            "{e}"
+        );
+    };
+    abort_said(&node.call("CreateVolume", request.to_string()).unwrap_err());
+    let vol = common::util::wait_for_some(
+        "the killed retry's lease to run out",
+        limit,
+        Duration::from_secs(5),
+        || match node.call("CreateVolume", request.to_string()) {
+            Ok(vol) => Some(vol),
+            Err(e) => {
+                abort_said(&e);
+                None
+            }
+        },
+    );
+    // Taken a moment before its footer was held, it lasts 60 s.
+    assert!(
+        asked.elapsed() > Duration::from_secs(30),
+        "finished {:?} after the killed retry, within its lease",
+        asked.elapsed()
+    );
+    vol
+}
+
+/// The checks of the volume `id` a retry finished, as [`Unfinished`] made
+/// it: a drive of the size asked with a whole footer, encrypted (cryptsetup
+/// takes the passphrase, `info` reads the header) or plain (`info` says none,
+/// staged as ext4), whose file reads back after a second staging; then
+/// deleted.
+fn a_finished_volume_reads_and_stages(
+    case: &Unfinished,
+    node: &Plugin,
+    cs: &str,
+    id: &str,
+    dir: &Path,
+) {
+    let img = dir.join("volume.img");
+    let seen = read_blob(cs, id, &img);
     assert_eq!(seen["footer_problems"], serde_json::json!([]), "{seen}");
-    assert_eq!(seen["size"], SIZE + 512, "{seen}");
-    assert!(common::luks::cryptsetup_accepts(&img, SECRET.as_bytes()));
+    assert_eq!(seen["size"], case.retry_size + 512, "{seen}");
     let info: serde_json::Value =
-        serde_json::from_str(&BD.cmd(&["info", &id, "--json"]).cs(&cs).ok()).unwrap();
-    assert_eq!(info["encryption"]["type"], "luks2", "{info}");
-    assert!(info["encryption"]["problem"].is_null(), "{info}");
-    let staging = dir.path().join("staging");
+        serde_json::from_str(&BD.cmd(&["info", id, "--json"]).cs(cs).ok()).unwrap();
+    if case.encrypted {
+        assert!(common::luks::cryptsetup_accepts(
+            &img,
+            HALF_MADE_SECRET.as_bytes()
+        ));
+        assert_eq!(info["encryption"]["type"], "luks2", "{info}");
+        assert!(info["encryption"]["problem"].is_null(), "{info}");
+    } else {
+        assert!(info["encryption"].is_null(), "{info}");
+    }
+    let (context, secrets) = case.class();
+    let staging = dir.join("staging");
     let stage = || {
         node.ok(
             "NodeStageVolume",
             format!(
-                r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {MOUNT_CAP}, "volume_context": {{"encryption": "luks2"}}, "secrets": {{"passphrase": "{SECRET}"}}}}"#,
+                r#"{{"volume_id": "{id}", "staging_target_path": "{}", "volume_capability": {MOUNT_CAP}, "volume_context": {context}, "secrets": {secrets}}}"#,
                 staging.display()
             ),
         )
     };
     stage();
+    assert_eq!(fs_type_of(&staging), "ext4");
     std::fs::write(staging.join("kept"), b"in the finished volume").unwrap();
-    node.unstage(&id, &staging);
+    node.unstage(id, &staging);
     stage();
     assert_eq!(
         std::fs::read(staging.join("kept")).unwrap(),
         b"in the finished volume"
     );
-    node.unstage(&id, &staging);
+    node.unstage(id, &staging);
     node.ok("DeleteVolume", format!(r#"{{"volume_id": "{id}"}}"#));
+}
+
+/// The filesystem type /proc/self/mountinfo gives the mount at `path`.
+fn fs_type_of(path: &Path) -> String {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let at = path.to_str().unwrap();
+    info.lines()
+        .filter(|l| l.split(' ').nth(4) == Some(at))
+        .filter_map(|l| l.split(" - ").nth(1)?.split(' ').next())
+        .next_back()
+        .unwrap_or_else(|| panic!("nothing is mounted at {at}"))
+        .to_string()
 }
 
 /// A volume made from a snapshot or cloned from a volume has its source's
