@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use tonic::Status;
 
-use super::origin::{Origin, Source};
+use super::origin::{self, Origin, Source};
 use super::proto::{CreateVolumeRequest, Volume};
 use super::snapshots::SnapshotId;
 use super::volume::{self, VolumeId};
@@ -180,11 +180,7 @@ fn disk_size(
 ) -> Result<u64, Status> {
     match drive {
         Ok(d) => Ok(d.disk_size()),
-        Err(DriveError::BlobMissing(_)) => Err(Status::aborted(format!(
-            "{} was deleted while it was being looked at; try again",
-            blob.target()
-        ))),
-        Err(DriveError::Azure(e)) if e.is_not_found() => Err(Status::aborted(format!(
+        Err(e) if gone(&e) => Err(Status::aborted(format!(
             "{} was deleted while it was being looked at; try again",
             blob.target()
         ))),
@@ -202,12 +198,21 @@ fn disk_size(
     }
 }
 
+/// Whether `e` says the blob is not there (any more).
+fn gone(e: &DriveError) -> bool {
+    match e {
+        DriveError::BlobMissing(_) => true,
+        DriveError::Azure(e) => e.is_not_found(),
+        _ => false,
+    }
+}
+
 /// Makes a blank drive of the size asked, its record of what made it on the
 /// blob from its creation on (so a retry of this call can tell the blob is
 /// this volume's if the call stops before the footer).
 async fn fresh(blob: &BlobClient, asked: &Asked<'_>) -> Result<u64, Status> {
     let (size, header, metadata) = blank(asked).await?;
-    let pairs: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let pairs = origin::pairs(&metadata);
     match drive::create_with(blob, size, &header, &pairs).await {
         Ok(()) => {}
         // Made meanwhile by another call, finished or still writing it.
@@ -234,7 +239,7 @@ async fn finish(
     asked: &Asked<'_>,
 ) -> Result<u64, Status> {
     let (size, header, metadata) = blank(asked).await?;
-    let pairs: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let pairs = origin::pairs(&metadata);
     match super::reclaim::finish(blob, props, size, &header, &pairs).await {
         Ok(()) => Ok(size),
         Err(DriveError::Azure(e)) if e.code() == Some("LeaseAlreadyPresent") => {
@@ -317,7 +322,7 @@ async fn copy_snapshot(
         size,
     };
     let metadata = origin.metadata();
-    let pairs: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let pairs = origin::pairs(&metadata);
     match blob.copy_new_from(&source, &pairs).await {
         Ok(()) => {}
         Err(e) if e.code() == Some("BlobAlreadyExists") || e.is_changed_since_read() => {

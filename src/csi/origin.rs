@@ -93,6 +93,11 @@ pub struct Origin {
     pub size: u64,
 }
 
+/// `metadata` (as [`Origin::metadata`] gives it) as the blob calls take it.
+pub fn pairs<'a>(metadata: &'a [(&'static str, String)]) -> Vec<(&'a str, &'a str)> {
+    metadata.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
 impl Origin {
     /// The metadata that records it.
     pub fn metadata(&self) -> Vec<(&'static str, String)> {

@@ -19,7 +19,6 @@ pub const STALL_AFTER: Duration = Duration::from_secs(10);
 /// outage look ongoing, and the next blip fail I/O at once (past the I/O timeout).
 pub const OUTAGE_GAP: Duration = Duration::from_secs(60);
 
-/// The outcome of the latest backend operations.
 /// How an operation failed, as an outage's messages tell it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failed {
@@ -30,6 +29,7 @@ pub enum Failed {
     Garbled,
 }
 
+/// The outcome of the latest backend operations.
 #[derive(Debug, Default)]
 pub struct Health {
     state: Mutex<State>,
