@@ -192,15 +192,27 @@ fn a_copy_of_the_filesystem_in_another_mount_namespace_is_named_as_a_user() {
         std::fs::read_to_string(format!("/proc/{}/mountinfo", copy.id()))
             .is_ok_and(|t| t.contains(&format!(" {devno} ")))
     };
-    // A loaded machine (the suite's lanes beside it) can take seconds to start
-    // `unshare`: wait for the copy, and say so if it never came.
+    // The copy is ready only once the script sleeps: the namespace exists as
+    // soon as `unshare` made it, but until its mounts are made private an
+    // unmount here still reaches them (seen once under load: the copy was
+    // gone before it was looked for). A loaded machine (the suite's lanes
+    // beside it) can take seconds to get there: wait, and say so if it never
+    // did.
+    let sleeping = || {
+        std::fs::read_to_string(format!("/proc/{}/comm", copy.id()))
+            .is_ok_and(|c| c.trim() == "sleep")
+    };
     let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !has_copy() && std::time::Instant::now() < until {
+    while !sleeping() && std::time::Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert!(
+        sleeping(),
+        "the script in another mount namespace never got to sleep"
+    );
+    assert!(
         has_copy(),
-        "the copy in another mount namespace never showed"
+        "the copy in another mount namespace was not kept"
     );
     assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
     let users = dev.users();
