@@ -41,16 +41,21 @@ pub fn mounted_here(
     if read_only {
         return Ok(None);
     }
-    let holder = record::writable_mount(&endpoint, &base)
-        .filter(|m| Some(&m.mountpoint) != wanted.as_ref())
-        .filter(|_| lease_held(ctx, r));
-    match holder {
-        Some(m) if record::alive(&m) => bail!(
+    let elsewhere = || record::writable_mount_elsewhere(&endpoint, &base, wanted.as_deref());
+    if elsewhere().is_none() || !lease_held(ctx, r) {
+        return Ok(None);
+    }
+    // Looked at again once the service said the drive is leased, each daemon
+    // once: mounts racing for the drive record themselves before they ask for
+    // its lease, and a loser's record goes with its daemon meanwhile. (The
+    // winner recorded itself before it asked, so it is among these.)
+    match elsewhere() {
+        Some((m, true)) => bail!(
             "{base} is already mounted writable on this machine, at {}, which holds its lease: unmount it there first (blobdrive unmount {}), or mount it here --read-only",
             m.mountpoint.display(),
             m.mountpoint.display()
         ),
-        Some(m) => bail!(
+        Some((m, false)) => bail!(
             "{base} was mounted at {} on this machine, and that mount ended without an unmount (its daemon is gone) holding the lease: run `blobdrive unmount {}` first",
             m.mountpoint.display(),
             m.mountpoint.display()

@@ -346,28 +346,48 @@ pub fn at_mountpoint(path: &Path) -> Result<(PathBuf, Option<MountRecord>), Stri
 /// snapshot) of the account at `endpoint` on this machine, if there is one,
 /// running or not: the one whose daemon holds the drive's lease.
 pub fn writable_mount(endpoint: &str, blob: &str) -> Option<MountRecord> {
-    writable_of(load_all(), endpoint, blob, alive)
+    writable_of(load_all(), endpoint, blob, alive).map(|(m, _)| m)
 }
 
-/// [`writable_mount`] among `records`, a running one first: mounts racing for
-/// one drive each record themselves before they ask for its lease, and a
-/// loser's record stays a moment after its daemon is gone, beside the
-/// winner's (taken for the holder, it made a loser say the drive's holder had
-/// died).
+/// [`writable_mount`] at a mountpoint other than `except`, and whether its
+/// daemon was running when looked at. Its caller takes that answer rather
+/// than asking again: a racing mount's daemon can end between two looks, and
+/// asked twice it was first the running holder and then a dead one.
+pub fn writable_mount_elsewhere(
+    endpoint: &str,
+    blob: &str,
+    except: Option<&Path>,
+) -> Option<(MountRecord, bool)> {
+    let records = load_all()
+        .into_iter()
+        .filter(|m| Some(m.mountpoint.as_path()) != except)
+        .collect();
+    writable_of(records, endpoint, blob, alive)
+}
+
+/// [`writable_mount`] among `records`, a running one first, and whether it
+/// runs (each daemon looked at once): mounts racing for one drive each record
+/// themselves before they ask for its lease, and a loser's record stays a
+/// moment after its daemon is gone, beside the winner's (taken for the
+/// holder, it made a loser say the drive's holder had died).
 fn writable_of(
     records: Vec<MountRecord>,
     endpoint: &str,
     blob: &str,
     running: impl Fn(&MountRecord) -> bool,
-) -> Option<MountRecord> {
+) -> Option<(MountRecord, bool)> {
     let mut found = records.into_iter().filter(|m| {
         m.endpoint == endpoint && m.blob == blob && m.snapshot.is_none() && !m.read_only
     });
     let first = found.next()?;
     if running(&first) {
-        return Some(first);
+        return Some((first, true));
     }
-    Some(found.find(|m| running(m)).unwrap_or(first))
+    Some(
+        found
+            .find(|m| running(m))
+            .map_or((first, false), |m| (m, true)),
+    )
 }
 
 /// Names, for a message, the process `pid` that holds a lock (a disk cache's,
@@ -461,13 +481,28 @@ mod tests {
     fn a_running_writable_mount_is_found_before_a_dead_ones_record() {
         let running = |m: &MountRecord| m.pid == 2;
         let records = vec![writable("/a", 1), writable("/b", 2), writable("/c", 3)];
-        let found = writable_of(records, "e", "c/d.vhd", running).unwrap();
-        assert_eq!(found.mountpoint, PathBuf::from("/b"));
+        let (found, runs) = writable_of(records, "e", "c/d.vhd", running).unwrap();
+        assert_eq!((found.mountpoint, runs), (PathBuf::from("/b"), true));
         // None running: the dead one's record, to be cleaned up.
         let records = vec![writable("/a", 1), writable("/c", 3)];
-        let found = writable_of(records, "e", "c/d.vhd", running).unwrap();
-        assert_eq!(found.mountpoint, PathBuf::from("/a"));
+        let (found, runs) = writable_of(records, "e", "c/d.vhd", running).unwrap();
+        assert_eq!((found.mountpoint, runs), (PathBuf::from("/a"), false));
         assert!(writable_of(vec![writable("/a", 2)], "e", "x", running).is_none());
+    }
+
+    /// A daemon that ends right after it was seen running is still said to
+    /// run: each is looked at once, and the answer is the one seen.
+    #[test]
+    fn each_daemon_is_looked_at_once_and_the_answer_kept() {
+        let looks = std::cell::RefCell::new(Vec::new());
+        let ending = |m: &MountRecord| {
+            looks.borrow_mut().push(m.pid);
+            looks.borrow().iter().filter(|p| **p == m.pid).count() == 1
+        };
+        let records = vec![writable("/a", 1), writable("/b", 2)];
+        let (found, runs) = writable_of(records, "e", "c/d.vhd", ending).unwrap();
+        assert_eq!((found.mountpoint, runs), (PathBuf::from("/a"), true));
+        assert_eq!(*looks.borrow(), vec![1]);
     }
 
     #[test]
