@@ -15,7 +15,7 @@ use std::path::Path;
 use common::bd::Harness;
 use common::luks::{
     cryptsetup_accepts, cryptsetup_format, cryptsetup_ok, decrypt_image, dump_volume_key, holds,
-    key_file, new_encrypted_drive, python_xts, PASSPHRASE,
+    key_file, new_encrypted_drive, python_xts, secret_file, PASSPHRASE,
 };
 use common::mount::require_root;
 use common::util::{json, sh_ok};
@@ -147,9 +147,7 @@ fn wrong_missing_and_misplaced_passphrases_change_nothing() {
     require_root();
     let (dir, kf, spec) = encrypted_drive("enc-wrong", "32MiB");
     let before = json(&BD.ok(&["info", &spec, "--json"]));
-    let wrong = dir.path().join("wrong.key");
-    std::fs::write(&wrong, b"wrong").unwrap();
-    sh_ok(&format!("chmod 600 '{}'", wrong.display()));
+    let wrong = secret_file(dir.path(), "wrong.key", b"wrong");
     let mp = BD.mp();
     BD.cmd(&[
         "mount",
@@ -220,9 +218,7 @@ fn wrong_missing_and_misplaced_passphrases_change_nothing() {
 fn keyslots_and_a_damaged_first_header() {
     require_root();
     let (dir, kf, spec) = encrypted_drive("enc-keys", "32MiB");
-    let recovery = dir.path().join("recovery.key");
-    std::fs::write(&recovery, b"recovery passphrase").unwrap();
-    sh_ok(&format!("chmod 600 '{}'", recovery.display()));
+    let recovery = secret_file(dir.path(), "recovery.key", b"recovery passphrase");
     let rf = recovery.to_string_lossy().into_owned();
     let out = BD.ok(&[
         "key",
@@ -581,9 +577,7 @@ fn a_filesystem_made_through_blobdrive_has_the_drives_sector_size() {
 fn info_says_what_the_header_says_without_a_passphrase() {
     use common::facts::{strings, text_and_json};
     let (dir, kf, spec) = encrypted_drive("enc-info", "32MiB");
-    let recovery = dir.path().join("recovery.key");
-    std::fs::write(&recovery, b"recovery passphrase").unwrap();
-    sh_ok(&format!("chmod 600 '{}'", recovery.display()));
+    let recovery = secret_file(dir.path(), "recovery.key", b"recovery passphrase");
     BD.ok(&[
         "key",
         "add",
@@ -814,9 +808,7 @@ fn a_create_stopped_before_its_footer_is_said_so_everywhere() {
 #[test]
 fn an_acquire_that_lands_after_a_key_change_ended_takes_nothing() {
     let (dir, kf, spec) = encrypted_drive("enc-lateacq", "32MiB");
-    let new = dir.path().join("new.key");
-    std::fs::write(&new, b"a new passphrase").unwrap();
-    sh_ok(&format!("chmod 600 '{}'", new.display()));
+    let new = secret_file(dir.path(), "new.key", b"a new passphrase");
     let nf = new.to_string_lossy().into_owned();
     let proxy = faultproxy::Proxy::start(faultproxy::Config::holding(
         common::azurite::Azurite::shared().port,

@@ -173,8 +173,14 @@ open(sys.argv[6], "wb").write(bytes(out))
 
 /// A file holding [`PASSPHRASE`], root's alone, in `dir`.
 pub fn key_file(dir: &Path) -> PathBuf {
+    secret_file(dir, "drive.key", PASSPHRASE)
+}
+
+/// A file `name` in `dir` holding `passphrase`, root's alone from the moment
+/// it exists (blobdrive refuses a key file others may read).
+pub fn secret_file(dir: &Path, name: &str, passphrase: &[u8]) -> PathBuf {
     use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join("drive.key");
+    let path = dir.join(name);
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -182,7 +188,7 @@ pub fn key_file(dir: &Path) -> PathBuf {
         .mode(0o600)
         .open(&path)
         .unwrap();
-    f.write_all(PASSPHRASE).unwrap();
+    f.write_all(passphrase).unwrap();
     path
 }
 
